@@ -1,0 +1,235 @@
+"""The ``Balance`` base class: epochs, positions, next orders, checkpoints.
+
+A balance variant ("sorter") owns the order of the current epoch. Training steps
+hand it the per-sample gradients of the next ``B`` examples of that order; the
+variant records one sort key per visit position, and at the end of the epoch the
+next order is the current one sorted by those keys.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+
+from grab_exp.balance.kernels import make_kernel
+from grab_exp.balance.signs import UNVISITED_KEY, normalize_rows
+from grab_exp.balance.tensors import as_dtype, flatten_grads, rows_of
+from grab_exp.validation import check_choice, check_int_at_least
+
+FIRST_EPOCH = ("random", "identity")
+
+
+class Balance:
+    """Base class of every ordering (balance variant or gradient-free baseline).
+
+    Args:
+        n: number of examples.
+        d: length of one flattened per-sample gradient.
+        kernel: sign kernel, ``deterministic`` or ``probabilistic``.
+        c: the probabilistic kernel's scale (> 0).
+        normalize: scale every balanced vector to unit norm first.
+        seed: seed of the ordering's ``torch.Generator``.
+        first_epoch: order of epoch 0, ``random`` (seeded) or ``identity``.
+        dtype: dtype of the balancing state (``torch.float32`` or a name).
+        device: device of the balancing state and of the orders.
+    """
+
+    name: ClassVar[str] = ""
+    needs_grads: ClassVar[bool] = True
+    registry: ClassVar[dict[str, type[Balance]]] = {}
+    state_tensors: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.name:
+            Balance.registry[cls.name] = cls
+
+    def __init__(
+        self,
+        n: int,
+        d: int,
+        *,
+        kernel: str = "deterministic",
+        c: float = 30.0,
+        normalize: bool = False,
+        seed: int = 0,
+        first_epoch: str = "random",
+        dtype: torch.dtype | str = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        check_int_at_least("n", n, 1)
+        check_int_at_least("d", d, 1)
+        check_choice("balance.first_epoch", first_epoch, FIRST_EPOCH)
+        self.n, self.d = n, d
+        self.kernel = make_kernel(kernel, c)
+        self.normalize = bool(normalize)
+        self.dtype = as_dtype(dtype)
+        self.device = torch.device(device)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
+        self.epoch = 0
+        self.pos = 0
+        self._bad_indices = torch.zeros((), dtype=torch.long, device=self.device)
+        self.order = self._first_order(first_epoch)  # (n,)
+        self.keys = self._fresh_keys()  # (n,)
+        self._scratch_buffers: dict[str, torch.Tensor] = {}
+        self._init_state()
+
+    # --- hooks for the variants -------------------------------------------------
+    def _init_state(self) -> None:
+        """Allocate the variant's state tensors (named in ``state_tensors``)."""
+
+    def _balance(self, grads: torch.Tensor, start: int) -> None:
+        """Balance ``grads`` ``(B, d)`` of visit positions ``start .. start+B-1``."""
+        raise NotImplementedError
+
+    def _end_epoch(self) -> None:
+        """Finish the epoch's keys and reset per-epoch state (before the reorder)."""
+
+    def _next_order(self) -> torch.Tensor:
+        """The next epoch's order ``(n,)``: the current order sorted by the keys."""
+        return self.order[torch.argsort(self.keys, stable=True)]
+
+    def _first_order(self, first_epoch: str) -> torch.Tensor:
+        if first_epoch == "identity":
+            return torch.arange(self.n, device=self.device)
+        return self._random_order()
+
+    # --- public API ---------------------------------------------------------------
+    def step(
+        self,
+        grads: torch.Tensor | Mapping[str, torch.Tensor] | None = None,
+        indices: torch.Tensor | None = None,
+    ) -> None:
+        """Feed the per-sample gradients of the next ``B`` examples of the order.
+
+        Args:
+            grads: ``(B, d)`` (or ``(B, ...)``) tensor, or a dict of ``(B, ...)``
+                tensors as returned by ``torch.func.vmap(grad(...))``. Optional for
+                gradient-free orderings.
+            indices: optional ``(B,)`` dataset indices of these examples; they must
+                be the next ones of the current order.
+
+        Raises:
+            ValueError: on a wrong row count or indices that are not the next ones.
+        """
+        rows = rows_of(grads, indices, self.needs_grads)
+        self._check_rows(rows, indices)
+        if self.needs_grads:
+            flat = flatten_grads(grads, self.d).to(device=self.device, dtype=self.dtype)
+            self._balance(flat, self.pos)
+        self.pos += rows
+
+    def set_epoch(self, epoch: int) -> None:
+        """Advance to ``epoch`` (a no-op when it is the current one)."""
+        check_int_at_least("epoch", epoch, self.epoch)
+        while self.epoch < epoch:
+            self._advance()
+
+    def state_bytes(self) -> int:
+        """Bytes held by the ordering's state (orders, keys, accumulators, ...)."""
+        tensors = [self.order, self.keys, *(getattr(self, k) for k in self.state_tensors)]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue bit-identically (see ``load_state_dict``)."""
+        self._raise_on_bad_indices()
+        state = {
+            "variant": self.name,
+            "n": self.n,
+            "d": self.d,
+            "epoch": self.epoch,
+            "pos": self.pos,
+            "order": self.order.clone(),
+            "keys": self.keys.clone(),
+            "generator": self.generator.get_state(),
+            **{k: getattr(self, k).clone() for k in self.state_tensors},
+        }
+        state.update(self._extra_state())
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a ``state_dict()`` of the same variant, ``n`` and ``d``."""
+        for key in ("variant", "n", "d"):
+            mine = self.name if key == "variant" else getattr(self, key)
+            if state[key] != mine:
+                raise ValueError(f"state_dict: {key} is {state[key]!r}, this sampler has {mine!r}")
+        self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
+        self.order = state["order"].to(self.device)
+        self.keys = state["keys"].to(self.device)
+        self.generator.set_state(state["generator"].cpu())
+        for k in self.state_tensors:
+            setattr(self, k, state[k].to(device=self.device, dtype=getattr(self, k).dtype))
+        self._load_extra_state(state)
+
+    # --- internals ------------------------------------------------------------------
+    def _extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def _load_extra_state(self, state: Mapping[str, Any]) -> None:
+        """Restore the python values written by ``_extra_state``."""
+
+    def _random_order(self) -> torch.Tensor:
+        return torch.randperm(self.n, generator=self.generator, device=self.device)
+
+    def _fresh_keys(self) -> torch.Tensor:
+        return UNVISITED_KEY + torch.arange(self.n, device=self.device)
+
+    def _prepare(self, vectors: torch.Tensor) -> torch.Tensor:
+        """Apply the ``normalize`` option, in place, to ``(B, d)`` scratch vectors."""
+        return normalize_rows(vectors) if self.normalize else vectors
+
+    def _scratch(self, slot: str, rows: int) -> torch.Tensor:
+        """A reusable ``(rows, d)`` buffer (large per-step allocations fault pages on CPU)."""
+        buffer = self._scratch_buffers.get(slot)
+        if buffer is None or buffer.shape[0] < rows:
+            buffer = torch.empty(rows, self.d, dtype=self.dtype, device=self.device)
+            self._scratch_buffers[slot] = buffer
+        return buffer[:rows]
+
+    def _thresholds(self, count: int) -> torch.Tensor:
+        return self.kernel.thresholds(count, self.generator, self.dtype, self.device)
+
+    def _check_rows(self, rows: int, indices: torch.Tensor | None) -> None:
+        left = self.n - self.pos
+        if rows > left:
+            raise ValueError(
+                f"step: got {rows} rows but only {left} examples are left in epoch "
+                f"{self.epoch}; call set_epoch({self.epoch + 1}) first"
+            )
+        if indices is None:
+            return
+        expected = self.order[self.pos : self.pos + rows]
+        mismatches = (indices.to(self.device, non_blocking=True).reshape(-1) != expected).sum()
+        if self.device.type == "cpu":  # free to check now; on CUDA defer (no sync in step)
+            self._bad_indices += mismatches
+            self._raise_on_bad_indices()
+        else:
+            self._bad_indices += mismatches
+
+    def _raise_on_bad_indices(self) -> None:
+        if self._bad_indices.item():
+            self._bad_indices.zero_()
+            raise ValueError(
+                "step: indices are not the next ones of the current order; iterate the "
+                "sampler (or index_batches) and step each batch once, in order"
+            )
+
+    def _advance(self) -> None:
+        self._raise_on_bad_indices()
+        unstepped = self.n - self.pos
+        if self.needs_grads and unstepped:
+            warnings.warn(
+                f"{self.name}: {unstepped} of {self.n} examples were not stepped in epoch "
+                f"{self.epoch}; they keep their relative order after the balanced ones",
+                UserWarning,
+                stacklevel=3,
+            )
+        self._end_epoch()
+        self.order = self._next_order()
+        self.keys = self._fresh_keys()
+        self.epoch += 1
+        self.pos = 0

@@ -1,0 +1,24 @@
+"""Batch balance: mean balance with the accumulator frozen inside a mini-batch."""
+
+from __future__ import annotations
+
+import torch
+
+from grab_exp.balance.centered import CenteredBalance
+from grab_exp.balance.kernels import signs_from
+from grab_exp.balance.signs import sign_keys
+
+
+class BatchBalance(CenteredBalance):
+    """``batch``: ``s_i = sign(v_i, acc_start)`` for the whole mini-batch, then
+    ``acc += sum_i s_i v_i`` with the centered ``v_i = g_i - m``.
+    """
+
+    name = "batch"
+
+    def _balance(self, grads: torch.Tensor, start: int) -> None:
+        centered = self._center(grads)  # (B, d)
+        signs = signs_from(centered @ self.acc, self._thresholds(len(centered)))  # (B,)
+        self.acc.addmv_(centered.T, signs)
+        positions = torch.arange(start, start + len(signs), device=self.device)
+        self.keys[start : start + len(signs)] = sign_keys(positions, signs, self.n)

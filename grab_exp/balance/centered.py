@@ -1,0 +1,38 @@
+"""Shared base of the variants that center gradients with a stale mean."""
+
+from __future__ import annotations
+
+import torch
+
+from grab_exp.balance.base import Balance
+
+
+class CenteredBalance(Balance):
+    """Balances ``v = g - m``, ``m`` the mean raw gradient of the previous epoch.
+
+    In the first epoch ``m = 0``. If an epoch steps no example, ``m`` is kept.
+    Subclasses allocate their accumulator(s) as ``self.acc`` and call ``_center``.
+    """
+
+    state_tensors = ("acc", "stale_mean", "grad_sum")
+
+    def _init_state(self) -> None:
+        self.stale_mean = torch.zeros(self.d, dtype=self.dtype, device=self.device)  # (d,)
+        self.grad_sum = torch.zeros(self.d, dtype=self.dtype, device=self.device)  # (d,)
+        self.acc = torch.zeros(self._acc_shape(), dtype=self.dtype, device=self.device)
+
+    def _acc_shape(self) -> tuple[int, ...]:
+        return (self.d,)
+
+    def _center(self, grads: torch.Tensor) -> torch.Tensor:
+        """Record raw ``grads`` ``(B, d)`` for the next mean; return centered ``(B, d)``."""
+        ones = torch.ones(grads.shape[0], dtype=self.dtype, device=self.device)  # (B,)
+        self.grad_sum.addmv_(grads.T, ones)
+        centered = torch.sub(grads, self.stale_mean, out=self._scratch("centered", len(grads)))
+        return self._prepare(centered)
+
+    def _end_epoch(self) -> None:
+        if self.pos:
+            torch.div(self.grad_sum, self.pos, out=self.stale_mean)
+        self.grad_sum.zero_()
+        self.acc.zero_()

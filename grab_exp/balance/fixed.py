@@ -1,0 +1,20 @@
+"""Fixed order: the dataset's own order in every epoch."""
+
+from __future__ import annotations
+
+import torch
+
+from grab_exp.balance.base import Balance
+
+
+class FixedOrder(Balance):
+    """``fixed``: ``0, 1, ..., n-1`` every epoch (no gradients)."""
+
+    name = "fixed"
+    needs_grads = False
+
+    def _first_order(self, first_epoch: str) -> torch.Tensor:
+        return torch.arange(self.n, device=self.device)
+
+    def _next_order(self) -> torch.Tensor:
+        return self.order

@@ -1,0 +1,62 @@
+"""Pair balance: CD-GraB's pair balance on one worker (Cooper et al., 2023)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from grab_exp.balance.base import Balance
+from grab_exp.balance.signs import sequential_signs, sign_keys
+
+
+class PairBalance(Balance):
+    """``pair``: consecutive visited examples form pairs; their difference is balanced.
+
+    ``v = g_first - g_second``, ``s = sign(v, acc)``, ``acc += s v``; on ``+`` the
+    first goes to the positives and the second to the negatives, on ``-`` the
+    reverse. A pair may straddle two mini-batches; an unpaired last example joins
+    the positives. No stale mean.
+    """
+
+    name = "pair"
+    state_tensors = ("acc", "pending")
+
+    def _init_state(self) -> None:
+        self.acc = torch.zeros(self.d, dtype=self.dtype, device=self.device)  # (d,)
+        self.pending = torch.zeros(self.d, dtype=self.dtype, device=self.device)  # (d,)
+        self.has_pending = False
+
+    def _balance(self, grads: torch.Tensor, start: int) -> None:
+        if self.has_pending:
+            grads = torch.cat([self.pending[None], grads])  # (B + 1, d)
+            start -= 1
+        pairs = grads.shape[0] // 2
+        if pairs:
+            self._balance_pairs(grads[0 : 2 * pairs], start)
+        self.has_pending = bool(grads.shape[0] % 2)
+        if self.has_pending:
+            self.pending.copy_(grads[-1])
+
+    def _balance_pairs(self, grads: torch.Tensor, start: int) -> None:
+        diffs = torch.sub(grads[0::2], grads[1::2], out=self._scratch("diffs", len(grads) // 2))
+        diffs = self._prepare(diffs)  # (P, d)
+        dots = diffs @ self.acc  # (P,)
+        signs = sequential_signs(dots, diffs @ diffs.T, self._thresholds(len(dots)))  # (P,)
+        self.acc.addmv_(diffs.T, signs)
+        member_signs = torch.stack([signs, -signs], dim=1).reshape(-1)  # (2P,)
+        positions = torch.arange(start, start + len(member_signs), device=self.device)
+        self.keys[start : start + len(member_signs)] = sign_keys(positions, member_signs, self.n)
+
+    def _end_epoch(self) -> None:
+        if self.has_pending:  # the unpaired last example joins the positives
+            self.keys[self.pos - 1] = self.pos - 1
+        self.has_pending = False
+        self.acc.zero_()
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"has_pending": self.has_pending}
+
+    def _load_extra_state(self, state: Mapping[str, Any]) -> None:
+        self.has_pending = bool(state["has_pending"])

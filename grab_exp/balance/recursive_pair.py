@@ -1,0 +1,80 @@
+"""Recursive pair balance: pair balance down a tree inside every mini-batch."""
+
+from __future__ import annotations
+
+import torch
+
+from grab_exp.balance.base import Balance
+from grab_exp.balance.kernels import signs_from
+from grab_exp.balance.signs import UNBALANCED_KEY
+from grab_exp.validation import check_power_of_two
+
+
+class RecursivePairBalance(Balance):
+    """``recursive_pair``: per mini-batch of ``b`` (a power of two), recursively pair.
+
+    At a node, a group's consecutive members are paired, every pair difference is
+    signed against the node's accumulator as it stood before this group, the
+    accumulator gains ``sum_k s_k v_k``, and the group splits: the left subgroup
+    takes the first member on ``+`` (second on ``-``), the right one the other;
+    they recurse into the node's left and right children. The ``b - 1`` node
+    accumulators live for the epoch. Next order: for position ``p = 0 .. b-1`` the
+    example at ``p`` of every mini-batch, in visit order for even ``p`` and reversed
+    for odd ``p``; a final partial mini-batch is appended unbalanced.
+    """
+
+    name = "recursive_pair"
+    state_tensors = ("acc",)
+
+    def __init__(self, n: int, d: int, *, batch_size: int, **kwargs) -> None:
+        check_power_of_two("balance.batch_size", batch_size)
+        self.batch_size = batch_size
+        self.levels = batch_size.bit_length() - 1
+        self.batches_max = -(-n // batch_size)  # an upper bound on full mini-batches
+        super().__init__(n, d, **kwargs)
+
+    def _init_state(self) -> None:
+        shape = (self.batch_size - 1, self.d)  # heap-ordered nodes of log2(b) levels
+        self.acc = torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    def _balance(self, grads: torch.Tensor, start: int) -> None:
+        rows = grads.shape[0]
+        positions = torch.arange(start, start + rows, device=self.device)
+        if rows != self.batch_size:
+            if start + rows != self.n:
+                raise ValueError(
+                    f"step: recursive_pair needs mini-batches of balance.batch_size="
+                    f"{self.batch_size} (only the epoch's last may be smaller); got {rows}"
+                )
+            self.keys[start:] = UNBALANCED_KEY + positions
+            return
+        arrangement = torch.arange(rows, device=self.device)  # (b,) members by position
+        for level in range(self.levels):
+            arrangement = self._split_level(grads, arrangement, level)
+        batch = start // self.batch_size
+        slot = torch.arange(rows, device=self.device)  # position p inside the batch
+        rank = torch.where(slot % 2 == 0, batch, self.batches_max - 1 - batch)
+        self.keys[start + arrangement] = slot * self.batches_max + rank
+
+    def _split_level(self, grads: torch.Tensor, arrangement: torch.Tensor, level: int):
+        """Balance every group of one level; return the arrangement after the split."""
+        groups = 2**level
+        pairs = arrangement.view(groups, -1, 2)  # (groups, pairs per group, 2)
+        first, second = pairs[..., 0].reshape(-1), pairs[..., 1].reshape(-1)  # (b/2,)
+        diffs = self._scratch("diffs", len(first))  # (b/2, d)
+        torch.sub(grads[first], grads[second], out=diffs)
+        diffs = self._prepare(diffs)
+        node = (groups - 1) + torch.arange(groups, device=self.device).repeat_interleave(
+            pairs.shape[1]
+        )  # (b/2,)
+        node_acc = torch.index_select(self.acc, 0, node, out=self._scratch("node_acc", len(node)))
+        dots = torch.einsum("pd,pd->p", diffs, node_acc)  # (b/2,)
+        signs = signs_from(dots, self._thresholds(len(dots)))  # (b/2,)
+        self.acc.index_add_(0, node, diffs.mul_(signs[:, None]))
+        plus = signs > 0
+        winners = torch.where(plus, first, second).view(groups, -1)
+        losers = torch.where(plus, second, first).view(groups, -1)
+        return torch.cat([winners, losers], dim=1).reshape(-1)
+
+    def _end_epoch(self) -> None:
+        self.acc.zero_()

@@ -1,0 +1,61 @@
+"""Small helpers shared by the balance variants: sequential signs and order keys."""
+
+from __future__ import annotations
+
+import torch
+
+# Sort keys of positions that were stepped but not balanced, and of positions not
+# stepped at all; both keep visit order and come after every balanced position.
+UNBALANCED_KEY = 1 << 61
+UNVISITED_KEY = 1 << 62
+
+
+def sequential_signs(
+    dots: torch.Tensor, gram: torch.Tensor, thresholds: torch.Tensor
+) -> torch.Tensor:
+    """Signs of vectors balanced one after another against a shared accumulator.
+
+    Vector ``i`` is signed against ``acc_0 + sum_{j<i} s_j v_j`` where ``acc_0`` is
+    the accumulator before the first vector, so its dot product is
+    ``dots[i] + sum_{j<i} s_j gram[i, j]``. Only this scalar recursion is sequential.
+
+    Args:
+        dots: ``(B,)`` dot products ``<v_i, acc_0>``.
+        gram: ``(B, B)`` inner products ``<v_i, v_j>`` (entries may be masked to 0
+            where ``v_j`` does not share ``v_i``'s accumulator).
+        thresholds: ``(B,)`` kernel thresholds (sign ``+`` iff dot < threshold).
+
+    Returns:
+        ``(B,)`` signs in ``{+1, -1}`` with the dtype of ``dots``.
+    """
+    running = dots.clone()  # (B,)
+    plus = torch.ones((), dtype=dots.dtype, device=dots.device)
+    columns = gram.t().contiguous().unbind(0)  # B x (B,): column j of gram
+    values = running.unbind(0)  # views: they see the in-place updates below
+    limits = thresholds.unbind(0)
+    signs = []
+    for j in range(dots.shape[0]):
+        sign = torch.where(values[j] < limits[j], plus, -plus)
+        running.addcmul_(columns[j], sign)  # rows k > j see s_j <v_k, v_j>
+        signs.append(sign)
+    return torch.stack(signs) if signs else dots.new_zeros(0)
+
+
+def sign_keys(positions: torch.Tensor, signs: torch.Tensor, n: int) -> torch.Tensor:
+    """Sort keys that put ``+`` positions in visit order, then ``-`` ones reversed.
+
+    Args:
+        positions: ``(B,)`` visit positions in ``[0, n)``.
+        signs: ``(B,)`` signs in ``{+1, -1}``.
+        n: number of examples.
+
+    Returns:
+        ``(B,)`` int64 keys in ``[0, 2n)``.
+    """
+    return torch.where(signs > 0, positions, 2 * n - 1 - positions)
+
+
+def normalize_rows(vectors: torch.Tensor) -> torch.Tensor:
+    """Scale every row of a ``(B, d)`` matrix, in place, to unit norm (zero rows stay 0)."""
+    norms = torch.linalg.vector_norm(vectors, dim=1, keepdim=True)  # (B, 1)
+    return vectors.div_(norms.clamp_min_(torch.finfo(vectors.dtype).tiny))

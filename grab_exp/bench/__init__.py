@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m grab_exp.bench sorters``."""

@@ -1,0 +1,68 @@
+"""Shared helpers for the ordering tests: build a balance, feed it gradients, read its orders."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+BALANCES = ["mean", "pair", "batch", "recursive", "recursive_pair"]
+GRADIENT_FREE = ["rr", "so", "fixed"]
+ALL_ORDERINGS = GRADIENT_FREE + BALANCES
+KERNELS = ["deterministic", "probabilistic"]
+
+
+def make(name: str, n: int, d: int, *, batch_size: int = 4, depth: int | None = None, **kw):
+    """make_balance; passes ``batch_size`` only to recursive_pair, ``depth`` only to recursive."""
+    from grab_exp.balance import make_balance
+
+    if name == "recursive_pair":
+        kw["batch_size"] = batch_size
+    if name == "recursive" and depth is not None:
+        kw["depth"] = depth
+    return make_balance(name, n, d, **kw)
+
+
+def random_grads(n: int, d: int, epochs: int, seed: int = 0) -> list[torch.Tensor]:
+    """Per-epoch float64 gradient matrices: a shared offset (so centering matters) plus noise
+    that changes every epoch (so the stale mean of the previous epoch matters)."""
+    g = torch.Generator().manual_seed(seed)
+    offset = 1.5 * torch.randn(d, generator=g, dtype=torch.float64)
+    base = torch.randn(n, d, generator=g, dtype=torch.float64)
+    return [
+        offset + base + 0.5 * torch.randn(n, d, generator=g, dtype=torch.float64)
+        for _ in range(epochs)
+    ]
+
+
+def current_order(bal) -> list[int]:
+    return [int(i) for i in bal.order.detach().cpu().tolist()]
+
+
+def step_epoch(bal, z: torch.Tensor, batch_size: int, steps: int | None = None) -> None:
+    """Step the first ``steps`` (default: all) examples of the current order, in
+    mini-batches of ``batch_size`` (the last one possibly shorter), passing z[batch]."""
+    order = bal.order.detach().cpu()
+    k = len(order) if steps is None else steps
+    for start in range(0, k, batch_size):
+        idx = order[start : min(start + batch_size, k)]
+        bal.step(z[idx].to(device=bal.order.device))
+
+
+def run_epochs(bal, zs, batch_size: int, *, steps: int | None = None) -> list[list[int]]:
+    """Orders of epochs e0..e0+len(zs); a full epoch must not warn."""
+    orders = [current_order(bal)]
+    for z in zs:
+        step_epoch(bal, z, batch_size, steps)
+        with warnings.catch_warnings():
+            if steps is None:
+                warnings.simplefilter("error", UserWarning)
+            else:
+                warnings.simplefilter("ignore", UserWarning)
+            bal.set_epoch(bal.epoch + 1)
+        orders.append(current_order(bal))
+    return orders
+
+
+def is_permutation(order, n: int) -> bool:
+    return sorted(int(i) for i in order) == list(range(n))
