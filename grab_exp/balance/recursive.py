@@ -53,7 +53,7 @@ class RecursiveBalance(CenteredBalance):
         """Sign every example at its node of one tree level and update those nodes."""
         rows = len(node)
         node_acc = torch.index_select(self.acc, 0, node, out=self._scratch("node_acc", rows))
-        dots = torch.einsum("bd,bd->b", centered, node_acc)  # (B,)
+        dots = node_acc.mul_(centered).sum(dim=1)  # (B,) row-wise <v_i, acc_node(i)>
         same_node = node[:, None] == node[None, :]  # (B, B)
         signs = sequential_signs(dots, gram * same_node, thresholds)  # (B,)
         signed = torch.mul(centered, signs[:, None], out=node_acc)  # (B, d), reuses the buffer

@@ -49,28 +49,40 @@ class RecursivePairBalance(Balance):
             self.keys[start:] = UNBALANCED_KEY + positions
             return
         arrangement = torch.arange(rows, device=self.device)  # (b,) members by position
+        node_dots = (self.acc @ grads.T).T  # (b, b-1): <g_j, acc_k> (this order: faster GEMM)
+        gram = grads @ grads.T if self.normalize else None  # (b, b)
+        coef = grads.new_zeros(rows, self.batch_size - 1)  # (b, b-1): acc_k += sum_j c_jk g_j
         for level in range(self.levels):
-            arrangement = self._split_level(grads, arrangement, level)
+            arrangement = self._split_level(node_dots, gram, coef, arrangement, level)
+        self.acc.addmm_(coef.T, grads)
         batch = start // self.batch_size
         slot = torch.arange(rows, device=self.device)  # position p inside the batch
         rank = torch.where(slot % 2 == 0, batch, self.batches_max - 1 - batch)
         self.keys[start + arrangement] = slot * self.batches_max + rank
 
-    def _split_level(self, grads: torch.Tensor, arrangement: torch.Tensor, level: int):
-        """Balance every group of one level; return the arrangement after the split."""
+    def _split_level(self, node_dots, gram, coef, arrangement, level: int) -> torch.Tensor:
+        """Balance every group of one level; return the arrangement after the split.
+
+        Every pair of a level is signed against its node's accumulator as it stood before
+        the batch (no node is visited twice in one batch), so all dot products come from
+        ``node_dots`` and the updates are collected in ``coef`` for one final ``addmm``.
+        """
         groups = 2**level
         pairs = arrangement.view(groups, -1, 2)  # (groups, pairs per group, 2)
         first, second = pairs[..., 0].reshape(-1), pairs[..., 1].reshape(-1)  # (b/2,)
-        diffs = self._scratch("diffs", len(first))  # (b/2, d)
-        torch.sub(grads[first], grads[second], out=diffs)
-        diffs = self._prepare(diffs)
         node = (groups - 1) + torch.arange(groups, device=self.device).repeat_interleave(
             pairs.shape[1]
         )  # (b/2,)
-        node_acc = torch.index_select(self.acc, 0, node, out=self._scratch("node_acc", len(node)))
-        dots = torch.einsum("pd,pd->p", diffs, node_acc)  # (b/2,)
-        signs = signs_from(dots, self._thresholds(len(dots)))  # (b/2,)
-        self.acc.index_add_(0, node, diffs.mul_(signs[:, None]))
+        dots = node_dots[first, node] - node_dots[second, node]  # (b/2,) <g_f - g_s, acc>
+        weight = torch.ones_like(dots)
+        if gram is not None:  # normalize: v / |v| with |v|^2 from the Gram matrix
+            norm_sq = gram[first, first] + gram[second, second] - 2 * gram[first, second]
+            weight = (
+                norm_sq.clamp_min(0).sqrt().clamp_min(torch.finfo(dots.dtype).tiny).reciprocal()
+            )
+        signs = signs_from(dots * weight, self._thresholds(len(dots)))  # (b/2,)
+        coef[first, node] = signs * weight
+        coef[second, node] = -signs * weight
         plus = signs > 0
         winners = torch.where(plus, first, second).view(groups, -1)
         losers = torch.where(plus, second, first).view(groups, -1)

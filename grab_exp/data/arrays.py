@@ -1,0 +1,94 @@
+"""The in-memory dataset type every loader returns, and the shared preprocessing."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ArrayData:
+    """A whole image-classification dataset held as tensors, already preprocessed.
+
+    Attributes:
+        train_x: ``(N, 3, 32, 32)`` float32 training images, normalized to [-1, 1].
+        train_y: ``(N,)`` int64 training labels in ``0 .. len(classes) - 1``.
+        test_x: ``(M, 3, 32, 32)`` float32 test images, normalized like ``train_x``.
+        test_y: ``(M,)`` int64 test labels.
+        classes: Class names; ``classes[label]`` names a label.
+    """
+
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    classes: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        for split in ("train", "test"):
+            images, labels = getattr(self, f"{split}_x"), getattr(self, f"{split}_y")
+            if images.dtype != torch.float32 or images.dim() != 4:
+                raise ValueError(f"{split}_x must be a (N, C, H, W) float32 tensor")
+            if labels.dtype != torch.int64 or labels.shape != images.shape[:1]:
+                raise ValueError(f"{split}_y must be an int64 tensor of shape ({len(images)},)")
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes."""
+        return len(self.classes)
+
+    def to(self, device: torch.device | str) -> ArrayData:
+        """Return a copy whose tensors live on ``device`` (no copy when they already do)."""
+        return dataclasses.replace(
+            self,
+            train_x=self.train_x.to(device),
+            train_y=self.train_y.to(device),
+            test_x=self.test_x.to(device),
+            test_y=self.test_y.to(device),
+        )
+
+
+def normalize_images(images: torch.Tensor) -> torch.Tensor:
+    """Scale uint8 images to [0, 1], then normalize with mean 0.5 / std 0.5 per channel.
+
+    This is the preprocessing of the PyTorch CIFAR-10 tutorial, with no augmentation.
+
+    Args:
+        images: ``(N, 3, H, W)`` uint8 images.
+
+    Returns:
+        ``(N, 3, H, W)`` float32 images in [-1, 1].
+    """
+    if images.dtype != torch.uint8:
+        raise TypeError(f"expected uint8 images, got {images.dtype}")
+    return images.to(torch.float32).div_(255.0).sub_(0.5).div_(0.5)
+
+
+def array_data_from_uint8(
+    train_images: torch.Tensor,
+    train_labels: torch.Tensor,
+    test_images: torch.Tensor,
+    test_labels: torch.Tensor,
+    classes: tuple[str, ...] | list[str],
+) -> ArrayData:
+    """Build an :class:`ArrayData` from raw uint8 images, normalizing them once.
+
+    Args:
+        train_images: ``(N, 3, 32, 32)`` uint8 training images.
+        train_labels: ``(N,)`` integer training labels.
+        test_images: ``(M, 3, 32, 32)`` uint8 test images.
+        test_labels: ``(M,)`` integer test labels.
+        classes: Class names in label order.
+
+    Returns:
+        The normalized dataset.
+    """
+    return ArrayData(
+        train_x=normalize_images(train_images),
+        train_y=train_labels.to(torch.int64),
+        test_x=normalize_images(test_images),
+        test_y=test_labels.to(torch.int64),
+        classes=tuple(classes),
+    )

@@ -1,0 +1,30 @@
+"""Run logging: the local store (always on) and a fail-soft W&B mirror, plus an offline W&B reader.
+
+Importing this package is cheap: ``torch`` and ``wandb`` are imported only when used.
+"""
+
+from grab_exp.logging.files import atomic_torch_save, atomic_write_text, read_json, write_json
+from grab_exp.logging.local import LocalStore, git_commit, library_versions
+from grab_exp.logging.wandb_logger import (
+    WandbLogger,
+    WandbUnavailableWarning,
+    build_wandb_logger,
+)
+from grab_exp.logging.wandb_mode import resolve_mode
+from grab_exp.logging.wandb_reader import read_offline_run, read_offline_runs
+
+__all__ = [
+    "LocalStore",
+    "WandbLogger",
+    "WandbUnavailableWarning",
+    "atomic_torch_save",
+    "atomic_write_text",
+    "build_wandb_logger",
+    "git_commit",
+    "library_versions",
+    "read_json",
+    "read_offline_run",
+    "read_offline_runs",
+    "resolve_mode",
+    "write_json",
+]

@@ -1,0 +1,117 @@
+"""Crash-safe file writes: a reader sees the old file or the new one, never a partial one.
+
+Every write goes to a temporary file in the target's own directory (so the final rename never
+crosses a file system), is flushed and fsynced, and then replaces the target with
+:func:`os.replace`, which is atomic on POSIX and Windows. The directory is fsynced afterwards
+(where the platform allows it) so that the rename itself survives a power loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+TMP_SUFFIX = ".tmp"
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Atomically replace ``path`` with ``text`` (UTF-8).
+
+    Args:
+        path: Target file; its parent directory must exist.
+        text: The complete new content.
+    """
+    with _atomic_target(path, binary=False) as handle:
+        handle.write(text)
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> None:
+    """Atomically replace ``path`` with ``torch.save(obj)``.
+
+    Args:
+        obj: Anything :func:`torch.save` accepts (a checkpoint dict).
+        path: Target file; its parent directory must exist.
+    """
+    import torch  # local import: the rest of this module must stay cheap to import
+
+    with _atomic_target(path, binary=True) as handle:
+        torch.save(obj, handle)
+
+
+def write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    """Atomically write ``obj`` as indented, strict JSON.
+
+    JSON has no NaN or infinity: non-finite floats are written as ``null``. Tensors and NumPy
+    scalars are converted with ``.item()``/``.tolist()``; other unknown objects with ``str``.
+    """
+    text = json.dumps(_finite(obj), indent=2, allow_nan=False, default=_to_builtin)
+    atomic_write_text(path, text + "\n")
+
+
+def read_json(path: str | os.PathLike[str]) -> Any | None:
+    """Return the parsed JSON content of ``path``, or ``None`` when the file does not exist."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    return json.loads(text)
+
+
+@contextlib.contextmanager
+def _atomic_target(path: str | os.PathLike[str], *, binary: bool) -> Iterator[IO[Any]]:
+    """Yield a temporary file next to ``path``; on success make it ``path``, else delete it."""
+    target = Path(path)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=TMP_SUFFIX, dir=target.parent)
+    try:
+        mode = "wb" if binary else "w"
+        encoding = None if binary else "utf-8"
+        with os.fdopen(fd, mode, encoding=encoding, newline=None if binary else "") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+    fsync_dir(target.parent)
+
+
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    """Fsync ``directory`` so a rename or new file in it is durable (no-op off POSIX)."""
+    if os.name != "posix":
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _finite(obj: Any) -> Any:
+    """Recursively replace non-finite floats by ``None`` (JSON has no NaN)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {key: _finite(value) for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(value) for value in obj]
+    return obj
+
+
+def _to_builtin(obj: Any) -> Any:
+    """``json.dumps`` fallback: tensors/NumPy values via ``tolist``/``item``, else ``str``."""
+    for method in ("tolist", "item"):
+        convert = getattr(obj, method, None)
+        if callable(convert):
+            with contextlib.suppress(Exception):
+                return _finite(convert())
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    return str(obj)

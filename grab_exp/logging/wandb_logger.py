@@ -1,0 +1,217 @@
+"""A fail-soft Weights & Biases mirror of the local store: one W&B run per job.
+
+:class:`WandbLogger` wraps ``wandb.init`` / ``Run.log`` / ``Run.finish``. Its mode is resolved
+and validated at construction (before any training). Any exception from W&B in
+:meth:`~WandbLogger.start`, :meth:`~WandbLogger.log` or :meth:`~WandbLogger.finish` (no
+network, bad key, init timeout, unwritable directory) is reported once as a
+:class:`WandbUnavailableWarning`, after which the logger is a no-op for the rest of the job:
+training goes on with the local store.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from grab_exp.logging.wandb_mode import resolve_mode
+
+
+class WandbUnavailableWarning(RuntimeWarning):
+    """W&B failed; this job keeps logging to the local store only."""
+
+
+class WandbLogger:
+    """One W&B run per job that never lets a W&B failure stop training.
+
+    Args:
+        project: W&B project.
+        entity: W&B entity (user or team); ``None`` for the account's default.
+        mode: ``auto`` (see :func:`resolve_mode`), ``online``, ``offline`` or ``disabled``.
+        tags: Run tags.
+        group: Run group (the experiment name).
+        name: Run display name (variant-pipeline-seed).
+        init_timeout: Seconds ``wandb.init`` may take before it counts as a failure.
+
+    Raises:
+        ValueError: invalid ``mode``, at construction.
+    """
+
+    def __init__(
+        self,
+        project: str = "grab-exp",
+        entity: str | None = None,
+        mode: str = "auto",
+        tags: Iterable[str] = (),
+        group: str | None = None,
+        name: str | None = None,
+        init_timeout: float = 30.0,
+    ) -> None:
+        self.mode = resolve_mode(mode)
+        self.project = project
+        self.entity = entity
+        self.tags = [str(tag) for tag in tags]
+        self.group = group
+        self.name = name
+        self.init_timeout = float(init_timeout)
+        self.failure: str | None = None
+        self._run: Any = None
+
+    @property
+    def active(self) -> bool:
+        """Whether a W&B run is open and healthy."""
+        return self._run is not None and self.failure is None
+
+    @property
+    def run(self) -> Any:
+        """The open ``wandb`` Run, or ``None``."""
+        return self._run if self.active else None
+
+    @property
+    def run_id(self) -> str | None:
+        """The open run's id, or ``None``."""
+        return self._run.id if self.active else None
+
+    def start(
+        self,
+        run_dir: str | os.PathLike[str],
+        config: Mapping[str, Any],
+        run_id: str | None = None,
+    ) -> str | None:
+        """Open (or, given ``run_id``, continue) this job's W&B run.
+
+        W&B writes under ``<run_dir>/wandb/``. Calling ``start`` again while a run is open
+        returns that run's id and opens nothing.
+
+        Args:
+            run_dir: The job's run directory.
+            config: The config: a dict, or a DictConfig (resolved here).
+            run_id: The id stored in the checkpoint by an earlier attempt of this job; ``None``
+                lets W&B pick a new one.
+
+        Returns:
+            The run id to store in the checkpoint, or ``None`` when W&B is disabled or failed.
+        """
+        if self.active:
+            return self.run_id
+        if self.mode == "disabled" or self.failure is not None:
+            return None
+        try:
+            self._run = self._init(Path(run_dir), plain_config(config), run_id)
+        except Exception as error:
+            self._fail("wandb.init", error)
+            return None
+        return self._run.id
+
+    def log(self, metrics: Mapping[str, Any], epoch: int) -> None:
+        """Log one epoch's metrics with ``epoch`` as the W&B step; ``None`` values are dropped.
+
+        The step is committed at once (``commit=True``), so it reaches the ``.wandb`` file
+        without waiting for the next epoch.
+        """
+        if not self.active:
+            return
+        values = {key: value for key, value in metrics.items() if value is not None}
+        try:
+            self._run.log(values, step=int(epoch), commit=True)
+        except Exception as error:
+            self._fail("wandb.log", error)
+
+    def finish(self, exit_code: int = 0) -> None:
+        """Finish the run with ``exit_code`` (0 = success); later calls do nothing."""
+        if not self.active:
+            return
+        run, self._run = self._run, None
+        try:
+            run.finish(exit_code=int(exit_code))
+        except Exception as error:
+            self._fail("wandb.finish", error)
+
+    def _init(self, run_dir: Path, config: dict[str, Any], run_id: str | None) -> Any:
+        import wandb
+
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return wandb.init(
+            dir=str(run_dir),
+            id=run_id,
+            resume="allow",
+            project=self.project,
+            entity=self.entity,
+            group=self.group,
+            name=self.name,
+            tags=self.tags,
+            config=config,
+            mode=self.mode,
+            reinit="create_new",
+            settings=wandb.Settings(**quiet_settings(self.init_timeout)),
+        )
+
+    def _fail(self, where: str, error: BaseException) -> None:
+        """Record the first failure and warn about it; the logger is a no-op from now on."""
+        if self.failure is not None:
+            return
+        self.failure = f"{where} failed: {type(error).__name__}: {error}"
+        warnings.warn(
+            f"W&B disabled for the rest of this job ({self.failure}); "
+            "metrics still go to the local store (metrics.csv, summary.json).",
+            WandbUnavailableWarning,
+            stacklevel=3,
+        )
+
+
+def quiet_settings(init_timeout: float) -> dict[str, Any]:
+    """``wandb.Settings`` keywords: quiet, no console capture, no system-metrics sampler.
+
+    ``x_transaction_log_flush_interval`` (1 s) makes each committed epoch reach the ``.wandb``
+    file promptly, so a killed job loses at most the last second. Keys this W&B version does
+    not know are left out.
+    """
+    import wandb
+
+    wanted: dict[str, Any] = {
+        "silent": True,
+        "console": "off",
+        "save_code": False,
+        "x_disable_stats": True,
+        "init_timeout": init_timeout,
+        "x_transaction_log_flush_interval": 1.0,
+    }
+    known = getattr(wandb.Settings, "model_fields", wanted)
+    return {key: value for key, value in wanted.items() if key in known}
+
+
+def plain_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A plain ``dict`` of ``config``; an OmegaConf ``DictConfig`` is resolved first."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(config, DictConfig):
+        return OmegaConf.to_container(config, resolve=True)  # type: ignore[return-value]
+    return dict(config)
+
+
+def build_wandb_logger(
+    cfg: Mapping[str, Any] | None, group: str | None, name: str | None
+) -> WandbLogger | None:
+    """Build the logger from the ``logger.wandb`` config node, or ``None`` when not enabled.
+
+    Args:
+        cfg: The ``logger.wandb`` node (DictConfig or dict) with ``enabled``, ``project``,
+            ``entity``, ``mode`` and ``tags``.
+        group: W&B group (the experiment name).
+        name: W&B run name (variant-pipeline-seed).
+
+    Raises:
+        ValueError: invalid ``logger.wandb.mode``.
+    """
+    if cfg is None or not cfg.get("enabled", False):
+        return None
+    return WandbLogger(
+        project=cfg.get("project", "grab-exp"),
+        entity=cfg.get("entity"),
+        mode=cfg.get("mode", "auto"),
+        tags=tuple(cfg.get("tags") or ()),
+        group=group,
+        name=name,
+    )

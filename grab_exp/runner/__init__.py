@@ -1,0 +1,1 @@
+"""The experiment runner behind ``python -m grab_exp`` (Hydra-composed training)."""

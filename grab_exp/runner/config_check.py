@@ -1,0 +1,94 @@
+"""Validation of the composed config, before any data is loaded.
+
+Every failure is one ``ConfigError`` line naming the key and the allowed values.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from hydra.utils import get_class
+from omegaconf import DictConfig, OmegaConf
+
+from grab_exp.balance import Balance
+from grab_exp.runner.progress import PROGRESS_MODES
+from grab_exp.validation import check_choice, check_int_at_least, check_positive
+
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+class ConfigError(ValueError):
+    """A composed config that cannot run."""
+
+
+def _check_run(cfg: DictConfig) -> None:
+    check_int_at_least("seed", cfg.seed, 0)
+    check_int_at_least("epochs", cfg.epochs, 1)
+    check_int_at_least("batch_size", cfg.batch_size, 1)
+    check_int_at_least("eval_batch_size", cfg.eval_batch_size, 1)
+    check_choice("progress", cfg.progress, PROGRESS_MODES)
+    if not isinstance(cfg.overwrite, bool):
+        raise ValueError(f"overwrite: got {cfg.overwrite!r}; allowed: true, false")
+    if not isinstance(cfg.device, str) or not DEVICE_PATTERN.match(cfg.device):
+        raise ValueError(f"device: got {cfg.device!r}; allowed: auto, cpu, cuda, cuda:<k>")
+
+
+def _check_optimizer(cfg: DictConfig) -> None:
+    check_positive("optimizer.lr", cfg.optimizer.lr)
+    for key in ("weight_decay", "momentum"):
+        value = cfg.optimizer.get(key, 0.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ValueError(f"optimizer.{key}: got {value!r}; allowed: a number >= 0")
+
+
+def _balance_class(cfg: DictConfig) -> type[Balance]:
+    cls = get_class(cfg.balance._target_)
+    if not (isinstance(cls, type) and issubclass(cls, Balance)):
+        raise ValueError(f"balance._target_: {cfg.balance._target_} is not a grab_exp Balance")
+    return cls
+
+
+def _check_balance(cfg: DictConfig) -> None:
+    """Build the ordering on a tiny problem: its constructor checks every option."""
+    cls = _balance_class(cfg)
+    options = OmegaConf.to_container(cfg.balance, resolve=True)
+    cls(max(2, cfg.batch_size), 1, **{k: v for k, v in options.items() if not k.startswith("_")})
+    pipeline = get_class(cfg.pipeline._target_)
+    if cls.needs_grads and not pipeline.provides_per_sample:
+        free = sorted(n for n, c in Balance.registry.items() if not c.needs_grads)
+        raise ValueError(
+            f"pipeline: {cfg.pipeline._target_.rsplit('.', 1)[-1]} gives no per-sample "
+            f"gradients, which balance {cls.name!r} needs; allowed with it: {', '.join(free)} "
+            "(or pipeline=functional)"
+        )
+
+
+def _check_dataset(cfg: DictConfig) -> None:
+    subset = cfg.dataset.get("subset")
+    if subset is not None:
+        check_int_at_least("dataset.subset", subset, 1)
+    if cfg.dataset.get("archive") is not None:
+        from grab_exp.data import resolve_archive
+
+        resolve_archive(cfg.dataset.archive)  # one line naming dataset.archive if missing
+
+
+def _check_device(cfg: DictConfig) -> None:
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(
+            f"device: got {cfg.device!r} but CUDA is not available; allowed: auto, cpu"
+        )
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Check types, ranges and cross-field rules of a composed run config.
+
+    Raises:
+        ConfigError: one line naming the key and the allowed values.
+    """
+    try:
+        for check in (_check_run, _check_optimizer, _check_balance, _check_dataset, _check_device):
+            check(cfg)
+    except (ValueError, TypeError, FileNotFoundError) as error:
+        raise ConfigError(str(error).splitlines()[0]) from error

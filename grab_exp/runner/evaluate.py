@@ -1,0 +1,33 @@
+"""Whole-dataset evaluation at the end of an epoch."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean cross-entropy and accuracy of ``model`` (in eval mode) on a whole split.
+
+    Args:
+        x: ``(N, 3, 32, 32)`` inputs on the model's device; y: ``(N,)`` labels.
+        batch_size: examples per forward pass.
+
+    Returns:
+        ``(loss, acc)`` as 0-dim tensors on the device (no host sync here).
+    """
+    was_training = model.training
+    model.eval()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=x.device)
+    correct = torch.zeros((), dtype=torch.long, device=x.device)
+    for start in range(0, len(x), batch_size):
+        logits = model(x[start : start + batch_size])  # (b, classes)
+        labels = y[start : start + batch_size]  # (b,)
+        loss_sum += F.cross_entropy(logits, labels, reduction="sum")
+        correct += (logits.argmax(dim=1) == labels).sum()
+    model.train(was_training)
+    return loss_sum / len(x), correct.double() / len(x)

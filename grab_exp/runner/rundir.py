@@ -1,0 +1,33 @@
+"""Run-directory states: finished (skip), interrupted (resume), or start over (keep aside)."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+log = logging.getLogger("grab_exp")
+RUN_ARTIFACTS = ("metrics.csv", "summary.json", "checkpoint.pt", "wandb")
+
+
+def has_artifacts(run_dir: Path) -> bool:
+    """Whether an earlier run left anything in ``run_dir``."""
+    return any((run_dir / name).exists() for name in RUN_ARTIFACTS)
+
+
+def keep_aside(run_dir: Path) -> Path:
+    """Move an earlier run's files into ``<run_dir>.old<k>`` (first free k); never delete.
+
+    The Hydra config folder is copied along so the old run stays self-describing.
+    """
+    k = 1
+    while (aside := run_dir.with_name(f"{run_dir.name}.old{k}")).exists():
+        k += 1
+    aside.mkdir(parents=True)
+    for name in RUN_ARTIFACTS:
+        if (run_dir / name).exists():
+            shutil.move(str(run_dir / name), aside / name)
+    if (run_dir / ".hydra").exists():
+        shutil.copytree(run_dir / ".hydra", aside / ".hydra")
+    log.info("overwrite=true: the earlier run in %s was moved to %s", run_dir, aside)
+    return aside

@@ -1,0 +1,101 @@
+"""One training epoch and its metrics; the hot loop has no host synchronization."""
+
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from grab_exp.data import ArrayData
+from grab_exp.runner.evaluate import evaluate
+from grab_exp.runner.progress import Progress
+from grab_exp.sampler import GraBSampler
+
+METRIC_COLUMNS = (
+    "epoch",
+    "train/loss",
+    "train/acc",
+    "test/loss",
+    "test/acc",
+    "train/running_loss",
+    "time/epoch_s",
+    "mem/peak_cuda_mb",
+    "mem/peak_rss_mb",
+    "mem/sorter_bytes",
+)
+
+
+@dataclass
+class TrainingJob:
+    """Everything one run trains with (data already on ``device``)."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    sampler: GraBSampler
+    pipeline: Any
+    data: ArrayData
+    batch_size: int
+    eval_batch_size: int
+    device: torch.device
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train_steps(job: TrainingJob, progress: Progress) -> torch.Tensor:
+    """One pass over the sampler's order; returns the summed mini-batch loss (device)."""
+    loss_sum = torch.zeros((), device=job.device)
+    needs_grads = job.sampler.balance.needs_grads
+    for indices in job.sampler.index_batches(job.batch_size):
+        x, y = job.data.train_x[indices], job.data.train_y[indices]  # (B, 3, 32, 32), (B,)
+        job.optimizer.zero_grad(set_to_none=True)
+        loss, grads = job.pipeline(x, y)
+        job.sampler.step(grads if needs_grads else None, indices)
+        job.optimizer.step()
+        loss_sum += loss
+        progress.step(loss)
+    return loss_sum
+
+
+def run_epoch(job: TrainingJob, epoch: int, progress: Progress) -> dict[str, Any]:
+    """Train epoch ``epoch`` (0-based), then evaluate; returns the epoch's metrics row.
+
+    The row's ``epoch`` is the number of completed epochs (``epoch + 1``).
+    """
+    job.sampler.set_epoch(epoch)
+    if job.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(job.device)
+    _synchronize(job.device)
+    started = time.perf_counter()
+    progress.start_epoch(epoch, -(-len(job.sampler) // job.batch_size))
+    loss_sum = train_steps(job, progress)
+    _synchronize(job.device)
+    seconds = time.perf_counter() - started
+    peak_cuda = (
+        torch.cuda.max_memory_allocated(job.device) / 2**20 if job.device.type == "cuda" else None
+    )
+    train_loss, train_acc = evaluate(
+        job.model, job.data.train_x, job.data.train_y, job.eval_batch_size
+    )
+    test_loss, test_acc = evaluate(job.model, job.data.test_x, job.data.test_y, job.eval_batch_size)
+    steps = -(-len(job.sampler) // job.batch_size)
+    row = {
+        "epoch": epoch + 1,
+        "train/loss": train_loss.item(),
+        "train/acc": train_acc.item(),
+        "test/loss": test_loss.item(),
+        "test/acc": test_acc.item(),
+        "train/running_loss": loss_sum.item() / steps,
+        "time/epoch_s": seconds,
+        "mem/peak_cuda_mb": peak_cuda,
+        "mem/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "mem/sorter_bytes": job.sampler.balance.state_bytes(),
+    }
+    progress.end_epoch(row)
+    return row
