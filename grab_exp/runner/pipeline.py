@@ -9,6 +9,12 @@ import torch
 from torch import nn
 
 from grab_exp.per_sample import PerSampleGradients
+from grab_exp.per_sample_hooks import (
+    HookedPerSampleGradients,
+    UnsupportedModelError,
+    check_supported,
+)
+from grab_exp.validation import check_choice
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -36,12 +42,27 @@ class ClassicPipeline:
 
 
 class FunctionalPipeline:
-    """Per-sample gradients (torch.func); their mean is written into ``param.grad``."""
+    """Per-sample gradients; their mean is written into ``param.grad``.
+
+    Args:
+        method: ``func`` (torch.func vmap(grad), any model), ``hooks`` (one ordinary backward
+            with Linear/Conv2d hooks) or ``auto`` (hooks when the model allows, else func).
+        chunk_size: examples per vmap chunk for ``func`` (bounds memory).
+    """
 
     provides_per_sample: ClassVar[bool] = True
 
-    def __init__(self, model: nn.Module, loss_fn: LossFn, chunk_size: int | None = None) -> None:
-        self.per_sample = PerSampleGradients(model, loss_fn, chunk_size=chunk_size)
+    def __init__(
+        self, model: nn.Module, loss_fn: LossFn, chunk_size: int | None = None, method: str = "func"
+    ) -> None:
+        check_choice("pipeline.method", method, METHODS)
+        if method == "auto":
+            method = "hooks" if hooks_supported(model) else "func"
+        self.method = method
+        if method == "hooks":
+            self.per_sample = HookedPerSampleGradients(model, loss_fn)
+        else:
+            self.per_sample = PerSampleGradients(model, loss_fn, chunk_size=chunk_size)
 
     def __call__(
         self, x: torch.Tensor, y: torch.Tensor
@@ -54,3 +75,15 @@ class FunctionalPipeline:
         loss, grads = self.per_sample(x, y)
         self.per_sample.accumulate_mean(grads)
         return loss, grads
+
+
+METHODS = ("func", "hooks", "auto")
+
+
+def hooks_supported(model: nn.Module) -> bool:
+    """Whether every trainable layer of ``model`` has a hook-based per-sample gradient."""
+    try:
+        check_supported(model)
+    except UnsupportedModelError:
+        return False
+    return True
