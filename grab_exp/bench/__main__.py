@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from grab_exp.bench import sorters
+from grab_exp.bench import epoch, sorters
 
-BENCHMARKS = {"sorters": sorters.main}
+BENCHMARKS = {"sorters": sorters.main, "epoch": epoch.main}
 
 
 def main() -> None:

@@ -1,0 +1,35 @@
+"""A description of the machine a benchmark ran on."""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import torch
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def describe_machine(device: torch.device) -> dict:
+    """CPU, core count, torch threads and version, and the GPU name when on CUDA."""
+    info = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
