@@ -53,7 +53,7 @@ class FunctionalPipeline:
     provides_per_sample: ClassVar[bool] = True
 
     def __init__(
-        self, model: nn.Module, loss_fn: LossFn, chunk_size: int | None = None, method: str = "func"
+        self, model: nn.Module, loss_fn: LossFn, chunk_size: int | None = None, method: str = "auto"
     ) -> None:
         check_choice("pipeline.method", method, METHODS)
         if method == "auto":
