@@ -1,0 +1,120 @@
+"""VR-Adam: Adam fed the gradient scaled by a bias-corrected running average of the GSNR.
+
+The paper's appendix with the exact VR-Adam pseudo-code was not available to us; this variant
+is **our choice**, following the paper's description (GSNR-scaled gradient into Adam):
+
+    p_t = β3 · p_{t−1} + (1 − β3) · r_t,   p_0 = 0        (β3 = 0.9)
+    p̂_t = p_t / (1 − β3^t)
+    g_t = p̂_t ⊙ ḡ_t + wd · θ                               (torch.optim.Adam's L2 weight decay)
+    m_t, v_t, θ_t: exactly torch.optim.Adam's (amsgrad off) with ``adam_eps`` in the denominator
+
+Implementation: we store ``e_t = p_t − (1 − β3^t)``, which obeys the same recursion with input
+``r_t − 1`` (``e_t = β3·e_{t−1} + (1 − β3)(r_t − 1)``, ``e_0 = 0``), so
+``p̂_t = 1 + e_t / (1 − β3^t)`` - mathematically identical, and exactly 1 when every ``r`` is 1.
+Hence ``gamma = 1`` reproduces ``torch.optim.Adam(lr, betas, eps=adam_eps, weight_decay)`` bit
+for bit (the Adam operations mirror torch's multi-tensor Adam one for one). ``eps`` is the GSNR
+regularizer, as in the other VR optimizers; Adam's own epsilon is ``adam_eps``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from grab_exp.optim.base import GSNROptimizer, check_below_one, check_non_negative
+
+__all__ = ["VRAdam"]
+
+
+class VRAdam(GSNROptimizer):
+    """VR-Adam (our variant, see the module docstring). Call ``observe()`` before ``step()``.
+
+    Args:
+        params: Parameters or param groups.
+        lr: Learning rate (> 0).
+        betas: Adam's ``(β1, β2)``, each in ``[0, 1)``.
+        adam_eps: Adam's denominator epsilon (>= 0).
+        weight_decay: L2 penalty (>= 0), added to ``p̂ ⊙ ḡ`` unscaled.
+        beta3: Decay of the GSNR's running average, in ``[0, 1)``.
+        gamma: Lower clip of the scaled GSNR, in ``(0, 1]``.
+        groups: GSNR groups per batch (>= 2, dividing the batch), ``None`` = batch size.
+        eps: Relative variance regularizer of the GSNR (> 0).
+    """
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        adam_eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        beta3: float = 0.9,
+        *,
+        gamma: float = 0.1,
+        groups: int | None = None,
+        eps: float = 1e-8,
+    ) -> None:
+        betas = tuple(betas) if not isinstance(betas, (str, bytes)) and _sized(betas) else ()
+        if len(betas) != 2:
+            raise ValueError(f"optimizer.betas: got {betas!r}; allowed: two numbers in [0, 1)")
+        for i, beta in enumerate(betas):
+            check_below_one(f"optimizer.betas[{i}]", beta)
+        check_non_negative("optimizer.adam_eps", adam_eps)
+        check_non_negative("optimizer.weight_decay", weight_decay)
+        check_below_one("optimizer.beta3", beta3)
+        defaults = {
+            "lr": lr,
+            "betas": betas,
+            "adam_eps": adam_eps,
+            "weight_decay": weight_decay,
+            "beta3": beta3,
+        }
+        super().__init__(params, defaults, gamma=gamma, groups=groups, eps=eps)
+
+    def _states(self, params: list[torch.Tensor]) -> list[dict[str, Any]]:
+        states = []
+        for p in params:
+            state = self.state[p]
+            if not state:
+                state["step"] = 0
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["gsnr_dev"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["step"] += 1
+            states.append(state)
+        return states
+
+    def _update(
+        self,
+        group: dict[str, Any],
+        params: list[torch.Tensor],
+        grads: list[torch.Tensor],
+        ratios: list[torch.Tensor],
+    ) -> None:
+        beta1, beta2 = group["betas"]
+        beta3 = group["beta3"]
+        states = self._states(params)
+        steps = [s["step"] for s in states]
+        exp_avgs = [s["exp_avg"] for s in states]
+        exp_avg_sqs = [s["exp_avg_sq"] for s in states]
+        devs = [s["gsnr_dev"] for s in states]  # e_t = p_t − (1 − β3^t)
+        torch._foreach_lerp_(devs, torch._foreach_sub(ratios, 1.0), 1 - beta3)
+        scale = torch._foreach_div(devs, [1 - beta3**t for t in steps])
+        torch._foreach_add_(scale, 1.0)  # p̂_t
+        g = torch._foreach_mul(grads, scale)  # p̂_t ⊙ ḡ
+        if group["weight_decay"] != 0:
+            torch._foreach_add_(g, params, alpha=group["weight_decay"])
+        torch._foreach_lerp_(exp_avgs, g, 1 - beta1)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, g, g, 1 - beta2)
+        step_size = [(group["lr"] / (1 - beta1**t)) * -1 for t in steps]
+        denom = torch._foreach_sqrt(exp_avg_sqs)
+        torch._foreach_div_(denom, [(1 - beta2**t) ** 0.5 for t in steps])
+        torch._foreach_add_(denom, group["adam_eps"])
+        torch._foreach_addcdiv_(params, exp_avgs, denom, step_size)
+
+
+def _sized(value: Any) -> bool:
+    """A list, tuple or Hydra ``ListConfig``."""
+    return hasattr(value, "__len__") and hasattr(value, "__iter__")
