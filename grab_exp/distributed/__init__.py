@@ -1,0 +1,40 @@
+"""Orderings across data-parallel workers: ``d_rr``, ``d_grab`` and ``cd_grab`` (CD-GraB).
+
+Each of ``W`` workers owns a seeded shard of ``n // W`` examples. The orderings run on a
+real ``torch.distributed`` job (:class:`ProcessGroupComm`, launched by ``torchrun``) or on
+``W`` virtual workers in one process (:class:`SimulatedComm`) with the same code.
+"""
+
+from grab_exp.distributed.cd_grab import CoordinatedGraB
+from grab_exp.distributed.comm import (
+    CollectiveError,
+    Communicator,
+    ProcessGroupComm,
+    SimulatedComm,
+    init_distributed,
+)
+from grab_exp.distributed.orderings import (
+    DistributedOrdering,
+    DistributedRandomReshuffle,
+    IndependentGraB,
+    make_distributed_ordering,
+)
+from grab_exp.distributed.projection import BlockProjection
+from grab_exp.distributed.shards import ShardSplit, rank_seeds, split_shards
+
+__all__ = [
+    "BlockProjection",
+    "CollectiveError",
+    "Communicator",
+    "CoordinatedGraB",
+    "DistributedOrdering",
+    "DistributedRandomReshuffle",
+    "IndependentGraB",
+    "ProcessGroupComm",
+    "ShardSplit",
+    "SimulatedComm",
+    "init_distributed",
+    "make_distributed_ordering",
+    "rank_seeds",
+    "split_shards",
+]

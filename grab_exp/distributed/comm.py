@@ -1,0 +1,212 @@
+"""Communication for the distributed orderings and data-parallel training.
+
+Two communicators give the same CD-GraB code two backends:
+
+* :class:`ProcessGroupComm`: one rank of a real ``torch.distributed`` job (gloo on CPU,
+  NCCL on GPU), launched by ``torchrun``; it owns one worker (``local_ranks == (rank,)``).
+* :class:`SimulatedComm`: ``W`` virtual workers inside one process; it owns all of them
+  (``local_ranks == (0, ..., W-1)``) and the all-gather is the stack of their tensors.
+
+Every collective of :class:`ProcessGroupComm` runs under the process group's timeout and
+turns a backend failure (a dead or hung peer) into a :class:`CollectiveError` that names the
+rank, the collective and the timeout.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import sys
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
+
+import torch
+import torch.distributed as dist
+
+T = TypeVar("T")
+DEFAULT_TIMEOUT_S = 300.0
+
+
+class CollectiveError(RuntimeError):
+    """A collective failed or timed out: another rank probably died or hangs."""
+
+
+class Communicator:
+    """What the orderings and the trainer need from the workers' transport.
+
+    Attributes:
+        world_size: number of workers ``W``.
+        rank: this process's rank (0 in the simulator).
+        local_ranks: the workers this process runs, in the row order of ``all_gather``'s input.
+        processes: number of processes (``W`` for a process group, 1 for the simulator).
+    """
+
+    world_size: int = 1
+    rank: int = 0
+    local_ranks: tuple[int, ...] = (0,)
+    processes: int = 1
+
+    def all_gather(self, local: torch.Tensor, name: str = "all_gather") -> torch.Tensor:
+        """Gather every worker's tensor.
+
+        Args:
+            local: ``(L, *shape)``, one row per local worker (``L = len(local_ranks)``).
+            name: what is gathered (for error messages).
+
+        Returns:
+            ``(W, *shape)``, row ``r`` from worker ``r``.
+        """
+        raise NotImplementedError
+
+    def all_reduce_sum_(self, tensor: torch.Tensor, name: str = "all_reduce") -> torch.Tensor:
+        """Sum ``tensor`` over the processes, in place, and return it."""
+        raise NotImplementedError
+
+    def all_reduce_mean_(self, tensor: torch.Tensor, name: str = "all_reduce") -> torch.Tensor:
+        """Average ``tensor`` over the processes, in place, and return it."""
+        return self.all_reduce_sum_(tensor, name).div_(self.processes)
+
+    def gather_objects(self, obj: object, name: str = "all_gather_object") -> list:
+        """Every process's (picklable) ``obj``, in rank order (``[obj]`` in one process)."""
+        return [obj]
+
+    def barrier(self, name: str = "barrier") -> None:
+        """Wait for every process (a no-op in one process)."""
+
+
+class SimulatedComm(Communicator):
+    """``W`` virtual workers in one process: gathering is stacking.
+
+    Args:
+        world_size: number of virtual workers ``W``.
+    """
+
+    def __init__(self, world_size: int) -> None:
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"simulate_workers: got {world_size!r}; allowed: an integer >= 1")
+        self.world_size, self.rank = world_size, 0
+        self.local_ranks = tuple(range(world_size))
+
+    def all_gather(self, local: torch.Tensor, name: str = "all_gather") -> torch.Tensor:
+        if local.shape[0] != self.world_size:
+            raise ValueError(
+                f"{name}: got {local.shape[0]} rows; the simulator has {self.world_size}"
+            )
+        return local
+
+    def all_reduce_sum_(self, tensor: torch.Tensor, name: str = "all_reduce") -> torch.Tensor:
+        """A no-op: one process (its one model already averages over its workers)."""
+        return tensor
+
+
+class ProcessGroupComm(Communicator):
+    """One rank of an initialized ``torch.distributed`` process group.
+
+    Args:
+        timeout_s: the group's collective timeout (used in error messages).
+        group: the process group; ``None`` is the default group.
+    """
+
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, group=None) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "ProcessGroupComm: call init_distributed() (or init_process_group) first"
+            )
+        self.group, self.timeout_s = group, float(timeout_s)
+        self.world_size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.local_ranks = (self.rank,)
+        self.processes = self.world_size
+
+    def all_gather(self, local: torch.Tensor, name: str = "all_gather") -> torch.Tensor:
+        local = local.contiguous()
+        out = local.new_empty((self.world_size, *local.shape[1:]))  # (W, *shape)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        self._run(name, lambda: gather(out, local, group=self.group))
+        return out
+
+    def all_reduce_sum_(self, tensor: torch.Tensor, name: str = "all_reduce") -> torch.Tensor:
+        self._run(name, lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group))
+        return tensor
+
+    def gather_objects(self, obj: object, name: str = "all_gather_object") -> list:
+        out: list = [None] * self.world_size
+        self._run(name, lambda: dist.all_gather_object(out, obj, group=self.group))
+        return out
+
+    def barrier(self, name: str = "barrier") -> None:
+        self._run(name, lambda: dist.barrier(group=self.group))
+
+    def _run(self, name: str, collective: Callable[[], T]) -> T:
+        try:
+            return collective()
+        except RuntimeError as error:  # DistBackendError, gloo/NCCL timeouts, closed sockets
+            cause = (str(error).strip().splitlines() or [repr(error)])[0]
+            raise CollectiveError(
+                f"rank {self.rank}/{self.world_size}: collective {name!r} failed (timeout "
+                f"{self.timeout_s:g} s); another rank probably died or hangs, so this rank "
+                f"stops too. Cause: {cause}"
+            ) from error
+
+
+def exit_after_collective_error(error: CollectiveError) -> NoReturn:
+    """Print ``error: <message>`` to stderr and end the process with status 1, at once.
+
+    A normal interpreter exit would tear down the broken process group's background threads,
+    which can abort the process (``terminate called without an active exception``, status
+    -6) after the message; ``os._exit`` skips that teardown.
+    """
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)
+
+
+def export_slurm_env() -> bool:
+    """Set torchrun's variables from SLURM's in a SLURM task started without torchrun.
+
+    Hydra's ``submitit_slurm`` launcher with ``tasks_per_node: W`` starts every task itself
+    (``srun``); submitit's ``TorchDistributedEnvironment`` turns ``SLURM_PROCID``,
+    ``SLURM_NTASKS``, ``SLURM_LOCALID`` and the node list into ``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK``, ``MASTER_ADDR`` (first node) and ``MASTER_PORT`` (from the job id).
+
+    Returns:
+        Whether the variables were exported (``False`` when ``RANK`` is set or not in SLURM).
+    """
+    if "RANK" in os.environ or "SLURM_NTASKS" not in os.environ:
+        return False
+    from submitit.helpers import TorchDistributedEnvironment  # the `launchers` extra
+
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    return True
+
+
+def init_distributed(
+    backend: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S
+) -> tuple[ProcessGroupComm, torch.device]:
+    """Join the job ``torchrun`` (or any env:// launcher, or SLURM) started, with a timeout.
+
+    Reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``
+    (exported from SLURM's variables first when they are absent, see
+    :func:`export_slurm_env`). ``auto`` picks NCCL when CUDA is available (one GPU per local
+    rank), else gloo.
+
+    Args:
+        backend: ``auto`` | ``gloo`` | ``nccl``.
+        timeout_s: timeout of the rendezvous and of every collective, in seconds.
+
+    Returns:
+        ``(comm, device)``: this rank's communicator and its device.
+    """
+    export_slurm_env()
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    device = torch.device("cpu")
+    kwargs = {}
+    if backend == "nccl":  # one GPU per local rank, whether the task sees all or only its own
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        kwargs["device_id"] = device
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=dt.timedelta(seconds=timeout_s), **kwargs)
+    return ProcessGroupComm(timeout_s), device

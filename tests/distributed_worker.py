@@ -1,0 +1,113 @@
+"""One rank of the 2-process gloo checks in ``test_distributed.py`` (run as a script).
+
+Started once per rank with torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...).
+It feeds fixed seeded gradients to every distributed ordering, runs a short data-parallel
+training, and saves what it saw to ``<out>/rank<r>.pt`` for the test to compare; then it
+trains on through ``python -m grab_exp.distributed``'s entry point until a test kills a rank.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+N, D, BATCH, EPOCHS, SEED = 43, 6, 6, 3, 7  # 43 = 2 * 21 + 1: one dropped, odd last batch
+TIMEOUT_S = 15  # of the process group: rendezvous and every collective
+CONFIGS = {
+    "cd_grab": ("cd_grab", {"dtype": "float64"}),
+    "cd_grab_prob_proj": (
+        "cd_grab",
+        {"kernel": "probabilistic", "c": 2.0, "projection_dim": 3, "projection_block_rows": 4},
+    ),
+    "cd_grab_normalize": ("cd_grab", {"normalize": True}),
+    "d_grab": ("d_grab", {"dtype": "float64"}),
+    "d_rr": ("d_rr", {}),
+}
+
+
+def fixed_grads(epochs: int = EPOCHS) -> list[torch.Tensor]:
+    """Per-epoch ``(N, D)`` float64 gradients, a function of the seed only."""
+    g = torch.Generator().manual_seed(1234)
+    return [torch.randn(N, D, generator=g, dtype=torch.float64) + 0.5 for _ in range(epochs)]
+
+
+def feed(ordering, grads: list[torch.Tensor], batch_size: int = BATCH) -> dict:
+    """Step every epoch's gradients through ``ordering``; record orders and state.
+
+    Returns:
+        ``orders``: ``EPOCHS + 1`` tensors ``(L, m)`` (global indices per local worker);
+        ``acc``/``generator``: cd_grab's accumulator and generator state at each epoch end.
+    """
+    record = {"orders": [], "acc": [], "generator": [], "bytes": []}
+    for epoch, z in enumerate(grads):
+        ordering.set_epoch(epoch)
+        record["orders"].append(ordering.orders.clone())
+        for batch in ordering.index_batches(batch_size):  # (L, B)
+            ordering.step(z[batch.reshape(-1)])
+        if hasattr(ordering, "acc"):
+            record["acc"].append(ordering.acc.clone())
+            record["generator"].append(ordering.generator.get_state())
+        record["bytes"].append(ordering.bytes_sent)
+    ordering.set_epoch(len(grads))
+    record["orders"].append(ordering.orders.clone())
+    return record
+
+
+def run_orderings(comm) -> dict:
+    """Every configuration of ``CONFIGS`` fed with :func:`fixed_grads`."""
+    from grab_exp.distributed import make_distributed_ordering, split_shards
+
+    split = split_shards(N, comm.world_size, SEED)
+    results = {"shards": split.shards, "dropped": split.dropped}
+    for key, (name, options) in CONFIGS.items():
+        ordering = make_distributed_ordering(name, split.shards, D, comm, seed=SEED, **options)
+        results[key] = feed(ordering, fixed_grads())
+    return results
+
+
+def run_training(comm, device) -> list[torch.Tensor]:
+    """A short cd_grab data-parallel run; the parameter checksum after every epoch."""
+    from grab_exp.distributed.cli import build_job, parse_args
+    from grab_exp.distributed.train import parameter_checksum, run_epoch
+
+    args = parse_args(
+        [
+            "--num-train",
+            "66",
+            "--num-test",
+            "16",
+            "--batch-size",
+            "4",
+            "--lr",
+            "0.05",
+            "--projection-dim",
+            "8",
+        ]
+    )
+    job, _ = build_job(args, comm, device)
+    sums = [parameter_checksum(job.model)]
+    for epoch in range(2):
+        run_epoch(job, epoch)
+        sums.append(parameter_checksum(job.model))
+    return sums
+
+
+def main(out: str) -> int:
+    """Save the checks' results, then train "forever" (until the test kills a rank)."""
+    from grab_exp.distributed import init_distributed
+    from grab_exp.distributed.cli import main as cli_main
+
+    comm, device = init_distributed("gloo", timeout_s=TIMEOUT_S)
+    results = run_orderings(comm)
+    results["checksums"] = run_training(comm, device)
+    path = Path(out) / f"rank{comm.rank}.pt"
+    torch.save(results, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)  # the test sees whole files only
+    args = "--num-train 64 --num-test 8 --epochs 100000 --batch-size 8 --timeout-s"
+    return cli_main([*args.split(), str(TIMEOUT_S), "--out", str(Path(out) / "run")])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
