@@ -24,11 +24,20 @@ def _override_key(override: str) -> str:
 
 
 def settings_hash(overrides: Iterable[str]) -> str:
-    """``-<8 hex>`` of the overrides that change the run beyond its path, or ``""``."""
+    """``-<8 hex>`` of the overrides that change the run beyond its path, or ``""``.
+
+    ``experiment`` is part of the path through its ``name``; a ``name=`` override breaks that
+    link (``experiment=table1 name=smoke`` is not the smoke experiment), so then both are hashed.
+    """
+    overrides = list(overrides)
+    path_keys = PATH_KEYS
+    if any(_override_key(o) == "name" for o in overrides):
+        # the directory's first level no longer names the experiment: hash which one it is
+        path_keys = PATH_KEYS - {"name", "experiment"}
     kept = sorted(
         o
         for o in overrides
-        if (key := _override_key(o)) not in PATH_KEYS | NEUTRAL_KEYS
+        if (key := _override_key(o)) not in path_keys | NEUTRAL_KEYS
         and not key.startswith(NEUTRAL_PREFIXES)
     )
     if not kept:

@@ -48,6 +48,19 @@ def _check_finite(row: dict[str, Any], epoch: int) -> None:
         )
 
 
+def _relog_checkpointed(wandb, metrics: list[dict[str, Any]]) -> None:
+    """Log a resumed job's checkpointed rows to its continued W&B run again.
+
+    W&B writes asynchronously: a killed attempt may have checkpointed epochs that never reached
+    its W&B files. Rows go again from the continued run's first step on (0 offline, where the
+    reader merges the attempts; online, W&B knows which steps it already has).
+    """
+    first_step = getattr(wandb.run, "starting_step", 0)
+    for row in metrics:
+        if row["epoch"] >= first_step:
+            wandb.log(row, row["epoch"])
+
+
 def _train(cfg: DictConfig, job: TrainingJob, store: LocalStore, run_dir: Path, wandb) -> dict:
     state = load_checkpoint(run_dir)
     metrics: list[dict[str, Any]] = []
@@ -63,6 +76,8 @@ def _train(cfg: DictConfig, job: TrainingJob, store: LocalStore, run_dir: Path, 
         if wandb
         else None
     )
+    if wandb and metrics:
+        _relog_checkpointed(wandb, metrics)
     progress = Progress(cfg.progress, cfg.epochs)
     for epoch in range(state["epoch"] + 1 if state else 0, cfg.epochs):
         row = run_epoch(job, epoch, progress)
