@@ -1,0 +1,172 @@
+"""Figure 1 (train loss and test accuracy per epoch) and Figure 2 (time and memory bars).
+
+Both are sized for a paper column (3.4 in wide, 7 pt text) and colored per row from
+:data:`grab_exp.report.variants.PALETTE`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import matplotlib as mpl
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator, NullLocator, ScalarFormatter
+
+from grab_exp.report.table import Table1
+from grab_exp.report.variants import (
+    BASELINE,
+    color_of,
+    line_style,
+    ordered_rows,
+    row_label,
+)
+
+COLUMN_WIDTH_IN = 3.4
+STYLE = {
+    "font.size": 7,
+    "axes.titlesize": 7,
+    "axes.labelsize": 7,
+    "xtick.labelsize": 6,
+    "ytick.labelsize": 6,
+    "legend.fontsize": 6,
+    "axes.linewidth": 0.6,
+    "lines.linewidth": 1.0,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.formatter.useoffset": False,
+}
+DPI = 300
+_PANELS = (("train/loss", "Train loss", 1.0), ("test/acc", "Test accuracy (%)", 100.0))
+_MEMORY_AXIS = {
+    "cuda": "Peak CUDA memory (MB)",
+    "rss": "Peak RSS (MB)",
+    "mixed": "Peak memory (MB)",
+}
+
+
+def epoch_curves(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Mean and std over seeds of ``metric`` per variant, pipeline and epoch."""
+    grouped = frame.groupby(["variant", "pipeline", "epoch"])[metric]
+    return grouped.agg(["mean", "std"]).reset_index()
+
+
+def zoom_span(last_epoch: int) -> int:
+    """Epochs shown in the zoom panels: 10 of 100, about half of a short run (at least 2)."""
+    return max(2, min(10, math.ceil(last_epoch / 2)))
+
+
+def figure1(frame: pd.DataFrame, log_loss: bool = False, zoom_epochs: int | None = None):
+    """Train loss and test accuracy against epoch; top: all epochs, bottom: the first ones.
+
+    Args:
+        frame: The tidy run frame.
+        log_loss: Log-scale y axis for the loss.
+        zoom_epochs: Epochs in the zoom panels (default :func:`zoom_span`).
+
+    Returns:
+        The matplotlib Figure.
+    """
+    last = int(frame["epoch"].max())
+    zoom = zoom_epochs or zoom_span(last)
+    rows = ordered_rows(zip(frame["variant"], frame["pipeline"], strict=True))
+    with mpl.rc_context(STYLE):
+        fig = Figure(figsize=(COLUMN_WIDTH_IN, 3.3), layout="constrained")
+        axes = fig.subplots(2, 2)
+        for column, (metric, title, scale) in enumerate(_PANELS):
+            curves = epoch_curves(frame, metric)
+            for row, limit in enumerate((last, zoom)):
+                ax = axes[row, column]
+                _draw_curves(ax, curves[curves["epoch"] <= limit], rows, scale)
+                ax.set_xlim(1 if limit > 1 else 0.5, max(limit, 1.5))
+                ax.set_title(title if row == 0 else f"{title}: first {limit} epochs")
+                ax.set_xlabel("Epoch")
+                ax.grid(alpha=0.25, linewidth=0.4)
+                ax.xaxis.get_major_locator().set_params(integer=True)
+                if metric == "train/loss" and log_loss:
+                    log_axis(ax)
+        handles, labels = axes[0, 0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside lower center", ncol=4, frameon=False)
+    return fig
+
+
+def log_axis(ax) -> None:
+    """Log-scale y axis with a few plain-number ticks (readable over narrow ranges too)."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(MaxNLocator(5))
+    ax.yaxis.set_major_formatter(ScalarFormatter(useOffset=False))
+    ax.yaxis.set_minor_locator(NullLocator())
+
+
+def _draw_curves(ax, curves: pd.DataFrame, rows, scale: float) -> None:
+    for variant, pipeline in rows:
+        part = curves[(curves["variant"] == variant) & (curves["pipeline"] == pipeline)]
+        if part.empty:
+            continue
+        x, mean, std = part["epoch"], part["mean"] * scale, part["std"].fillna(0) * scale
+        color = color_of(variant, pipeline)
+        label = row_label(variant, pipeline)
+        ax.plot(x, mean, line_style(variant), color=color, label=label, marker=".", ms=2.5)
+        ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.12, linewidth=0)
+
+
+def figure2(table: Table1):
+    """Horizontal bars of seconds per epoch and peak memory per row (± std), with overheads.
+
+    Each bar is annotated with its overhead in % relative to RR (functional), which is marked
+    ``ref.``.
+    """
+    data = table.data.iloc[::-1].reset_index(drop=True)  # first row on top
+    colors = [color_of(v, p) for v, p in zip(data["variant"], data["pipeline"], strict=True)]
+    panels = (
+        ("time_s_per_epoch", "time_overhead_pct", "Training time (s / epoch)"),
+        (table.memory_metric, "mem_overhead_pct", _MEMORY_AXIS[table.memory_source]),
+    )
+    with mpl.rc_context(STYLE):
+        height = 0.9 + 0.22 * len(data)
+        fig = Figure(figsize=(COLUMN_WIDTH_IN, height), layout="constrained")
+        axes = fig.subplots(1, 2, sharey=True)
+        for ax, (metric, overhead, title) in zip(axes, panels, strict=True):
+            _draw_bars(ax, data, metric, overhead, colors)
+            ax.set_xlabel(title)
+        axes[0].set_yticks(range(len(data)), data["label"])
+        fig.suptitle(
+            f"Overhead vs. RR (functional); device: {', '.join(table.devices)}", fontsize=7
+        )
+    return fig
+
+
+def _draw_bars(ax, data: pd.DataFrame, metric: str, overhead: str, colors) -> None:
+    means, stds = data[f"{metric}_mean"], data[f"{metric}_std"].fillna(0)
+    positions = range(len(data))
+    errors = {"lw": 0.6, "ecolor": "#555555", "capsize": 1.5, "capthick": 0.6}
+    ax.barh(positions, means, xerr=stds, color=colors, height=0.7, error_kw=errors)
+    right = float((means + stds).max())
+    for y, (mean, std, pct, variant, pipeline) in enumerate(
+        zip(means, stds, data[overhead], data["variant"], data["pipeline"], strict=True)
+    ):
+        text = "ref." if (variant, pipeline) == BASELINE else overhead_label(pct)
+        if not math.isnan(mean) and not (text != "ref." and math.isnan(pct)):
+            ax.text(mean + std + 0.02 * right, y, text, va="center", fontsize=5.5)
+    ax.set_xlim(0, right * 1.3 if right > 0 else 1)
+    ax.grid(axis="x", alpha=0.25, linewidth=0.4)
+    ax.set_axisbelow(True)
+    ax.tick_params(axis="y", length=0)
+
+
+def overhead_label(pct: float) -> str:
+    """``+12%``, ``-35%``, or ``±0%`` for overheads under half a percent."""
+    return "±0%" if abs(pct) < 0.5 else f"{pct:+.0f}%"
+
+
+def save_figure(fig, out_dir: str | os.PathLike[str], stem: str) -> list[Path]:
+    """Write ``<stem>.png`` and ``<stem>.pdf`` under ``out_dir``; returns their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{stem}.png", out / f"{stem}.pdf"]
+    with mpl.rc_context({"pdf.fonttype": 42}):  # TrueType fonts: editable, journal-friendly
+        for path in paths:
+            fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    return paths

@@ -1,0 +1,172 @@
+"""Table 1: per-row mean ± std over seeds of the final/early metrics, time and memory."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from grab_exp.report.collect import ReportWarning
+from grab_exp.report.variants import BASELINE, row_label, row_rank
+
+EARLY_EPOCH = 5  # the report's "after 5 epochs" columns
+MEMORY_COLUMNS = {"cuda": "peak_cuda_mb", "rss": "peak_rss_mb", "mixed": "peak_mem_mb"}
+
+
+@dataclass
+class Table1:
+    """Table 1 and what its headers must say.
+
+    Attributes:
+        data: One row per variant/pipeline in the report's order: ``variant``, ``pipeline``,
+            ``label``, ``n_seeds``, ``final_epoch``, ``mem_source``, then ``<metric>_mean`` and
+            ``<metric>_std`` for each of :attr:`metrics`, then ``time_overhead_pct`` and
+            ``mem_overhead_pct`` (relative to the functional RR row).
+        metrics: The metric names in column order, e.g. ``train_loss_final``,
+            ``train_loss_epoch5``, ..., ``time_s_per_epoch``, ``peak_cuda_mb``.
+        early_epoch: The epoch of the "early" columns: 5, or the last epoch when fewer ran.
+        final_epochs: The distinct final epochs of the runs (one value in a clean sweep).
+        memory_source: ``cuda``, ``rss`` or ``mixed`` (CUDA where measured, else RSS).
+        devices: The distinct devices the runs trained on.
+    """
+
+    data: pd.DataFrame
+    metrics: list[str]
+    early_epoch: int
+    final_epochs: list[int]
+    memory_source: str
+    devices: list[str] = field(default_factory=list)
+
+    @property
+    def memory_metric(self) -> str:
+        """The name of the memory metric (``peak_cuda_mb``, ``peak_rss_mb`` or ``peak_mem_mb``)."""
+        return MEMORY_COLUMNS[self.memory_source]
+
+
+def per_run(frame: pd.DataFrame, early_epoch: int) -> pd.DataFrame:
+    """One row per run: final and ``early_epoch`` values, mean time per epoch, peak memory."""
+    rows = []
+    for run, epochs in frame.groupby("run", sort=False):
+        epochs = epochs.sort_values("epoch")
+        last, early = epochs.iloc[-1], epochs[epochs["epoch"] == early_epoch].iloc[0]
+        memory, source = peak_memory(epochs)
+        rows.append(
+            {
+                "run": run,
+                "variant": last["variant"],
+                "pipeline": last["pipeline"],
+                "seed": int(last["seed"]),
+                "device": last["device"],
+                "final_epoch": int(last["epoch"]),
+                "train_loss_final": float(last["train/loss"]),
+                "train_loss_early": float(early["train/loss"]),
+                "test_acc_final": float(last["test/acc"]),
+                "test_acc_early": float(early["test/acc"]),
+                "time_s_per_epoch": float(epochs["time/epoch_s"].mean()),
+                "peak_mem_mb": memory,
+                "mem_source": source,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def peak_memory(epochs: pd.DataFrame) -> tuple[float, str]:
+    """A run's peak memory in MB over its epochs: CUDA where measured, else process RSS."""
+    cuda = epochs.get("mem/peak_cuda_mb")
+    if cuda is not None and cuda.notna().any():
+        return float(cuda.max()), "cuda"
+    rss = epochs.get("mem/peak_rss_mb")
+    return (float(rss.max()) if rss is not None else float("nan")), "rss"
+
+
+def build_table1(frame: pd.DataFrame, early_epoch: int = EARLY_EPOCH) -> Table1:
+    """Aggregate the tidy run frame into Table 1 (see :class:`Table1`).
+
+    Args:
+        frame: The frame of :func:`grab_exp.report.collect.load_runs` (or of W&B runs).
+        early_epoch: The epoch of the early columns; lowered to the shortest run's last epoch
+            when some run has fewer epochs.
+
+    Raises:
+        ValueError: ``frame`` holds no runs.
+    """
+    if frame.empty:
+        raise ValueError("no finished runs to report")
+    early = min(early_epoch, int(frame.groupby("run")["epoch"].max().min()))
+    runs = per_run(frame, early)
+    finals = sorted(runs["final_epoch"].unique().tolist())
+    if len(finals) > 1:
+        warnings.warn(f"runs end at different epochs {finals}", ReportWarning, stacklevel=2)
+    sources = set(runs["mem_source"])
+    source = sources.pop() if len(sources) == 1 else "mixed"
+    renames = {
+        "train_loss_early": f"train_loss_epoch{early}",
+        "test_acc_early": f"test_acc_epoch{early}",
+        "peak_mem_mb": MEMORY_COLUMNS[source],
+    }
+    runs = runs.rename(columns=renames)
+    metrics = [
+        "train_loss_final",
+        renames["train_loss_early"],
+        "test_acc_final",
+        renames["test_acc_early"],
+        "time_s_per_epoch",
+        renames["peak_mem_mb"],
+    ]
+    data = aggregate(runs, metrics)
+    add_overheads(data, "time_s_per_epoch_mean", renames["peak_mem_mb"] + "_mean")
+    devices = sorted(runs["device"].astype(str).unique().tolist())
+    return Table1(data, metrics, early, finals, source, devices)
+
+
+def aggregate(runs: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
+    """Mean and sample std (ddof 1) over seeds of each metric, rows in the report's order."""
+    rows = []
+    for (variant, pipeline), group in runs.groupby(["variant", "pipeline"]):
+        row = {
+            "variant": variant,
+            "pipeline": pipeline,
+            "label": row_label(variant, pipeline),
+            "n_seeds": int(group["seed"].nunique()),
+            "final_epoch": int(group["final_epoch"].max()),
+            "mem_source": "/".join(sorted(set(group["mem_source"]))),
+        }
+        for metric in metrics:
+            row[f"{metric}_mean"] = float(group[metric].mean())
+            row[f"{metric}_std"] = float(group[metric].std(ddof=1))
+        rows.append(row)
+    rows.sort(key=lambda row: row_rank(row["variant"], row["pipeline"]))
+    return pd.DataFrame(rows)
+
+
+def add_overheads(data: pd.DataFrame, time_column: str, memory_column: str) -> None:
+    """Add ``time_overhead_pct`` and ``mem_overhead_pct`` relative to the functional RR row."""
+    base = data[(data["variant"] == BASELINE[0]) & (data["pipeline"] == BASELINE[1])]
+    if base.empty:
+        warnings.warn(
+            "no functional RR row: overheads are not computed", ReportWarning, stacklevel=3
+        )
+    for name, column in (("time_overhead_pct", time_column), ("mem_overhead_pct", memory_column)):
+        reference = float(base[column].iloc[0]) if not base.empty else float("nan")
+        data[name] = 100.0 * (data[column] / reference - 1.0)
+
+
+def versus_rr(table: Table1) -> pd.DataFrame:
+    """Each row's train loss and test accuracy minus those of RR (functional), in means.
+
+    Returns:
+        ``label`` and ``<metric>_diff`` for the four loss/accuracy metrics, plus
+        ``beats_rr_loss_early`` / ``beats_rr_acc_early`` (lower loss / higher accuracy at the
+        early epoch). Empty when there is no functional RR row.
+    """
+    data = table.data
+    base = data[(data["variant"] == BASELINE[0]) & (data["pipeline"] == BASELINE[1])]
+    if base.empty:
+        return pd.DataFrame()
+    out = data[["variant", "pipeline", "label"]].copy()
+    for metric in table.metrics[:4]:
+        out[f"{metric}_diff"] = data[f"{metric}_mean"] - float(base[f"{metric}_mean"].iloc[0])
+    out["beats_rr_loss_early"] = out[f"{table.metrics[1]}_diff"] < 0
+    out["beats_rr_acc_early"] = out[f"{table.metrics[3]}_diff"] > 0
+    return out
