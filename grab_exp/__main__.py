@@ -2,20 +2,67 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import hydra
+from hydra.errors import InstantiationException
 from omegaconf import DictConfig
 
 from grab_exp.runner.resolvers import register_resolvers
 
 register_resolvers()
 
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def _raised_by_grab_exp(error: BaseException) -> bool:
+    """Whether ``error`` was raised by this package's own code (a message written for users)."""
+    tb = error.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(PACKAGE_DIR)
+
+
+def user_error_line(error: BaseException) -> str | None:
+    """The one-line message of a user error, or ``None`` for anything else (keeps its traceback).
+
+    User errors are a :class:`ConfigError` (validation before data loads) and an error that a
+    ``_target_`` of this package (e.g. a dataset loader) raised itself, which Hydra's
+    ``instantiate`` wraps in an ``InstantiationException``.
+    """
+    from grab_exp.runner.config_check import ConfigError
+
+    if isinstance(error, ConfigError):
+        return str(error)
+    cause = error.__cause__
+    if (
+        isinstance(error, InstantiationException)
+        and cause is not None
+        and _raised_by_grab_exp(cause)
+        and str(cause).strip()
+    ):
+        return str(cause).strip().splitlines()[0]
+    return None
+
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
-    """Train one job; returns the final test accuracy (for sweepers)."""
+    """Train one job; returns the final test accuracy (for sweepers).
+
+    A user error ends the process with one ``error: ...`` line on stderr and exit status 1,
+    with or without ``HYDRA_FULL_ERROR``; any other exception keeps Hydra's traceback.
+    """
     from grab_exp.runner.run import run_job  # after Hydra set up logging
 
-    final = run_job(cfg)
+    try:
+        final = run_job(cfg)
+    except Exception as error:
+        line = user_error_line(error)
+        if line is None:
+            raise
+        raise SystemExit(f"error: {line}") from None
     return final.get("test/acc")
 
 

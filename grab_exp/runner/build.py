@@ -8,6 +8,8 @@ from omegaconf import DictConfig
 from torch.nn import functional as F
 
 from grab_exp.data import ArrayData
+from grab_exp.optim import GSNROptimizer
+from grab_exp.runner.config_check import ConfigError
 from grab_exp.runner.trainer import TrainingJob
 from grab_exp.sampler import GraBSampler
 
@@ -25,6 +27,11 @@ def build_job(cfg: DictConfig, data: ArrayData, device: torch.device) -> Trainin
         torch.manual_seed(cfg.seed)
         model = instantiate(cfg.model).to(device)
     optimizer = instantiate(cfg.optimizer)(model.parameters())
+    if isinstance(optimizer, GSNROptimizer):  # every batch (the last, short one too) splits
+        try:
+            optimizer.check_batches(cfg.batch_size, len(data.train_y))
+        except ValueError as error:
+            raise ConfigError(str(error)) from error
     d = sum(p.numel() for p in model.parameters() if p.requires_grad)
     balance = instantiate(cfg.balance)(n=len(data.train_y), d=d, seed=cfg.seed, device=device)
     pipeline = instantiate(cfg.pipeline)(model=model, loss_fn=F.cross_entropy)

@@ -12,8 +12,14 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from grab_exp.balance import Balance
+from grab_exp.logging.wandb_mode import MODES as WANDB_MODES
 from grab_exp.runner.progress import PROGRESS_MODES
-from grab_exp.validation import check_choice, check_int_at_least, check_positive
+from grab_exp.validation import (
+    check_choice,
+    check_int_at_least,
+    check_positive,
+    check_power_of_two,
+)
 
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
@@ -42,6 +48,24 @@ def _check_optimizer(cfg: DictConfig) -> None:
             raise ValueError(f"optimizer.{key}: got {value!r}; allowed: a number >= 0")
 
 
+def _check_vrgd(cfg: DictConfig) -> None:
+    """VRGD optimizers: build one on a dummy parameter (its constructor checks every option)
+    and require a pipeline with per-sample gradients."""
+    from grab_exp.optim import GSNROptimizer
+
+    cls = get_class(cfg.optimizer._target_)
+    if not (isinstance(cls, type) and issubclass(cls, GSNROptimizer)):
+        return
+    options = OmegaConf.to_container(cfg.optimizer, resolve=True)
+    cls([torch.zeros(1, requires_grad=True)], **{k: v for k, v in options.items() if k[0] != "_"})
+    if not get_class(cfg.pipeline._target_).provides_per_sample:
+        raise ValueError(
+            f"pipeline: {cfg.pipeline._target_.rsplit('.', 1)[-1]} gives no per-sample "
+            f"gradients, which optimizer {cls.__name__} needs for the GSNR; allowed with it: "
+            "functional"
+        )
+
+
 def _balance_class(cfg: DictConfig) -> type[Balance]:
     cls = get_class(cfg.balance._target_)
     if not (isinstance(cls, type) and issubclass(cls, Balance)):
@@ -49,10 +73,26 @@ def _balance_class(cfg: DictConfig) -> type[Balance]:
     return cls
 
 
+def _check_balance_batch_size(cfg: DictConfig, cls: type[Balance], options: dict) -> None:
+    """An ordering that balances within mini-batches must see the run's own batch size."""
+    if "batch_size" not in options:
+        return
+    if options["batch_size"] != cfg.batch_size:
+        raise ValueError(
+            f"balance.batch_size: got {options['batch_size']!r} but batch_size is "
+            f"{cfg.batch_size!r}; allowed: the run's batch_size (the default ${{batch_size}})"
+        )
+    try:
+        check_power_of_two("batch_size", cfg.batch_size)
+    except ValueError as error:
+        raise ValueError(f"{error} with balance={cls.name}") from None
+
+
 def _check_balance(cfg: DictConfig) -> None:
     """Build the ordering on a tiny problem: its constructor checks every option."""
     cls = _balance_class(cfg)
     options = OmegaConf.to_container(cfg.balance, resolve=True)
+    _check_balance_batch_size(cfg, cls, options)
     cls(max(2, cfg.batch_size), 1, **{k: v for k, v in options.items() if not k.startswith("_")})
     pipeline = get_class(cfg.pipeline._target_)
     if cls.needs_grads and not pipeline.provides_per_sample:
@@ -74,6 +114,10 @@ def _check_dataset(cfg: DictConfig) -> None:
         resolve_archive(cfg.dataset.archive)  # one line naming dataset.archive if missing
 
 
+def _check_logger(cfg: DictConfig) -> None:
+    check_choice("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
+
+
 def _check_device(cfg: DictConfig) -> None:
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(
@@ -88,7 +132,16 @@ def validate_config(cfg: DictConfig) -> None:
         ConfigError: one line naming the key and the allowed values.
     """
     try:
-        for check in (_check_run, _check_optimizer, _check_balance, _check_dataset, _check_device):
+        checks = (
+            _check_run,
+            _check_optimizer,
+            _check_vrgd,
+            _check_balance,
+            _check_dataset,
+            _check_logger,
+            _check_device,
+        )
+        for check in checks:
             check(cfg)
     except (ValueError, TypeError, FileNotFoundError) as error:
         raise ConfigError(str(error).splitlines()[0]) from error

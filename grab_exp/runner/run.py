@@ -101,6 +101,10 @@ def _train(cfg: DictConfig, job: TrainingJob, store: LocalStore, run_dir: Path, 
 
 def run_job(cfg: DictConfig) -> dict[str, Any]:
     """Run (or resume, or skip) the job that ``cfg`` describes; return its final metrics."""
+    from grab_exp.distributed.hydra_job import is_distributed, run_distributed_job
+
+    if is_distributed(cfg):  # checks its own orderings (d_rr, d_grab, cd_grab)
+        return run_distributed_job(cfg)
     validate_config(cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     store = LocalStore(run_dir, METRIC_COLUMNS)
@@ -114,6 +118,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     started = time.time()
     data = instantiate(cfg.dataset).to(device)
     job = build_job(cfg, data, device)
+    store = LocalStore(run_dir, job.metric_columns)
     balance, pipeline = _variant_names()
     wandb = build_wandb_logger(
         cfg.logger.wandb, group=cfg.name, name=f"{balance}-{pipeline}-seed{cfg.seed}"

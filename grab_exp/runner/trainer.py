@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from grab_exp.data import ArrayData
+from grab_exp.optim import CLIP_HIGH, CLIP_LOW, GSNROptimizer
 from grab_exp.runner.evaluate import evaluate
 from grab_exp.runner.progress import Progress
 from grab_exp.sampler import GraBSampler
@@ -27,6 +28,7 @@ METRIC_COLUMNS = (
     "mem/peak_rss_mb",
     "mem/sorter_bytes",
 )
+GSNR_COLUMNS = (CLIP_LOW, CLIP_HIGH)  # only for VRGD optimizers
 
 
 @dataclass
@@ -42,6 +44,16 @@ class TrainingJob:
     eval_batch_size: int
     device: torch.device
 
+    @property
+    def uses_gsnr(self) -> bool:
+        """Whether the optimizer scales its steps by the GSNR (VRGD)."""
+        return isinstance(self.optimizer, GSNROptimizer)
+
+    @property
+    def metric_columns(self) -> tuple[str, ...]:
+        """The columns of this job's metrics.csv."""
+        return METRIC_COLUMNS + (GSNR_COLUMNS if self.uses_gsnr else ())
+
 
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
@@ -52,10 +64,13 @@ def train_steps(job: TrainingJob, progress: Progress) -> torch.Tensor:
     """One pass over the sampler's order; returns the summed mini-batch loss (device)."""
     loss_sum = torch.zeros((), device=job.device)
     needs_grads = job.sampler.balance.needs_grads
+    uses_gsnr = job.uses_gsnr
     for indices in job.sampler.index_batches(job.batch_size):
         x, y = job.data.train_x[indices], job.data.train_y[indices]  # (B, 3, 32, 32), (B,)
         job.optimizer.zero_grad(set_to_none=True)
         loss, grads = job.pipeline(x, y)
+        if uses_gsnr:
+            job.optimizer.observe(grads)  # this batch's GSNR, before the ordering sees grads
         job.sampler.step(grads if needs_grads else None, indices)
         job.optimizer.step()
         loss_sum += loss
@@ -97,5 +112,7 @@ def run_epoch(job: TrainingJob, epoch: int, progress: Progress) -> dict[str, Any
         "mem/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "mem/sorter_bytes": job.sampler.balance.state_bytes(),
     }
+    if job.uses_gsnr:
+        row.update(job.optimizer.clip_fractions())  # one host read; resets the counters
     progress.end_epoch(row)
     return row
