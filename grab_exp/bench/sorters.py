@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import torch
 
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for row in rows:
         print(f"{row['variant']:<16}{row['step_ms']:>12.3f}{row['state_bytes']:>16,}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(rows, indent=2) + "\n")
     return rows
