@@ -23,17 +23,10 @@ from grab_exp.balance import make_balance
 from grab_exp.bench.machine import describe_machine
 from grab_exp.bench.timing import synchronize
 from grab_exp.models import LeNet
+from grab_exp.report.variants import ROW_ORDER
 from grab_exp.runner.pipeline import ClassicPipeline, FunctionalPipeline
 
-ROWS = (
-    ("rr", "classic"),
-    ("rr", "functional"),
-    ("mean", "functional"),
-    ("pair", "functional"),
-    ("batch", "functional"),
-    ("recursive", "functional"),
-    ("recursive_pair", "functional"),
-)
+ROWS = ROW_ORDER  # Table 1's rows, in the report's order
 EPOCH_EXAMPLES = 50_000
 
 

@@ -21,15 +21,10 @@ from grab_exp.data import ArrayData
 from grab_exp.distributed.comm import Communicator
 from grab_exp.distributed.orderings import DistributedOrdering
 from grab_exp.runner.evaluate import evaluate
+from grab_exp.runner.trainer import TRAINING_COLUMNS
 
 METRIC_COLUMNS = (
-    "epoch",
-    "train/loss",
-    "train/acc",
-    "test/loss",
-    "test/acc",
-    "train/running_loss",
-    "time/epoch_s",
+    *TRAINING_COLUMNS,
     "comm/bytes_per_step",
     "comm/bytes_epoch",
     "check/param_checksum",

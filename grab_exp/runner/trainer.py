@@ -16,7 +16,7 @@ from grab_exp.runner.evaluate import evaluate
 from grab_exp.runner.progress import Progress
 from grab_exp.sampler import GraBSampler
 
-METRIC_COLUMNS = (
+TRAINING_COLUMNS = (  # what every runner logs per epoch, the distributed one too
     "epoch",
     "train/loss",
     "train/acc",
@@ -24,6 +24,9 @@ METRIC_COLUMNS = (
     "test/acc",
     "train/running_loss",
     "time/epoch_s",
+)
+METRIC_COLUMNS = (
+    *TRAINING_COLUMNS,
     "mem/peak_cuda_mb",
     "mem/peak_rss_mb",
     "mem/sorter_bytes",
