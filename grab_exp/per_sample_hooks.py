@@ -1,11 +1,11 @@
 """Per-sample gradients from one ordinary backward, with per-layer hooks.
 
 For ``nn.Linear`` and ``nn.Conv2d`` the gradient of one example's loss with respect to the
-layer's weight is an outer product of the layer's input and the gradient at its output, both of
-which an ordinary backward pass already has. Forward hooks keep each layer's input, tensor hooks
-catch the output gradient, and a batched matmul (after ``unfold`` for convolutions) forms the
-``(B, *weight.shape)`` per-sample gradients. The same backward fills ``param.grad`` with the
-mean gradient, so the optimizer needs nothing else.
+layer's weight is an outer product (Linear) or a correlation (Conv2d) of the layer's input and the
+gradient at its output, both of which an ordinary backward pass already has. Forward hooks keep
+each layer's input, tensor hooks catch the output gradient, and a batched matmul (Linear) or one
+grouped convolution (Conv2d) forms the ``(B, *weight.shape)`` per-sample gradients. The same
+backward fills ``param.grad`` with the mean gradient, so the optimizer needs nothing else.
 
 Models with any other trainable layer are rejected (``UnsupportedModelError``); the
 ``torch.func`` path in :mod:`grab_exp.per_sample` covers them.
@@ -61,15 +61,27 @@ def _linear_grads(layer: nn.Linear, a: torch.Tensor, g: torch.Tensor) -> list[to
 
 
 def _conv2d_grads(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> list[torch.Tensor]:
-    """Per-sample ``[weight, bias]`` grads from input ``a (B, C, H, W)``, ``g (B, O, H', W')``."""
-    patches = F.unfold(
-        a, layer.kernel_size, dilation=layer.dilation, padding=layer.padding, stride=layer.stride
-    )  # (B, C*kh*kw, L)
-    g3 = g.reshape(g.shape[0], g.shape[1], -1)  # (B, O, L)
-    weight = torch.bmm(g3, patches.transpose(1, 2))  # (B, O, C*kh*kw)
-    grads = [weight.view(g.shape[0], *layer.weight.shape)]
+    """Per-sample ``[weight, bias]`` grads from input ``a (B, C, H, W)``, ``g (B, O, H', W')``.
+
+    ``dW[b, o, c, i, j] = sum_pq g[b, o, p, q] a[b, c, p*stride + i*dilation, ...]`` is itself a
+    convolution: channels become the batch, every example's output gradient becomes a group's
+    kernel, and stride and dilation swap roles. One grouped convolution is faster here than
+    ``unfold`` + ``bmm`` and never materializes the ``(B, C*kh*kw, L)`` patches.
+    """
+    batch, out_channels = g.shape[:2]
+    kh, kw = layer.weight.shape[2:]
+    weight = F.conv2d(
+        a.transpose(0, 1),  # (C, B, H, W): channels as the batch
+        g.reshape(batch * out_channels, 1, *g.shape[2:]),  # (B*O, 1, H', W'): one group per b
+        padding=layer.padding,
+        stride=layer.dilation,
+        dilation=layer.stride,
+        groups=batch,
+    )[..., :kh, :kw]  # (C, B*O, kh, kw); padding arithmetic can leave extra rows to crop
+    weight = weight.reshape(-1, batch, out_channels, kh, kw).permute(1, 2, 0, 3, 4)
+    grads = [weight]  # (B, O, C, kh, kw)
     if layer.bias is not None:
-        grads.append(g3.sum(dim=2))  # (B, O)
+        grads.append(g.sum(dim=(2, 3)))  # (B, O)
     return grads
 
 

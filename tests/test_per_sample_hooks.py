@@ -37,7 +37,25 @@ class StridedConvNet(nn.Module):
         return self.head(h).mean(dim=1)
 
 
-@pytest.mark.parametrize("make_model", [LeNet, MLP, LogReg, StridedConvNet])
+class AsymmetricConvNet(nn.Module):
+    """Conv2d with a rectangular kernel and different stride/padding/dilation per axis."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 5, (3, 2), stride=(1, 3), padding=(0, 1), dilation=(2, 1))
+        self.head = nn.LazyLinear(10)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.conv(x[..., :29])).flatten(1))
+
+
+def make_asymmetric() -> nn.Module:
+    model = AsymmetricConvNet()
+    model(torch.zeros(1, 3, 32, 32))  # materialize the lazy layer
+    return model
+
+
+@pytest.mark.parametrize("make_model", [LeNet, MLP, LogReg, StridedConvNet, make_asymmetric])
 def test_hooks_equal_the_per_example_loop(make_model):
     torch.manual_seed(0)
     model = make_model().double()

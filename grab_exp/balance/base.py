@@ -119,7 +119,8 @@ class Balance:
         rows = rows_of(grads, indices, self.needs_grads)
         self._check_rows(rows, indices)
         if self.needs_grads:
-            flat = flatten_grads(grads, self.d).to(device=self.device, dtype=self.dtype)
+            flat = flatten_grads(grads, self.d, self._flat_buffer)
+            flat = flat.to(device=self.device, dtype=self.dtype)
             self._balance(flat, self.pos)
         self.pos += rows
 
@@ -189,6 +190,10 @@ class Balance:
             buffer = torch.empty(rows, self.d, dtype=self.dtype, device=self.device)
             self._scratch_buffers[slot] = buffer
         return buffer[:rows]
+
+    def _flat_buffer(self, rows: int) -> torch.Tensor | None:
+        """The scratch rows for a dict of gradients that lives on this device."""
+        return self._scratch("flat", rows)
 
     def _thresholds(self, count: int) -> torch.Tensor:
         return self.kernel.thresholds(count, self.generator, self.dtype, self.device)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -50,22 +50,38 @@ def rows_of(
     return rows
 
 
-def flatten_grads(grads: torch.Tensor | Mapping[str, torch.Tensor], d: int) -> torch.Tensor:
+def flatten_grads(
+    grads: torch.Tensor | Mapping[str, torch.Tensor],
+    d: int,
+    out: Callable[[int], torch.Tensor] | None = None,
+) -> torch.Tensor:
     """Per-sample gradients as one ``(B, d)`` matrix.
 
     Args:
         grads: ``(B, ...)`` tensor or dict name -> ``(B, ...)`` (concatenated in
             insertion order, i.e. ``model.named_parameters()`` order).
         d: expected number of values per example.
+        out: optional ``rows -> (rows, d)`` buffer for the concatenation (a fresh
+            multi-MB tensor every step costs page faults on the CPU).
     """
     if isinstance(grads, Mapping):
         rows = _first_tensor(grads).shape[0]
         if any(g.shape[0] != rows for g in grads.values()):
             raise ValueError("step: the tensors of the grads dict have different row counts")
         parts = [g.reshape(rows, -1) for g in grads.values()]
-        flat = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)  # (B, d)
-    else:
-        flat = grads.reshape(grads.shape[0], -1)  # (B, d)
-    if flat.shape[1] != d:
-        raise ValueError(f"step: got {flat.shape[1]} gradient values per example; expected d={d}")
+        _check_width(sum(p.shape[1] for p in parts), d)
+        buffer = out(rows) if out is not None and len(parts) > 1 else None
+        fits = buffer is not None and all(
+            p.dtype == buffer.dtype and p.device == buffer.device for p in parts
+        )
+        if fits:
+            return torch.cat(parts, dim=1, out=buffer)  # (B, d)
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)  # (B, d)
+    flat = grads.reshape(grads.shape[0], -1)  # (B, d)
+    _check_width(flat.shape[1], d)
     return flat
+
+
+def _check_width(width: int, d: int) -> None:
+    if width != d:
+        raise ValueError(f"step: got {width} gradient values per example; expected d={d}")
