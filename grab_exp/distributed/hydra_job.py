@@ -36,7 +36,7 @@ from grab_exp.logging.wandb_logger import build_wandb_logger
 from grab_exp.runner.build import resolve_device
 from grab_exp.runner.checkpoint import load_checkpoint, save_checkpoint
 from grab_exp.runner.config_check import ConfigError
-from grab_exp.runner.rundir import has_artifacts, keep_aside
+from grab_exp.runner.rundir import finished_run, has_artifacts, keep_aside
 from grab_exp.validation import check_choice, check_int_at_least, check_positive
 
 log = logging.getLogger("grab_exp")
@@ -173,14 +173,12 @@ def _train(cfg: DictConfig, job: DataParallelJob, store: LocalStore | None, wand
 
 def _run_job(cfg: DictConfig, options: dict, comm: Communicator, device: torch.device) -> dict:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    store = LocalStore(run_dir, METRIC_COLUMNS)
-    previous = store.read_summary()
-    if previous and previous.get("status") == "finished" and not cfg.overwrite:
-        log.info("%s already finished; skipping (overwrite=true starts it over)", run_dir)
-        return previous.get("final", {})
+    if (final := finished_run(run_dir, cfg.overwrite)) is not None:
+        return final
     if comm.rank == 0 and cfg.overwrite and has_artifacts(run_dir):
         keep_aside(run_dir)
     comm.barrier(name="run directory ready")
+    store = LocalStore(run_dir, METRIC_COLUMNS)
     job, dropped = build_job(cfg, comm, device)
     writer = comm.rank == 0
     balance = HydraConfig.get().runtime.choices["balance"]

@@ -19,8 +19,8 @@ from grab_exp.runner.build import build_job, resolve_device
 from grab_exp.runner.checkpoint import load_checkpoint, save_checkpoint
 from grab_exp.runner.config_check import validate_config
 from grab_exp.runner.progress import Progress
-from grab_exp.runner.rundir import has_artifacts, keep_aside
-from grab_exp.runner.trainer import METRIC_COLUMNS, TrainingJob, run_epoch
+from grab_exp.runner.rundir import finished_run, has_artifacts, keep_aside
+from grab_exp.runner.trainer import TrainingJob, run_epoch
 
 log = logging.getLogger("grab_exp")
 
@@ -107,11 +107,8 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         return run_distributed_job(cfg)
     validate_config(cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    store = LocalStore(run_dir, METRIC_COLUMNS)
-    previous = store.read_summary()
-    if previous and previous.get("status") == "finished" and not cfg.overwrite:
-        log.info("%s already finished; skipping (overwrite=true starts it over)", run_dir)
-        return previous.get("final", {})
+    if (final := finished_run(run_dir, cfg.overwrite)) is not None:
+        return final
     if cfg.overwrite and has_artifacts(run_dir):
         keep_aside(run_dir)
     device = resolve_device(cfg.device)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
+from typing import Any
+
+from grab_exp.logging.local import LocalStore
 
 log = logging.getLogger("grab_exp")
 RUN_ARTIFACTS = ("metrics.csv", "summary.json", "checkpoint.pt", "wandb")
@@ -31,3 +34,15 @@ def keep_aside(run_dir: Path) -> Path:
         shutil.copytree(run_dir / ".hydra", aside / ".hydra")
     log.info("overwrite=true: the earlier run in %s was moved to %s", run_dir, aside)
     return aside
+
+
+def finished_run(run_dir: Path, overwrite: bool) -> dict[str, Any] | None:
+    """The final metrics of a run that already finished in ``run_dir`` (to skip it), else None.
+
+    With ``overwrite`` a finished run is not skipped.
+    """
+    previous = LocalStore(run_dir, ("epoch",)).read_summary()
+    if overwrite or not previous or previous.get("status") != "finished":
+        return None
+    log.info("%s already finished; skipping (overwrite=true starts it over)", run_dir)
+    return previous.get("final", {})
