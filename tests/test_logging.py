@@ -334,3 +334,15 @@ def test_summary_json_is_valid_json(tmp_path):
     store.write_summary("failed", final_metrics={"train/loss": float("nan")}, error="NaN loss")
     data = json.loads(store.summary_path.read_text())
     assert data["final_metrics"] == {"train/loss": None} and data["status"] == "failed"
+
+
+def test_stale_temp_files_of_a_killed_write_are_removed(tmp_path):
+    from grab_exp.logging.files import atomic_write_text, remove_stale_temp_files
+
+    atomic_write_text(tmp_path / "summary.json", "{}")
+    stale = tmp_path / ".checkpoint.pt.abc123.tmp"  # what a SIGKILL mid-write leaves
+    stale.write_bytes(b"partial")
+    keep = tmp_path / "notes.tmp"  # not one of ours: no leading dot
+    keep.write_text("mine")
+    assert remove_stale_temp_files(tmp_path) == [stale]
+    assert not stale.exists() and keep.exists() and (tmp_path / "summary.json").exists()

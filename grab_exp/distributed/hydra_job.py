@@ -31,6 +31,7 @@ from grab_exp.distributed.comm import (
 from grab_exp.distributed.orderings import DistributedOrdering
 from grab_exp.distributed.shards import split_shards
 from grab_exp.distributed.train import METRIC_COLUMNS, DataParallelJob, run_epoch
+from grab_exp.logging.files import remove_stale_temp_files
 from grab_exp.logging.local import LocalStore
 from grab_exp.logging.wandb_logger import build_wandb_logger
 from grab_exp.runner.build import resolve_device
@@ -177,6 +178,8 @@ def _run_job(cfg: DictConfig, options: dict, comm: Communicator, device: torch.d
         return final
     if comm.rank == 0 and cfg.overwrite and has_artifacts(run_dir):
         keep_aside(run_dir)
+    if comm.rank == 0:
+        remove_stale_temp_files(run_dir)  # a kill during an atomic write leaves its temp file
     comm.barrier(name="run directory ready")
     store = LocalStore(run_dir, METRIC_COLUMNS)
     job, dropped = build_job(cfg, comm, device)

@@ -83,6 +83,18 @@ def _atomic_target(path: str | os.PathLike[str], *, binary: bool) -> Iterator[IO
     fsync_dir(target.parent)
 
 
+def remove_stale_temp_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """Delete the temp files a killed atomic write left in ``directory``; return them.
+
+    Only ``.<name>.<random>.tmp`` files of this module's writers are touched.
+    """
+    stale = sorted(Path(directory).glob(f".*{TMP_SUFFIX}"))
+    for path in stale:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    return stale
+
+
 def fsync_dir(directory: str | os.PathLike[str]) -> None:
     """Fsync ``directory`` so a rename or new file in it is durable (no-op off POSIX)."""
     if os.name != "posix":

@@ -13,6 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from grab_exp.logging.files import remove_stale_temp_files
 from grab_exp.logging.local import LocalStore
 from grab_exp.logging.wandb_logger import build_wandb_logger
 from grab_exp.runner.build import build_job, resolve_device
@@ -111,6 +112,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         return final
     if cfg.overwrite and has_artifacts(run_dir):
         keep_aside(run_dir)
+    remove_stale_temp_files(run_dir)  # a kill during an atomic write leaves its temp file
     device = resolve_device(cfg.device)
     started = time.time()
     data = instantiate(cfg.dataset).to(device)
