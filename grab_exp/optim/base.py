@@ -213,6 +213,19 @@ class GSNROptimizer(torch.optim.Optimizer):
                 self._update(group, params, grads, ratios)
         return loss
 
+    @staticmethod
+    def _scaled_with_decay(
+        group: dict[str, Any],
+        params: list[torch.Tensor],
+        grads: list[torch.Tensor],
+        ratios: list[torch.Tensor],
+    ) -> list[torch.Tensor]:
+        """``r ⊙ ḡ + weight_decay · θ`` per tensor (the decay on the unscaled parameter)."""
+        step = torch._foreach_mul(grads, ratios)  # r ⊙ ḡ, one per tensor
+        if group["weight_decay"] != 0:
+            torch._foreach_add_(step, params, alpha=group["weight_decay"])
+        return step
+
     def _update(
         self,
         group: dict[str, Any],

@@ -86,9 +86,7 @@ class VRMomentum(GSNROptimizer):
         grads: list[torch.Tensor],
         ratios: list[torch.Tensor],
     ) -> None:
-        step = torch._foreach_mul(grads, ratios)  # r ⊙ ḡ, one per tensor
-        if group["weight_decay"] != 0:
-            torch._foreach_add_(step, params, alpha=group["weight_decay"])
+        step = self._scaled_with_decay(group, params, grads, ratios)
         if group["momentum"] != 0:
             bufs = self._momentum(group, params, step)
             if group["nesterov"]:

@@ -50,7 +50,5 @@ class VRSGD(GSNROptimizer):
         grads: list[torch.Tensor],
         ratios: list[torch.Tensor],
     ) -> None:
-        step = torch._foreach_mul(grads, ratios)  # r ⊙ ḡ, one per tensor
-        if group["weight_decay"] != 0:
-            torch._foreach_add_(step, params, alpha=group["weight_decay"])
+        step = self._scaled_with_decay(group, params, grads, ratios)
         torch._foreach_add_(params, step, alpha=-group["lr"])
