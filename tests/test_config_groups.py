@@ -37,7 +37,7 @@ from grab_exp.data import ArrayData
 from grab_exp.runner.config_check import validate_config
 
 GROUP_OPTIONS = group_options()
-PRESET_GROUPS = ("experiment", "row")  # whole-run presets, merged at the root
+PRESET_GROUPS = ("experiment", "row", "arm")  # whole-run presets, merged at the root
 # the deliverables of the runner issue (more options may exist; these must)
 REQUIRED_OPTIONS = {
     "model": {"lenet", "mlp", "logreg"},
@@ -46,7 +46,8 @@ REQUIRED_OPTIONS = {
     "balance": {"rr", "so", "fixed", "mean", "pair", "batch", "recursive", "recursive_pair"},
     "pipeline": {"functional", "classic"},
     "logger": {"local", "wandb"},
-    "experiment": {"table1", "smoke"},
+    "experiment": {"table1", "smoke", "vrgd_large_batch"},
+    "arm": {"sgd_momentum", "vr_momentum", "adam", "vr_adam"},
     "row": {"rr_classic", "rr", "mean", "pair", "batch", "recursive", "recursive_pair"},
     "hydra/launcher": {"joblib_local", "slurm"},
 }
@@ -120,7 +121,11 @@ def test_every_option_composes(group_option):
 
 
 # a valid run needs gradient-free orderings with the classic pipeline
-RUN_COMPANIONS = {("pipeline", "classic"): ["balance=rr"]}
+RUN_COMPANIONS = {
+    ("pipeline", "classic"): ["balance=rr"],
+    ("arm", "sgd_momentum"): ["balance=rr"],  # the plain arms run the classic pipeline
+    ("arm", "adam"): ["balance=rr"],
+}
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable
 
 from omegaconf import OmegaConf
@@ -23,17 +24,18 @@ def _override_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
-def settings_hash(overrides: Iterable[str]) -> str:
+def settings_hash(overrides: Iterable[str], extra_path_keys: Iterable[str] = ()) -> str:
     """``-<8 hex>`` of the overrides that change the run beyond its path, or ``""``.
 
     ``experiment`` is part of the path through its ``name``; a ``name=`` override breaks that
     link (``experiment=table1 name=smoke`` is not the smoke experiment), so then both are hashed.
+    ``extra_path_keys`` are keys a preset's directory pattern spells out (e.g. ``batch_size``).
     """
     overrides = list(overrides)
-    path_keys = PATH_KEYS
+    path_keys = PATH_KEYS | set(extra_path_keys)
     if any(_override_key(o) == "name" for o in overrides):
         # the directory's first level no longer names the experiment: hash which one it is
-        path_keys = PATH_KEYS - {"name", "experiment"}
+        path_keys = path_keys - {"name", "experiment"}
     kept = sorted(
         o
         for o in overrides
@@ -45,9 +47,22 @@ def settings_hash(overrides: Iterable[str]) -> str:
     return "-" + hashlib.sha1("\n".join(kept).encode()).hexdigest()[:8]
 
 
+def sqrt_batch_lr(base_lr: float, base_batch_size: int, batch_size: int) -> float:
+    """The square-root scaling rule: ``base_lr * sqrt(batch_size / base_batch_size)``."""
+    if base_lr <= 0 or base_batch_size < 1 or batch_size < 1:
+        raise ValueError(
+            f"grab.sqrt_batch_lr: needs base_lr > 0 and batch sizes >= 1; got "
+            f"base_lr={base_lr}, base_batch_size={base_batch_size}, batch_size={batch_size}"
+        )
+    return float(base_lr) * math.sqrt(batch_size / base_batch_size)
+
+
 def register_resolvers() -> None:
-    """Register ``grab.variant_dir`` and ``grab.settings_hash`` (idempotent)."""
+    """Register the ``grab.*`` resolvers (idempotent)."""
     OmegaConf.register_new_resolver("grab.variant_dir", variant_dir, replace=True)
     OmegaConf.register_new_resolver(
-        "grab.settings_hash", lambda overrides: settings_hash(list(overrides)), replace=True
+        "grab.settings_hash",
+        lambda overrides, extra=(): settings_hash(list(overrides), list(extra)),
+        replace=True,
     )
+    OmegaConf.register_new_resolver("grab.sqrt_batch_lr", sqrt_batch_lr, replace=True)

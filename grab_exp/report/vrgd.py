@@ -1,0 +1,173 @@
+"""The VRGD large-batch comparison (issue 7): runs of ``experiment=vrgd_large_batch`` -> table.
+
+Each run is identified by its arm (conf/arm/: ``sgd_momentum``, ``vr_momentum``, ``adam``,
+``vr_adam``), batch size and seed, read from the run's Hydra files (``.hydra/``). Time is the
+training time only: the cumulative ``time/epoch_s`` (evaluation excluded), so "time to target"
+is the training time until the end of the first epoch whose test accuracy reaches the target.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from grab_exp.report.collect import (
+    RunLoadError,
+    find_run_dirs,
+    read_metrics,
+    read_summary,
+    warn_skip,
+)
+from grab_exp.runner.resolvers import register_resolvers
+
+ARMS = ("sgd_momentum", "vr_momentum", "adam", "vr_adam")
+ARM_LABELS = {
+    "sgd_momentum": "SGD-momentum",
+    "vr_momentum": "VR-Momentum",
+    "adam": "Adam",
+    "vr_adam": "VR-Adam",
+}
+BASELINE_OF = {"vr_momentum": "sgd_momentum", "vr_adam": "adam"}
+DEFAULT_TARGETS = (0.35, 0.45)
+
+
+def run_identity(run_dir: Path) -> dict:
+    """``arm``, ``batch_size``, ``lr`` and ``run`` of one run, from its ``.hydra`` files.
+
+    Raises:
+        RunLoadError: the run lacks its Hydra files or was not run with an arm (conf/arm/).
+    """
+    hydra_dir = run_dir / ".hydra"
+    try:
+        choices = OmegaConf.load(hydra_dir / "hydra.yaml").hydra.runtime.choices
+        config = OmegaConf.load(hydra_dir / "config.yaml")
+    except (OSError, ValueError) as error:
+        raise RunLoadError(f"skipping {run_dir}: unreadable Hydra files ({error})") from None
+    arm = choices.get("arm")
+    if arm is None:
+        raise RunLoadError(f"skipping {run_dir}: not a run of an arm (conf/arm/)")
+    register_resolvers()
+    return {
+        "arm": str(arm),
+        "batch_size": int(config.batch_size),
+        "lr": float(config.optimizer.lr),
+        "run": str(run_dir),
+    }
+
+
+def load_vrgd_runs(paths: Iterable[str | os.PathLike[str]]) -> pd.DataFrame:
+    """One row per (run, epoch) with ``arm``, ``batch_size``, ``lr``, ``seed`` and the metrics.
+
+    Unfinished or unreadable runs are skipped with a ``ReportWarning`` naming them.
+    """
+    frames = []
+    for run_dir in find_run_dirs(paths):
+        try:
+            summary = read_summary(run_dir)
+            if summary.get("status") != "finished":
+                raise RunLoadError(f"skipping unfinished run {run_dir}")
+            identity = run_identity(run_dir) | {"seed": int(summary["seed"])}
+            frames.append(read_metrics(run_dir).assign(**identity))
+        except RunLoadError as error:
+            warn_skip(str(error))
+    if not frames:
+        return pd.DataFrame()
+    frame = pd.concat(frames, ignore_index=True)
+    frame["train_time_s"] = frame.groupby("run")["time/epoch_s"].cumsum()
+    return frame.sort_values(["arm", "batch_size", "seed", "epoch"], ignore_index=True)
+
+
+def time_to_target(run: pd.DataFrame, target: float) -> tuple[float, float]:
+    """``(epochs, train seconds)`` until ``test/acc >= target`` first holds; NaN if never."""
+    reached = run[run["test/acc"] >= target]
+    if reached.empty:
+        return float("nan"), float("nan")
+    first = reached.iloc[0]
+    return float(first["epoch"]), float(first["train_time_s"])
+
+
+def per_run(frame: pd.DataFrame, targets: Iterable[float]) -> pd.DataFrame:
+    """One row per run: final and best test accuracy, time per epoch, time to each target."""
+    rows = []
+    for (arm, batch, seed), run in frame.groupby(["arm", "batch_size", "seed"]):
+        last = run.iloc[-1]
+        row = {
+            "arm": arm,
+            "batch_size": batch,
+            "seed": seed,
+            "lr": last["lr"],
+            "epochs": int(last["epoch"]),
+            "final_test_acc": last["test/acc"],
+            "best_test_acc": run["test/acc"].max(),
+            "final_train_loss": last["train/loss"],
+            "epoch_s": run["time/epoch_s"].median(),
+        }
+        for target in targets:
+            epochs, seconds = time_to_target(run, target)
+            row[f"epochs_to_{target:g}"], row[f"time_to_{target:g}_s"] = epochs, seconds
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def summarize(runs: pd.DataFrame, targets: Iterable[float]) -> pd.DataFrame:
+    """Mean (and std) over seeds per (arm, batch size); ``reached_<t>`` counts the seeds."""
+    targets = list(targets)
+    grouped = runs.groupby(["batch_size", "arm"])
+    table = grouped.agg(
+        seeds=("seed", "count"),
+        lr=("lr", "first"),
+        final_test_acc_mean=("final_test_acc", "mean"),
+        final_test_acc_std=("final_test_acc", "std"),
+        best_test_acc_mean=("best_test_acc", "mean"),
+        final_train_loss_mean=("final_train_loss", "mean"),
+        epoch_s_mean=("epoch_s", "mean"),
+    )
+    for target in targets:
+        key = f"{target:g}"
+        table[f"reached_{key}"] = grouped[f"time_to_{key}_s"].count()
+        table[f"epochs_to_{key}_mean"] = grouped[f"epochs_to_{key}"].mean()
+        table[f"time_to_{key}_s_mean"] = grouped[f"time_to_{key}_s"].mean()
+    table = table.reset_index()
+    table["arm_rank"] = table["arm"].map({arm: i for i, arm in enumerate(ARMS)})
+    table = table.sort_values(["batch_size", "arm_rank"]).drop(columns="arm_rank")
+    return table.reset_index(drop=True)
+
+
+def display_table(table: pd.DataFrame, targets: Iterable[float]) -> pd.DataFrame:
+    """The summary as strings for Markdown: accuracy in %, times in s, reached counts."""
+    shown = pd.DataFrame(
+        {
+            "Batch": table["batch_size"].astype(str),
+            "Optimizer": table["arm"].map(ARM_LABELS).fillna(table["arm"]),
+            "lr": table["lr"].map(lambda v: f"{v:.4g}"),
+            "Seeds": table["seeds"].astype(str),
+            "Final test acc. (%)": [
+                f"{100 * m:.2f} ± {100 * s:.2f}"
+                for m, s in table[["final_test_acc_mean", "final_test_acc_std"]].itertuples(
+                    index=False
+                )
+            ],
+            "Best test acc. (%)": table["best_test_acc_mean"].map(lambda v: f"{100 * v:.2f}"),
+            "Epoch time (s)": table["epoch_s_mean"].map(lambda v: f"{v:.1f}"),
+        }
+    )
+    for target in targets:
+        key = f"{target:g}"
+        shown[f"Time to {100 * target:g}% (s)"] = [
+            _reached_cell(t, r, n)
+            for t, r, n in zip(
+                table[f"time_to_{key}_s_mean"], table[f"reached_{key}"], table["seeds"], strict=True
+            )
+        ]
+    return shown
+
+
+def _reached_cell(seconds: float, reached: int, seeds: int) -> str:
+    if reached == 0:
+        return "not reached"
+    cell = f"{seconds:.0f}"
+    return cell if reached == seeds else f"{cell} ({reached}/{seeds} seeds)"

@@ -1,0 +1,123 @@
+"""``python -m grab_exp.report.vrgd_report RUNS... --out DIR``: the VRGD table and figure.
+
+Writes ``vrgd_table.{csv,md}`` (mean over seeds per batch size and optimizer), ``vrgd_runs.csv``
+(one row per run) and ``vrgd_figure.{png,pdf}`` (test accuracy against epochs and against
+training time, one column per batch size). ``--archive DIR`` first copies every run's light
+files (``metrics.csv``, ``summary.json``, ``.hydra/``) there, keeping their relative paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import warnings
+from pathlib import Path
+
+import matplotlib as mpl
+import pandas as pd
+from matplotlib.figure import Figure
+
+from grab_exp.report.collect import ReportWarning, find_run_dirs
+from grab_exp.report.figures import STYLE, save_figure
+from grab_exp.report.render import to_markdown
+from grab_exp.report.vrgd import (
+    ARM_LABELS,
+    ARMS,
+    DEFAULT_TARGETS,
+    display_table,
+    load_vrgd_runs,
+    per_run,
+    summarize,
+)
+
+ARM_STYLE = {  # one color per optimizer family; the VR arm dashed
+    "sgd_momentum": ("tab:blue", "-"),
+    "vr_momentum": ("tab:blue", "--"),
+    "adam": ("tab:orange", "-"),
+    "vr_adam": ("tab:orange", "--"),
+}
+HYDRA_FILES = tuple(f".hydra/{name}.yaml" for name in ("config", "hydra", "overrides"))
+LIGHT_FILES = ("metrics.csv", "summary.json", *HYDRA_FILES)
+
+
+def figure(frame: pd.DataFrame, targets: tuple[float, ...]) -> Figure:
+    """Test accuracy (mean over seeds) per epoch (top) and per training second (bottom)."""
+    batches = sorted(frame["batch_size"].unique())
+    with mpl.rc_context(STYLE):
+        fig = Figure(figsize=(2.3 * len(batches), 3.6), layout="constrained")
+        axes = fig.subplots(2, len(batches), squeeze=False, sharey=True)
+        for col, batch in enumerate(batches):
+            runs = frame[frame["batch_size"] == batch]
+            curves = runs.groupby(["arm", "epoch"])[["test/acc", "train_time_s"]].mean()
+            for arm in [a for a in ARMS if a in curves.index.get_level_values(0)]:
+                color, style = ARM_STYLE[arm]
+                curve = curves.loc[arm]
+                kw = {"color": color, "linestyle": style, "label": ARM_LABELS[arm], "marker": "."}
+                axes[0, col].plot(curve.index, 100 * curve["test/acc"], **kw)
+                axes[1, col].plot(curve["train_time_s"], 100 * curve["test/acc"], **kw)
+            axes[0, col].set_title(f"batch {batch}")
+            axes[0, col].set_xlabel("epoch")
+            axes[1, col].set_xlabel("training time (s)")
+            for ax in axes[:, col]:
+                for target in targets:
+                    ax.axhline(100 * target, color="0.7", linewidth=0.5, linestyle=":")
+        for ax in axes[:, 0]:
+            ax.set_ylabel("test accuracy (%)")
+        axes[0, 0].legend(frameon=False)
+    return fig
+
+
+def archive_runs(paths: list[str], archive: Path) -> None:
+    """Copy each run's light files to ``archive/<path relative to its sweep root>``."""
+    for root in map(Path, paths):
+        for run_dir in find_run_dirs([root]):
+            relative = run_dir.relative_to(root.resolve())
+            for name in LIGHT_FILES:
+                source = run_dir / name
+                if source.is_file():
+                    target = archive / relative / name
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(source, target)
+
+
+def write_report(paths: list[str], out: Path, targets: tuple[float, ...]) -> list[Path]:
+    """Collect the runs under ``paths`` and write the table and figure under ``out``."""
+    frame = load_vrgd_runs(paths)
+    if frame.empty:
+        raise SystemExit("error: no finished runs of an arm (conf/arm/) under the paths")
+    runs = per_run(frame, targets)
+    table = summarize(runs, targets)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "vrgd_runs.csv", out / "vrgd_table.csv", out / "vrgd_table.md"]
+    runs.to_csv(written[0], index=False)
+    table.to_csv(written[1], index=False)
+    written[2].write_text(to_markdown(display_table(table, targets)))
+    written += save_figure(figure(frame, targets), out, "vrgd_figure")
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the arguments, optionally archive the runs, write the report."""
+    cli = argparse.ArgumentParser(prog="python -m grab_exp.report.vrgd_report", description=__doc__)
+    cli.add_argument("paths", nargs="+", help="sweep or run directories")
+    cli.add_argument("--out", required=True, type=Path, help="where the table and figure go")
+    cli.add_argument("--archive", type=Path, help="copy the runs' light files here first")
+    cli.add_argument(
+        "--targets", type=float, nargs="+", default=list(DEFAULT_TARGETS),
+        help="test accuracies (fractions) to time (default: %(default)s)",
+    )  # fmt: skip
+    args = cli.parse_args(argv)
+    if not all(0 < t < 1 for t in args.targets):
+        cli.error(f"--targets: each must be a fraction in (0, 1); got {args.targets}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", ReportWarning)
+        if args.archive:
+            archive_runs(args.paths, args.archive)
+        for path in write_report(args.paths, args.out, tuple(args.targets)):
+            print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
