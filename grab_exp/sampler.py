@@ -37,7 +37,8 @@ class GraBSampler(Sampler[int]):
         data_source: the dataset (anything with ``len``) or the number of examples.
         d: gradient length per example: an int, or the model's parameters.
         balance: a variant name (``Balance.registry``) or a built ``Balance``.
-        **kwargs: the variant's options (kernel, c, normalize, seed, depth, ...).
+        **kwargs: the variant's options (kernel, c, normalize, seed, depth, projection_dim,
+            ...).
     """
 
     def __init__(

@@ -15,8 +15,9 @@ from typing import Any, ClassVar
 import torch
 
 from grab_exp.balance.kernels import make_kernel
+from grab_exp.balance.projection import balance_projection, describe
 from grab_exp.balance.signs import UNVISITED_KEY, normalize_rows
-from grab_exp.balance.tensors import as_dtype, flatten_grads, rows_of
+from grab_exp.balance.tensors import IndexCheck, as_dtype, flatten_grads, grad_parts, rows_of
 from grab_exp.validation import check_choice, check_int_at_least
 
 FIRST_EPOCH = ("random", "identity")
@@ -35,6 +36,9 @@ class Balance:
         first_epoch: order of epoch 0, ``random`` (seeded) or ``identity``.
         dtype: dtype of the balancing state (``torch.float32`` or a name).
         device: device of the balancing state and of the orders.
+        projection_dim: ``None``, or ``k < d``: balance seeded ``k``-dim sketches ``g R``
+            (see :func:`~grab_exp.balance.projection.balance_projection`).
+        projection_kind, projection_block_rows: ``R``'s entries and rows generated at once.
     """
 
     name: ClassVar[str] = ""
@@ -59,6 +63,9 @@ class Balance:
         first_epoch: str = "random",
         dtype: torch.dtype | str = torch.float32,
         device: torch.device | str = "cpu",
+        projection_dim: int | None = None,
+        projection_kind: str = "rademacher",
+        projection_block_rows: int = 4096,
     ) -> None:
         check_int_at_least("n", n, 1)
         check_int_at_least("d", d, 1)
@@ -68,11 +75,15 @@ class Balance:
         self.normalize = bool(normalize)
         self.dtype = as_dtype(dtype)
         self.device = torch.device(device)
+        self.projection = balance_projection(
+            self, projection_dim, projection_kind, projection_block_rows, seed
+        )
+        self.dim = d if self.projection is None else self.projection.k  # balanced length
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
         self.epoch = 0
         self.pos = 0
-        self._bad_indices = torch.zeros((), dtype=torch.long, device=self.device)
+        self._index_check = IndexCheck(self.device)
         self.order = self._first_order(first_epoch)  # (n,)
         self.keys = self._fresh_keys()  # (n,)
         self._scratch_buffers: dict[str, torch.Tensor] = {}
@@ -83,7 +94,10 @@ class Balance:
         """Allocate the variant's state tensors (named in ``state_tensors``)."""
 
     def _balance(self, grads: torch.Tensor, start: int) -> None:
-        """Balance ``grads`` ``(B, d)`` of visit positions ``start .. start+B-1``."""
+        """Balance ``grads`` ``(B, dim)`` of visit positions ``start .. start+B-1``.
+
+        ``dim`` is ``d``, or ``projection_dim`` when the gradients are sketched.
+        """
         raise NotImplementedError
 
     def _end_epoch(self) -> None:
@@ -119,9 +133,11 @@ class Balance:
         rows = rows_of(grads, indices, self.needs_grads)
         self._check_rows(rows, indices)
         if self.needs_grads:
-            flat = flatten_grads(grads, self.d, self._flat_buffer)
-            flat = flat.to(device=self.device, dtype=self.dtype)
-            self._balance(flat, self.pos)
+            if self.projection is None:
+                flat = flatten_grads(grads, self.d, self._flat_buffer).to(self.device)  # (B, d)
+            else:  # (B, k) straight from the dict's tensors: no (B, d) copy
+                flat = self.projection(grad_parts(grads, self.d))
+            self._balance(flat.to(self.dtype), self.pos)
         self.pos += rows
 
     def set_epoch(self, epoch: int) -> None:
@@ -137,11 +153,9 @@ class Balance:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue bit-identically (see ``load_state_dict``)."""
-        self._raise_on_bad_indices()
+        self._index_check.raise_if_bad()
         state = {
-            "variant": self.name,
-            "n": self.n,
-            "d": self.d,
+            **self._identity(),
             "epoch": self.epoch,
             "pos": self.pos,
             "order": self.order.clone(),
@@ -153,11 +167,12 @@ class Balance:
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a ``state_dict()`` of the same variant, ``n`` and ``d``."""
-        for key in ("variant", "n", "d"):
-            mine = self.name if key == "variant" else getattr(self, key)
-            if state[key] != mine:
-                raise ValueError(f"state_dict: {key} is {state[key]!r}, this sampler has {mine!r}")
+        """Restore a ``state_dict()`` of the same variant, ``n``, ``d`` and projection."""
+        for key, mine in self._identity().items():
+            if state.get(key) != mine:
+                raise ValueError(
+                    f"state_dict: {key} is {state.get(key)!r}, this sampler has {mine!r}"
+                )
         self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
         self.order = state["order"].to(self.device)
         self.keys = state["keys"].to(self.device)
@@ -167,6 +182,15 @@ class Balance:
         self._load_extra_state(state)
 
     # --- internals ------------------------------------------------------------------
+    def _identity(self) -> dict[str, Any]:
+        """What a state_dict must match to load (a projection fixes the state's width)."""
+        return {
+            "variant": self.name,
+            "n": self.n,
+            "d": self.d,
+            "projection": describe(self.projection),
+        }
+
     def _extra_state(self) -> dict[str, Any]:
         return {}
 
@@ -183,17 +207,17 @@ class Balance:
         """Apply the ``normalize`` option, in place, to ``(B, d)`` scratch vectors."""
         return normalize_rows(vectors) if self.normalize else vectors
 
-    def _scratch(self, slot: str, rows: int) -> torch.Tensor:
-        """A reusable ``(rows, d)`` buffer (large per-step allocations fault pages on CPU)."""
+    def _scratch(self, slot: str, rows: int, width: int | None = None) -> torch.Tensor:
+        """A reusable ``(rows, width or dim)`` buffer (per-step allocations fault pages on CPU)."""
         buffer = self._scratch_buffers.get(slot)
         if buffer is None or buffer.shape[0] < rows:
-            buffer = torch.empty(rows, self.d, dtype=self.dtype, device=self.device)
+            buffer = torch.empty(rows, width or self.dim, dtype=self.dtype, device=self.device)
             self._scratch_buffers[slot] = buffer
         return buffer[:rows]
 
     def _flat_buffer(self, rows: int) -> torch.Tensor | None:
         """The scratch rows for a dict of gradients that lives on this device."""
-        return self._scratch("flat", rows)
+        return self._scratch("flat", rows, self.d)
 
     def _thresholds(self, count: int) -> torch.Tensor:
         return self.kernel.thresholds(count, self.generator, self.dtype, self.device)
@@ -205,26 +229,11 @@ class Balance:
                 f"step: got {rows} rows but only {left} examples are left in epoch "
                 f"{self.epoch}; call set_epoch({self.epoch + 1}) first"
             )
-        if indices is None:
-            return
-        expected = self.order[self.pos : self.pos + rows]
-        mismatches = (indices.to(self.device, non_blocking=True).reshape(-1) != expected).sum()
-        if self.device.type == "cpu":  # free to check now; on CUDA defer (no sync in step)
-            self._bad_indices += mismatches
-            self._raise_on_bad_indices()
-        else:
-            self._bad_indices += mismatches
-
-    def _raise_on_bad_indices(self) -> None:
-        if self._bad_indices.item():
-            self._bad_indices.zero_()
-            raise ValueError(
-                "step: indices are not the next ones of the current order; iterate the "
-                "sampler (or index_batches) and step each batch once, in order"
-            )
+        if indices is not None:
+            self._index_check.add(indices, self.order[self.pos : self.pos + rows])
 
     def _advance(self) -> None:
-        self._raise_on_bad_indices()
+        self._index_check.raise_if_bad()
         unstepped = self.n - self.pos
         if self.needs_grads and unstepped:
             warnings.warn(

@@ -17,12 +17,12 @@ class CenteredBalance(Balance):
     state_tensors = ("acc", "stale_mean", "grad_sum")
 
     def _init_state(self) -> None:
-        self.stale_mean = torch.zeros(self.d, dtype=self.dtype, device=self.device)  # (d,)
-        self.grad_sum = torch.zeros(self.d, dtype=self.dtype, device=self.device)  # (d,)
+        self.stale_mean = torch.zeros(self.dim, dtype=self.dtype, device=self.device)  # (dim,)
+        self.grad_sum = torch.zeros(self.dim, dtype=self.dtype, device=self.device)  # (dim,)
         self.acc = torch.zeros(self._acc_shape(), dtype=self.dtype, device=self.device)
 
     def _acc_shape(self) -> tuple[int, ...]:
-        return (self.d,)
+        return (self.dim,)
 
     def _center(self, grads: torch.Tensor) -> torch.Tensor:
         """Record raw ``grads`` ``(B, d)`` for the next mean; return centered ``(B, d)``."""

@@ -24,8 +24,8 @@ class PairBalance(Balance):
     state_tensors = ("acc", "pending")
 
     def _init_state(self) -> None:
-        self.acc = torch.zeros(self.d, dtype=self.dtype, device=self.device)  # (d,)
-        self.pending = torch.zeros(self.d, dtype=self.dtype, device=self.device)  # (d,)
+        self.acc = torch.zeros(self.dim, dtype=self.dtype, device=self.device)  # (dim,)
+        self.pending = torch.zeros(self.dim, dtype=self.dtype, device=self.device)  # (dim,)
         self.has_pending = False
 
     def _balance(self, grads: torch.Tensor, start: int) -> None:

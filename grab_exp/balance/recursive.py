@@ -30,7 +30,7 @@ class RecursiveBalance(CenteredBalance):
         super().__init__(n, d, **kwargs)
 
     def _acc_shape(self) -> tuple[int, ...]:
-        return (2 ** (self.depth + 1) - 1, self.d)
+        return (2 ** (self.depth + 1) - 1, self.dim)
 
     def _balance(self, grads: torch.Tensor, start: int) -> None:
         centered = self._center(grads)  # (B, d)

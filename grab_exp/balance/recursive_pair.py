@@ -34,7 +34,7 @@ class RecursivePairBalance(Balance):
         super().__init__(n, d, **kwargs)
 
     def _init_state(self) -> None:
-        shape = (self.batch_size - 1, self.d)  # heap-ordered nodes of log2(b) levels
+        shape = (self.batch_size - 1, self.dim)  # heap-ordered nodes of log2(b) levels
         self.acc = torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     def _balance(self, grads: torch.Tensor, start: int) -> None:

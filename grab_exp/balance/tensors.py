@@ -1,4 +1,4 @@
-"""Input handling for ``Balance.step``: row counts, flattening, dtypes."""
+"""Input handling for ``Balance.step``: row counts, flattening, dtypes, index checks."""
 
 from __future__ import annotations
 
@@ -63,25 +63,99 @@ def flatten_grads(
         d: expected number of values per example.
         out: optional ``rows -> (rows, d)`` buffer for the concatenation (a fresh
             multi-MB tensor every step costs page faults on the CPU).
+
+    Parts that are consecutive column blocks of one row-major ``(B, d)`` matrix (what
+    ``HookedPerSampleGradients(..., reuse_buffer=True)`` returns) come back as that matrix,
+    a view: no copy.
     """
-    if isinstance(grads, Mapping):
-        rows = _first_tensor(grads).shape[0]
-        if any(g.shape[0] != rows for g in grads.values()):
-            raise ValueError("step: the tensors of the grads dict have different row counts")
-        parts = [g.reshape(rows, -1) for g in grads.values()]
-        _check_width(sum(p.shape[1] for p in parts), d)
-        buffer = out(rows) if out is not None and len(parts) > 1 else None
-        fits = buffer is not None and all(
-            p.dtype == buffer.dtype and p.device == buffer.device for p in parts
-        )
-        if fits:
-            return torch.cat(parts, dim=1, out=buffer)  # (B, d)
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)  # (B, d)
-    flat = grads.reshape(grads.shape[0], -1)  # (B, d)
-    _check_width(flat.shape[1], d)
-    return flat
+    parts = grad_parts(grads, d)
+    if len(parts) == 1:
+        return parts[0]  # (B, d)
+    whole = _joint_matrix(parts, d)
+    if whole is not None:
+        return whole  # (B, d), shares memory with grads
+    buffer = out(len(parts[0])) if out is not None else None
+    fits = buffer is not None and all(
+        p.dtype == buffer.dtype and p.device == buffer.device for p in parts
+    )
+    if fits:
+        return torch.cat(parts, dim=1, out=buffer)  # (B, d)
+    return torch.cat(parts, dim=1)  # (B, d)
+
+
+def grad_parts(grads: torch.Tensor | Mapping[str, torch.Tensor], d: int) -> list[torch.Tensor]:
+    """Per-sample gradients as ``(B, d_i)`` views (no copy) whose widths add up to ``d``.
+
+    Args:
+        grads: ``(B, ...)`` tensor (one part) or dict name -> ``(B, ...)`` (one part each,
+            in insertion order).
+        d: expected number of values per example.
+    """
+    if not isinstance(grads, Mapping):
+        grads = {"": grads}
+    rows = _first_tensor(grads).shape[0]
+    if any(g.shape[0] != rows for g in grads.values()):
+        raise ValueError("step: the tensors of the grads dict have different row counts")
+    parts = [g.reshape(rows, -1) for g in grads.values()]  # (B, d_i) each
+    _check_width(sum(p.shape[1] for p in parts), d)
+    return parts
+
+
+def _joint_matrix(parts: list[torch.Tensor], d: int) -> torch.Tensor | None:
+    """The row-major ``(B, d)`` matrix whose consecutive column blocks are ``parts``, or None.
+
+    Metadata only (pointers, strides): no data is read, nothing waits for the device.
+    """
+    first = parts[0]
+    rows = first.shape[0]
+    if first.numel() == 0:
+        return None
+    storage = first.untyped_storage().data_ptr()
+    size = first.element_size()
+    pointer = first.data_ptr()
+    for part in parts:
+        width = part.shape[1]
+        if (
+            width == 0
+            or part.dtype != first.dtype
+            or part.device != first.device
+            or part.data_ptr() != pointer
+            or part.untyped_storage().data_ptr() != storage
+            or (width > 1 and part.stride(1) != 1)
+            or (rows > 1 and part.stride(0) != d)
+        ):
+            return None
+        pointer += width * size
+    return first.as_strided((rows, d), (d, 1))  # (B, d)
 
 
 def _check_width(width: int, d: int) -> None:
     if width != d:
         raise ValueError(f"step: got {width} gradient values per example; expected d={d}")
+
+
+class IndexCheck:
+    """Counts ``step`` indices that differ from the order's next ones.
+
+    On the CPU a mismatch raises at once; on CUDA the count stays on the device (no
+    synchronization inside ``step``) until ``raise_if_bad`` (state_dict, next epoch).
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.bad = torch.zeros((), dtype=torch.long, device=device)
+
+    def add(self, indices: torch.Tensor, expected: torch.Tensor) -> None:
+        """Count the mismatches of ``(B,)`` ``indices`` against ``(B,)`` ``expected``."""
+        self.bad += (indices.to(self.device, non_blocking=True).reshape(-1) != expected).sum()
+        if self.device.type == "cpu":  # free to check now; on CUDA defer (no sync in step)
+            self.raise_if_bad()
+
+    def raise_if_bad(self) -> None:
+        """Raise (and reset) when any index so far was not the expected one."""
+        if self.bad.item():
+            self.bad.zero_()
+            raise ValueError(
+                "step: indices are not the next ones of the current order; iterate the "
+                "sampler (or index_batches) and step each batch once, in order"
+            )
