@@ -34,9 +34,9 @@ from grab_exp.distributed.train import METRIC_COLUMNS, DataParallelJob, run_epoc
 from grab_exp.logging.files import remove_stale_temp_files
 from grab_exp.logging.local import LocalStore
 from grab_exp.logging.wandb_logger import build_wandb_logger
-from grab_exp.runner.build import resolve_device
+from grab_exp.runner.build import compile_mode, resolve_device
 from grab_exp.runner.checkpoint import load_checkpoint, save_checkpoint
-from grab_exp.runner.config_check import ConfigError
+from grab_exp.runner.config_check import ConfigError, check_trainer
 from grab_exp.runner.rundir import finished_run, has_artifacts, keep_aside
 from grab_exp.validation import check_choice, check_int_at_least, check_positive
 
@@ -89,6 +89,13 @@ def _check_balance(cfg: DictConfig) -> None:
         raise ConfigError(f"pipeline: {cls.name} needs per-sample gradients (pipeline=functional)")
 
 
+def _check_trainer(cfg: DictConfig) -> None:
+    try:
+        check_trainer(cfg)  # trainer.compile applies to every worker's pipeline
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
 def _connect(options: dict[str, Any], device: str) -> tuple[Communicator, torch.device]:
     if options["simulate_workers"]:
         return SimulatedComm(options["simulate_workers"]), resolve_device(device)
@@ -113,7 +120,9 @@ def build_job(cfg: DictConfig, comm: Communicator, device: torch.device):
     ordering = instantiate(cfg.balance)(
         shards=split.shards, d=d, comm=comm, seed=cfg.seed, device=device
     )
-    pipeline = instantiate(cfg.pipeline)(model=model, loss_fn=F.cross_entropy)
+    pipeline = instantiate(cfg.pipeline)(
+        model=model, loss_fn=F.cross_entropy, compile_mode=compile_mode(cfg)
+    )
     job = DataParallelJob(
         model, optimizer, ordering, pipeline, data, cfg.batch_size, comm, cfg.eval_batch_size
     )
@@ -221,6 +230,7 @@ def run_distributed_job(cfg: DictConfig) -> dict[str, Any]:
     """
     options = distributed_options(cfg)
     _check_balance(cfg)
+    _check_trainer(cfg)
     comm, device = _connect(options, cfg.device)
     try:
         return _run_job(cfg, options, comm, device)

@@ -21,6 +21,12 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def compile_mode(cfg: DictConfig) -> str | None:
+    """``trainer.compile_mode`` when ``trainer.compile`` is true, else ``None`` (eager)."""
+    trainer = cfg.get("trainer")
+    return trainer.compile_mode if trainer is not None and trainer.compile else None
+
+
 def build_job(cfg: DictConfig, data: ArrayData, device: torch.device) -> TrainingJob:
     """Model (seeded init), optimizer, ordering, sampler and pipeline for ``data``."""
     with torch.random.fork_rng(devices=[]):
@@ -34,7 +40,9 @@ def build_job(cfg: DictConfig, data: ArrayData, device: torch.device) -> Trainin
             raise ConfigError(str(error)) from error
     d = sum(p.numel() for p in model.parameters() if p.requires_grad)
     balance = instantiate(cfg.balance)(n=len(data.train_y), d=d, seed=cfg.seed, device=device)
-    pipeline = instantiate(cfg.pipeline)(model=model, loss_fn=F.cross_entropy)
+    pipeline = instantiate(cfg.pipeline)(
+        model=model, loss_fn=F.cross_entropy, compile_mode=compile_mode(cfg)
+    )
     return TrainingJob(
         model=model,
         optimizer=optimizer,

@@ -8,11 +8,12 @@ from __future__ import annotations
 import re
 
 import torch
-from hydra.utils import get_class
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from grab_exp.balance import Balance
 from grab_exp.logging.wandb_mode import MODES as WANDB_MODES
+from grab_exp.runner.compiled import check_compile_method, check_compile_mode
 from grab_exp.runner.progress import PROGRESS_MODES
 from grab_exp.validation import (
     check_choice,
@@ -88,12 +89,23 @@ def _check_balance_batch_size(cfg: DictConfig, cls: type[Balance], options: dict
         raise ValueError(f"{error} with balance={cls.name}") from None
 
 
+def _model_size(cfg: DictConfig) -> int:
+    """Trainable values of the configured model, built on the meta device (no memory, no data)."""
+    with torch.device("meta"):
+        model = instantiate(cfg.model)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
 def _check_balance(cfg: DictConfig) -> None:
-    """Build the ordering on a tiny problem: its constructor checks every option."""
+    """Build the ordering on a tiny problem: its constructor checks every option.
+
+    ``balance.projection_dim`` is checked against the model's real ``d`` (it must be < d).
+    """
     cls = _balance_class(cfg)
     options = OmegaConf.to_container(cfg.balance, resolve=True)
     _check_balance_batch_size(cfg, cls, options)
-    cls(max(2, cfg.batch_size), 1, **{k: v for k, v in options.items() if not k.startswith("_")})
+    d = 1 if options.get("projection_dim") is None or not cls.needs_grads else _model_size(cfg)
+    cls(max(2, cfg.batch_size), d, **{k: v for k, v in options.items() if not k.startswith("_")})
     pipeline = get_class(cfg.pipeline._target_)
     if cls.needs_grads and not pipeline.provides_per_sample:
         free = sorted(n for n, c in Balance.registry.items() if not c.needs_grads)
@@ -118,6 +130,22 @@ def _check_logger(cfg: DictConfig) -> None:
     check_choice("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
 
 
+def check_trainer(cfg: DictConfig) -> None:
+    """``trainer.compile`` (true/false), ``trainer.compile_mode``, and a compilable method.
+
+    Raises:
+        ValueError: one line naming the setting and the allowed values.
+    """
+    trainer = cfg.get("trainer")
+    if trainer is None:
+        return
+    if not isinstance(trainer.compile, bool):
+        raise ValueError(f"trainer.compile: got {trainer.compile!r}; allowed: true, false")
+    check_compile_mode(trainer.compile_mode)
+    if trainer.compile and "method" in cfg.pipeline:
+        check_compile_method(cfg.pipeline.method)
+
+
 def _check_device(cfg: DictConfig) -> None:
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(
@@ -139,6 +167,7 @@ def validate_config(cfg: DictConfig) -> None:
             _check_balance,
             _check_dataset,
             _check_logger,
+            check_trainer,
             _check_device,
         )
         for check in checks:

@@ -14,18 +14,28 @@ from grab_exp.per_sample_hooks import (
     UnsupportedModelError,
     check_supported,
 )
+from grab_exp.runner.compiled import CompiledPerSampleGradients, check_compile_method, compiled_loss
 from grab_exp.validation import check_choice
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class ClassicPipeline:
-    """Plain ``loss.backward()`` on the batch mean (no per-sample gradients)."""
+    """Plain ``loss.backward()`` on the batch mean (no per-sample gradients).
+
+    Args:
+        compile_mode: ``None`` (eager) or a ``torch.compile`` mode: forward and loss run as one
+            compiled graph, and so does their backward (see :mod:`grab_exp.runner.compiled`).
+    """
 
     provides_per_sample: ClassVar[bool] = False
 
-    def __init__(self, model: nn.Module, loss_fn: LossFn) -> None:
+    def __init__(self, model: nn.Module, loss_fn: LossFn, compile_mode: str | None = None) -> None:
         self.model, self.loss_fn = model, loss_fn
+        self.compile_mode = compile_mode
+        self._forward_loss = (
+            compiled_loss(model, loss_fn, compile_mode) if compile_mode is not None else None
+        )
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, None]:
         """Set ``param.grad`` to the batch's mean gradient.
@@ -36,7 +46,10 @@ class ClassicPipeline:
         Returns:
             ``(loss, None)`` with the detached mean loss ``()``.
         """
-        loss = self.loss_fn(self.model(x), y)
+        if self._forward_loss is not None:
+            loss = self._forward_loss(x, y)
+        else:
+            loss = self.loss_fn(self.model(x), y)
         loss.backward()
         return loss.detach(), None
 
@@ -48,19 +61,40 @@ class FunctionalPipeline:
         method: ``func`` (torch.func vmap(grad), any model), ``hooks`` (one ordinary backward
             with Linear/Conv2d hooks) or ``auto`` (hooks when the model allows, else func).
         chunk_size: examples per vmap chunk for ``func`` (bounds memory).
+        compile_mode: ``None`` (eager) or a ``torch.compile`` mode: the ``func`` path's
+            ``vmap(grad)`` is compiled; ``auto`` then means ``func``, and ``hooks`` is refused
+            (see :mod:`grab_exp.runner.compiled`).
+        reuse_buffer: ``hooks`` writes every step's per-sample gradients into one reused
+            ``(B, d)`` buffer, which the ordering takes without a copy; the returned tensors are
+            overwritten by the next call (see
+            :class:`~grab_exp.per_sample_hooks.HookedPerSampleGradients`).
     """
 
     provides_per_sample: ClassVar[bool] = True
 
     def __init__(
-        self, model: nn.Module, loss_fn: LossFn, chunk_size: int | None = None, method: str = "auto"
+        self,
+        model: nn.Module,
+        loss_fn: LossFn,
+        chunk_size: int | None = None,
+        method: str = "auto",
+        compile_mode: str | None = None,
+        reuse_buffer: bool = True,
     ) -> None:
         check_choice("pipeline.method", method, METHODS)
-        if method == "auto":
+        self.compile_mode = compile_mode
+        if compile_mode is not None:
+            check_compile_method(method)
+            method = "func"
+        elif method == "auto":
             method = "hooks" if hooks_supported(model) else "func"
         self.method = method
         if method == "hooks":
-            self.per_sample = HookedPerSampleGradients(model, loss_fn)
+            self.per_sample = HookedPerSampleGradients(model, loss_fn, reuse_buffer=reuse_buffer)
+        elif compile_mode is not None:
+            self.per_sample = CompiledPerSampleGradients(
+                model, loss_fn, chunk_size, mode=compile_mode
+            )
         else:
             self.per_sample = PerSampleGradients(model, loss_fn, chunk_size=chunk_size)
 
