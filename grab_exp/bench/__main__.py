@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import sys
 
-from grab_exp.bench import epoch, sorters
+from grab_exp.bench import epoch, projection, sorters, sweep, vrgd
 
-BENCHMARKS = {"sorters": sorters.main, "epoch": epoch.main}
+BENCHMARKS = {
+    "sorters": sorters.main,
+    "epoch": epoch.main,
+    "sweep": sweep.main,
+    "projection": projection.main,
+    "vrgd": vrgd.main,
+}
 
 
 def main() -> None:

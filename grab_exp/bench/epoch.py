@@ -1,9 +1,11 @@
-"""Training-step cost of every Table 1 row, relative to the plain PyTorch loop.
+"""Training-step cost of every Table 1 row and of the VRGD optimizers, relative to plain PyTorch.
 
 LeNet on CIFAR-10-shaped data, batch 16, all rows in one process: warm-up, then interleaved
 repeats (row 1, row 2, ..., row 1, row 2, ...) so that drifts of the machine hit every row alike.
 Each repeat times ``--steps`` whole training steps; a separately timed step gives the breakdown
-(per-sample gradients, sorter step, optimizer). Medians are extrapolated to an epoch of 50,000.
+(per-sample gradients, GSNR, sorter step, optimizer). Medians are extrapolated to an epoch of
+50,000. Last, the peak memory of one step per row (:mod:`grab_exp.bench.memory`), outside the
+timed steps. The method is written down in ``results/bench/README.md``.
 """
 
 from __future__ import annotations
@@ -13,41 +15,67 @@ import json
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 from torch.nn import functional as F
 
 from grab_exp.balance import make_balance
 from grab_exp.bench.machine import describe_machine
+from grab_exp.bench.memory import memory_method, peak_step_bytes
 from grab_exp.bench.timing import synchronize
 from grab_exp.models import LeNet
+from grab_exp.optim import GSNROptimizer
 from grab_exp.report.variants import ROW_ORDER
 from grab_exp.runner.pipeline import ClassicPipeline, FunctionalPipeline
 
 ROWS = ROW_ORDER  # Table 1's rows, in the report's order
+#: VRGD rows ``(variant, pipeline, optimizer)``: every VR optimizer with RR, VR-Momentum with mean
+GSNR_ROWS = (
+    ("rr", "functional", "vr_sgd"),
+    ("rr", "functional", "vr_momentum"),
+    ("rr", "functional", "vr_adam"),
+    ("mean", "functional", "vr_momentum"),
+)
 EPOCH_EXAMPLES = 50_000
+OPTIMIZER_CONF = Path(__file__).resolve().parents[2] / "conf" / "optimizer"
+STAGES = ("grads", "gsnr", "sorter", "opt")
 
 
 @dataclass
 class Row:
-    """One Table 1 row ready to train: model, optimizer, pipeline, ordering."""
+    """One benchmark row ready to train: model, optimizer, pipeline, ordering."""
 
     name: str
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     pipeline: object
     sorter: object
-    step_times: list[float]
-    parts: dict[str, list[float]]
+    step_times: list[float] = field(default_factory=list)
+    parts: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in STAGES})
+    peak_step_bytes: int = 0
 
 
-def build_row(variant: str, pipeline: str, args, device: torch.device) -> Row:
-    """LeNet + the report's SGD + pipeline + ordering for one row."""
+def row_name(variant: str, pipeline: str, optimizer: str = "sgd") -> str:
+    """``rr-classic``, ``mean``, ``rr+vr_momentum``: the row's name in the table and JSON."""
+    name = variant if pipeline == "functional" else f"{variant}-{pipeline}"
+    return name if optimizer == "sgd" else f"{name}+{optimizer}"
+
+
+def make_optimizer(name: str, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """The optimizer exactly as ``optimizer=<name>`` configures it (``conf/optimizer/``)."""
+    return instantiate(OmegaConf.load(OPTIMIZER_CONF / f"{name}.yaml"))(model.parameters())
+
+
+def build_row(
+    variant: str, pipeline: str, args, device: torch.device, optimizer: str = "sgd"
+) -> Row:
+    """LeNet + the optimizer (the report's SGD by default) + pipeline + ordering for one row."""
     torch.manual_seed(0)
     model = LeNet().to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, weight_decay=0.01)
     if pipeline == "classic":
         runner = ClassicPipeline(model, F.cross_entropy)
     else:
@@ -57,8 +85,14 @@ def build_row(variant: str, pipeline: str, args, device: torch.device) -> Row:
         options = {"batch_size": args.batch}
     d = sum(p.numel() for p in model.parameters())
     sorter = make_balance(variant, EPOCH_EXAMPLES, d, device=device, **options)
-    name = variant if pipeline == "functional" else f"{variant}-{pipeline}"
-    return Row(name, model, optimizer, runner, sorter, [], {"grads": [], "sorter": [], "opt": []})
+    name = row_name(variant, pipeline, optimizer)
+    return Row(name, model, make_optimizer(optimizer, model), runner, sorter)
+
+
+def build_rows(args, device: torch.device) -> list[Row]:
+    """Table 1's rows (classic RR first: the ratios' base), then the VRGD rows."""
+    rows = [build_row(v, p, args, device) for v, p in ROWS]
+    return rows + [build_row(v, p, args, device, optimizer=o) for v, p, o in GSNR_ROWS]
 
 
 def _timed(fn, device: torch.device) -> tuple[object, float]:
@@ -83,12 +117,14 @@ def _timed_stages(row: Row, device: torch.device):
 
 
 def train_step(row: Row, x: torch.Tensor, y: torch.Tensor, stage=_untimed) -> None:
-    """One training step; ``stage(name, fn)`` runs (and may time) each of its three parts."""
+    """One training step; ``stage(name, fn)`` runs (and may time) each of its parts."""
     sorter = row.sorter
     if sorter.pos + len(x) > sorter.n:
         sorter.set_epoch(sorter.epoch + 1)
     row.optimizer.zero_grad(set_to_none=True)
     _, grads = stage("grads", lambda: row.pipeline(x, y))
+    if isinstance(row.optimizer, GSNROptimizer):  # as the runner's trainer: before the sorter
+        stage("gsnr", lambda: row.optimizer.observe(grads))
     if sorter.needs_grads:
         stage("sorter", lambda: sorter.step(grads))
     else:
@@ -96,11 +132,17 @@ def train_step(row: Row, x: torch.Tensor, y: torch.Tensor, stage=_untimed) -> No
     stage("opt", row.optimizer.step)
 
 
+def make_batch(batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed CIFAR-10-shaped batch: ``(B, 3, 32, 32)`` inputs and ``(B,)`` labels."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, 3, 32, 32, generator=generator).to(device)  # (B, 3, 32, 32)
+    y = torch.randint(0, 10, (batch,), generator=generator).to(device)  # (B,)
+    return x, y
+
+
 def time_rows(rows: list[Row], args, device: torch.device) -> None:
     """Warm-up, then interleaved repeats of ``args.steps`` steps per row."""
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(args.batch, 3, 32, 32, generator=generator).to(device)  # (B, 3, 32, 32)
-    y = torch.randint(0, 10, (args.batch,), generator=generator).to(device)  # (B,)
+    x, y = make_batch(args.batch, device)
     for row in rows:
         for _ in range(args.warmup):
             train_step(row, x, y)
@@ -113,8 +155,22 @@ def time_rows(rows: list[Row], args, device: torch.device) -> None:
             train_step(row, x, y, _timed_stages(row, device))
 
 
+def measure_memory(rows: list[Row], args, device: torch.device) -> None:
+    """Each row's peak step memory, in steps of their own (never in the timed ones)."""
+    x, y = make_batch(args.batch, device)
+    for row in rows:
+        row.peak_step_bytes = peak_step_bytes(lambda row=row: train_step(row, x, y), device)
+
+
+def _median_ms(times: list[float]) -> float | None:
+    return statistics.median(times) * 1e3 if times else None
+
+
 def summarize(rows: list[Row], args, device: torch.device) -> dict:
-    """Medians, per-epoch extrapolation, ratios to classic RR, memory."""
+    """Medians, per-epoch extrapolation, ratios to classic RR, memory.
+
+    A stage a row does not run (``gsnr`` without a VRGD optimizer) has ``None`` as its median.
+    """
     steps_per_epoch = math.ceil(EPOCH_EXAMPLES / args.batch)
     base = statistics.median(rows[0].step_times)
     results = []
@@ -126,31 +182,39 @@ def summarize(rows: list[Row], args, device: torch.device) -> dict:
                 "step_ms": step * 1e3,
                 "epoch_s": step * steps_per_epoch,
                 "ratio_to_classic_rr": step / base,
-                "breakdown_ms": {k: statistics.median(v) * 1e3 for k, v in row.parts.items()},
+                "breakdown_ms": {k: _median_ms(v) for k, v in row.parts.items()},
                 "sorter_state_bytes": row.sorter.state_bytes(),
+                "peak_step_bytes": row.peak_step_bytes,
             }
         )
     return {
         "benchmark": "epoch",
         "settings": {**vars(args), "device": str(device), "epoch_examples": EPOCH_EXAMPLES},
         "machine": describe_machine(device),
+        "memory_method": memory_method(device),
         "rows": results,
     }
 
 
+def _ms(value: float | None, width: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.2f}"
+
+
 def print_table(report: dict) -> None:
-    """A readable table of the report's rows."""
+    """A readable table of the report's rows (``-``: a stage the row does not run)."""
     print(
-        f"{'row':<18}{'step ms':>9}{'epoch s':>9}{'x classic':>10}{'grads':>8}"
-        f"{'sorter':>8}{'opt':>7}{'state MB':>10}"
+        f"{'row':<18}{'step ms':>9}{'epoch s':>9}{'x classic':>10}{'grads':>8}{'gsnr':>7}"
+        f"{'sorter':>8}{'opt':>7}{'state MB':>10}{'peak MB':>9}"
     )
     for r in report["rows"]:
         b = r["breakdown_ms"]
         print(
             f"{r['row']:<18}{r['step_ms']:>9.2f}{r['epoch_s']:>9.1f}"
-            f"{r['ratio_to_classic_rr']:>10.2f}{b['grads']:>8.2f}{b['sorter']:>8.2f}"
-            f"{b['opt']:>7.2f}{r['sorter_state_bytes'] / 2**20:>10.2f}"
+            f"{r['ratio_to_classic_rr']:>10.2f}{_ms(b['grads'], 8)}{_ms(b['gsnr'], 7)}"
+            f"{_ms(b['sorter'], 8)}{_ms(b['opt'], 7)}{r['sorter_state_bytes'] / 2**20:>10.2f}"
+            f"{r['peak_step_bytes'] / 2**20:>9.2f}"
         )
+    print(f"peak: {report['memory_method']}")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -165,8 +229,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default="results/bench/epoch.json")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    rows = [build_row(v, p, args, device) for v, p in ROWS]
+    rows = build_rows(args, device)
     time_rows(rows, args, device)
+    measure_memory(rows, args, device)
     report = summarize(rows, args, device)
     print_table(report)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

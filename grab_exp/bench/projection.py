@@ -1,0 +1,138 @@
+"""Sorter cost with and without ``balance.projection_dim`` on a model of over a million values.
+
+The model is an MLP 3072 -> 512 -> 256 -> 10 with ReLU (1,707,274 parameters, no BatchNorm);
+its per-sample gradients of one batch of CIFAR-shaped random data come from the runner's
+``FunctionalPipeline``. For mean and recursive (D = 5) balance, unprojected and sketched to
+``k`` values (each projection kind), the benchmark measures the median time of one sorter
+``step`` on those gradients (the dict, as in training), the sorter's state bytes, the scratch
+buffers it keeps between steps, and the peak bytes one step allocates above what lives before
+it (:mod:`grab_exp.bench.memory`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+from grab_exp.balance import make_balance
+from grab_exp.bench.machine import describe_machine
+from grab_exp.bench.memory import memory_method, peak_step_bytes
+from grab_exp.bench.timing import median_seconds
+from grab_exp.models import MLP
+from grab_exp.runner.pipeline import FunctionalPipeline
+
+VARIANTS = {"mean": {}, "recursive": {"depth": 5}}
+PROJECTIONS = (None, "rademacher", "countsketch")  # None: the full d values
+HIDDEN = (512, 256)  # 1,707,274 parameters
+QUICK_HIDDEN = (16,)  # --quick: 49,338 parameters
+
+
+def gradients(hidden: tuple[int, ...], batch: int, device: torch.device):
+    """A seeded MLP's per-sample gradients ``name -> (B, *shape)`` and its size ``d``."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = MLP(hidden=hidden).to(device)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, 3, 32, 32, generator=generator).to(device)  # (B, 3, 32, 32)
+    y = torch.randint(0, 10, (batch,), generator=generator).to(device)  # (B,)
+    pipeline = FunctionalPipeline(model, F.cross_entropy)
+    seconds = median_seconds(lambda: pipeline(x, y), device, 3, warmup=1)
+    _, grads = pipeline(x, y)
+    return grads, sum(p.numel() for p in model.parameters()), seconds
+
+
+def bench_sorter(name: str, kind: str | None, grads, d: int, args, device) -> dict:
+    """Median step time, state bytes and step peak bytes of one configuration."""
+    options = dict(VARIANTS[name])
+    if kind is not None:
+        options.update(projection_dim=args.k, projection_kind=kind)
+    sorter = make_balance(name, args.n, d, device=device, **options)
+    batch = len(next(iter(grads.values())))
+
+    def one_step() -> None:
+        if sorter.pos + batch > sorter.n:
+            sorter.set_epoch(sorter.epoch + 1)
+        sorter.step(grads)
+
+    seconds = median_seconds(one_step, device, args.repeats, warmup=args.warmup)
+    return {
+        "variant": name,
+        "projection_dim": None if kind is None else args.k,
+        "projection_kind": kind,
+        "step_ms": seconds * 1e3,
+        "state_bytes": sorter.state_bytes(),
+        "step_peak_bytes": peak_step_bytes(one_step, device),
+        # buffers the sorter keeps between steps besides its state (the (B, d) concatenation
+        # of a gradient dict without projection; only (B, k) ones with it)
+        "scratch_bytes": sum(
+            t.numel() * t.element_size() for t in sorter._scratch_buffers.values()
+        ),
+    }
+
+
+def with_ratios(rows: list[dict]) -> list[dict]:
+    """Each row's time and state relative to its variant's unprojected row."""
+    plain = {r["variant"]: r for r in rows if r["projection_dim"] is None}
+    for row in rows:
+        base = plain[row["variant"]]
+        row["step_ratio"] = row["step_ms"] / base["step_ms"]
+        row["state_ratio"] = row["state_bytes"] / base["state_bytes"]
+    return rows
+
+
+def print_table(report: dict) -> None:
+    """A readable table of the report's rows."""
+    s = report["settings"]
+    print(
+        f"model MLP{tuple(s['hidden'])} d={s['d']:,} B={s['batch']} n={s['n']} k={s['k']} "
+        f"device={s['device']} threads={report['machine']['torch_threads']} "
+        f"grads {report['grads_ms']:.1f} ms/batch"
+    )
+    print(
+        f"{'variant':<11}{'sketch':<13}{'step ms':>10}{'x plain':>9}{'state MB':>10}"
+        f"{'x plain':>9}{'scratch MB':>11}{'peak MB':>9}"
+    )
+    for r in report["rows"]:
+        sketch = r["projection_kind"] or "none"
+        print(
+            f"{r['variant']:<11}{sketch:<13}{r['step_ms']:>10.2f}{r['step_ratio']:>9.2f}"
+            f"{r['state_bytes'] / 2**20:>10.2f}{r['state_ratio']:>9.4f}"
+            f"{r['scratch_bytes'] / 2**20:>11.2f}"
+            f"{r['step_peak_bytes'] / 2**20:>9.2f}"
+        )
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the benchmark, print the table, write the JSON."""
+    parser = argparse.ArgumentParser(prog="python -m grab_exp.bench projection")
+    parser.add_argument("--k", type=int, default=256, help="projection_dim")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--n", type=int, default=50_000, help="examples per epoch")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="small MLP, 2 repeats (a smoke run)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", default="results/bench/projection.json")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.repeats, args.warmup, args.n = 2, 1, 64
+    hidden = QUICK_HIDDEN if args.quick else HIDDEN
+    device = torch.device(args.device)
+    grads, d, grads_seconds = gradients(hidden, args.batch, device)
+    rows = [bench_sorter(v, kind, grads, d, args, device) for v in VARIANTS for kind in PROJECTIONS]
+    report = {
+        "benchmark": "projection",
+        "settings": {**vars(args), "hidden": list(hidden), "d": d, "device": str(device)},
+        "machine": describe_machine(device),
+        "memory_method": memory_method(device),
+        "grads_ms": grads_seconds * 1e3,
+        "rows": with_ratios(rows),
+    }
+    print_table(report)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    return report

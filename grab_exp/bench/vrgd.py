@@ -1,0 +1,86 @@
+"""Step cost of the ``vrgd_large_batch`` arms at large batch sizes, on an idle machine.
+
+The arms of ``conf/arm/``: SGD-momentum and Adam on the plain loop (``loss.backward()``),
+VR-Momentum and VR-Adam on per-sample gradients plus the GSNR. For each batch size, the four arms
+are timed in one process with interleaved repeats (as :mod:`grab_exp.bench.epoch`, whose rows and
+timing it reuses), and the median step is extrapolated to an epoch of 50,000 examples. The VRGD
+report (``python -m grab_exp.report.vrgd_report --bench``) turns "epochs to a target accuracy"
+into training time at these speeds, free of the load other jobs put on a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+
+import torch
+
+from grab_exp.bench.epoch import EPOCH_EXAMPLES, build_row, time_rows
+from grab_exp.bench.machine import describe_machine
+
+#: arm -> (pipeline, optimizer option), as conf/arm/<arm>.yaml composes it (ordering: rr)
+ARMS = {
+    "sgd_momentum": ("classic", "sgd"),
+    "vr_momentum": ("functional", "vr_momentum"),
+    "adam": ("classic", "adam"),
+    "vr_adam": ("functional", "vr_adam"),
+}
+
+
+def time_batch(batch: int, args, device: torch.device) -> list[dict]:
+    """Median step and epoch time of every arm at ``batch``; ratios to ``sgd_momentum``."""
+    settings = argparse.Namespace(**{**vars(args), "batch": batch})
+    rows = [build_row("rr", p, settings, device, optimizer=o) for p, o in ARMS.values()]
+    time_rows(rows, settings, device)
+    steps = math.ceil(EPOCH_EXAMPLES / batch)
+    base = statistics.median(rows[0].step_times)
+    results = []
+    for arm, row in zip(ARMS, rows, strict=True):
+        step = statistics.median(row.step_times)
+        gsnr = row.parts["gsnr"]
+        results.append(
+            {
+                "arm": arm,
+                "batch_size": batch,
+                "step_ms": step * 1e3,
+                "epoch_s": step * steps,
+                "ratio_to_sgd_momentum": step / base,
+                "gsnr_ms": statistics.median(gsnr) * 1e3 if gsnr else None,
+            }
+        )
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Time every arm at every batch size, print a table, write the JSON."""
+    parser = argparse.ArgumentParser(prog="python -m grab_exp.bench vrgd", description=__doc__)
+    parser.add_argument("--batches", default="256,1024,4096", help="comma-separated batch sizes")
+    parser.add_argument("--steps", type=int, default=2, help="steps per timed repeat")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--method", default="auto", help="per-sample gradients: func|hooks|auto")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", default="results/bench/vrgd.json")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    batches = [int(b) for b in args.batches.split(",")]
+    rows = [row for batch in batches for row in time_batch(batch, args, device)]
+    report = {
+        "benchmark": "vrgd",
+        "settings": {**vars(args), "device": str(device), "epoch_examples": EPOCH_EXAMPLES},
+        "machine": describe_machine(device),
+        "rows": rows,
+    }
+    print(f"{'batch':>6} {'arm':<13} {'step ms':>9} {'epoch s':>8} {'x sgd':>6} {'gsnr ms':>8}")
+    for r in rows:
+        gsnr = "-" if r["gsnr_ms"] is None else f"{r['gsnr_ms']:.1f}"
+        print(
+            f"{r['batch_size']:>6} {r['arm']:<13} {r['step_ms']:>9.1f} {r['epoch_s']:>8.1f} "
+            f"{r['ratio_to_sgd_momentum']:>6.2f} {gsnr:>8}"
+        )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    return report
