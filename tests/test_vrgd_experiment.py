@@ -10,7 +10,8 @@ from config_helpers import compose_config
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from runner_cli import grab_env, run_grab
 
-from grab_exp.report.vrgd import per_run, summarize, time_to_target
+from grab_exp.bench.vrgd import main as bench_main
+from grab_exp.report.vrgd import add_bench_times, per_run, summarize, time_to_target
 from grab_exp.report.vrgd_report import main as report_main
 from grab_exp.runner.config_check import validate_config
 from grab_exp.runner.resolvers import settings_hash, sqrt_batch_lr
@@ -134,3 +135,27 @@ def test_a_real_multirun_of_two_arms_gives_the_table_and_figure(tmp_path):
     # the archive holds every run's light files, and the report reads it back identically
     assert report_main([str(archive), "--out", str(tmp_path / "again"), "--targets", "0.2"]) == 0
     assert (tmp_path / "again" / "vrgd_table.csv").read_text() == table.to_csv(index=False)
+
+
+def test_the_bench_times_every_arm_and_the_report_uses_its_epoch_times(tmp_path):
+    bench_json = tmp_path / "vrgd.json"
+    bench = bench_main(["--batches", "8,16", "--repeats", "2", "--warmup", "1", "--steps", "1",
+                        "--device", "cpu", "--out", str(bench_json)])  # fmt: skip
+    rows = pd.DataFrame(bench["rows"])
+    assert list(zip(rows["batch_size"], rows["arm"], strict=True)) == [
+        (b, a) for b in (8, 16) for a in ARMS
+    ]
+    assert (rows["epoch_s"] == rows["step_ms"] / 1e3 * (-(-50_000 // rows["batch_size"]))).all()
+    assert rows["gsnr_ms"].isna().tolist() == [a not in ("vr_momentum", "vr_adam") for a in
+                                                 rows["arm"]]  # fmt: skip
+    # the report: idle-machine time to target = mean epochs to target x the bench's epoch time
+    frame = pd.DataFrame(
+        [{"arm": arm, "batch_size": 16, "seed": 0, "lr": 0.1, "epoch": e, "test/acc": acc,
+          "train/loss": 1.0, "time/epoch_s": 9.0, "train_time_s": 9.0 * e}
+         for arm in ARMS for e, acc in ((1, 0.1), (2, 0.5))]
+    )  # fmt: skip
+    table = add_bench_times(summarize(per_run(frame, [0.4]), [0.4]), bench, [0.4])
+    epoch_s = rows[rows["batch_size"] == 16].set_index("arm")["epoch_s"]
+    for row in table.itertuples():
+        assert row.bench_epoch_s == epoch_s[row.arm]
+    assert table["bench_time_to_0.4_s"].tolist() == (2 * table["bench_epoch_s"]).tolist()

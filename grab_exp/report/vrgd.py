@@ -32,7 +32,7 @@ ARM_LABELS = {
     "vr_adam": "VR-Adam",
 }
 BASELINE_OF = {"vr_momentum": "sgd_momentum", "vr_adam": "adam"}
-DEFAULT_TARGETS = (0.35, 0.45)
+DEFAULT_TARGETS = (0.25, 0.45)
 
 
 def run_identity(run_dir: Path) -> dict:
@@ -137,6 +137,21 @@ def summarize(runs: pd.DataFrame, targets: Iterable[float]) -> pd.DataFrame:
     return table.reset_index(drop=True)
 
 
+def add_bench_times(table: pd.DataFrame, bench: dict, targets: Iterable[float]) -> pd.DataFrame:
+    """Add ``bench_epoch_s`` and ``bench_time_to_<t>_s`` from ``python -m grab_exp.bench vrgd``.
+
+    ``bench_time_to_<t>_s`` is the mean number of epochs to the target (over the seeds that
+    reach it) times the arm's epoch time measured by the bench on an idle machine: the time
+    to target without the load that other jobs put on the machine during the sweep.
+    """
+    speeds = pd.DataFrame(bench["rows"])[["arm", "batch_size", "epoch_s"]]
+    merged = table.merge(speeds.rename(columns={"epoch_s": "bench_epoch_s"}), how="left")
+    for target in targets:
+        key = f"{target:g}"
+        merged[f"bench_time_to_{key}_s"] = merged[f"epochs_to_{key}_mean"] * merged["bench_epoch_s"]
+    return merged
+
+
 def display_table(table: pd.DataFrame, targets: Iterable[float]) -> pd.DataFrame:
     """The summary as strings for Markdown: accuracy in %, times in s, reached counts."""
     shown = pd.DataFrame(
@@ -155,19 +170,34 @@ def display_table(table: pd.DataFrame, targets: Iterable[float]) -> pd.DataFrame
             "Epoch time (s)": table["epoch_s_mean"].map(lambda v: f"{v:.1f}"),
         }
     )
+    if "bench_epoch_s" in table:
+        shown["Epoch time, idle (s)"] = table["bench_epoch_s"].map(lambda v: f"{v:.1f}")
     for target in targets:
-        key = f"{target:g}"
-        shown[f"Time to {100 * target:g}% (s)"] = [
-            _reached_cell(t, r, n)
-            for t, r, n in zip(
-                table[f"time_to_{key}_s_mean"], table[f"reached_{key}"], table["seeds"], strict=True
+        key, pct = f"{target:g}", f"{100 * target:g}%"
+        shown[f"Epochs to {pct}"] = [
+            _reached_cell(e, r, n, "{:.1f}")
+            for e, r, n in table[[f"epochs_to_{key}_mean", f"reached_{key}", "seeds"]].itertuples(
+                index=False
             )
         ]
+        shown[f"Time to {pct} (s)"] = [
+            _reached_cell(t, r, n)
+            for t, r, n in table[[f"time_to_{key}_s_mean", f"reached_{key}", "seeds"]].itertuples(
+                index=False
+            )
+        ]
+        if "bench_epoch_s" in table:
+            shown[f"Time to {pct}, idle (s)"] = [
+                _reached_cell(t, r, n)
+                for t, r, n in table[
+                    [f"bench_time_to_{key}_s", f"reached_{key}", "seeds"]
+                ].itertuples(index=False)
+            ]
     return shown
 
 
-def _reached_cell(seconds: float, reached: int, seeds: int) -> str:
+def _reached_cell(value: float, reached: int, seeds: int, form: str = "{:.0f}") -> str:
     if reached == 0:
         return "not reached"
-    cell = f"{seconds:.0f}"
+    cell = form.format(value)
     return cell if reached == seeds else f"{cell} ({reached}/{seeds} seeds)"

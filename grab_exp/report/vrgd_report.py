@@ -9,6 +9,7 @@ files (``metrics.csv``, ``summary.json``, ``.hydra/``) there, keeping their rela
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import warnings
@@ -25,6 +26,7 @@ from grab_exp.report.vrgd import (
     ARM_LABELS,
     ARMS,
     DEFAULT_TARGETS,
+    add_bench_times,
     display_table,
     load_vrgd_runs,
     per_run,
@@ -81,13 +83,20 @@ def archive_runs(paths: list[str], archive: Path) -> None:
                     shutil.copyfile(source, target)
 
 
-def write_report(paths: list[str], out: Path, targets: tuple[float, ...]) -> list[Path]:
-    """Collect the runs under ``paths`` and write the table and figure under ``out``."""
+def write_report(
+    paths: list[str], out: Path, targets: tuple[float, ...], bench: Path | None = None
+) -> list[Path]:
+    """Collect the runs under ``paths`` and write the table and figure under ``out``.
+
+    ``bench``: a ``python -m grab_exp.bench vrgd`` JSON adding idle-machine epoch times.
+    """
     frame = load_vrgd_runs(paths)
     if frame.empty:
         raise SystemExit("error: no finished runs of an arm (conf/arm/) under the paths")
     runs = per_run(frame, targets)
     table = summarize(runs, targets)
+    if bench is not None:
+        table = add_bench_times(table, json.loads(bench.read_text()), targets)
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "vrgd_runs.csv", out / "vrgd_table.csv", out / "vrgd_table.md"]
     runs.to_csv(written[0], index=False)
@@ -103,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_argument("paths", nargs="+", help="sweep or run directories")
     cli.add_argument("--out", required=True, type=Path, help="where the table and figure go")
     cli.add_argument("--archive", type=Path, help="copy the runs' light files here first")
+    cli.add_argument("--bench", type=Path, help="JSON of python -m grab_exp.bench vrgd")
     cli.add_argument(
         "--targets", type=float, nargs="+", default=list(DEFAULT_TARGETS),
         help="test accuracies (fractions) to time (default: %(default)s)",
@@ -114,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         warnings.simplefilter("always", ReportWarning)
         if args.archive:
             archive_runs(args.paths, args.archive)
-        for path in write_report(args.paths, args.out, tuple(args.targets)):
+        for path in write_report(args.paths, args.out, tuple(args.targets), args.bench):
             print(path)
     return 0
 
