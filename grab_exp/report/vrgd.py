@@ -15,13 +15,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
-from grab_exp.report.collect import (
-    RunLoadError,
-    find_run_dirs,
-    read_metrics,
-    read_summary,
-    warn_skip,
-)
+from grab_exp.report.collect import RunLoadError, find_run_dirs, load_run, warn_skip
 from grab_exp.runner.resolvers import register_resolvers
 
 ARMS = ("sgd_momentum", "vr_momentum", "adam", "vr_adam")
@@ -31,12 +25,11 @@ ARM_LABELS = {
     "adam": "Adam",
     "vr_adam": "VR-Adam",
 }
-BASELINE_OF = {"vr_momentum": "sgd_momentum", "vr_adam": "adam"}
 DEFAULT_TARGETS = (0.25, 0.45)
 
 
 def run_identity(run_dir: Path) -> dict:
-    """``arm``, ``batch_size``, ``lr`` and ``run`` of one run, from its ``.hydra`` files.
+    """``arm``, ``batch_size`` and ``lr`` of one run, from its ``.hydra`` files.
 
     Raises:
         RunLoadError: the run lacks its Hydra files or was not run with an arm (conf/arm/).
@@ -55,7 +48,6 @@ def run_identity(run_dir: Path) -> dict:
         "arm": str(arm),
         "batch_size": int(config.batch_size),
         "lr": float(config.optimizer.lr),
-        "run": str(run_dir),
     }
 
 
@@ -67,11 +59,7 @@ def load_vrgd_runs(paths: Iterable[str | os.PathLike[str]]) -> pd.DataFrame:
     frames = []
     for run_dir in find_run_dirs(paths):
         try:
-            summary = read_summary(run_dir)
-            if summary.get("status") != "finished":
-                raise RunLoadError(f"skipping unfinished run {run_dir}")
-            identity = run_identity(run_dir) | {"seed": int(summary["seed"])}
-            frames.append(read_metrics(run_dir).assign(**identity))
+            frames.append(load_run(run_dir).assign(**run_identity(run_dir)))
         except RunLoadError as error:
             warn_skip(str(error))
     if not frames:
@@ -174,30 +162,18 @@ def display_table(table: pd.DataFrame, targets: Iterable[float]) -> pd.DataFrame
         shown["Epoch time, idle (s)"] = table["bench_epoch_s"].map(lambda v: f"{v:.1f}")
     for target in targets:
         key, pct = f"{target:g}", f"{100 * target:g}%"
-        shown[f"Epochs to {pct}"] = [
-            _reached_cell(e, r, n, "{:.1f}")
-            for e, r, n in table[[f"epochs_to_{key}_mean", f"reached_{key}", "seeds"]].itertuples(
-                index=False
-            )
-        ]
-        shown[f"Time to {pct} (s)"] = [
-            _reached_cell(t, r, n)
-            for t, r, n in table[[f"time_to_{key}_s_mean", f"reached_{key}", "seeds"]].itertuples(
-                index=False
-            )
-        ]
+        shown[f"Epochs to {pct}"] = _reached_column(table, f"epochs_to_{key}_mean", key, "{:.1f}")
+        shown[f"Time to {pct} (s)"] = _reached_column(table, f"time_to_{key}_s_mean", key)
         if "bench_epoch_s" in table:
-            shown[f"Time to {pct}, idle (s)"] = [
-                _reached_cell(t, r, n)
-                for t, r, n in table[
-                    [f"bench_time_to_{key}_s", f"reached_{key}", "seeds"]
-                ].itertuples(index=False)
-            ]
+            idle = _reached_column(table, f"bench_time_to_{key}_s", key)
+            shown[f"Time to {pct}, idle (s)"] = idle
     return shown
 
 
-def _reached_cell(value: float, reached: int, seeds: int, form: str = "{:.0f}") -> str:
-    if reached == 0:
-        return "not reached"
-    cell = form.format(value)
-    return cell if reached == seeds else f"{cell} ({reached}/{seeds} seeds)"
+def _reached_column(table: pd.DataFrame, column: str, key: str, form: str = "{:.0f}") -> list[str]:
+    """``column`` formatted, with how many seeds reached target ``key`` when not all did."""
+    cells = []
+    for value, reached, seeds in table[[column, f"reached_{key}", "seeds"]].itertuples(index=False):
+        cell = "not reached" if reached == 0 else form.format(value)
+        cells.append(cell if reached in (0, seeds) else f"{cell} ({reached}/{seeds} seeds)")
+    return cells
