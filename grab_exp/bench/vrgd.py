@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
 from pathlib import Path
 
 import torch
 
-from grab_exp.bench.epoch import EPOCH_EXAMPLES, build_row, time_rows
+from grab_exp.bench.epoch import EPOCH_EXAMPLES, build_row, summarize, time_rows
 from grab_exp.bench.machine import describe_machine
 
 #: arm -> (pipeline, optimizer option), as conf/arm/<arm>.yaml composes it (ordering: rr)
@@ -35,23 +33,18 @@ def time_batch(batch: int, args, device: torch.device) -> list[dict]:
     settings = argparse.Namespace(**{**vars(args), "batch": batch})
     rows = [build_row("rr", p, settings, device, optimizer=o) for p, o in ARMS.values()]
     time_rows(rows, settings, device)
-    steps = math.ceil(EPOCH_EXAMPLES / batch)
-    base = statistics.median(rows[0].step_times)
-    results = []
-    for arm, row in zip(ARMS, rows, strict=True):
-        step = statistics.median(row.step_times)
-        gsnr = row.parts["gsnr"]
-        results.append(
-            {
-                "arm": arm,
-                "batch_size": batch,
-                "step_ms": step * 1e3,
-                "epoch_s": step * steps,
-                "ratio_to_sgd_momentum": step / base,
-                "gsnr_ms": statistics.median(gsnr) * 1e3 if gsnr else None,
-            }
-        )
-    return results
+    timed = summarize(rows, settings, device)["rows"]  # the first row (sgd_momentum) is the base
+    return [
+        {
+            "arm": arm,
+            "batch_size": batch,
+            "step_ms": row["step_ms"],
+            "epoch_s": row["epoch_s"],
+            "ratio_to_sgd_momentum": row["ratio_to_classic_rr"],
+            "gsnr_ms": row["breakdown_ms"]["gsnr"],
+        }
+        for arm, row in zip(ARMS, timed, strict=True)
+    ]
 
 
 def main(argv: list[str] | None = None) -> dict:
