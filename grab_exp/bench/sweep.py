@@ -17,7 +17,6 @@ JSON shows the threads and processes the jobs really had.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import statistics
@@ -33,6 +32,7 @@ import torch
 from hydra.experimental.callback import Callback
 
 from grab_exp.bench.machine import describe_machine
+from grab_exp.report.collect import METRICS_FILE, read_metrics
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 THREADS_FILE = "bench_threads.json"
@@ -108,14 +108,12 @@ def sweep_env(setting: Setting) -> dict[str, str]:
 def collect_jobs(sweep_dir: Path) -> dict[str, dict[str, Any]]:
     """Every finished job under ``sweep_dir``: pid, torch threads, losses and seconds per epoch."""
     jobs = {}
-    for metrics in sorted(sweep_dir.rglob("metrics.csv")):
-        with open(metrics, newline="", encoding="utf-8") as handle:
-            rows = list(csv.DictReader(handle))
-        record = json.loads((metrics.parent / THREADS_FILE).read_text())
-        losses = [float(row[k]) for row in rows for k in LOSS_COLUMNS]
-        epoch_s = [float(row["time/epoch_s"]) for row in rows]
-        record.update(losses=losses, epoch_s=epoch_s)
-        jobs[metrics.parent.relative_to(sweep_dir).as_posix()] = record
+    for run_dir in sorted(path.parent for path in sweep_dir.rglob(METRICS_FILE)):
+        metrics = read_metrics(run_dir)  # one row per epoch
+        record = json.loads((run_dir / THREADS_FILE).read_text())
+        losses = metrics[list(LOSS_COLUMNS)].to_numpy().ravel().tolist()  # epoch by epoch
+        record.update(losses=losses, epoch_s=metrics["time/epoch_s"].tolist())
+        jobs[run_dir.relative_to(sweep_dir).as_posix()] = record
     return jobs
 
 
