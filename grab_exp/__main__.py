@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import hydra
@@ -9,8 +10,15 @@ from hydra.errors import InstantiationException
 from omegaconf import DictConfig
 
 from grab_exp.runner.resolvers import register_resolvers
+from grab_exp.runner.schema import ConfigError, register_schema
 
 register_resolvers()
+register_schema()
+#: command-line shorthands -> the override they stand for
+SHORTHANDS = {
+    "distributed=true": "distributed.enabled=true",
+    "distributed=false": "distributed.enabled=false",
+}
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -32,8 +40,6 @@ def user_error_line(error: BaseException) -> str | None:
     ``_target_`` of this package (e.g. a dataset loader) raised itself, which Hydra's
     ``instantiate`` wraps in an ``InstantiationException``.
     """
-    from grab_exp.runner.config_check import ConfigError
-
     if isinstance(error, ConfigError):
         return str(error)
     cause = error.__cause__
@@ -54,7 +60,7 @@ def main(cfg: DictConfig) -> float | None:
     A user error ends the process with one ``error: ...`` line on stderr and exit status 1,
     with or without ``HYDRA_FULL_ERROR``; any other exception keeps Hydra's traceback.
     """
-    from grab_exp.runner.run import run_job  # after Hydra set up logging
+    from grab_exp.runner.lifecycle import run_job  # after Hydra set up logging
 
     try:
         final = run_job(cfg)
@@ -66,5 +72,11 @@ def main(cfg: DictConfig) -> float | None:
     return final.get("test/acc")
 
 
+def expand_shorthands(argv: list[str]) -> list[str]:
+    """``argv`` with every :data:`SHORTHANDS` key replaced by its override."""
+    return [SHORTHANDS.get(arg.lower(), arg) for arg in argv]
+
+
 if __name__ == "__main__":
+    sys.argv = expand_shorthands(sys.argv)
     main()

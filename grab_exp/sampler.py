@@ -64,6 +64,11 @@ class GraBSampler(Sampler[int]):
         return self.balance.n
 
     @property
+    def needs_grads(self) -> bool:
+        """Whether :meth:`step` needs the per-sample gradients (false for rr, so, fixed)."""
+        return self.balance.needs_grads
+
+    @property
     def epoch(self) -> int:
         """The current epoch."""
         return self.balance.epoch
@@ -83,6 +88,10 @@ class GraBSampler(Sampler[int]):
     def set_epoch(self, epoch: int) -> None:
         """Advance to ``epoch``; the next order is computed from the stepped gradients."""
         self.balance.set_epoch(epoch)
+
+    def state_bytes(self) -> int:
+        """Bytes of the ordering's balancing state (see ``Balance.state_bytes``)."""
+        return self.balance.state_bytes()
 
     def state_dict(self) -> dict[str, Any]:
         """The ordering's full state (see ``Balance.state_dict``)."""

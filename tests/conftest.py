@@ -1,9 +1,19 @@
-"""Test configuration: ``gpu``-marked tests are skipped where CUDA is absent."""
+"""Shared test set-up: ``gpu``-marked tests skip without CUDA; compose and CLI fixtures.
+
+The support modules beside this file (on ``sys.path`` for every test folder) are
+``grab_run`` (compose the config, run ``python -m grab_exp``, build its jobs), ``run_files``
+(read what a run wrote), ``helpers`` and ``reference_orderings`` (the orderings' tests).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 import torch
+from grab_run import RUN_TIMEOUT_S, compose_config, grab_env, run_grab
+from omegaconf import DictConfig
 
 
 def pytest_collection_modifyitems(config, items):
@@ -13,3 +23,26 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def compose() -> Callable[..., DictConfig]:
+    """``compose(overrides, hydra=False)``: the config ``python -m grab_exp`` would run."""
+    return compose_config
+
+
+@pytest.fixture
+def smoke_config() -> DictConfig:
+    """The composed ``experiment=smoke`` config (synthetic data, LeNet, mean balance)."""
+    return compose_config(["experiment=smoke"])
+
+
+@pytest.fixture
+def grab(tmp_path: Path) -> Callable[..., object]:
+    """``grab(args, timeout=..., **env)``: ``python -m grab_exp *args`` run in ``tmp_path`` (its
+    ``outputs/`` land there) with W&B offline inside it; stdout and stderr merged."""
+
+    def run(args: list[str], timeout: float = RUN_TIMEOUT_S, **env: str):
+        return run_grab(args, tmp_path, grab_env(tmp_path, **env), timeout)
+
+    return run

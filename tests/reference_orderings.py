@@ -1,4 +1,4 @@
-"""Plain per-example reference orderings, written from issue 2's "Exact semantics".
+"""Plain per-example reference orderings, written from each variant's "Exact semantics" spec.
 
 Deliberately slow and literal: one example (or one pair) at a time, Python lists for the
 orders, float64 tensors for the vectors. Every function takes the current order (a list of

@@ -28,9 +28,11 @@ from grab_exp.bench.machine import describe_machine
 from grab_exp.bench.memory import memory_method, peak_step_bytes
 from grab_exp.bench.timing import synchronize
 from grab_exp.models import LeNet
-from grab_exp.optim import GSNROptimizer
+from grab_exp.per_sample import ClassicPipeline, FunctionalPipeline
 from grab_exp.report.variants import ROW_ORDER
-from grab_exp.runner.pipeline import ClassicPipeline, FunctionalPipeline
+from grab_exp.runner.step import STAGES as STEP_STAGES
+from grab_exp.runner.step import StepParts, train_step, untimed
+from grab_exp.sampler import GraBSampler
 
 ROWS = ROW_ORDER  # Table 1's rows, in the report's order
 #: VRGD rows ``(variant, pipeline, optimizer)``: every VR optimizer with RR, VR-Momentum with mean
@@ -42,21 +44,24 @@ GSNR_ROWS = (
 )
 EPOCH_EXAMPLES = 50_000
 OPTIMIZER_CONF = Path(__file__).resolve().parents[2] / "conf" / "optimizer"
-STAGES = ("grads", "gsnr", "sorter", "opt")
+STAGES = tuple(s for s in STEP_STAGES if s != "reduce")  # one process: nothing to reduce
 
 
 @dataclass
 class Row:
-    """One benchmark row ready to train: model, optimizer, pipeline, ordering."""
+    """One benchmark row ready to train: the training step's parts (model, optimizer,
+    pipeline, and a :class:`~grab_exp.sampler.GraBSampler` as the ordering)."""
 
     name: str
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    pipeline: object
-    sorter: object
+    step: StepParts
     step_times: list[float] = field(default_factory=list)
     parts: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in STAGES})
     peak_step_bytes: int = 0
+
+    @property
+    def sorter(self) -> GraBSampler:
+        """The row's ordering."""
+        return self.step.ordering
 
 
 def row_name(variant: str, pipeline: str, optimizer: str = "sgd") -> str:
@@ -84,9 +89,10 @@ def build_row(
     if variant == "recursive_pair":
         options = {"batch_size": args.batch}
     d = sum(p.numel() for p in model.parameters())
-    sorter = make_balance(variant, EPOCH_EXAMPLES, d, device=device, **options)
-    name = row_name(variant, pipeline, optimizer)
-    return Row(name, model, make_optimizer(optimizer, model), runner, sorter)
+    balance = make_balance(variant, EPOCH_EXAMPLES, d, device=device, **options)
+    sampler = GraBSampler(EPOCH_EXAMPLES, balance=balance)
+    step = StepParts(model, make_optimizer(optimizer, model), runner, sampler)
+    return Row(row_name(variant, pipeline, optimizer), step)
 
 
 def build_rows(args, device: torch.device) -> list[Row]:
@@ -103,10 +109,6 @@ def _timed(fn, device: torch.device) -> tuple[object, float]:
     return out, time.perf_counter() - start
 
 
-def _untimed(name: str, fn):
-    return fn()
-
-
 def _timed_stages(row: Row, device: torch.device):
     def stage(name: str, fn):
         out, seconds = _timed(fn, device)
@@ -116,20 +118,17 @@ def _timed_stages(row: Row, device: torch.device):
     return stage
 
 
-def train_step(row: Row, x: torch.Tensor, y: torch.Tensor, stage=_untimed) -> None:
-    """One training step; ``stage(name, fn)`` runs (and may time) each of its parts."""
-    sorter = row.sorter
-    if sorter.pos + len(x) > sorter.n:
-        sorter.set_epoch(sorter.epoch + 1)
-    row.optimizer.zero_grad(set_to_none=True)
-    _, grads = stage("grads", lambda: row.pipeline(x, y))
-    if isinstance(row.optimizer, GSNROptimizer):  # as the runner's trainer: before the sorter
-        stage("gsnr", lambda: row.optimizer.observe(grads))
-    if sorter.needs_grads:
-        stage("sorter", lambda: sorter.step(grads))
-    else:
-        stage("sorter", lambda: sorter.step(None, sorter.order[sorter.pos : sorter.pos + len(x)]))
-    stage("opt", row.optimizer.step)
+def bench_step(row: Row, x: torch.Tensor, y: torch.Tensor, stage=untimed) -> None:
+    """The training step of :mod:`grab_exp.runner.step` on the row's next batch positions.
+
+    ``stage(name, fn)`` runs (and may time) each part. The fixed batch ``x``, ``y`` stands in
+    for the examples at the ordering's next positions; past the end a new epoch starts.
+    """
+    balance = row.sorter.balance
+    if balance.pos + len(x) > balance.n:
+        row.sorter.set_epoch(balance.epoch + 1)
+    indices = balance.order[balance.pos : balance.pos + len(x)]  # (B,)
+    train_step(row.step, x, y, indices, stage)
 
 
 def make_batch(batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,21 +144,21 @@ def time_rows(rows: list[Row], args, device: torch.device) -> None:
     x, y = make_batch(args.batch, device)
     for row in rows:
         for _ in range(args.warmup):
-            train_step(row, x, y)
+            bench_step(row, x, y)
     for _ in range(args.repeats):
         for row in rows:
             _, seconds = _timed(
-                lambda row=row: [train_step(row, x, y) for _ in range(args.steps)], device
+                lambda row=row: [bench_step(row, x, y) for _ in range(args.steps)], device
             )
             row.step_times.append(seconds / args.steps)
-            train_step(row, x, y, _timed_stages(row, device))
+            bench_step(row, x, y, _timed_stages(row, device))
 
 
 def measure_memory(rows: list[Row], args, device: torch.device) -> None:
     """Each row's peak step memory, in steps of their own (never in the timed ones)."""
     x, y = make_batch(args.batch, device)
     for row in rows:
-        row.peak_step_bytes = peak_step_bytes(lambda row=row: train_step(row, x, y), device)
+        row.peak_step_bytes = peak_step_bytes(lambda row=row: bench_step(row, x, y), device)
 
 
 def _median_ms(times: list[float]) -> float | None:

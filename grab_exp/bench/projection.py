@@ -23,7 +23,7 @@ from grab_exp.bench.machine import describe_machine
 from grab_exp.bench.memory import memory_method, peak_step_bytes
 from grab_exp.bench.timing import median_seconds
 from grab_exp.models import MLP
-from grab_exp.runner.pipeline import FunctionalPipeline
+from grab_exp.per_sample import FunctionalPipeline
 
 VARIANTS = {"mean": {}, "recursive": {"depth": 5}}
 PROJECTIONS = (None, "rademacher", "countsketch")  # None: the full d values

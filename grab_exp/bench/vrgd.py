@@ -4,7 +4,7 @@ The arms of ``conf/arm/``: SGD-momentum and Adam on the plain loop (``loss.backw
 VR-Momentum and VR-Adam on per-sample gradients plus the GSNR. For each batch size, the four arms
 are timed in one process with interleaved repeats (as :mod:`grab_exp.bench.epoch`, whose rows and
 timing it reuses), and the median step is extrapolated to an epoch of 50,000 examples. The VRGD
-report (``python -m grab_exp.report.vrgd_report --bench``) turns "epochs to a target accuracy"
+report (``python -m grab_exp.report vrgd --bench``) turns "epochs to a target accuracy"
 into training time at these speeds, free of the load other jobs put on a shared machine.
 """
 

@@ -5,6 +5,7 @@ real ``torch.distributed`` job (:class:`ProcessGroupComm`, launched by ``torchru
 ``W`` virtual workers in one process (:class:`SimulatedComm`) with the same code.
 """
 
+from grab_exp.balance.projection import BlockProjection
 from grab_exp.distributed.cd_grab import CoordinatedGraB
 from grab_exp.distributed.comm import (
     CollectiveError,
@@ -19,7 +20,6 @@ from grab_exp.distributed.orderings import (
     IndependentGraB,
     make_distributed_ordering,
 )
-from grab_exp.distributed.projection import BlockProjection
 from grab_exp.distributed.shards import ShardSplit, rank_seeds, split_shards
 
 __all__ = [

@@ -91,12 +91,22 @@ class DistributedOrdering:
         for start in range(0, self.m, batch_size):
             yield orders[:, start : start + batch_size]
 
-    def step(self, grads: torch.Tensor | Mapping[str, torch.Tensor] | None = None) -> None:
+    def __len__(self) -> int:
+        """Examples per worker (``m``)."""
+        return self.m
+
+    def step(
+        self,
+        grads: torch.Tensor | Mapping[str, torch.Tensor] | None = None,
+        indices: torch.Tensor | None = None,
+    ) -> None:
         """Feed the per-sample gradients of the local workers' next mini-batches.
 
         Args:
             grads: ``(L * B, ...)`` tensor or dict of ``(L * B, ...)`` tensors, worker-major
                 (as the pipeline returns for the flattened ``(L, B)`` index batch).
+            indices: ``(L * B,)`` the batch's global indices; accepted for the training step's
+                common call, not checked (the orders are this object's own).
         """
         if not self.needs_grads:
             return

@@ -5,13 +5,24 @@ Typical use::
     frame = load_runs(["outputs/table1"])          # or frame_from_wandb("entity/project/group")
     table = build_table1(frame)                     # numbers: table.data
     make_report(frame, "report/", DEFAULT_PAPER_CSV)
+    frame, identity = read_run("outputs/table1/mean/seed0")  # identity: see run_identity
 
-Command line: ``python -m grab_exp.report outputs/table1 --out report/``.
+Command line: ``python -m grab_exp.report {table1,vrgd,distributed} ...`` (see ``--help``),
+e.g. ``python -m grab_exp.report table1 outputs/table1 --out report/``.
 """
 
 from grab_exp.report.build import Report, make_report
-from grab_exp.report.collect import ReportWarning, RunLoadError, find_run_dirs, load_run, load_runs
+from grab_exp.report.collect import (
+    IDENTITY_KEYS,
+    find_run_dirs,
+    load_run,
+    load_runs,
+    read_run,
+    read_runs,
+    run_identity,
+)
 from grab_exp.report.figures import figure1, figure2, save_figure
+from grab_exp.report.frames import ReportWarning, RunLoadError
 from grab_exp.report.paper import (
     DEFAULT_PAPER_CSV,
     default_paper_csv,
@@ -27,6 +38,7 @@ from grab_exp.report.wandb_source import frame_from_api_runs, frame_from_wandb
 
 __all__ = [
     "DEFAULT_PAPER_CSV",
+    "IDENTITY_KEYS",
     "PALETTE",
     "ROW_ORDER",
     "Report",
@@ -48,7 +60,10 @@ __all__ = [
     "make_report",
     "merge_paper",
     "read_paper",
+    "read_run",
+    "read_runs",
     "row_label",
+    "run_identity",
     "save_figure",
     "side_by_side_frame",
     "to_markdown",

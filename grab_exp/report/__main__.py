@@ -1,4 +1,4 @@
-"""``python -m grab_exp.report``: see :mod:`grab_exp.report.cli`."""
+"""``python -m grab_exp.report COMMAND ...``: see :mod:`grab_exp.report.cli`."""
 
 import sys
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from grab_exp.report.collect import ReportWarning
 from grab_exp.report.figures import figure1, figure2, save_figure
+from grab_exp.report.frames import ReportWarning
 from grab_exp.report.paper import hardware_note, merge_paper, read_paper, side_by_side_frame
 from grab_exp.report.render import caption, display_frame, to_latex, to_markdown
 from grab_exp.report.table import EARLY_EPOCH, Table1, build_table1

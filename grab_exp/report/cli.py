@@ -1,4 +1,13 @@
-"""``python -m grab_exp.report``: Table 1, the paper side by side and Figures 1-2 from runs."""
+"""``python -m grab_exp.report COMMAND ...``: every report of the project, one entry point.
+
+Commands:
+  table1       Table 1, the paper side by side and Figures 1-2, from runs or W&B
+  vrgd         the VRGD large-batch table and figure (``experiment=vrgd_large_batch``)
+  distributed  the table of a data-parallel sweep (``cd_grab``, ``d_grab``, ``d_rr``)
+
+``python -m grab_exp.report COMMAND --help`` lists a command's options. Without a command the
+arguments are table1's (``python -m grab_exp.report RUNS... --out DIR``), as before commands.
+"""
 
 from __future__ import annotations
 
@@ -7,123 +16,57 @@ import sys
 import warnings
 from collections.abc import Sequence
 
-import pandas as pd
+from grab_exp.report import distributed, table1_report, vrgd_report
+from grab_exp.report.frames import ReportWarning
 
-from grab_exp.report.build import Report, make_report
-from grab_exp.report.collect import ReportWarning, concat_runs, drop_duplicate_runs, load_runs
-from grab_exp.report.paper import DEFAULT_PAPER_CSV, merge_paper
-from grab_exp.report.table import EARLY_EPOCH
-from grab_exp.report.wandb_source import frame_from_wandb, parse_wandb_path
+COMMANDS = {"table1": table1_report, "vrgd": vrgd_report, "distributed": distributed}
+_HELP = {
+    "table1": "Table 1, the paper side by side and Figures 1-2",
+    "vrgd": "the VRGD large-batch table and figure",
+    "distributed": "the table of a data-parallel sweep",
+}
 
 
 def parser() -> argparse.ArgumentParser:
-    """The command-line parser."""
+    """The command-line parser: one sub-parser per command of :data:`COMMANDS`."""
     cli = argparse.ArgumentParser(
         prog="python -m grab_exp.report",
-        description="Table 1 (CSV/Markdown/LaTeX), the paper side by side, and Figures 1-2 "
-        "(PNG/PDF) from run directories, sweep directories, or W&B.",
+        description="Every report of the project; COMMAND --help lists a command's options.",
+        epilog="Without a command the arguments are table1's: "
+        "python -m grab_exp.report RUNS... --out DIR.",
     )
-    cli.add_argument("paths", nargs="*", help="run directories or sweep directories")
-    cli.add_argument("--out", required=True, help="output folder")
-    cli.add_argument("--wandb", metavar="ENTITY/PROJECT[/GROUP]", help="read runs from W&B")
-    cli.add_argument("--log-to-wandb", action="store_true", help="upload to a W&B report run")
-    cli.add_argument(
-        "--wandb-project", help="report run's project (default: --wandb's, or grab-exp)"
-    )
-    cli.add_argument("--wandb-entity", help="report run's entity (default: --wandb's)")
-    cli.add_argument("--wandb-group", help="report run's group (default: --wandb's)")
-    cli.add_argument(
-        "--wandb-mode",
-        default="auto",
-        choices=("auto", "online", "offline"),
-        help="auto: WANDB_MODE, else online with an API key, else offline",
-    )
-    cli.add_argument("--log-loss", action="store_true", help="log-scale loss in Figure 1")
-    cli.add_argument(
-        "--early-epoch", type=int, default=EARLY_EPOCH, help="early columns' epoch (default: 5)"
-    )
-    cli.add_argument("--zoom-epochs", type=int, help="epochs in Figure 1's zoom panels")
-    cli.add_argument("--paper", default=str(DEFAULT_PAPER_CSV), help="default: %(default)s")
-    cli.add_argument("--no-paper", action="store_true", help="skip the side-by-side table")
-    cli.add_argument("--hardware", help="our hardware in words, for the side-by-side note")
+    commands = cli.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, module in COMMANDS.items():
+        command = commands.add_parser(
+            name,
+            help=_HELP[name],
+            description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(command)
+        command.set_defaults(run=module.run)
     return cli
 
 
-def load_frame(args: argparse.Namespace) -> pd.DataFrame:
-    """The tidy frame of the local paths and/or the W&B project of ``args``."""
-    frames = []
-    if args.paths:
-        frames.append(load_runs(args.paths))
-    if args.wandb:
-        try:
-            frames.append(frame_from_wandb(args.wandb))
-        except ValueError:
-            raise
-        except Exception as error:  # network, credentials, unknown project: W&B's own errors
-            raise RuntimeError(f"cannot read runs from W&B {args.wandb}: {error}") from error
-    frames = [frame for frame in frames if not frame.empty]
-    return drop_duplicate_runs(concat_runs(frames))
-
-
-def upload(args: argparse.Namespace, report: Report) -> str:
-    """Log Table 1 (and the side by side) and both figures to a W&B report run."""
-    from grab_exp.report.wandb_upload import log_report
-
-    project, group = "grab-exp", None
-    if args.wandb:
-        entity_project, group = parse_wandb_path(args.wandb)
-        args.wandb_entity = args.wandb_entity or entity_project.split("/")[0]
-        project = entity_project.split("/")[1]
-    tables = {"table1": report.table.data}
-    if report.paper is not None:
-        tables["table1_vs_paper"] = merge_paper(report.table, report.paper)
-    images = {name: report.files[name][0] for name in ("figure1", "figure2")}
-    return log_report(
-        tables,
-        images,
-        args.out,
-        project=args.wandb_project or project,
-        entity=args.wandb_entity,
-        group=args.wandb_group or group,
-        mode=args.wandb_mode,
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command; returns the exit status (2: bad arguments; 1: no runs, or W&B failed)."""
+    """Run a command; returns the exit status (2: bad arguments; 1: no runs, or a failure).
+
+    Args:
+        argv: The arguments (default: ``sys.argv[1:]``); when the first is neither a command
+            nor ``-h``/``--help``, they are table1's.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] not in COMMANDS and argv[0] not in ("-h", "--help"):
+        argv.insert(0, "table1")
     args = parser().parse_args(argv)
-    if not args.paths and not args.wandb:
-        parser().error("give run/sweep directories, --wandb ENTITY/PROJECT[/GROUP], or both")
     with warnings.catch_warnings():
         warnings.simplefilter("always", ReportWarning)
         warnings.showwarning = _show_warning
-        return run(args)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Collect the runs, write the report, upload it if asked; print what was written."""
-    try:
-        frame = load_frame(args)
-    except (FileNotFoundError, ValueError, RuntimeError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    if frame.empty:
-        print("error: no finished runs to report", file=sys.stderr)
-        return 1
-    paper = None if args.no_paper else args.paper
-    report = make_report(
-        frame, args.out, paper, args.log_loss, args.early_epoch, args.zoom_epochs, args.hardware
-    )
-    for kind, paths in report.files.items():
-        print(f"{kind}: {', '.join(str(path) for path in paths)}")
-    if not args.log_to_wandb:
-        return 0
-    try:
-        print(f"logged the report to W&B run {upload(args, report)}")
-    except Exception as error:  # W&B's failures; the files are written already
-        print(f"error: W&B upload failed: {type(error).__name__}: {error}", file=sys.stderr)
-        return 1
-    return 0
+        try:
+            return args.run(args)
+        except FileNotFoundError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

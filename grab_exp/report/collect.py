@@ -1,10 +1,8 @@
-"""Collect run directories (``metrics.csv`` + ``summary.json``) into one tidy frame.
+"""The one reader of runs: run directories (``metrics.csv``, ``summary.json``, ``.hydra/``)
+into the tidy frame of :mod:`grab_exp.report.frames`, and every run's identity, local or W&B.
 
-The frame has one row per (run, epoch): ``run`` (where it came from), ``variant``,
-``pipeline``, ``seed``, ``device``, ``epoch`` and the metric columns of ``metrics.csv``
-(``train/loss``, ``test/acc``, ``time/epoch_s``, ...). Runs that cannot be used (unfinished,
-missing or corrupt files, kept-aside ``*.old<k>`` copies) are skipped with a
-:class:`ReportWarning` that names their directory.
+Runs that cannot be used (unfinished, missing or corrupt files, kept-aside ``*.old<k>``
+copies) are skipped with a :class:`ReportWarning` that names their directory.
 """
 
 from __future__ import annotations
@@ -12,27 +10,145 @@ from __future__ import annotations
 import json
 import os
 import re
-import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
+from omegaconf import OmegaConf
 
-from grab_exp.report.variants import row_rank
+from grab_exp.report.frames import (
+    ID_COLUMNS,
+    RunLoadError,
+    check_metrics,
+    concat_runs,
+    drop_duplicate_runs,
+    metric_columns,
+    warn_skip,
+)
 
 METRICS_FILE = "metrics.csv"
 SUMMARY_FILE = "summary.json"
-ID_COLUMNS = ("run", "variant", "pipeline", "seed", "device", "epoch")
-REQUIRED_METRICS = ("train/loss", "test/acc", "time/epoch_s")
+#: The keys of a run's identity block, in order (see :func:`run_identity`).
+IDENTITY_KEYS = ("experiment", "variant", "pipeline", "optimizer", "arm", "row", "batch_size")
+IDENTITY_KEYS += ("world_size", "seed", "overrides_hash")
 _KEPT_ASIDE = re.compile(r"\.old\d+$")
+_RUN_DIR = re.compile(r"^seed\d+(?:-(?P<hash>[0-9a-f]+))?$")
+_PIPELINES = {"ClassicPipeline": "classic", "FunctionalPipeline": "functional"}
+_OPTIMIZERS = {"SGD": "sgd", "Adam": "adam", "VRSGD": "vr_sgd", "VRMomentum": "vr_momentum"}
+_OPTIMIZERS |= {"VRAdam": "vr_adam"}
 
 
-class ReportWarning(UserWarning):
-    """A run was left out of the report (the message says which and why)."""
+def run_identity(
+    summary: Mapping[str, Any],
+    config: Mapping[str, Any] | None = None,
+    run_dir: str | os.PathLike[str] | None = None,
+    where: str | None = None,
+) -> dict[str, Any]:
+    """A run's identity: the ``identity`` block of its summary (or W&B config), else derived.
+
+    Runs written before the block existed get the same dict from the summary's ``variant``,
+    ``pipeline``, ``seed``, ``world_size``; the resolved config's ``name``, ``batch_size``,
+    ``seed`` and ``_target_`` classes; and, with ``run_dir``, its ``.hydra/`` choices
+    (``arm``, ``row``, ``optimizer``), ``+row=``/``arm=`` overrides and the directory's hash
+    suffix. What an old run did not record is ``None``.
+
+    Args:
+        summary: The run's ``summary.json`` (``{}`` for a W&B run).
+        config: The run's resolved config (a W&B run's ``config``); default with ``run_dir``:
+            its ``.hydra/config.yaml``.
+        run_dir: The local run directory.
+        where: The run in error messages (default: ``run_dir``, else ``a W&B run``).
+
+    Returns:
+        ``{key: value for key in IDENTITY_KEYS}``.
+
+    Raises:
+        RunLoadError: an old run whose variant or seed cannot be told, or unreadable Hydra files.
+    """
+    block = summary.get("identity") or (config or {}).get("identity")
+    if isinstance(block, Mapping):
+        return {key: block.get(key) for key in IDENTITY_KEYS}
+    where = where or ("a W&B run" if run_dir is None else str(run_dir))
+    try:
+        config = read_config(run_dir) if config is None and run_dir is not None else config
+        identity = _derive_identity(summary, config or {}, run_dir)
+    except (OSError, ValueError) as error:
+        raise RunLoadError(f"skipping {where}: unreadable Hydra files ({error})") from None
+    missing = [key for key in ("variant", "seed") if identity[key] is None]
+    if missing:
+        raise RunLoadError(f"skipping {where}: cannot tell its {'/'.join(missing)}")
+    return identity
 
 
-class RunLoadError(ValueError):
-    """A run directory cannot be read; the message names the directory."""
+def _derive_identity(summary: Mapping, config: Mapping, run_dir: Any) -> dict[str, Any]:
+    """The identity of a run written before the identity block (see :func:`run_identity`)."""
+    choices, overrides = _hydra_choices(Path(run_dir, ".hydra")) if run_dir else ({}, {})
+    seed, batch_size = summary.get("seed", config.get("seed")), config.get("batch_size")
+    match = _RUN_DIR.match(Path(run_dir).name) if run_dir is not None else None
+    return {
+        "experiment": config.get("name"),
+        "variant": summary.get("variant") or _choice("balance", choices, config, _balances()),
+        "pipeline": summary.get("pipeline") or _choice("pipeline", choices, config, _PIPELINES),
+        "optimizer": _choice("optimizer", choices, config, _OPTIMIZERS),
+        "arm": choices.get("arm") or overrides.get("arm"),
+        "row": choices.get("row") or overrides.get("row"),
+        "batch_size": None if batch_size is None else int(batch_size),
+        "world_size": _world_size(summary, config),
+        "seed": None if seed is None else int(seed),
+        "overrides_hash": (match["hash"] or "") if match else None,
+    }
+
+
+def _hydra_choices(hydra_dir: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """Hydra's group choices (``hydra.yaml``) and the overrides (``overrides.yaml``)."""
+    choices, overrides = {}, []
+    if (hydra_dir / "hydra.yaml").is_file():
+        hydra = OmegaConf.load(hydra_dir / "hydra.yaml")
+        choices = OmegaConf.to_container(hydra.hydra.runtime.choices)
+    if (hydra_dir / "overrides.yaml").is_file():
+        overrides = OmegaConf.to_container(OmegaConf.load(hydra_dir / "overrides.yaml"))
+    pairs = (str(o).split("=", 1) for o in overrides if "=" in str(o))
+    return choices, {key.lstrip("+~"): value for key, value in pairs}
+
+
+def _choice(group: str, choices: Mapping, config: Mapping, names: Mapping) -> str | None:
+    """A config group's option: Hydra's choice, else named after the config's ``_target_``."""
+    if choices.get(group):
+        return str(choices[group])
+    target = (config.get(group) or {}).get("_target_")
+    return names.get(str(target).rsplit(".", 1)[-1]) if target else None
+
+
+def _balances() -> dict[str, str]:
+    """Ordering class name -> registry name (e.g. ``MeanBalance`` -> ``mean``)."""
+    from grab_exp.balance import Balance
+    from grab_exp.distributed.orderings import DistributedOrdering
+
+    registry = {**Balance.registry, **DistributedOrdering.registry}
+    return {cls.__name__: name for name, cls in registry.items()}
+
+
+def _world_size(summary: Mapping, config: Mapping) -> int | None:
+    """Data-parallel runs record it; a single process is 1; unknown is ``None``."""
+    if summary.get("world_size"):
+        return int(summary["world_size"])
+    distributed = config.get("distributed") or {}
+    workers = distributed.get("simulate_workers") or distributed.get("workers")
+    if workers:
+        return int(workers)
+    return None if distributed.get("enabled") else 1
+
+
+def read_config(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The run's resolved config (``.hydra/config.yaml``), ``None`` when it has none."""
+    path = Path(run_dir, ".hydra", "config.yaml")
+    if not path.is_file():
+        return None
+    from grab_exp.runner.resolvers import register_resolvers
+
+    register_resolvers()  # e.g. the lr of the square-root rule
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
 
 
 def find_run_dirs(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
@@ -42,8 +158,8 @@ def find_run_dirs(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
         paths: Run directories or sweep directories (searched recursively).
 
     Returns:
-        The run directories, sorted, each once; kept-aside ``*.old<k>`` copies are skipped
-        with a warning.
+        The run directories, sorted, each once; kept-aside ``*.old<k>`` copies and job
+        folders without a summary are skipped with a warning.
 
     Raises:
         FileNotFoundError: a path does not exist.
@@ -53,7 +169,8 @@ def find_run_dirs(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
         if not path.exists():
             raise FileNotFoundError(f"no such run or sweep directory: {path}")
         found.update(summary.parent.resolve() for summary in path.rglob(SUMMARY_FILE))
-        for orphan in sorted(job_dirs(path) - found):
+        marks = [*path.rglob(METRICS_FILE), *path.rglob(".hydra")]
+        for orphan in sorted({mark.parent.resolve() for mark in marks} - found):
             warn_skip(
                 f"skipping {orphan}: no {SUMMARY_FILE} (a job that never started, or stopped first)"
             )
@@ -66,37 +183,14 @@ def find_run_dirs(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     return kept
 
 
-def job_dirs(path: Path) -> set[Path]:
-    """Folders under ``path`` that a job made: they hold ``metrics.csv`` or Hydra's ``.hydra``."""
-    marks = [*path.rglob(METRICS_FILE), *path.rglob(".hydra")]
-    return {mark.parent.resolve() for mark in marks}
-
-
-def load_run(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
-    """One finished run's tidy frame (see the module docstring).
+def read_run(run_dir: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """One finished run: its tidy frame and its identity (:func:`run_identity`).
 
     Raises:
-        RunLoadError: the run is unfinished, or its ``summary.json`` / ``metrics.csv`` is
-            missing or corrupt; the message names ``run_dir``.
+        RunLoadError: the run is unfinished, its identity cannot be told, or its
+            ``summary.json`` / ``metrics.csv`` is missing or corrupt (the message names it).
     """
     run_dir = Path(run_dir)
-    summary = read_summary(run_dir)
-    status = summary.get("status")
-    if status != "finished":
-        raise RunLoadError(f"skipping unfinished run {run_dir} (status {status!r})")
-    metrics = read_metrics(run_dir)
-    ids = {
-        "run": str(run_dir),
-        "variant": str(summary["variant"]),
-        "pipeline": str(summary["pipeline"]),
-        "seed": int(summary["seed"]),
-        "device": str(summary.get("device", "unknown")),
-    }
-    return metrics.assign(**ids)[[*ID_COLUMNS, *metric_columns(metrics)]]
-
-
-def read_summary(run_dir: Path) -> dict:
-    """``summary.json`` of ``run_dir`` with its identifying keys checked."""
     path = run_dir / SUMMARY_FILE
     try:
         summary = json.loads(path.read_text())
@@ -104,10 +198,18 @@ def read_summary(run_dir: Path) -> dict:
         raise RunLoadError(f"skipping {run_dir}: unreadable {SUMMARY_FILE} ({error})") from None
     if not isinstance(summary, dict):
         raise RunLoadError(f"skipping {run_dir}: {SUMMARY_FILE} is not a JSON object")
-    missing = [key for key in ("variant", "pipeline", "seed") if summary.get(key) is None]
-    if missing and summary.get("status") == "finished":
-        raise RunLoadError(f"skipping {run_dir}: {SUMMARY_FILE} lacks {missing}")
-    return summary
+    if (status := summary.get("status")) != "finished":
+        raise RunLoadError(f"skipping unfinished run {run_dir} (status {status!r})")
+    identity = run_identity(summary, run_dir=run_dir)
+    metrics = read_metrics(run_dir)
+    ids = {"run": str(run_dir), **{key: identity[key] for key in ("variant", "pipeline", "seed")}}
+    ids["device"] = str(summary.get("device", "unknown"))
+    return metrics.assign(**ids)[[*ID_COLUMNS, *metric_columns(metrics)]], identity
+
+
+def load_run(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
+    """One finished run's tidy frame (:func:`read_run` without the identity)."""
+    return read_run(run_dir)[0]
 
 
 def read_metrics(run_dir: Path) -> pd.DataFrame:
@@ -119,93 +221,29 @@ def read_metrics(run_dir: Path) -> pd.DataFrame:
         metrics = pd.read_csv(path)
     except (OSError, ValueError) as error:  # pandas' parser errors are ValueErrors
         raise RunLoadError(f"skipping {run_dir}: corrupt {METRICS_FILE} ({error})") from None
-    return check_metrics(metrics, run_dir)
+    return check_metrics(metrics, run_dir, METRICS_FILE)
 
 
-def check_metrics(
-    metrics: pd.DataFrame, run_dir: Path | str, what: str = METRICS_FILE
-) -> pd.DataFrame:
-    """Check a metrics table: required columns, numeric cells, whole epochs 1, 2, ..., n.
-
-    Raises:
-        RunLoadError: naming ``run_dir`` and ``what`` (the table's source) and the problem.
-    """
-    problem = _metrics_problem(metrics)
-    if problem:
-        raise RunLoadError(f"skipping {run_dir}: corrupt {what} ({problem})")
-    numeric = metrics.apply(pd.to_numeric, errors="coerce")
-    numeric["epoch"] = numeric["epoch"].astype(int)
-    return numeric.sort_values("epoch", ignore_index=True)
-
-
-def _metrics_problem(metrics: pd.DataFrame) -> str | None:
-    missing = [c for c in ("epoch", *REQUIRED_METRICS) if c not in metrics.columns]
-    if missing:
-        return f"missing columns {missing}"
-    if metrics.empty:
-        return "no epochs"
-    numeric = metrics.apply(pd.to_numeric, errors="coerce")
-    bad = [c for c in ("epoch", *REQUIRED_METRICS) if numeric[c].isna().any()]
-    if bad:
-        return f"non-numeric or empty cells in {bad}"
-    if sorted(numeric["epoch"]) != list(range(1, len(numeric) + 1)):
-        return f"epochs {list(numeric['epoch'])} are not 1..{len(numeric)}"
-    return None
-
-
-def metric_columns(frame: pd.DataFrame) -> list[str]:
-    """The metric columns of a frame (everything but :data:`ID_COLUMNS`)."""
-    return [c for c in frame.columns if c not in ID_COLUMNS]
-
-
-def load_runs(paths: Iterable[str | os.PathLike[str]]) -> pd.DataFrame:
-    """The tidy frame of every usable run at or under ``paths``.
-
-    Unusable runs are skipped with a :class:`ReportWarning` naming their directory; when two
-    runs share variant, pipeline and seed, the later-sorted directory is dropped with a
-    warning (its settings differ: pass one sweep's runs).
+def read_runs(paths: Iterable[str | os.PathLike[str]]) -> list[tuple[pd.DataFrame, dict]]:
+    """:func:`read_run` of every usable run at or under ``paths``, in directory order.
 
     Raises:
         FileNotFoundError: a path does not exist.
     """
-    frames = []
+    runs = []
     for run_dir in find_run_dirs(paths):
         try:
-            frames.append(load_run(run_dir))
+            runs.append(read_run(run_dir))
         except RunLoadError as error:
             warn_skip(str(error))
-    return drop_duplicate_runs(concat_runs(frames))
+    return runs
 
 
-def concat_runs(frames: list[pd.DataFrame]) -> pd.DataFrame:
-    """Stack per-run frames; an empty frame with the id columns when there are none."""
-    if not frames:
-        return pd.DataFrame(columns=list(ID_COLUMNS))
-    return pd.concat(frames, ignore_index=True)
+def load_runs(paths: Iterable[str | os.PathLike[str]]) -> pd.DataFrame:
+    """The tidy frame of the usable runs at or under ``paths``; of two runs sharing variant,
+    pipeline and seed, the later one is dropped with a warning (pass one sweep's runs).
 
-
-def drop_duplicate_runs(frame: pd.DataFrame) -> pd.DataFrame:
-    """Keep one run per (variant, pipeline, seed), warning about the others."""
-    runs = frame[["run", "variant", "pipeline", "seed"]].drop_duplicates()
-    duplicated = runs.duplicated(["variant", "pipeline", "seed"])
-    for _, row in runs[duplicated].iterrows():
-        warn_skip(
-            f"skipping {row['run']}: another run of {row['variant']}/{row['pipeline']} "
-            f"seed {row['seed']} was already collected (pass one sweep's directories)"
-        )
-    kept = frame[~frame["run"].isin(runs[duplicated]["run"])]
-    return sort_runs(kept)
-
-
-def sort_runs(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows in the report's order of variant/pipeline, then seed, then epoch."""
-    if frame.empty:
-        return frame.reset_index(drop=True)
-    rank = [row_rank(v, p) for v, p in zip(frame["variant"], frame["pipeline"], strict=True)]
-    keyed = frame.assign(_rank=rank).sort_values(["_rank", "seed", "run", "epoch"], kind="stable")
-    return keyed.drop(columns="_rank").reset_index(drop=True)
-
-
-def warn_skip(message: str) -> None:
-    """Warn (as a :class:`ReportWarning`) that a run was left out."""
-    warnings.warn(message, ReportWarning, stacklevel=3)
+    Raises:
+        FileNotFoundError: a path does not exist.
+    """
+    return drop_duplicate_runs(concat_runs([frame for frame, _ in read_runs(paths)]))

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from grab_exp.report.collect import ReportWarning
+from grab_exp.report.frames import ReportWarning
 from grab_exp.report.variants import BASELINE, row_label, row_rank
 
 EARLY_EPOCH = 5  # the report's "after 5 epochs" columns

@@ -1,22 +1,21 @@
 """The VRGD large-batch comparison (issue 7): runs of ``experiment=vrgd_large_batch`` -> table.
 
 Each run is identified by its arm (conf/arm/: ``sgd_momentum``, ``vr_momentum``, ``adam``,
-``vr_adam``), batch size and seed, read from the run's Hydra files (``.hydra/``). Time is the
-training time only: the cumulative ``time/epoch_s`` (evaluation excluded), so "time to target"
-is the training time until the end of the first epoch whose test accuracy reaches the target.
+``vr_adam``), batch size and seed, from :func:`grab_exp.report.collect.run_identity`, and its
+learning rate is read from its resolved config. Time is the training time only: the cumulative
+``time/epoch_s`` (evaluation excluded), so "time to target" is the training time until the end
+of the first epoch whose test accuracy reaches the target.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from pathlib import Path
 
 import pandas as pd
-from omegaconf import OmegaConf
 
-from grab_exp.report.collect import RunLoadError, find_run_dirs, load_run, warn_skip
-from grab_exp.runner.resolvers import register_resolvers
+from grab_exp.report.collect import read_config, read_runs
+from grab_exp.report.frames import RunLoadError, warn_skip
 
 ARMS = ("sgd_momentum", "vr_momentum", "adam", "vr_adam")
 ARM_LABELS = {
@@ -28,38 +27,34 @@ ARM_LABELS = {
 DEFAULT_TARGETS = (0.25, 0.45)
 
 
-def run_identity(run_dir: Path) -> dict:
-    """``arm``, ``batch_size`` and ``lr`` of one run, from its ``.hydra`` files.
+def learning_rate(run_dir: str | os.PathLike[str]) -> float:
+    """The run's ``optimizer.lr``, from its resolved config.
 
     Raises:
-        RunLoadError: the run lacks its Hydra files or was not run with an arm (conf/arm/).
+        RunLoadError: the run has no readable ``.hydra/config.yaml`` with an ``optimizer.lr``.
     """
-    hydra_dir = run_dir / ".hydra"
     try:
-        choices = OmegaConf.load(hydra_dir / "hydra.yaml").hydra.runtime.choices
-        config = OmegaConf.load(hydra_dir / "config.yaml")
-    except (OSError, ValueError) as error:
-        raise RunLoadError(f"skipping {run_dir}: unreadable Hydra files ({error})") from None
-    arm = choices.get("arm")
-    if arm is None:
-        raise RunLoadError(f"skipping {run_dir}: not a run of an arm (conf/arm/)")
-    register_resolvers()
-    return {
-        "arm": str(arm),
-        "batch_size": int(config.batch_size),
-        "lr": float(config.optimizer.lr),
-    }
+        return float(read_config(run_dir)["optimizer"]["lr"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise RunLoadError(
+            f"skipping {run_dir}: no optimizer.lr in its Hydra config ({error})"
+        ) from None
 
 
 def load_vrgd_runs(paths: Iterable[str | os.PathLike[str]]) -> pd.DataFrame:
     """One row per (run, epoch) with ``arm``, ``batch_size``, ``lr``, ``seed`` and the metrics.
 
-    Unfinished or unreadable runs are skipped with a ``ReportWarning`` naming them.
+    Unfinished or unreadable runs, and runs not of an arm (conf/arm/), are skipped with a
+    ``ReportWarning`` naming them.
     """
     frames = []
-    for run_dir in find_run_dirs(paths):
+    for frame, identity in read_runs(paths):
+        run_dir = frame["run"].iloc[0]
         try:
-            frames.append(load_run(run_dir).assign(**run_identity(run_dir)))
+            if identity["arm"] is None or identity["batch_size"] is None:
+                raise RunLoadError(f"skipping {run_dir}: not a run of an arm (conf/arm/)")
+            settings = {"arm": str(identity["arm"]), "batch_size": int(identity["batch_size"])}
+            frames.append(frame.assign(**settings, lr=learning_rate(run_dir)))
         except RunLoadError as error:
             warn_skip(str(error))
     if not frames:

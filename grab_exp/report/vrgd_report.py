@@ -1,4 +1,4 @@
-"""``python -m grab_exp.report.vrgd_report RUNS... --out DIR``: the VRGD table and figure.
+"""``python -m grab_exp.report vrgd RUNS... --out DIR``: the VRGD table and figure.
 
 Writes ``vrgd_table.{csv,md}`` (mean over seeds per batch size and optimizer), ``vrgd_runs.csv``
 (one row per run) and ``vrgd_figure.{png,pdf}`` (test accuracy against epochs and against
@@ -12,14 +12,13 @@ import argparse
 import json
 import shutil
 import sys
-import warnings
 from pathlib import Path
 
 import matplotlib as mpl
 import pandas as pd
 from matplotlib.figure import Figure
 
-from grab_exp.report.collect import ReportWarning, find_run_dirs
+from grab_exp.report.collect import find_run_dirs
 from grab_exp.report.figures import STYLE, save_figure
 from grab_exp.report.render import to_markdown
 from grab_exp.report.vrgd import (
@@ -88,11 +87,21 @@ def write_report(
 ) -> list[Path]:
     """Collect the runs under ``paths`` and write the table and figure under ``out``.
 
-    ``bench``: a ``python -m grab_exp.bench vrgd`` JSON adding idle-machine epoch times.
+    Args:
+        paths: Sweep or run directories.
+        out: The output folder (created).
+        targets: Test accuracies (fractions) to time.
+        bench: A ``python -m grab_exp.bench vrgd`` JSON adding idle-machine epoch times.
+
+    Returns:
+        The written paths.
+
+    Raises:
+        ValueError: no finished run of an arm under ``paths``.
     """
     frame = load_vrgd_runs(paths)
     if frame.empty:
-        raise SystemExit("error: no finished runs of an arm (conf/arm/) under the paths")
+        raise ValueError("no finished runs of an arm (conf/arm/) under the paths")
     runs = per_run(frame, targets)
     table = summarize(runs, targets)
     if bench is not None:
@@ -106,28 +115,35 @@ def write_report(
     return written
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse the arguments, optionally archive the runs, write the report."""
-    cli = argparse.ArgumentParser(prog="python -m grab_exp.report.vrgd_report", description=__doc__)
+def fraction(text: str) -> float:
+    """A ``--targets`` value: a test accuracy as a fraction in (0, 1)."""
+    value = float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"each must be a fraction in (0, 1); got {text}")
+    return value
+
+
+def add_arguments(cli: argparse.ArgumentParser) -> None:
+    """The options of ``python -m grab_exp.report vrgd``."""
     cli.add_argument("paths", nargs="+", help="sweep or run directories")
     cli.add_argument("--out", required=True, type=Path, help="where the table and figure go")
     cli.add_argument("--archive", type=Path, help="copy the runs' light files here first")
     cli.add_argument("--bench", type=Path, help="JSON of python -m grab_exp.bench vrgd")
     cli.add_argument(
-        "--targets", type=float, nargs="+", default=list(DEFAULT_TARGETS),
+        "--targets", type=fraction, nargs="+", default=list(DEFAULT_TARGETS),
         help="test accuracies (fractions) to time (default: %(default)s)",
     )  # fmt: skip
-    args = cli.parse_args(argv)
-    if not all(0 < t < 1 for t in args.targets):
-        cli.error(f"--targets: each must be a fraction in (0, 1); got {args.targets}")
-    with warnings.catch_warnings():
-        warnings.simplefilter("always", ReportWarning)
-        if args.archive:
-            archive_runs(args.paths, args.archive)
-        for path in write_report(args.paths, args.out, tuple(args.targets), args.bench):
-            print(path)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Optionally archive the runs, then write the report; 1 when there is no run of an arm."""
+    if args.archive:
+        archive_runs(args.paths, args.archive)
+    try:
+        written = write_report(args.paths, args.out, tuple(args.targets), args.bench)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    for path in written:
+        print(path)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,20 +1,21 @@
 """The tidy run frame from W&B's public API: ``wandb.Api().runs(...)`` and each run's history.
 
 :func:`frame_from_api_runs` converts run objects with the public API's interface (``id``,
-``name``, ``state``, ``group``, ``job_type``, ``config``, ``path`` and ``scan_history()``),
-as documented for ``wandb.apis.public.Run``; :func:`frame_from_wandb` fetches them (this
-needs the network and a W&B API key).
+``state``, ``group``, ``job_type``, ``config``, ``path`` and ``scan_history()``), as
+documented for ``wandb.apis.public.Run``; :func:`frame_from_wandb` fetches them (this needs
+the network and a W&B API key). A run's identity comes from its config's ``identity`` block
+through :func:`grab_exp.report.collect.run_identity` (older runs: derived from the config).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from typing import Any
 
 import pandas as pd
 
-from grab_exp.report.collect import (
+from grab_exp.report.collect import run_identity
+from grab_exp.report.frames import (
     ID_COLUMNS,
     RunLoadError,
     check_metrics,
@@ -22,9 +23,6 @@ from grab_exp.report.collect import (
     drop_duplicate_runs,
     warn_skip,
 )
-
-RUN_NAME = re.compile(r"^(?P<variant>[^-]+)-(?P<pipeline>[^-]+)-seed(?P<seed>\d+)$")
-_PIPELINES = {"ClassicPipeline": "classic", "FunctionalPipeline": "functional"}
 
 
 def parse_wandb_path(path: str) -> tuple[str, str | None]:
@@ -75,22 +73,17 @@ def api_run_frame(run: Any) -> pd.DataFrame:
     """One public-API run as a tidy frame.
 
     Raises:
-        RunLoadError: the run is unfinished, its variant/pipeline/seed are unknown, or its
-            history lacks the metrics (the message names the run).
+        RunLoadError: the run is unfinished, its identity cannot be told, or its history
+            lacks the metrics (the message names the run).
     """
     ref = run_ref(run)
     if run.state != "finished":
         raise RunLoadError(f"skipping unfinished W&B run {ref} (state {run.state!r})")
     config = dict(run.config or {})
-    variant, pipeline, seed = identify(run.name, config, ref)
+    identity = run_identity({}, config, where=f"W&B run {ref}")
     history = history_frame(run.scan_history(), ref)
-    ids = {
-        "run": ref,
-        "variant": variant,
-        "pipeline": pipeline,
-        "seed": seed,
-        "device": infer_device(history, config),
-    }
+    ids = {key: identity[key] for key in ("variant", "pipeline", "seed")}
+    ids = {"run": ref, **ids, "device": infer_device(history, config)}
     columns = [c for c in history.columns if c not in ID_COLUMNS]
     return history.assign(**ids)[[*ID_COLUMNS, *columns]]
 
@@ -99,30 +92,6 @@ def run_ref(run: Any) -> str:
     """``wandb:ENTITY/PROJECT/ID`` (or ``wandb:ID`` when the path is unknown)."""
     path = getattr(run, "path", None)
     return "wandb:" + ("/".join(map(str, path)) if path else str(run.id))
-
-
-def identify(name: str | None, config: dict[str, Any], ref: str) -> tuple[str, str, int]:
-    """``(variant, pipeline, seed)`` from the run name ``<variant>-<pipeline>-seed<k>``
-    that the runner gives, else from the config's ``balance``/``pipeline`` targets."""
-    match = RUN_NAME.match(name or "")
-    if match:
-        return match["variant"], match["pipeline"], int(match["seed"])
-    try:
-        balance = str(config["balance"]["_target_"]).rsplit(".", 1)[-1]
-        pipeline = str(config["pipeline"]["_target_"]).rsplit(".", 1)[-1]
-        return _registry_name(balance), _PIPELINES[pipeline], int(config["seed"])
-    except (KeyError, TypeError, ValueError):
-        raise RunLoadError(
-            f"skipping W&B run {ref}: cannot tell its variant/pipeline/seed from name "
-            f"{name!r} or config"
-        ) from None
-
-
-def _registry_name(class_name: str) -> str:
-    from grab_exp.balance import Balance
-
-    names = {cls.__name__: key for key, cls in Balance.registry.items()}
-    return names[class_name]
 
 
 def history_frame(rows: Iterable[dict[str, Any]], ref: str) -> pd.DataFrame:

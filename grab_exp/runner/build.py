@@ -1,6 +1,8 @@
-"""Build the objects of a run from its composed config."""
+"""Build the objects of a job from its composed config: model, optimizer, ordering, pipeline."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from hydra.utils import instantiate
@@ -8,48 +10,64 @@ from omegaconf import DictConfig
 from torch.nn import functional as F
 
 from grab_exp.data import ArrayData
-from grab_exp.optim import GSNROptimizer
-from grab_exp.runner.config_check import ConfigError
-from grab_exp.runner.trainer import TrainingJob
-from grab_exp.sampler import GraBSampler
+from grab_exp.optim import CLIP_HIGH, CLIP_LOW, GSNROptimizer
+from grab_exp.runner.schema import ConfigError
+from grab_exp.runner.step import StepParts
+from grab_exp.runner.strategy import Strategy
+
+TRAINING_COLUMNS = (  # what every job logs per epoch
+    "epoch",
+    "train/loss",
+    "train/acc",
+    "test/loss",
+    "test/acc",
+    "train/running_loss",
+    "time/epoch_s",
+    "mem/peak_cuda_mb",
+    "mem/peak_rss_mb",
+    "mem/sorter_bytes",
+)
+GSNR_COLUMNS = (CLIP_LOW, CLIP_HIGH)  # only for VRGD optimizers
 
 
-def resolve_device(device: str) -> torch.device:
-    """``auto`` -> ``cuda`` when available, else ``cpu``; others as given."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(device)
+@dataclass
+class TrainingJob:
+    """Everything one job trains with (data already on the strategy's device)."""
+
+    parts: StepParts
+    data: ArrayData
+    strategy: Strategy
+    batch_size: int
+    eval_batch_size: int
+
+    @property
+    def metric_columns(self) -> tuple[str, ...]:
+        """The columns of this job's metrics.csv."""
+        gsnr = GSNR_COLUMNS if self.parts.uses_gsnr else ()
+        return TRAINING_COLUMNS + self.strategy.extra_columns + gsnr
 
 
 def compile_mode(cfg: DictConfig) -> str | None:
     """``trainer.compile_mode`` when ``trainer.compile`` is true, else ``None`` (eager)."""
-    trainer = cfg.get("trainer")
-    return trainer.compile_mode if trainer is not None and trainer.compile else None
+    return cfg.trainer.compile_mode if cfg.trainer.compile else None
 
 
-def build_job(cfg: DictConfig, data: ArrayData, device: torch.device) -> TrainingJob:
-    """Model (seeded init), optimizer, ordering, sampler and pipeline for ``data``."""
+def build_job(cfg: DictConfig, data: ArrayData, strategy: Strategy) -> TrainingJob:
+    """Model (seeded init), optimizer, ordering and pipeline for ``data``."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
-        model = instantiate(cfg.model).to(device)
+        model = instantiate(cfg.model).to(strategy.device)
     optimizer = instantiate(cfg.optimizer)(model.parameters())
+    n = len(data.train_y)
     if isinstance(optimizer, GSNROptimizer):  # every batch (the last, short one too) splits
         try:
-            optimizer.check_batches(cfg.batch_size, len(data.train_y))
+            optimizer.check_batches(cfg.batch_size, n)
         except ValueError as error:
             raise ConfigError(str(error)) from error
     d = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    balance = instantiate(cfg.balance)(n=len(data.train_y), d=d, seed=cfg.seed, device=device)
+    ordering = strategy.make_ordering(cfg, n, d)
     pipeline = instantiate(cfg.pipeline)(
         model=model, loss_fn=F.cross_entropy, compile_mode=compile_mode(cfg)
     )
-    return TrainingJob(
-        model=model,
-        optimizer=optimizer,
-        sampler=GraBSampler(len(data.train_y), balance=balance),
-        pipeline=pipeline,
-        data=data,
-        batch_size=cfg.batch_size,
-        eval_batch_size=cfg.eval_batch_size,
-        device=device,
-    )
+    parts = StepParts(model, optimizer, pipeline, ordering, strategy.gradient_reducer(model))
+    return TrainingJob(parts, data, strategy, cfg.batch_size, cfg.eval_batch_size)

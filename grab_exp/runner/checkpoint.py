@@ -10,6 +10,9 @@ import torch
 from grab_exp.logging.files import atomic_torch_save
 
 CHECKPOINT_NAME = "checkpoint.pt"
+#: 2: every job writes ``strategy``, ``world_size`` and ``ordering``; 1 (no ``format`` key): a
+#: single-process job wrote its sampler's state as ``sampler``, a data-parallel one had no kind
+FORMAT = 2
 
 
 def rng_states() -> dict[str, Any]:
@@ -29,7 +32,20 @@ def restore_rng_states(states: dict[str, Any]) -> None:
 
 def save_checkpoint(run_dir: Path, **state: Any) -> None:
     """Write ``checkpoint.pt`` atomically (temp file + rename): a kill never leaves half."""
-    atomic_torch_save({**state, "rng": rng_states()}, run_dir / CHECKPOINT_NAME)
+    atomic_torch_save({"format": FORMAT, **state, "rng": rng_states()}, run_dir / CHECKPOINT_NAME)
+
+
+def upgrade(state: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint of an earlier format in today's layout (format 1 -> 2)."""
+    if state.get("format", 1) >= FORMAT:
+        return state
+    if "sampler" in state:  # a single-process job
+        state["ordering"] = state.pop("sampler")
+        state.update(strategy="single", world_size=1)
+    else:
+        state["strategy"] = "data_parallel"
+    state["format"] = FORMAT
+    return state
 
 
 def load_checkpoint(run_dir: Path) -> dict[str, Any] | None:
@@ -37,6 +53,6 @@ def load_checkpoint(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / CHECKPOINT_NAME
     if not path.exists():
         return None
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = upgrade(torch.load(path, map_location="cpu", weights_only=True))
     restore_rng_states(state["rng"])
     return state

@@ -1,0 +1,75 @@
+"""The rule registry: :class:`LayerRule`, :data:`RULES`, :func:`register_rule`, :func:`rule_for`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+__all__ = ["RULES", "LayerRule", "Outs", "register_rule", "rule_for"]
+
+#: Optional tensors to write the per-sample gradients into, one per parameter (or ``None``).
+Outs = Sequence[torch.Tensor | None]
+
+
+class LayerRule:
+    """Per-sample and batch-mean gradients of one layer type's own parameters."""
+
+    def supports(self, layer: nn.Module) -> bool:
+        """Whether the rule's closed form holds for this layer's configuration."""
+        return True
+
+    def per_sample(
+        self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor, out: Outs = (None, None)
+    ) -> list[torch.Tensor]:
+        """Per-sample gradients ``[(B, *p.shape)]``.
+
+        Args:
+            layer: The layer.
+            a: Its input ``# (B, ...)``.
+            g: The gradient of the SUM of per-example losses at its output ``# (B, ...)``.
+            out: Optional tensors ``# (B, *p.shape)`` to write the results into.
+        """
+        raise NotImplementedError
+
+    def mean(
+        self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor, per_sample: list[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """Batch-mean gradients ``[p.shape]``, as ``loss.backward()`` would give them.
+
+        Args:
+            layer: The layer.
+            a: Its input ``# (B, ...)``.
+            g: The gradient of the batch MEAN loss at its output ``# (B, ...)`` (carries ``1/B``).
+            per_sample: What :meth:`per_sample` returned for this batch.
+        """
+        raise NotImplementedError
+
+
+#: Layer type -> its rule. Subclasses of a registered type use its rule too.
+RULES: dict[type[nn.Module], LayerRule] = {}
+
+
+def register_rule(*layer_types: type[nn.Module]) -> Callable[[type[LayerRule]], type[LayerRule]]:
+    """Class decorator: register an instance of the decorated rule for ``layer_types``."""
+
+    def decorator(cls: type[LayerRule]) -> type[LayerRule]:
+        rule = cls()
+        for layer_type in layer_types:
+            RULES[layer_type] = rule
+        return cls
+
+    return decorator
+
+
+def rule_for(module: nn.Module) -> LayerRule | None:
+    """The rule of ``module``'s type (or nearest registered base class); ``None`` if none applies.
+
+    ``None`` too when the rule does not support this configuration (e.g. a grouped Conv2d).
+    """
+    for cls in type(module).__mro__:
+        rule = RULES.get(cls)
+        if rule is not None:
+            return rule if rule.supports(module) else None
+    return None

@@ -1,0 +1,48 @@
+"""``nn.Linear``: per-sample grads are outer products of the output gradient and the input."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from grab_exp.per_sample.rules.base import LayerRule, Outs, register_rule
+
+
+def linear_grads(
+    layer: nn.Linear, a: torch.Tensor, g: torch.Tensor, out: Outs = (None, None)
+) -> list[torch.Tensor]:
+    """Per-sample ``[weight, bias]`` grads from ``a (B, *, in)`` and out-grad ``g (B, *, out)``.
+
+    ``out``: optional ``(B, out, in)`` / ``(B, out)`` tensors to write the results into.
+    """
+    a3 = a.reshape(a.shape[0], -1, a.shape[-1])  # (B, T, in)
+    g3 = g.reshape(g.shape[0], -1, g.shape[-1])  # (B, T, out)
+    # T = 1 (the usual case): an outer product, as a broadcast multiply (faster than a bmm)
+    product = torch.mul if a3.shape[1] == 1 else torch.bmm
+    grads = [product(g3.transpose(1, 2), a3, out=out[0])]  # (B, out, in)
+    if layer.bias is not None:
+        grads.append(torch.sum(g3, dim=1, out=out[1]))  # (B, out)
+    return grads
+
+
+def linear_mean_grads(layer: nn.Linear, a: torch.Tensor, g: torch.Tensor) -> list[torch.Tensor]:
+    """Batch-mean ``[weight, bias]`` grads: the same matmul as autograd's.
+
+    ``a (B, *, in)`` is the input, ``g (B, *, out)`` the gradient of the batch MEAN loss.
+    """
+    g2, a2 = g.reshape(-1, g.shape[-1]), a.reshape(-1, a.shape[-1])  # (B*T, out), (B*T, in)
+    grads = [g2.T @ a2]  # (out, in)
+    if layer.bias is not None:
+        grads.append(g2.sum(dim=(0,)))  # (out,)
+    return grads
+
+
+@register_rule(nn.Linear)
+class LinearRule(LayerRule):
+    """``nn.Linear`` (and subclasses, e.g. ``LazyLinear`` once materialized)."""
+
+    def per_sample(self, layer, a, g, out=(None, None)):
+        return linear_grads(layer, a, g, out)
+
+    def mean(self, layer, a, g, per_sample):
+        return linear_mean_grads(layer, a, g)

@@ -1,0 +1,104 @@
+"""The tidy run frame: its columns, the check of a metrics table, stacking and order.
+
+One row per (run, epoch): ``run`` (where it came from), ``variant``, ``pipeline``, ``seed``,
+``device``, ``epoch`` and the metric columns (``train/loss``, ``test/acc``, ``time/epoch_s``,
+...). :mod:`grab_exp.report.collect` builds it from run directories, and
+:mod:`grab_exp.report.wandb_source` from W&B runs.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pandas as pd
+
+from grab_exp.report.variants import row_rank
+
+ID_COLUMNS = ("run", "variant", "pipeline", "seed", "device", "epoch")
+REQUIRED_METRICS = ("train/loss", "test/acc", "time/epoch_s")
+
+
+class ReportWarning(UserWarning):
+    """A run was left out of the report (the message says which and why)."""
+
+
+class RunLoadError(ValueError):
+    """A run cannot be read; the message names it."""
+
+
+def warn_skip(message: str) -> None:
+    """Warn (as a :class:`ReportWarning`) that a run was left out."""
+    warnings.warn(message, ReportWarning, stacklevel=3)
+
+
+def check_metrics(metrics: pd.DataFrame, run_dir: Path | str, what: str) -> pd.DataFrame:
+    """Check a metrics table: required columns, numeric cells, whole epochs 1, 2, ..., n.
+
+    Args:
+        metrics: The table as read (``metrics.csv`` or a W&B history).
+        run_dir: The run, for the message.
+        what: The table's source, for the message.
+
+    Returns:
+        The table as numbers, sorted by epoch.
+
+    Raises:
+        RunLoadError: naming ``run_dir`` and ``what`` and the problem.
+    """
+    problem = _metrics_problem(metrics)
+    if problem:
+        raise RunLoadError(f"skipping {run_dir}: corrupt {what} ({problem})")
+    numeric = metrics.apply(pd.to_numeric, errors="coerce")
+    numeric["epoch"] = numeric["epoch"].astype(int)
+    return numeric.sort_values("epoch", ignore_index=True)
+
+
+def _metrics_problem(metrics: pd.DataFrame) -> str | None:
+    missing = [c for c in ("epoch", *REQUIRED_METRICS) if c not in metrics.columns]
+    if missing:
+        return f"missing columns {missing}"
+    if metrics.empty:
+        return "no epochs"
+    numeric = metrics.apply(pd.to_numeric, errors="coerce")
+    bad = [c for c in ("epoch", *REQUIRED_METRICS) if numeric[c].isna().any()]
+    if bad:
+        return f"non-numeric or empty cells in {bad}"
+    if sorted(numeric["epoch"]) != list(range(1, len(numeric) + 1)):
+        return f"epochs {list(numeric['epoch'])} are not 1..{len(numeric)}"
+    return None
+
+
+def metric_columns(frame: pd.DataFrame) -> list[str]:
+    """The metric columns of a frame (everything but :data:`ID_COLUMNS`)."""
+    return [c for c in frame.columns if c not in ID_COLUMNS]
+
+
+def concat_runs(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Stack per-run frames; an empty frame with the id columns when there are none."""
+    if not frames:
+        return pd.DataFrame(columns=list(ID_COLUMNS))
+    return pd.concat(frames, ignore_index=True)
+
+
+def drop_duplicate_runs(frame: pd.DataFrame) -> pd.DataFrame:
+    """Keep one run per (variant, pipeline, seed), warning about the others."""
+    runs = frame[["run", "variant", "pipeline", "seed"]].drop_duplicates()
+    duplicated = runs.duplicated(["variant", "pipeline", "seed"])
+    for _, row in runs[duplicated].iterrows():
+        warn_skip(
+            f"skipping {row['run']}: another run of {row['variant']}/{row['pipeline']} "
+            f"seed {row['seed']} was already collected (pass one sweep's directories)"
+        )
+    kept = frame[~frame["run"].isin(runs[duplicated]["run"])]
+    return sort_runs(kept)
+
+
+def sort_runs(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows in the report's order of variant/pipeline, then seed, then epoch."""
+    if frame.empty:
+        return frame.reset_index(drop=True)
+    pairs = zip(frame["variant"], frame["pipeline"].fillna(""), strict=True)
+    keyed = frame.assign(_rank=[row_rank(v, p) for v, p in pairs])
+    keyed = keyed.sort_values(["_rank", "seed", "run", "epoch"], kind="stable")
+    return keyed.drop(columns="_rank").reset_index(drop=True)

@@ -1,0 +1,78 @@
+"""One training epoch and its metrics row; the step loop never reads the device on the host."""
+
+from __future__ import annotations
+
+import resource
+import time
+from typing import Any
+
+import torch
+
+from grab_exp.runner.build import TrainingJob
+from grab_exp.runner.progress import Progress
+from grab_exp.runner.step import train_step
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train_steps(job: TrainingJob, progress: Progress) -> tuple[torch.Tensor, int]:
+    """One pass over the ordering; returns (summed step loss on the device, steps)."""
+    data, ordering = job.data, job.parts.ordering
+    loss_sum = torch.zeros((), device=job.strategy.device)
+    steps = 0
+    for indices in job.strategy.index_batches(ordering, job.batch_size):
+        x, y = data.train_x[indices], data.train_y[indices]  # (B, 3, 32, 32), (B,)
+        loss = train_step(job.parts, x, y, indices)
+        loss_sum += loss
+        steps += 1
+        progress.step(loss)
+    return loss_sum, steps
+
+
+def _evaluation(job: TrainingJob) -> dict[str, float]:
+    data, model, strategy = job.data, job.parts.model, job.strategy
+    train_loss, train_acc = strategy.evaluate(
+        model, data.train_x, data.train_y, job.eval_batch_size
+    )
+    test_loss, test_acc = strategy.evaluate(model, data.test_x, data.test_y, job.eval_batch_size)
+    return {
+        "train/loss": train_loss,
+        "train/acc": train_acc,
+        "test/loss": test_loss,
+        "test/acc": test_acc,
+    }
+
+
+def run_epoch(job: TrainingJob, epoch: int, progress: Progress) -> dict[str, Any]:
+    """Train epoch ``epoch`` (0-based), then evaluate; returns the epoch's metrics row.
+
+    The row's ``epoch`` is the number of completed epochs (``epoch + 1``).
+    """
+    device, ordering, strategy = job.strategy.device, job.parts.ordering, job.strategy
+    ordering.set_epoch(epoch)
+    strategy.start_epoch(ordering)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    _synchronize(device)
+    started = time.perf_counter()
+    progress.start_epoch(epoch, -(-len(ordering) // job.batch_size))
+    loss_sum, steps = train_steps(job, progress)
+    _synchronize(device)
+    seconds = time.perf_counter() - started
+    peak_cuda = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+    row = {
+        "epoch": epoch + 1,
+        **_evaluation(job),
+        **strategy.end_epoch(job.parts.model, ordering, loss_sum, steps),
+        "time/epoch_s": seconds,
+        "mem/peak_cuda_mb": peak_cuda,
+        "mem/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "mem/sorter_bytes": ordering.state_bytes(),
+    }
+    if job.parts.uses_gsnr:
+        row.update(job.parts.optimizer.clip_fractions())  # one host read; resets the counters
+    progress.end_epoch(row)
+    return row

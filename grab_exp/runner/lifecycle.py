@@ -1,0 +1,173 @@
+"""The one job lifecycle of ``python -m grab_exp``, for every kind of job.
+
+validate -> connect (one process, simulated or torchrun workers) -> resolve the run directory
+(skip a finished run, resume an interrupted one, or keep an old one aside) -> build -> train
+epochs, each checkpointed atomically and logged -> final summary, also on failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from grab_exp.distributed.comm import CollectiveError, exit_after_collective_error
+from grab_exp.logging.files import remove_stale_temp_files
+from grab_exp.logging.local import LocalStore
+from grab_exp.logging.wandb_logger import build_wandb_logger
+from grab_exp.runner.build import TrainingJob, build_job
+from grab_exp.runner.checkpoint import load_checkpoint, save_checkpoint
+from grab_exp.runner.config_check import validate_config
+from grab_exp.runner.epoch import run_epoch
+from grab_exp.runner.identity import run_identity
+from grab_exp.runner.progress import Progress
+from grab_exp.runner.rundir import finished_run, has_artifacts, keep_aside
+from grab_exp.runner.strategy import Strategy, check_checkpoint_kind, connect
+
+log = logging.getLogger("grab_exp")
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite."""
+
+
+def _check_finite(row: dict[str, Any], epoch: int) -> None:
+    if not all(math.isfinite(row[k]) for k in ("train/running_loss", "train/loss")):
+        raise NonFiniteLossError(
+            f"epoch {epoch + 1}: the training loss is {row['train/running_loss']} (not finite); "
+            "the run stopped and the last good checkpoint was kept (try a smaller optimizer.lr)"
+        )
+
+
+def _restore(job: TrainingJob, state: dict[str, Any]) -> list[dict[str, Any]]:
+    check_checkpoint_kind(job.strategy, state)
+    job.parts.model.load_state_dict(state["model"])
+    job.parts.optimizer.load_state_dict(state["optimizer"])
+    job.strategy.load_ordering_state(job.parts.ordering, state)
+    return state["metrics"]
+
+
+def _relog_checkpointed(wandb, metrics: list[dict[str, Any]]) -> None:
+    """Log a resumed job's checkpointed rows to its continued W&B run again.
+
+    W&B writes asynchronously: a killed attempt may have checkpointed epochs that never reached
+    its W&B files. Rows go again from the continued run's first step on (0 offline, where the
+    reader merges the attempts; online, W&B knows which steps it already has).
+    """
+    first_step = getattr(wandb.run, "starting_step", 0)
+    for row in metrics:
+        if row["epoch"] >= first_step:
+            wandb.log(row, row["epoch"])
+
+
+def _save(run_dir: Path, job: TrainingJob, epoch: int, metrics: list, run_id: str | None) -> None:
+    ordering = job.strategy.ordering_state(job.parts.ordering)  # collective when data-parallel
+    if job.strategy.is_writer:
+        save_checkpoint(
+            run_dir,
+            strategy=job.strategy.kind,
+            world_size=job.strategy.world_size,
+            epoch=epoch,
+            metrics=metrics,
+            wandb_id=run_id,
+            model=job.parts.model.state_dict(),
+            optimizer=job.parts.optimizer.state_dict(),
+            ordering=ordering,
+        )
+
+
+def _train(
+    cfg: DictConfig, job: TrainingJob, run_dir: Path, store, wandb, identity: dict
+) -> dict[str, Any]:
+    state = load_checkpoint(run_dir)
+    metrics = _restore(job, state) if state else []
+    if state and store:
+        log.info("resuming %s after epoch %d", run_dir, state["epoch"] + 1)
+    if store:
+        store.rewrite(metrics)  # exactly the checkpoint's rows, whatever was written after it
+    run_id = None
+    if wandb:
+        config = {**OmegaConf.to_container(cfg, resolve=True), "identity": identity}
+        run_id = wandb.start(run_dir, config, state["wandb_id"] if state else None)
+        if metrics:
+            _relog_checkpointed(wandb, metrics)
+    progress = Progress(cfg.progress if store else "none", cfg.epochs)
+    for epoch in range(state["epoch"] + 1 if state else 0, cfg.epochs):
+        row = run_epoch(job, epoch, progress)
+        _check_finite(row, epoch)
+        metrics.append(row)
+        _save(run_dir, job, epoch, metrics, run_id)
+        if store:
+            store.append(row)
+            store.write_summary("running", final=row)
+        if wandb:
+            wandb.log(row, row["epoch"])
+    return metrics[-1] if metrics else {}
+
+
+def _prepare_run_dir(run_dir: Path, cfg: DictConfig, strategy: Strategy) -> None:
+    if strategy.is_writer:
+        if cfg.overwrite and has_artifacts(run_dir):
+            keep_aside(run_dir)
+        remove_stale_temp_files(run_dir)  # a kill during an atomic write leaves its temp file
+    strategy.barrier("run directory ready")
+
+
+def _run(cfg: DictConfig, strategy: Strategy) -> dict[str, Any]:
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    if (final := finished_run(run_dir, cfg.overwrite)) is not None:
+        return final
+    _prepare_run_dir(run_dir, cfg, strategy)
+    started = time.time()
+    job = build_job(cfg, instantiate(cfg.dataset).to(strategy.device), strategy)
+    identity = run_identity(cfg, strategy.world_size)
+    store = LocalStore(run_dir, job.metric_columns) if strategy.is_writer else None
+    wandb = None
+    if strategy.is_writer:
+        name = strategy.run_name(identity["variant"], identity["pipeline"], cfg.seed)
+        wandb = build_wandb_logger(cfg.logger.wandb, group=cfg.name, name=name)
+        store.write_summary(
+            "running",
+            identity=identity,
+            device=str(strategy.device),
+            variant=identity["variant"],
+            pipeline=identity["pipeline"],
+            seed=cfg.seed,
+            **strategy.summary_fields(),
+        )
+    strategy.log_start(job.parts.ordering)
+    status, final = "failed", {}
+    try:
+        final = _train(cfg, job, run_dir, store, wandb, identity)
+        status = "finished"
+        return final
+    finally:
+        if store:
+            store.write_summary(
+                status, wall_time_s=time.time() - started, **({"final": final} if final else {})
+            )
+        if wandb:
+            wandb.finish(0 if status == "finished" else 1)
+        if strategy.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def run_job(cfg: DictConfig) -> dict[str, Any]:
+    """Run (or resume, or skip) the job that ``cfg`` describes; return its final metrics.
+
+    A failed collective (a dead or hung peer) ends the process with one ``error: ...`` line
+    and status 1, after rank 0 marked the run ``failed``.
+    """
+    validate_config(cfg)
+    strategy = connect(cfg)
+    try:
+        return _run(cfg, strategy)
+    except CollectiveError as error:
+        exit_after_collective_error(error)

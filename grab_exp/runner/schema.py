@@ -1,0 +1,159 @@
+"""Typed schema of ``python -m grab_exp``'s config, registered in Hydra's ``ConfigStore``.
+
+``conf/config.yaml`` composes on top of :class:`RunConfig` (its first defaults entry), so Hydra
+itself rejects a wrong type (``epochs=two``) or an unknown key (``trainer.compiled=true``) while
+composing. What types cannot say (ranges and choices) is declared once here in :data:`RANGES`
+and :data:`CHOICES`; :func:`check_values` checks them. Rules that tie several keys together
+live in :mod:`grab_exp.runner.config_check`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from grab_exp.logging.wandb_mode import MODES as WANDB_MODES
+from grab_exp.per_sample import COMPILE_MODES
+from grab_exp.runner.progress import PROGRESS_MODES
+
+SCHEMA_NAME = "run_schema"
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+@dataclass
+class TrainerConfig:
+    """How a training step runs."""
+
+    compile: bool = False
+    compile_mode: str = "default"
+
+
+@dataclass
+class DistributedConfig:
+    """Data-parallel training (``distributed=true`` is short for ``distributed.enabled=true``)."""
+
+    enabled: bool = False
+    simulate_workers: int = 0
+    workers: int | None = None
+    backend: str = "auto"
+    timeout_s: float = 300.0
+
+
+@dataclass
+class WandbConfig:
+    """The W&B mirror of the local store."""
+
+    enabled: bool = False
+    project: str = "grab-exp"
+    entity: str | None = None
+    mode: str = "auto"
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LoggerConfig:
+    """Loggers besides the always-on local store."""
+
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass
+class LrRuleConfig:
+    """The square-root learning-rate rule of the VRGD arms."""
+
+    base_lr: float = MISSING
+    base_batch_size: int = MISSING
+
+
+@dataclass
+class RunConfig:
+    """One job. The group nodes (model, dataset, ...) are ``_target_`` configs of their own."""
+
+    model: Any = MISSING
+    dataset: Any = MISSING
+    optimizer: Any = MISSING
+    balance: Any = MISSING
+    pipeline: Any = MISSING
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    name: str = "default"
+    seed: int = 0
+    epochs: int = 100
+    batch_size: int = 16
+    eval_batch_size: int = 1000
+    device: str = "auto"
+    overwrite: bool = False
+    progress: str = "auto"
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    lr_rule: LrRuleConfig | None = None
+
+
+#: key -> (kind, comparison, bound) of every number with a range; every one must be finite
+RANGES: dict[str, tuple[str, str, float]] = {
+    "seed": ("an integer", ">=", 0),
+    "epochs": ("an integer", ">=", 1),
+    "batch_size": ("an integer", ">=", 1),
+    "eval_batch_size": ("an integer", ">=", 1),
+    "distributed.simulate_workers": ("an integer", ">=", 0),
+    "distributed.workers": ("an integer", ">=", 1),
+    "distributed.timeout_s": ("a number", ">", 0),
+    "lr_rule.base_lr": ("a number", ">", 0),
+    "lr_rule.base_batch_size": ("an integer", ">=", 1),
+    "optimizer.lr": ("a number", ">", 0),
+    "optimizer.weight_decay": ("a number", ">=", 0),
+    "optimizer.momentum": ("a number", ">=", 0),
+    "dataset.subset": ("an integer", ">=", 1),
+}
+CHOICES: dict[str, tuple[str, ...]] = {
+    "progress": PROGRESS_MODES,
+    "trainer.compile_mode": COMPILE_MODES,
+    "distributed.backend": BACKENDS,
+    "logger.wandb.mode": WANDB_MODES,
+}
+
+
+class ConfigError(ValueError):
+    """A composed config that cannot run; its message is ``<key>: got <value>; allowed: ...``."""
+
+
+def config_error(key: str, value: object, allowed: str) -> ConfigError:
+    """The one message style of every config error."""
+    return ConfigError(f"{key}: got {value!r}; allowed: {allowed}")
+
+
+def _in_range(value: object, kind: str, comparison: str, bound: float) -> bool:
+    types = (int,) if kind == "an integer" else (int, float)
+    if isinstance(value, bool) or not isinstance(value, types) or not math.isfinite(value):
+        return False
+    return value > bound if comparison == ">" else value >= bound
+
+
+def check_values(cfg: DictConfig) -> None:
+    """Check :data:`RANGES` (finite, in range), :data:`CHOICES` and ``device``.
+
+    Keys that are absent, or ``null``, are skipped (optional nodes, unset options).
+
+    Raises:
+        ConfigError: the first bad value.
+    """
+    for key, (kind, comparison, bound) in RANGES.items():
+        value = OmegaConf.select(cfg, key)
+        if value is not None and not _in_range(value, kind, comparison, bound):
+            raise config_error(key, value, f"{kind} {comparison} {bound}")
+    for key, allowed in CHOICES.items():
+        value = OmegaConf.select(cfg, key)
+        if value not in allowed:
+            raise config_error(key, value, ", ".join(sorted(allowed)))
+    if not DEVICE_PATTERN.match(cfg.device):
+        raise config_error("device", cfg.device, "auto, cpu, cuda, cuda:<k>")
+
+
+def register_schema() -> None:
+    """Store :class:`RunConfig` as ``run_schema`` (idempotent)."""
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=RunConfig)

@@ -1,0 +1,125 @@
+"""What differs between a job in one process and one over data-parallel workers.
+
+:func:`connect` picks the strategy from ``cfg.distributed``. The job lifecycle
+(:mod:`grab_exp.runner.lifecycle`) and the epoch (:mod:`grab_exp.runner.epoch`) use only the
+small interface of :class:`Strategy`: build the ordering, shard the batches, reduce gradients,
+finish an epoch, evaluate, and move the ordering's state in and out of checkpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+from torch import nn
+
+from grab_exp.runner.evaluate import evaluate
+from grab_exp.runner.schema import ConfigError
+from grab_exp.sampler import GraBSampler
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` -> ``cuda`` when available, else ``cpu``; others as given."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(device)
+
+
+class Strategy:
+    """One process training alone: a :class:`~grab_exp.sampler.GraBSampler` over all examples.
+
+    Attributes:
+        kind: ``single`` or ``data_parallel``; recorded in checkpoints.
+        world_size: workers of the job (1 here).
+        is_writer: whether this process writes metrics, checkpoints and W&B (rank 0).
+        extra_columns: metric columns of this strategy beyond the common ones.
+    """
+
+    kind: ClassVar[str] = "single"
+    extra_columns: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.world_size = 1
+        self.is_writer = True
+
+    def make_ordering(self, cfg: DictConfig, n: int, d: int) -> GraBSampler:
+        """The run's ordering over ``n`` examples with ``d``-value gradients."""
+        balance = instantiate(cfg.balance)(n=n, d=d, seed=cfg.seed, device=self.device)
+        return GraBSampler(n, balance=balance)
+
+    def index_batches(self, ordering: GraBSampler, batch_size: int) -> Iterator[torch.Tensor]:
+        """The epoch's batches as ``(B,)`` index tensors on the device."""
+        return ordering.index_batches(batch_size)
+
+    def gradient_reducer(self, model: nn.Module) -> Callable[[], None] | None:
+        """What averages ``param.grad`` over the workers after the backward (nothing here)."""
+        return None
+
+    def start_epoch(self, ordering: Any) -> None:
+        """Note what :meth:`end_epoch` reports relative to the epoch's start."""
+
+    def end_epoch(
+        self, model: nn.Module, ordering: Any, loss_sum: torch.Tensor, steps: int
+    ) -> dict[str, Any]:
+        """The mean step loss (``train/running_loss``) and this strategy's extra columns."""
+        return {"train/running_loss": loss_sum.item() / steps}
+
+    def evaluate(
+        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
+    ) -> tuple[float, float]:
+        """Mean loss and accuracy on a whole split."""
+        loss, acc = evaluate(model, x, y, batch_size)
+        return loss.item(), acc.item()
+
+    def ordering_state(self, ordering: GraBSampler) -> Any:
+        """The ordering's state for the checkpoint (collective in data-parallel jobs)."""
+        return ordering.state_dict()
+
+    def load_ordering_state(self, ordering: GraBSampler, state: dict[str, Any]) -> None:
+        """Restore the ordering from a checkpoint written by a job of the same kind."""
+        ordering.load_state_dict(state["ordering"])
+
+    def barrier(self, name: str) -> None:
+        """Wait for every worker (nothing to wait for here)."""
+
+    def summary_fields(self) -> dict[str, Any]:
+        """Fields of ``summary.json`` that only this kind of job has."""
+        return {}
+
+    def run_name(self, variant: str, pipeline: str, seed: int) -> str:
+        """The W&B run's display name."""
+        return f"{variant}-{pipeline}-seed{seed}"
+
+    def log_start(self, ordering: Any) -> None:
+        """Log what a reader should know before the first epoch."""
+
+    def close(self) -> None:
+        """Release what :func:`connect` acquired."""
+
+
+def check_checkpoint_kind(strategy: Strategy, state: dict[str, Any]) -> None:
+    """Refuse a checkpoint of another kind of job, or of another number of workers."""
+    if state["strategy"] != strategy.kind:
+        raise ConfigError(
+            f"checkpoint.pt: written by a {state['strategy']} job, this job is "
+            f"{strategy.kind}; resume it with the same distributed settings, or overwrite=true"
+        )
+    if state["world_size"] != strategy.world_size:
+        raise ConfigError(
+            f"distributed: the checkpoint has {state['world_size']} workers, this "
+            f"job {strategy.world_size}; resume with the same number"
+        )
+
+
+def connect(cfg: DictConfig) -> Strategy:
+    """The strategy of ``cfg``: alone, simulated workers, or this process's torchrun rank."""
+    options = cfg.distributed
+    if not (options.enabled or options.simulate_workers):
+        return Strategy(resolve_device(cfg.device))
+    from grab_exp.runner.data_parallel import connect_data_parallel
+
+    return connect_data_parallel(cfg)

@@ -1,0 +1,182 @@
+"""The benchmarks run in a short mode and write the documented JSON fields."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from grab_run import grab_env, run_grab
+from run_files import computed, read_rows, run_dirs
+
+from grab_exp.balance import Balance
+from grab_exp.bench import epoch, sorters, sweep
+from grab_exp.bench.epoch import GSNR_ROWS, ROWS, STAGES, row_name
+from grab_exp.bench.memory import CPU_METHOD, peak_step_bytes
+
+CPU = torch.device("cpu")
+LENET_FLOATS = 62_006
+
+
+def test_sorters_bench_reports_every_ordering(tmp_path, capsys):
+    out = tmp_path / "sorters.json"
+    rows = sorters.main(["--n", "64", "--d", "100", "--repeats", "3", "--json", str(out)])
+    assert [r["variant"] for r in rows] == list(Balance.registry)
+    assert json.loads(out.read_text()) == rows
+    assert all(r["step_ms"] > 0 and r["state_bytes"] > 0 for r in rows)
+    assert "recursive_pair" in capsys.readouterr().out
+
+
+def test_cpu_peak_is_the_most_bytes_live_at_once():
+    def step():  # 1 MB + 2 MB live together, then 0.5 MB after the 1 MB is gone
+        a = torch.empty(250_000)
+        b = torch.empty(500_000)
+        del a
+        c = torch.empty(125_000)
+        del b, c
+
+    assert peak_step_bytes(step, CPU) == 3_000_000
+
+
+def test_cpu_peak_counts_frees_of_what_the_previous_step_left():
+    kept = {"x": torch.ones(250_000)}
+
+    def step():  # frees last step's 1 MB, then 2 MB + 1 MB: 2 MB above the start
+        kept["x"] = None
+        scratch = torch.empty(500_000)
+        kept["x"] = torch.ones(250_000)
+        del scratch
+
+    assert peak_step_bytes(step, CPU) == 2_000_000
+
+
+@pytest.fixture(scope="module")
+def epoch_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("epoch") / "epoch.json"
+    epoch.main(["--steps", "1", "--repeats", "2", "--warmup", "1", "--out", str(out)])
+    return json.loads(out.read_text())
+
+
+def test_epoch_bench_short_mode_writes_json(epoch_report):
+    report = epoch_report
+    assert report["benchmark"] == "epoch"
+    assert {"cpu", "torch", "torch_threads", "device"} <= set(report["machine"])
+    names = [r["row"] for r in report["rows"]]
+    assert names == [row_name(v, p) for v, p in ROWS] + [row_name(*r) for r in GSNR_ROWS]
+    assert names[0] == "rr-classic" and "rr+vr_momentum" in names
+    for row in report["rows"]:
+        assert set(row) == {
+            "row",
+            "step_ms",
+            "epoch_s",
+            "ratio_to_classic_rr",
+            "breakdown_ms",
+            "sorter_state_bytes",
+            "peak_step_bytes",
+        }
+        assert set(row["breakdown_ms"]) == set(STAGES)
+        assert row["epoch_s"] > 0
+    assert report["rows"][0]["ratio_to_classic_rr"] == 1.0
+
+
+def test_epoch_bench_times_the_gsnr_of_vrgd_rows_only(epoch_report):
+    for row in epoch_report["rows"]:
+        gsnr = row["breakdown_ms"]["gsnr"]
+        if "+vr_" in row["row"]:
+            assert gsnr > 0 and row["ratio_to_classic_rr"] > 0
+        else:
+            assert gsnr is None
+
+
+def test_epoch_bench_peak_memory_holds_the_per_sample_work(epoch_report):
+    assert epoch_report["memory_method"] == CPU_METHOD
+    per_sample = 16 * LENET_FLOATS * 4  # (B, d) float32, in the pipeline's reused buffer
+    peaks = {r["row"]: r["peak_step_bytes"] for r in epoch_report["rows"]}
+    classic = peaks.pop("rr-classic")
+    assert 0 < classic < per_sample
+    assert all(peak > classic for peak in peaks.values())  # the hooks' per-layer work on top
+    gsnr = [peak for row, peak in peaks.items() if "+vr_" in row]
+    assert min(gsnr) > max(peak for row, peak in peaks.items() if "+vr_" not in row)
+
+
+@pytest.fixture(scope="module")
+def quick_sweep(tmp_path_factory):
+    """The quick sweep at 1 job x 2 threads and 2 jobs x 1 thread, run folders kept."""
+    root = tmp_path_factory.mktemp("sweep")
+    out = root / "sweep.json"
+    settings = ["--settings", "1x2,2x1", "--keep", str(root / "kept")]
+    sweep.main(["--quick", *settings, "--out", str(out)])
+    return root, json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_sweep_quick_mode_reports_throughput_and_threads(quick_sweep):
+    _, report = quick_sweep
+    assert report["benchmark"] == "sweep"
+    assert {"cpu", "cpu_count", "torch", "device"} <= set(report["machine"])
+    assert "hydra/launcher=joblib_local" in report["settings"]["command"]
+    first, second = report["results"]
+    assert (first["setting"], second["setting"]) == ("1x2", "2x1")
+    assert first["speedup_vs_sequential"] == 1.0 and second["speedup_vs_sequential"] > 0
+    for result in report["results"]:
+        assert result["jobs"] == 4  # rows rr, mean x seeds 0, 7
+        assert result["jobs_per_hour"] == pytest.approx(4 * 3600 / result["wall_s"])
+        assert 0 < result["median_epoch_s"] < result["wall_s"]
+        # every job's torch used exactly the setting's threads, whatever this process has,
+        # in one process per job slot (1x2: the multirun's own process)
+        assert result["torch_threads_seen"] == [result["threads_per_job"]]
+        assert result["processes"] == result["n_jobs"]
+        assert math.isfinite(result["max_abs_loss_diff_vs_sequential"])
+
+
+@pytest.mark.slow
+def test_joblib_and_basic_launchers_give_identical_metrics(quick_sweep, tmp_path):
+    root, _ = quick_sweep
+    joblib_root = root / "kept" / "2x1"  # joblib, 2 jobs at once in 2 worker processes
+    args = [
+        "-m",
+        "experiment=table1",
+        f"+row={sweep.QUICK['rows']}",
+        f"seed={sweep.QUICK['seeds']}",
+    ]
+    args += ["epochs=1", "progress=none", *sweep.QUICK_OVERRIDES]  # the basic launcher
+    done = run_grab(args, tmp_path, grab_env(tmp_path, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stdout
+    basic_root = tmp_path / "outputs" / "table1"
+    basic = {d.relative_to(basic_root): computed(read_rows(d)[1]) for d in run_dirs(tmp_path)}
+    joblib = {
+        p.parent.relative_to(joblib_root): computed(read_rows(p.parent)[1])
+        for p in joblib_root.rglob("metrics.csv")
+    }
+    assert len(basic) == 4 and basic == joblib
+
+
+def test_projection_bench_short_mode_writes_json(tmp_path):
+    from grab_exp.bench import projection
+
+    out = tmp_path / "projection.json"
+    projection.main(["--quick", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "projection"
+    assert {"cpu", "torch", "torch_threads", "device"} <= set(report["machine"])
+    assert report["settings"]["d"] == 49_338 and report["settings"]["k"] == 256
+    assert report["grads_ms"] > 0 and report["memory_method"]
+    assert [(r["variant"], r["projection_kind"]) for r in report["rows"]] == [
+        (v, kind) for v in ("mean", "recursive") for kind in (None, "rademacher", "countsketch")
+    ]
+    for row in report["rows"]:
+        assert set(row) == {
+            "variant",
+            "projection_dim",
+            "projection_kind",
+            "step_ms",
+            "state_bytes",
+            "step_peak_bytes",
+            "scratch_bytes",
+            "step_ratio",
+            "state_ratio",
+        }
+        assert row["step_ms"] > 0 and row["state_bytes"] > 0 and row["step_peak_bytes"] >= 0
+        sketched = row["projection_dim"] is not None
+        assert (row["state_ratio"] < 0.1) == sketched and (row["state_ratio"] == 1) != sketched

@@ -1,0 +1,248 @@
+"""Running ``python -m grab_exp`` in tests: compose its config, run it, build its jobs.
+
+* :func:`compose_config` composes ``conf/`` with Hydra's compose API, exactly as the command
+  does (schema, resolvers and the ``distributed=true`` shorthand included).
+* :func:`run_grab` runs the real command in a subprocess; :class:`Job` starts one in the
+  background. ``grab_env`` gives a subprocess offline W&B inside a temporary folder, ``cli_env``
+  no W&B at all.
+* :func:`compose_job` builds the job the command would train, in this process, and
+  :func:`train_epochs` trains it with the runner's own step loop.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from grab_exp.__main__ import expand_shorthands
+from grab_exp.runner.build import TrainingJob, build_job
+from grab_exp.runner.config_check import validate_config
+from grab_exp.runner.epoch import train_steps
+from grab_exp.runner.progress import Progress
+from grab_exp.runner.resolvers import register_resolvers
+from grab_exp.runner.schema import register_schema
+from grab_exp.runner.strategy import Strategy
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONF_DIR = REPO_ROOT / "conf"
+ARCHIVE = REPO_ROOT.parent / "shared" / "data" / "cifar10-jpeg.tar.gz"
+needs_archive = pytest.mark.skipif(
+    not ARCHIVE.is_file(), reason=f"CIFAR-10 JPEG archive absent: {ARCHIVE}"
+)
+GRAB = [sys.executable, "-m", "grab_exp"]
+SMOKE = ["experiment=smoke", "progress=line"]
+RUN_TIMEOUT_S = 240
+# small synthetic CIFAR-shaped data; the run's own model, ordering, pipeline and optimizer
+SMALL_RUN = ("experiment=smoke", "dataset.num_test=16", "progress=none")
+# every outgoing HTTP(S) connection of a subprocess goes to a closed local port: the cifar10
+# download fails at once, online or not (and never fetches 170 MB)
+DEAD_PROXY = "http://127.0.0.1:9"
+OFFLINE_ENV = {
+    **{name: DEAD_PROXY for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")},
+    "NO_PROXY": "",
+    "no_proxy": "",
+}
+
+
+# --- composing -----------------------------------------------------------------------------
+
+
+def compose_config(overrides: Iterable[str] = (), *, hydra: bool = False) -> DictConfig:
+    """Compose ``conf/config.yaml`` with ``overrides``, as ``python -m grab_exp`` would.
+
+    Args:
+        overrides: Hydra command-line overrides (``distributed=true`` included).
+        hydra: also return the ``hydra`` node (launcher, sweeper, runtime choices).
+    """
+    register_resolvers()
+    register_schema()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(
+            "config", overrides=expand_shorthands(list(overrides)), return_hydra_config=hydra
+        )
+
+
+def group_options() -> list[tuple[str, str]]:
+    """``(group, option)`` for every ``conf/<group>/<option>.yaml`` (nested groups included).
+
+    Shared option files (``conf/<group>/shared/``) are parts of options, not options.
+    """
+    options = []
+    for path in sorted(CONF_DIR.rglob("*.yaml")):
+        group = path.parent.relative_to(CONF_DIR).as_posix()
+        if group != "." and not group.endswith("/shared"):
+            options.append((group, path.stem))
+    return options
+
+
+def root_default_groups() -> set[str]:
+    """Groups named in ``conf/config.yaml``'s defaults list (overridden as ``group=option``)."""
+    groups = set()
+    for entry in OmegaConf.load(CONF_DIR / "config.yaml").defaults:
+        if isinstance(entry, DictConfig):
+            groups.update(str(key).removeprefix("override ").strip() for key in entry)
+    return groups
+
+
+def option_override(group: str, option: str) -> str:
+    """``group=option`` for a group of the root defaults list, ``+group=option`` otherwise."""
+    prefix = "" if group in root_default_groups() else "+"
+    return f"{prefix}{group}={option}"
+
+
+# --- running the command -------------------------------------------------------------------
+
+
+def grab_env(root: Path, **extra: str) -> dict[str, str]:
+    """The environment of a ``python -m grab_exp`` subprocess: W&B offline, quiet, in ``root``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    for name in ("wandb_dir", "wandb_config", "wandb_cache", "wandb_data"):
+        (root / name).mkdir(parents=True, exist_ok=True)
+    env.update(
+        WANDB_MODE="offline",
+        WANDB_SILENT="true",
+        WANDB_ERROR_REPORTING="false",
+        WANDB_DIR=str(root / "wandb_dir"),
+        WANDB_CONFIG_DIR=str(root / "wandb_config"),
+        WANDB_CACHE_DIR=str(root / "wandb_cache"),
+        WANDB_DATA_DIR=str(root / "wandb_data"),
+        NETRC=str(root / "no-netrc"),  # no W&B API key from the user's ~/.netrc
+        OMP_NUM_THREADS="1",  # runs in parallel on a small CPU without oversubscription
+        HYDRA_FULL_ERROR="0",
+    )
+    env.update(extra)
+    return env
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """Environment of a ``python -m grab_exp`` subprocess: no W&B, Hydra's default errors."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("WANDB_") and k != "HYDRA_FULL_ERROR"
+    }
+    env.update(WANDB_MODE="disabled", WANDB_SILENT="true", **extra)
+    return env
+
+
+def run_grab(
+    args: Iterable[str],
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    timeout: float = RUN_TIMEOUT_S,
+    *,
+    merge_stderr: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m grab_exp *args`` in ``cwd`` to the end.
+
+    With ``merge_stderr`` (the default) stdout and stderr come together in ``.stdout``; else
+    apart, exactly as a user's terminal shows them.
+    """
+    return subprocess.run(
+        [*GRAB, *args],
+        cwd=cwd,
+        env=cli_env() if env is None else env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def run_cli(
+    args: Iterable[str], cwd: Path, *, timeout: float = 120, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """:func:`run_grab` without W&B and with stdout and stderr apart."""
+    return run_grab(args, cwd, cli_env(**env), timeout, merge_stderr=False)
+
+
+class Job:
+    """A ``python -m grab_exp`` process started in the background; output in ``cwd/<log>``."""
+
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str], log: str = "grab.log"):
+        self.log_path = cwd / log
+        with open(self.log_path, "w", encoding="utf-8") as handle:
+            self.process = subprocess.Popen(
+                [*GRAB, *args], cwd=cwd, env=env, stdout=handle, stderr=subprocess.STDOUT
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def finish(self, timeout: float = RUN_TIMEOUT_S) -> tuple[int, str]:
+        """Wait for the process (killing it after ``timeout``); return (exit status, output)."""
+        try:
+            self.process.wait(timeout=timeout)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode, self.log_path.read_text(encoding="utf-8")
+
+
+# --- the job in this process ---------------------------------------------------------------
+
+
+def compose_job(overrides: Iterable[str], device: str = "cpu") -> TrainingJob:
+    """The job ``python -m grab_exp experiment=smoke <overrides>`` would train, on ``device``."""
+    cfg = compose_config([*SMALL_RUN, f"device={device}", *overrides])
+    validate_config(cfg)
+    data = instantiate(cfg.dataset).to(device)
+    return build_job(cfg, data, Strategy(torch.device(device)))
+
+
+class LossRecorder(Progress):
+    """A silent progress display that keeps every step's loss ``()`` (device tensors)."""
+
+    def __init__(self) -> None:
+        super().__init__("none")
+        self.losses: list[torch.Tensor] = []
+
+    def step(self, loss: torch.Tensor) -> None:
+        """Keep a copy of the step's loss (no host read)."""
+        self.losses.append(loss.detach().clone())
+
+
+def train_epochs(job: TrainingJob, epochs: int, start: int = 0) -> torch.Tensor:
+    """Train epochs ``start .. start + epochs - 1`` with the runner's step loop.
+
+    Returns:
+        Every step's loss ``(steps,)``.
+    """
+    recorder = LossRecorder()
+    for epoch in range(start, start + epochs):
+        job.parts.ordering.set_epoch(epoch)
+        train_steps(job, recorder)
+    return torch.stack(recorder.losses)
+
+
+def run_job_here(overrides: Iterable[str], run_dir: Path) -> dict:
+    """The runner's whole job in this process, as ``python -m grab_exp <overrides>
+    hydra.run.dir=<run_dir>`` runs it; returns its final metrics."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from grab_exp.runner.lifecycle import run_job
+
+    previous = HydraConfig.instance().cfg
+    try:
+        cfg = compose_config(overrides, hydra=True)
+        with open_dict(cfg):
+            cfg.hydra.runtime.output_dir = str(run_dir)
+        HydraConfig.instance().set_config(cfg)
+        return run_job(cfg)
+    finally:
+        HydraConfig.instance().cfg = previous

@@ -1,0 +1,337 @@
+"""The hook path (grab_exp.per_sample.hooks): exactness, its fast paths and the reused buffer.
+
+Per-sample gradients and ``param.grad`` equal a per-example loop (float64). ``reuse_buffer=True``
+returns views of one ``(B, d)`` buffer that the orderings take without a copy; the backward
+computes only the layers' output gradients unless it cannot (then it falls back to
+``loss.backward()``), and ``param.grad`` is the same either way.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from grab_exp.balance import make_balance
+from grab_exp.balance.tensors import flatten_grads
+from grab_exp.models import MLP, LeNet, LogReg
+from grab_exp.per_sample import (
+    FunctionalPipeline,
+    HookedPerSampleGradients,
+    UnsupportedModelError,
+    check_supported,
+)
+
+
+def per_example_loop(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict:
+    """Reference: one ordinary backward per example."""
+    rows = {name: [] for name, _ in model.named_parameters()}
+    for i in range(len(x)):
+        model.zero_grad()
+        F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
+        for name, p in model.named_parameters():
+            rows[name].append(p.grad.clone())
+    return {name: torch.stack(g) for name, g in rows.items()}
+
+
+class StridedConvNet(nn.Module):
+    """Conv2d with stride, padding, dilation and no bias, plus a 3-d Linear input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, stride=2, padding=2, dilation=2, bias=False)
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x):
+        h = torch.relu(self.conv(x))  # (B, 4, 16, 16)
+        h = h.flatten(2)[..., :8]  # (B, 4, 8): a Linear over a sequence
+        return self.head(h).mean(dim=1)
+
+
+class AsymmetricConvNet(nn.Module):
+    """Conv2d with a rectangular kernel and different stride/padding/dilation per axis."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 5, (3, 2), stride=(1, 3), padding=(0, 1), dilation=(2, 1))
+        self.head = nn.LazyLinear(10)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.conv(x[..., :29])).flatten(1))
+
+
+def make_asymmetric() -> nn.Module:
+    model = AsymmetricConvNet()
+    model(torch.zeros(1, 3, 32, 32))  # materialize the lazy layer
+    return model
+
+
+@pytest.mark.parametrize("make_model", [LeNet, MLP, LogReg, StridedConvNet, make_asymmetric])
+def test_hooks_equal_the_per_example_loop(make_model):
+    torch.manual_seed(0)
+    model = make_model().double()
+    x = torch.randn(6, 3, 32, 32, dtype=torch.float64)
+    y = torch.randint(0, 10, (6,))
+    expected = per_example_loop(model, x, y)
+    model.zero_grad(set_to_none=True)
+    loss, grads = HookedPerSampleGradients(model, F.cross_entropy)(x, y)
+    assert list(grads) == [n for n, _ in model.named_parameters()]
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(grads[name], expected[name], atol=1e-12, rtol=1e-10)
+        torch.testing.assert_close(p.grad, expected[name].mean(0), atol=1e-12, rtol=1e-10)
+    assert loss.item() == pytest.approx(F.cross_entropy(model(x), y).item())
+
+
+class ListNet(nn.Module):
+    """A parameter in an ``nn.ParameterList``: used by its parent's forward, not its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3072, 10)
+        self.scales = nn.ParameterList([nn.Parameter(torch.ones(10))])
+
+    def forward(self, x):
+        return self.fc(x.flatten(1)) * self.scales[0]
+
+
+def test_unsupported_layer_is_named_and_auto_falls_back():
+    # LayerNorm has a rule and GroupNorm gets the per-layer fallback: both are hooks now
+    for norm in (nn.LayerNorm(8), nn.GroupNorm(2, 8)):
+        model = nn.Sequential(nn.Flatten(), nn.Linear(3072, 8), norm, nn.Linear(8, 10))
+        assert FunctionalPipeline(model, F.cross_entropy, method="auto").method == "hooks"
+    with pytest.raises(UnsupportedModelError, match=r"^scales \(ParameterList without a forward"):
+        HookedPerSampleGradients(ListNet(), F.cross_entropy)
+    assert FunctionalPipeline(ListNet(), F.cross_entropy, method="auto").method == "func"
+    assert FunctionalPipeline(LeNet(), F.cross_entropy, method="auto").method == "hooks"
+
+
+def test_batchnorm_in_training_mode_is_refused_by_name():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.LazyLinear(10))
+    with pytest.raises(ValueError, match=r"1 \(BatchNorm2d\)"):
+        HookedPerSampleGradients(model, F.cross_entropy)
+
+
+def test_pipeline_method_is_validated():
+    with pytest.raises(ValueError, match=r"^pipeline.method: got 'fast'; allowed: auto, func"):
+        FunctionalPipeline(LeNet(), F.cross_entropy, method="fast")
+
+
+def test_hook_and_func_pipelines_train_the_same():
+    torch.manual_seed(1)
+    x, y = torch.randn(16, 3, 32, 32, dtype=torch.float64), torch.randint(0, 10, (16,))
+    results = []
+    for method in ("func", "hooks"):
+        torch.manual_seed(2)
+        model = LeNet().double()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        pipeline = FunctionalPipeline(model, F.cross_entropy, method=method)
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            pipeline(x, y)
+            opt.step()
+        results.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    torch.testing.assert_close(results[0], results[1], atol=1e-10, rtol=1e-9)
+
+
+class InPlaceNet(nn.Module):
+    """In-place ReLUs on a Conv2d's and a Linear's outputs, and a Linear called twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 5, stride=3)
+        self.fc = nn.Linear(400, 10)
+        self.act = nn.ReLU(inplace=True)
+        self.twice = nn.Linear(10, 10)
+
+    def forward(self, x):
+        h = self.act(self.conv(x)).flatten(1)  # (B, 400)
+        h = self.act(self.fc(h))
+        return self.twice(h) if self.training else self.twice(self.twice(h))
+
+
+def spy_backward(hooked: HookedPerSampleGradients) -> list[bool]:
+    """Record whether each call computed only the output gradients."""
+    calls, backward = [], hooked._backward
+    hooked._backward = lambda loss, x: calls.append(backward(loss, x)) or calls[-1]
+    return calls
+
+
+def batch(rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, 3, 32, 32, generator=g, dtype=torch.float64)  # (B, 3, 32, 32)
+    return x, torch.randint(0, 10, (rows,), generator=g)  # (B,)
+
+
+def width(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def hooked_pair(make_model):
+    """The same float64 model twice: per-sample gradients without and with the buffer."""
+    torch.manual_seed(0)
+    plain = make_model().double()
+    buffered = make_model().double()
+    buffered.load_state_dict(plain.state_dict())
+    return (
+        (plain, HookedPerSampleGradients(plain, F.cross_entropy)),
+        (buffered, HookedPerSampleGradients(buffered, F.cross_entropy, reuse_buffer=True)),
+    )
+
+
+@pytest.mark.parametrize("make_model", [LeNet, MLP, LogReg])
+def test_buffer_views_equal_the_fresh_tensors_exactly(make_model):
+    (plain, fresh), (buffered, reused) = hooked_pair(make_model)
+    x, y = batch(6, seed=1)
+    loss_a, expected = fresh(x, y)
+    loss_b, grads = reused(x, y)
+    assert list(grads) == list(expected) == [n for n, _ in buffered.named_parameters()]
+    assert torch.equal(loss_a, loss_b)
+    for name, g in grads.items():
+        assert torch.equal(g, expected[name]), name
+        assert g.untyped_storage().data_ptr() == reused._buffer.untyped_storage().data_ptr()
+    for p, q in zip(plain.parameters(), buffered.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-14, atol=1e-16)  # sums' order
+
+
+@pytest.mark.parametrize("make_model", [LeNet, LogReg])
+def test_flatten_returns_the_buffer_without_a_copy(make_model):
+    _, (model, reused) = hooked_pair(make_model)
+    _, grads = reused(*batch(5, seed=2))
+    flat = flatten_grads(grads, width(model))  # (B, d)
+    assert flat.data_ptr() == reused._buffer.data_ptr()
+    assert flat.shape == (5, width(model)) and flat.is_contiguous()
+    assert reused.flat(grads).data_ptr() == flat.data_ptr()
+    expected = torch.cat([g.reshape(5, -1) for g in grads.values()], dim=1)
+    assert torch.equal(flat, expected)
+
+
+def test_a_second_call_overwrites_the_first_ones_tensors():
+    (_, fresh), (_, reused) = hooked_pair(LeNet)
+    _, first = reused(*batch(8, seed=3))
+    pointers = {n: g.data_ptr() for n, g in first.items()}
+    x, y = batch(8, seed=4)
+    _, second = reused(x, y)
+    _, expected = fresh(x, y)
+    for name, g in second.items():
+        assert g.data_ptr() == pointers[name]
+        assert torch.equal(g, expected[name]) and torch.equal(first[name], expected[name])
+
+
+def test_a_smaller_last_batch_uses_the_first_rows():
+    (_, fresh), (model, reused) = hooked_pair(MLP)
+    reused(*batch(8, seed=5))
+    buffer = reused._buffer
+    x, y = batch(3, seed=6)
+    _, grads = reused(x, y)
+    _, expected = fresh(x, y)
+    assert reused._buffer is buffer
+    assert all(torch.equal(g, expected[n]) for n, g in grads.items())
+    assert flatten_grads(grads, width(model)).data_ptr() == buffer.data_ptr()
+    _, grads = reused(*batch(12, seed=7))  # a larger batch: a new buffer
+    assert reused._buffer.shape == (12, width(model))
+
+
+def test_frozen_parameters_are_left_out_of_the_buffer():
+    _, (model, _) = hooked_pair(LeNet)
+    model.conv1.bias.requires_grad_(False)
+    model.fc3.weight.requires_grad_(False)
+    reused = HookedPerSampleGradients(model, F.cross_entropy, reuse_buffer=True)
+    fresh = HookedPerSampleGradients(model, F.cross_entropy)
+    x, y = batch(4, seed=8)
+    _, grads = reused(x, y)
+    model.zero_grad(set_to_none=True)
+    _, expected = fresh(x, y)
+    assert list(grads) == list(expected) and "conv1.bias" not in grads
+    assert all(torch.equal(g, expected[n]) for n, g in grads.items())
+    assert flatten_grads(grads, width(model)).data_ptr() == reused._buffer.data_ptr()
+    model.conv1.bias.requires_grad_(True)  # unfrozen after construction: a new layout
+    _, grads = reused(x, y)
+    assert "conv1.bias" in grads and reused._buffer.shape == (4, width(model))
+    assert flatten_grads(grads, width(model)).data_ptr() == reused._buffer.data_ptr()
+
+
+def test_other_layouts_are_concatenated():
+    _, (model, reused) = hooked_pair(LogReg)
+    _, grads = reused(*batch(4, seed=9))
+    swapped = dict(reversed(list(grads.items())))  # blocks out of order: a copy, in dict order
+    flat = flatten_grads(swapped, width(model))
+    assert flat.data_ptr() != reused._buffer.data_ptr()
+    assert torch.equal(flat, torch.cat([g.reshape(4, -1) for g in swapped.values()], dim=1))
+    matrix = torch.zeros(4, 10)  # (B, d): blocks of a matrix wider than d are not one
+    parts = {"a": matrix[:, :3], "b": matrix[:, 3:5]}
+    assert flatten_grads(parts, 5).data_ptr() != matrix.data_ptr()
+
+
+def test_the_ordering_steps_on_the_buffer_as_on_a_copy():
+    _, (model, reused) = hooked_pair(LeNet)
+    sorters = [make_balance("mean", 12, width(model), dtype=torch.float64) for _ in range(2)]
+    for step in range(3):
+        _, grads = reused(*batch(4, seed=10 + step))
+        sorters[0].step(grads)
+        sorters[1].step({n: g.clone() for n, g in grads.items()})
+    assert torch.equal(sorters[0].acc, sorters[1].acc)
+    assert torch.equal(sorters[0].keys, sorters[1].keys)
+
+
+def test_the_functional_pipeline_reuses_the_buffer_by_default():
+    assert FunctionalPipeline(LeNet(), F.cross_entropy, method="hooks").per_sample.reuse_buffer
+    pipeline = FunctionalPipeline(LeNet(), F.cross_entropy, method="hooks", reuse_buffer=False)
+    assert not pipeline.per_sample.reuse_buffer
+
+
+def test_outputs_changed_in_place_fall_back_to_a_plain_backward():
+    torch.manual_seed(0)
+    model = InPlaceNet().double()
+    x, y = batch(5, seed=11)
+    expected = per_example_loop(model, x, y)
+    model.zero_grad(set_to_none=True)
+    hooked = HookedPerSampleGradients(model, F.cross_entropy, reuse_buffer=True)
+    calls = spy_backward(hooked)
+    _, grads = hooked(x, y)
+    assert calls == [False]
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(grads[name], expected[name], rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(p.grad, expected[name].mean(0), rtol=1e-10, atol=1e-12)
+
+
+def test_a_layer_called_twice_gets_its_whole_mean_gradient():
+    torch.manual_seed(0)
+    model = InPlaceNet().double().eval()  # eval: self.twice runs twice
+    x, y = batch(5, seed=12)
+    F.cross_entropy(model(x), y).backward()
+    expected = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    hooked = HookedPerSampleGradients(model, F.cross_entropy)
+    calls = spy_backward(hooked)
+    hooked(x, y)
+    assert calls == [False]
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("make_model", [LeNet, MLP])
+def test_mean_gradients_add_to_grad_like_backward(make_model):
+    torch.manual_seed(0)
+    model = make_model().double()
+    x, y = batch(6, seed=13)
+    F.cross_entropy(model(x), y).backward()
+    expected = {n: 2 * p.grad for n, p in model.named_parameters()}
+    hooked = HookedPerSampleGradients(model, F.cross_entropy, reuse_buffer=True)
+    calls = spy_backward(hooked)
+    hooked(x, y)  # adds the same mean gradient again
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], rtol=1e-12, atol=1e-14)
+    x.requires_grad_(True)  # a plain backward, so that x gets its .grad
+    hooked(x, y)
+    assert x.grad is not None and x.grad.shape == x.shape
+    assert calls == [True, False]
+
+
+def test_tied_weights_are_left_to_the_func_path():
+    first, second = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    second.weight = first.weight  # tied: the hooks of one layer would miss the other's use
+    model = torch.nn.Sequential(first, torch.nn.ReLU(), second)
+    with pytest.raises(UnsupportedModelError, match="shares a parameter with 0"):
+        check_supported(model)
+    assert FunctionalPipeline(model, torch.nn.functional.cross_entropy).method == "func"

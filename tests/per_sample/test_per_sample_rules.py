@@ -1,0 +1,216 @@
+"""Every per-layer rule and the per-layer torch.func fallback against a per-example loop."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from layer_harness import LayerCase, build, check_layer, make_input
+from torch import nn
+from torch.nn import functional as F
+
+from grab_exp.per_sample import FunctionalPipeline, HookedPerSampleGradients, UnsupportedModelError
+from grab_exp.per_sample.fallback import FuncFallback
+from grab_exp.per_sample.rules import RULES, LayerRule, rule_for
+from grab_exp.per_sample.rules.linear import LinearRule
+
+
+class SeqHead(nn.Module):
+    """``(B, T, D)`` features -> mean over T -> ``(B, 3)`` logits."""
+
+    def __init__(self, body: nn.Module, width: int) -> None:
+        super().__init__()
+        self.body = body
+        self.head = nn.Linear(width, 3)
+
+    def forward(self, x):
+        return self.head(self.body(x).mean(dim=1))
+
+
+class Gain(nn.Module):
+    """A custom layer with raw parameters of its own, and a Linear inside."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.linspace(0.5, 1.5, width))
+        self.shift = nn.Parameter(torch.zeros(width))
+        self.inner = nn.Linear(width, width)
+
+    def forward(self, x):
+        return torch.tanh(self.inner(x) * self.gain + self.shift)
+
+
+class RootScale(nn.Module):
+    """The root module owns a parameter: its fallback re-runs the whole model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 3)
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, 3))
+
+    def forward(self, x):
+        return self.fc(x) * self.scale
+
+
+def _conv(conv: nn.Conv2d) -> nn.Module:
+    return nn.Sequential(conv, nn.ReLU(), nn.Flatten(), nn.LazyLinear(3))
+
+
+def _norm_2d() -> nn.Module:
+    return nn.Sequential(nn.LayerNorm((4, 6)), nn.Flatten(2))  # (B, 3, 4, 6) -> (B, 3, 24)
+
+
+def _eval_batchnorm() -> nn.Module:
+    model = nn.Sequential(nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.LazyLinear(3))
+    with torch.no_grad():
+        model[1].running_mean.uniform_(-1.0, 1.0)
+        model[1].running_var.uniform_(0.5, 2.0)
+        model[1].weight.uniform_(0.5, 1.5)
+    return model.eval()
+
+
+# Every registered rule: models containing that layer type (a new rule needs a case here).
+RULE_CASES: dict[type[nn.Module], list[LayerCase]] = {
+    nn.Linear: [
+        LayerCase(lambda: nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)), (6,)),
+        LayerCase(lambda: SeqHead(nn.Linear(6, 5, bias=False), 5), (4, 6)),  # (B, T, in)
+    ],
+    nn.Conv2d: [
+        LayerCase(lambda: _conv(nn.Conv2d(2, 3, 3, stride=2, padding=2, dilation=2)), (2, 9, 9)),
+        LayerCase(lambda: _conv(nn.Conv2d(2, 3, (3, 2), stride=(1, 2), bias=False)), (2, 7, 8)),
+    ],
+    nn.LayerNorm: [
+        LayerCase(lambda: nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.Linear(8, 3)), (6,)),
+        LayerCase(lambda: SeqHead(nn.LayerNorm(6, bias=False), 6), (4, 6)),  # summed over T
+        LayerCase(lambda: SeqHead(_norm_2d(), 24), (3, 4, 6)),  # normalized_shape (4, 6)
+    ],
+}
+
+# Trainable layers without a rule: the per-layer torch.func fallback, named in ``fallback``.
+FALLBACK_CASES = {
+    "groupnorm": LayerCase(
+        lambda: nn.Sequential(nn.Linear(6, 8), nn.GroupNorm(2, 8), nn.Linear(8, 3)), (6,), {"1"}
+    ),
+    "custom": LayerCase(
+        lambda: nn.Sequential(nn.Linear(6, 5), Gain(5), nn.Linear(5, 3)), (6,), {"1"}
+    ),
+    "grouped_conv": LayerCase(lambda: _conv(nn.Conv2d(2, 4, 3, groups=2)), (2, 6, 6), {"0"}),
+    "reflect_conv": LayerCase(
+        lambda: _conv(nn.Conv2d(2, 3, 3, padding=1, padding_mode="reflect")), (2, 5, 5), {"0"}
+    ),
+    "batchnorm_eval": LayerCase(_eval_batchnorm, (2, 5, 5), {"1"}),
+    "embedding": LayerCase(
+        lambda: SeqHead(nn.Embedding(10, 4), 4), (5,), {"body"}, integer_input=True
+    ),
+    "root_parameter": LayerCase(RootScale, (6,), {""}),
+}
+
+
+def test_every_registered_rule_has_cases():
+    assert set(RULE_CASES) == set(RULES)
+    assert all(isinstance(rule, LayerRule) for rule in RULES.values())
+
+
+@pytest.mark.parametrize(
+    ("layer_type", "index"),
+    [(t, i) for t in sorted(RULES, key=lambda t: t.__name__) for i in range(len(RULE_CASES[t]))],
+    ids=lambda v: v.__name__ if isinstance(v, type) else str(v),
+)
+def test_rule_equals_the_per_example_loop(layer_type, index):
+    hooked = check_layer(RULE_CASES[layer_type][index])
+    assert any(isinstance(layer, layer_type) for layer in hooked._layers.values())
+
+
+@pytest.mark.parametrize("name", list(FALLBACK_CASES))
+def test_fallback_equals_the_per_example_loop(name):
+    check_layer(FALLBACK_CASES[name])
+
+
+def test_the_fallback_is_per_layer():
+    case = FALLBACK_CASES["groupnorm"]
+    hooked = check_layer(case)
+    assert set(hooked.rules) == {"0", "2"} and set(hooked.fallbacks) == {"1"}
+    assert all(isinstance(rule, LinearRule) for rule in hooked.rules.values())
+    assert isinstance(hooked.fallbacks["1"], FuncFallback)
+    calls = []
+    fallback = hooked.fallbacks["1"]
+    run = fallback.per_sample
+
+    def spy(*args):
+        grads = run(*args)
+        calls.append(len(grads))
+        return grads
+
+    fallback.per_sample = spy
+    hooked(*make_input(case, 4, seed=3))
+    assert calls == [2]  # once per call, for the GroupNorm's weight and bias only
+
+
+def test_a_custom_layers_inner_linear_keeps_its_rule():
+    hooked = check_layer(FALLBACK_CASES["custom"])
+    assert set(hooked.fallbacks) == {"1"} and isinstance(hooked.rules["1.inner"], LinearRule)
+    assert hooked.fallbacks["1"].names == ["gain", "shift"]
+
+
+def test_frozen_parameters_of_a_fallback_layer_are_skipped():
+    case = FALLBACK_CASES["groupnorm"]
+    model = build(case)
+    model[1].weight.requires_grad_(False)
+    x, y = make_input(case, 4, seed=4)
+    _, grads = HookedPerSampleGradients(model, F.cross_entropy, reuse_buffer=True)(x, y)
+    assert "1.weight" not in grads and grads["1.bias"].shape == (4, 8)
+    assert model[1].weight.grad is None and model[1].bias.grad is not None
+
+
+def test_rule_for_follows_subclasses_and_refuses_unsupported_configs():
+    assert isinstance(rule_for(nn.LazyLinear(3)), LinearRule)
+    assert rule_for(nn.Conv2d(2, 4, 3, groups=2)) is None
+    assert rule_for(nn.GroupNorm(2, 4)) is None
+
+
+def test_auto_picks_hooks_with_fallback_layers_but_not_for_a_root_parameter():
+    for name in ("groupnorm", "custom", "embedding", "batchnorm_eval"):
+        pipeline = FunctionalPipeline(build(FALLBACK_CASES[name]), F.cross_entropy)
+        assert pipeline.method == "hooks", name
+    assert FunctionalPipeline(RootScale(), F.cross_entropy).method == "func"
+
+
+class TupleOut(nn.Module):
+    """A linear layer, then a custom layer that returns a tuple."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 3)
+        self.pair = Pair()
+
+    def forward(self, x):
+        return self.pair(self.fc(x))[0]
+
+
+class Pair(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(3))
+
+    def forward(self, h):
+        return h * self.scale, h
+
+
+class DirectUse(nn.Module):
+    """Uses ``fc``'s parameters without calling ``fc``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return F.linear(x, self.fc.weight, self.fc.bias)
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [(TupleOut, r"^pair \(Pair\) returned tuple"), (DirectUse, r"^fc \(Linear\) did not run")],
+)
+def test_layers_the_hooks_cannot_handle_are_named_at_the_first_call(model, message):
+    hooked = HookedPerSampleGradients(model().double(), F.cross_entropy)
+    with pytest.raises(UnsupportedModelError, match=message):
+        hooked(*make_input(FALLBACK_CASES["groupnorm"], 3, seed=5))

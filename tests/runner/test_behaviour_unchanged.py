@@ -1,0 +1,54 @@
+"""The runner computes what it computed before its redesign (commit 2eef9b3).
+
+``tests/data/golden_metrics.json`` holds the per-epoch metrics of five short runs recorded by
+``scripts/record_golden_metrics.py`` at that commit; the same commands must give the same
+numbers to float32 rounding. ``tests/data/run_before_redesign`` is a run directory that commit
+left after the first epoch of the ``mean`` case: resuming it must give the golden epoch 2.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from grab_run import cli_env, run_grab
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+GOLDEN = json.loads((DATA / "golden_metrics.json").read_text())
+TOLERANCE = 2e-4  # float32 rounding, amplified over two epochs
+
+
+def _run(overrides: list[str], run_dir: Path) -> list[dict[str, str]]:
+    args = [*GOLDEN["base"], *overrides, f"hydra.run.dir={run_dir}"]
+    result = run_grab(args, run_dir.parent, cli_env(OMP_NUM_THREADS="1"))
+    assert result.returncode == 0, result.stdout[-2000:]
+    with open(run_dir / "metrics.csv", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def _assert_rows_equal(rows: list[dict[str, str]], golden: list[dict[str, float]]) -> None:
+    assert [int(r["epoch"]) for r in rows] == [g["epoch"] for g in golden]
+    for row, expected in zip(rows, golden, strict=True):
+        for key, value in expected.items():
+            assert float(row[key]) == pytest.approx(value, abs=TOLERANCE), (row["epoch"], key)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(GOLDEN["cases"]))
+def test_metrics_equal_the_recorded_ones(case, tmp_path):
+    golden = GOLDEN["cases"][case]
+    _assert_rows_equal(_run(golden["overrides"], tmp_path / "run"), golden["rows"])
+
+
+@pytest.mark.slow
+def test_a_checkpoint_written_before_the_redesign_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(DATA / "run_before_redesign", run_dir)
+    golden = GOLDEN["cases"]["mean"]
+    rows = _run(golden["overrides"], run_dir)
+    _assert_rows_equal(rows, golden["rows"])  # epoch 1 kept from the checkpoint, epoch 2 resumed
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "finished"

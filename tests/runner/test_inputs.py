@@ -1,0 +1,296 @@
+"""Bad input: every rule fails before any data loads, in one line naming the key and the
+allowed values, both from the validator and as the user sees it from ``python -m grab_exp``.
+
+Each case is checked twice: in-process, ``run_job`` raises ``ConfigError`` while the data
+loader and the job builder are booby-trapped (so validation provably comes first); and in a
+real subprocess from an empty working directory, whose stderr must be exactly one
+``error: ...`` line (with and without ``HYDRA_FULL_ERROR``), exit status 1, and no run files.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+from grab_run import OFFLINE_ENV, compose_config, run_cli
+from hydra.errors import ConfigCompositionException, InstantiationException
+from run_files import run_artifacts
+
+from grab_exp.__main__ import user_error_line
+from grab_exp.balance import Balance
+from grab_exp.runner import lifecycle as run_module
+from grab_exp.runner.config_check import ConfigError, validate_config
+
+# a tiny synthetic run: if validation ever let a bad case through, it would end in seconds
+TINY = ["dataset=synthetic", "dataset.num_train=64", "dataset.num_test=32", "epochs=1"]
+CLI_TIMEOUT_S = 120
+
+
+@dataclass(frozen=True)
+class Case:
+    """A bad input: its overrides, the key the error must name, and the allowed values."""
+
+    id: str
+    overrides: list[str]
+    key: str
+    allowed: str
+    base: list[str] = field(default_factory=lambda: list(TINY))
+
+    @property
+    def args(self) -> list[str]:
+        """The command's overrides (quiet progress unless the case sets its own)."""
+        quiet = [] if any(o.startswith("progress=") for o in self.overrides) else ["progress=none"]
+        return [*self.base, *self.overrides, *quiet]
+
+
+GRAD_FREE = ", ".join(sorted(n for n, c in Balance.registry.items() if not c.needs_grads))
+CASES = [
+    # cross-field rules
+    Case(
+        "recursive_pair_batch_12",
+        ["balance=recursive_pair", "batch_size=12"],
+        "batch_size: got 12",
+        "a power of two",
+    ),
+    Case(
+        "recursive_pair_batch_mismatch",
+        ["balance=recursive_pair", "balance.batch_size=8"],
+        "balance.batch_size: got 8",
+        "the run's batch_size",
+    ),
+    Case(
+        "mean_with_classic",
+        ["balance=mean", "pipeline=classic"],
+        "pipeline: got 'ClassicPipeline'",
+        f"a balance of: {GRAD_FREE}",
+    ),
+    Case(
+        "missing_archive",
+        ["dataset=cifar10_jpeg", "dataset.archive=/nonexistent.tar.gz", "epochs=1"],
+        "dataset.archive: no CIFAR-10 JPEG archive at /nonexistent.tar.gz",
+        "expected a .tar.gz or a folder",
+        base=[],
+    ),
+    # the ordering's options
+    Case(
+        "unknown_kernel",
+        ["balance.kernel=gaussian"],
+        "balance.kernel",
+        "deterministic, probabilistic",
+    ),
+    Case(
+        "c_zero",
+        ["balance.kernel=probabilistic", "balance.c=0"],
+        "balance.c: got 0",
+        "a number > 0",
+    ),
+    Case("c_negative", ["balance.c=-1.5"], "balance.c: got -1.5", "a number > 0"),
+    Case(
+        "depth_negative",
+        ["balance=recursive", "balance.depth=-1"],
+        "balance.depth",
+        "an integer >= 0",
+    ),
+    Case("bad_dtype", ["balance.dtype=float16"], "balance.dtype", "float32, float64"),
+    # the run's own settings
+    Case("epochs_zero", ["epochs=0"], "epochs: got 0", "an integer >= 1"),
+    Case("batch_size_zero", ["batch_size=0"], "batch_size: got 0", "an integer >= 1"),
+    Case("eval_batch_size_zero", ["eval_batch_size=0"], "eval_batch_size", "an integer >= 1"),
+    Case("seed_negative", ["seed=-1"], "seed: got -1", "an integer >= 0"),
+    Case("bad_device", ["device=gpu"], "device: got 'gpu'", "auto, cpu, cuda, cuda:<k>"),
+    Case("bad_progress", ["progress=fancy"], "progress: got 'fancy'", "auto, bar, line, none"),
+    Case("lr_infinite", ["optimizer.lr=inf"], "optimizer.lr: got inf", "a number > 0"),
+    Case("lr_negative", ["optimizer.lr=-0.1"], "optimizer.lr: got -0.1", "a number > 0"),
+    Case(
+        "lr_zero_adam", ["optimizer=adam", "optimizer.lr=0"], "optimizer.lr: got 0", "a number > 0"
+    ),
+    Case("weight_decay_negative", ["optimizer.weight_decay=-1"], "optimizer.weight_decay", ">= 0"),
+    Case("subset_zero", ["dataset.subset=0"], "dataset.subset: got 0", "an integer >= 1"),
+    Case(
+        "bad_wandb_mode",
+        ["logger.wandb.mode=sometimes"],
+        "logger.wandb.mode: got 'sometimes'",
+        "auto, disabled, offline, online",
+    ),
+]
+if not torch.cuda.is_available():
+    CASES.append(Case("cuda_absent", ["device=cuda"], "device: got 'cuda'", "auto, cpu"))
+BY_ID = {case.id: case for case in CASES}
+
+
+def assert_one_line(message: str, case: Case) -> None:
+    assert "\n" not in message.strip(), f"not one line: {message!r}"
+    assert case.key in message, f"{case.key!r} not named in {message!r}"
+    assert case.allowed in message, f"{case.allowed!r} not in {message!r}"
+
+
+@pytest.fixture
+def booby_trapped(monkeypatch):
+    """``run_job`` may validate, but must not load data or build the job."""
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("data loaded (or the job built) before the config was validated")
+
+    monkeypatch.setattr(run_module, "instantiate", loaded)
+    monkeypatch.setattr(run_module, "build_job", loaded)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_bad_input_fails_validation_before_data_loads(case, booby_trapped):
+    cfg = compose_config(case.args)
+    with pytest.raises(ConfigError) as info:
+        run_module.run_job(cfg)
+    assert_one_line(str(info.value), case)
+    assert user_error_line(info.value) == str(info.value)
+
+
+@pytest.mark.parametrize("balance", sorted(n for n, c in Balance.registry.items() if c.needs_grads))
+def test_every_gradient_ordering_is_refused_with_the_classic_pipeline(balance):
+    cfg = compose_config([*TINY, f"balance={balance}", "pipeline=classic"])
+    with pytest.raises(ConfigError) as info:
+        validate_config(cfg)
+    assert f"balance {balance} needs per-sample gradients" in str(info.value)
+    assert f"a balance of: {GRAD_FREE}" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "balance", sorted(n for n, c in Balance.registry.items() if not c.needs_grads)
+)
+def test_gradient_free_orderings_are_accepted_with_the_classic_pipeline(balance):
+    validate_config(compose_config([*TINY, f"balance={balance}", "pipeline=classic"]))
+
+
+# wrong types and unknown keys: Hydra itself refuses them while composing (the typed schema)
+TYPE_ERRORS = [
+    (["epochs=two"], "epochs", "could not be converted to Integer"),
+    (["overwrite=maybe"], "overwrite", "is not a valid bool"),
+    (["trainer.compiled=true"], "compiled", "Could not override 'trainer.compiled'"),
+    (["distributed.workers=eight"], "distributed.workers", "could not be converted to Integer"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "key", "reason"), TYPE_ERRORS, ids=lambda v: str(v))
+def test_wrong_types_and_unknown_keys_are_refused_by_hydra(overrides, key, reason):
+    with pytest.raises(ConfigCompositionException) as info:
+        compose_config([*TINY, *overrides])
+    message = f"{info.value} {info.value.__cause__}"
+    assert key in message and reason in message, message
+
+
+def test_cli_refuses_a_wrong_type_before_anything_runs(tmp_path):
+    result = _run([*TINY, "epochs=two", "progress=none"], tmp_path / "run")
+    assert result.returncode == 1
+    assert "Error merging override epochs=two" in result.stderr
+    assert "full_key: epochs" in result.stderr and "Traceback" not in result.stderr
+    assert run_artifacts(tmp_path) == [] and not (tmp_path / "run" / "outputs").exists()
+
+
+def test_a_good_config_passes_validation():
+    validate_config(compose_config([*TINY, "balance=recursive_pair", "batch_size=8"]))
+
+
+# ---------------------------------------------------------------- what the user sees
+
+
+def _run(args: list[str], cwd: Path, **env: str):
+    cwd.mkdir(parents=True)
+    return run_cli(args, cwd, timeout=CLI_TIMEOUT_S, OMP_NUM_THREADS="1", **env)
+
+
+# the rules the issue names also run as real commands (each costs an `import torch`); the
+# other cases share their code path from ConfigError to the printed line
+CLI_CASE_IDS = {
+    "recursive_pair_batch_12",
+    "mean_with_classic",
+    "missing_archive",
+    "unknown_kernel",
+    "c_zero",
+    "depth_negative",
+    "bad_dtype",
+    "epochs_zero",
+    "batch_size_zero",
+    "bad_device",
+    "bad_progress",
+    "lr_negative",
+    "bad_wandb_mode",
+}
+CLI_RUNS = [(c.id, c.args, {}) for c in CASES if c.id in CLI_CASE_IDS] + [
+    (f"{case_id}-full_error", BY_ID[case_id].args, {"HYDRA_FULL_ERROR": "1"})
+    for case_id in ("recursive_pair_batch_12", "missing_archive")
+]
+
+
+@pytest.fixture(scope="module")
+def cli_results(tmp_path_factory):
+    """Every bad-input command, run concurrently (each mostly waits on ``import torch``)."""
+    root = tmp_path_factory.mktemp("bad_inputs")
+    workers = max(2, min(8, os.cpu_count() or 2))
+    with ThreadPoolExecutor(workers) as pool:
+        futures = {
+            run_id: pool.submit(_run, args, root / run_id, **env) for run_id, args, env in CLI_RUNS
+        }
+        return {run_id: (future.result(), root / run_id) for run_id, future in futures.items()}
+
+
+def assert_cli_one_line(result, cwd: Path, case: Case) -> None:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert len(lines) == 1, f"stderr is not one line:\n{result.stderr}"
+    assert lines[0].startswith("error: "), lines[0]
+    assert "Traceback" not in result.stdout + result.stderr
+    assert_one_line(lines[0], case)
+    assert run_artifacts(cwd) == [], "a run file was written before the config was validated"
+
+
+@pytest.mark.parametrize("run_id", [r[0] for r in CLI_RUNS])
+def test_cli_prints_one_error_line_and_writes_no_run(run_id, cli_results):
+    case = BY_ID[run_id.split("-")[0]]
+    result, cwd = cli_results[run_id]
+    assert_cli_one_line(result, cwd, case)
+
+
+# ---------------------------------------------------------------- loader errors (Hydra-wrapped)
+
+
+def test_cli_cifar10_offline_is_one_line_naming_cifar10_jpeg(tmp_path):
+    """The loader's error reaches the user as one line, not as Hydra's InstantiationException."""
+    data_dir = tmp_path / "cifar10"
+    args = ["dataset=cifar10", f"dataset.data_dir={data_dir}", "dataset.download_timeout_s=5"]
+    result = run_cli(
+        [*args, "epochs=1", "progress=none"], tmp_path, timeout=CLI_TIMEOUT_S, **OFFLINE_ENV
+    )
+    case = Case(
+        "cifar10_offline", args, "dataset=cifar10: could not download", "dataset=cifar10_jpeg"
+    )
+    assert_cli_one_line(result, tmp_path, case)
+    assert "InstantiationException" not in result.stderr and "full_key" not in result.stderr
+
+
+def test_cli_loader_range_error_is_one_line(tmp_path):
+    """A subset larger than the data is only known to the loader: still one line."""
+    args = [*TINY, "dataset.subset=100", "progress=none"]
+    result = run_cli(args, tmp_path, timeout=CLI_TIMEOUT_S, HYDRA_FULL_ERROR="1")
+    case = Case("subset_too_large", args, "dataset.subset: got 100", "an integer in 1..64")
+    assert_cli_one_line(result, tmp_path, case)
+
+
+def test_only_errors_raised_by_grab_exp_become_one_line():
+    """A library's or a bug's error inside a target keeps its traceback (no one-line)."""
+
+    def library_failure():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    with pytest.raises(InstantiationException) as wrapped:
+        try:
+            library_failure()
+        except RuntimeError as error:
+            raise InstantiationException("Error in call to target 'x':\n...") from error
+    assert user_error_line(wrapped.value) is None
+    assert user_error_line(ValueError("epochs: got 0")) is None
+    assert user_error_line(ConfigError("epochs: got 0; allowed: an integer >= 1")) == (
+        "epochs: got 0; allowed: an integer >= 1"
+    )
