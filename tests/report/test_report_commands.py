@@ -26,10 +26,18 @@ def run_module(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_the_commands_are_table1_vrgd_and_distributed():
+    """The real entry point (one subprocess); the other checks call ``main`` in-process."""
     assert list(COMMANDS) == ["table1", "vrgd", "distributed"]
     done = run_module("--help")
     assert done.returncode == 0, done.stderr
     assert all(name in done.stdout for name in COMMANDS)
+
+
+def _help(capsys, *args: str) -> str:
+    with pytest.raises(SystemExit) as done:
+        main([*args, "--help"])
+    assert done.value.code == 0
+    return capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -40,18 +48,19 @@ def test_the_commands_are_table1_vrgd_and_distributed():
         ("distributed", ["--out"]),
     ],
 )
-def test_each_command_has_its_help(command, options):
-    done = run_module(command, "--help")
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith(f"usage: python -m grab_exp.report {command} ")
-    assert all(option in done.stdout for option in options)
+def test_each_command_has_its_help(command, options, capsys):
+    text = _help(capsys, command)
+    assert text.startswith(f"usage: python -m grab_exp.report {command} ")
+    assert all(option in text for option in options)
 
 
-def test_a_command_is_required_and_bad_options_are_refused(tmp_path):
-    done = run_module()
-    assert done.returncode == 2 and "COMMAND" in done.stderr
-    done = run_module("vrgd", "runs", "--out", str(tmp_path), "--targets", "45")
-    assert done.returncode == 2 and "fraction in (0, 1)" in done.stderr
+def test_a_command_is_required_and_bad_options_are_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as done:
+        main([])
+    assert done.value.code == 2 and "COMMAND" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as done:
+        main(["vrgd", "runs", "--out", str(tmp_path), "--targets", "45"])
+    assert done.value.code == 2 and "fraction in (0, 1)" in capsys.readouterr().err
     assert main(["distributed", str(tmp_path / "absent"), "--out", str(tmp_path)]) == 1
     assert main(["table1", "--out", str(tmp_path)]) == 2
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -36,19 +37,29 @@ def _assert_rows_equal(rows: list[dict[str, str]], golden: list[dict[str, float]
             assert float(row[key]) == pytest.approx(value, abs=TOLERANCE), (row["epoch"], key)
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, list[dict[str, str]]]:
+    """Every case, and the resumed run directory, run two at a time (one thread each)."""
+    root = tmp_path_factory.mktemp("golden")
+    shutil.copytree(DATA / "run_before_redesign", root / "resumed" / "run")
+    jobs = {name: case["overrides"] for name, case in GOLDEN["cases"].items()}
+    jobs["resumed"] = GOLDEN["cases"]["mean"]["overrides"]
+    for name in jobs:
+        (root / name).mkdir(exist_ok=True)
+    with ThreadPoolExecutor(2) as pool:
+        futures = {n: pool.submit(_run, o, root / n / "run") for n, o in jobs.items()}
+        return {name: future.result() for name, future in futures.items()} | {"root": root}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(GOLDEN["cases"]))
-def test_metrics_equal_the_recorded_ones(case, tmp_path):
-    golden = GOLDEN["cases"][case]
-    _assert_rows_equal(_run(golden["overrides"], tmp_path / "run"), golden["rows"])
+def test_metrics_equal_the_recorded_ones(case, runs):
+    _assert_rows_equal(runs[case], GOLDEN["cases"][case]["rows"])
 
 
 @pytest.mark.slow
-def test_a_checkpoint_written_before_the_redesign_resumes(tmp_path):
-    run_dir = tmp_path / "run"
-    shutil.copytree(DATA / "run_before_redesign", run_dir)
-    golden = GOLDEN["cases"]["mean"]
-    rows = _run(golden["overrides"], run_dir)
-    _assert_rows_equal(rows, golden["rows"])  # epoch 1 kept from the checkpoint, epoch 2 resumed
-    summary = json.loads((run_dir / "summary.json").read_text())
+def test_a_checkpoint_written_before_the_redesign_resumes(runs):
+    # epoch 1 kept from the old checkpoint's metrics, epoch 2 trained after the resume
+    _assert_rows_equal(runs["resumed"], GOLDEN["cases"]["mean"]["rows"])
+    summary = json.loads((runs["root"] / "resumed" / "run" / "summary.json").read_text())
     assert summary["status"] == "finished"
