@@ -28,6 +28,7 @@ COMMAND = [
     "dataset.num_train=256",
     "dataset.num_test=128",
     "progress=line",
+    "device=cpu",  # the rows below are CPU rows, whatever the machine
 ]
 JOBS = {(variant, seed) for variant in ("mean", "pair") for seed in (0, 1)}
 RUN_DIR = re.compile(r"outputs/smoke/(mean|pair)/seed([01])-[0-9a-f]{8}")  # hash of the overrides
