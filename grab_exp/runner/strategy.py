@@ -17,30 +17,18 @@ from omegaconf import DictConfig
 from torch import nn
 
 from grab_exp.runner.evaluate import evaluate
-from grab_exp.runner.schema import ConfigError, config_error
+from grab_exp.runner.schema import ConfigError
 from grab_exp.sampler import GraBSampler
 
 
 def resolve_device(device: str) -> torch.device:
-    """``auto`` -> ``cuda`` when available, else ``cpu``; others as given.
-
-    ``cuda:k`` is checked against the GPUs visible and becomes the current CUDA device (where
-    kernels and CUDA generators without an index go).
-
-    Raises:
-        ConfigError: a CUDA device that this machine does not have.
-    """
+    """``auto`` -> ``cuda`` when available, else ``cpu``; others as given (checked by
+    :func:`~grab_exp.runner.config_check.validate_config`). ``cuda:k`` becomes the current
+    CUDA device (where kernels and CUDA generators without an index go)."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     resolved = torch.device(device)
-    if resolved.type != "cuda":
-        return resolved
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if count == 0:
-        raise config_error("device", device, "auto, cpu (no CUDA device is visible here)")
-    if resolved.index is not None:
-        if resolved.index >= count:
-            raise config_error("device", device, f"cuda, cuda:0 .. cuda:{count - 1}")
+    if resolved.type == "cuda" and resolved.index is not None:
         torch.cuda.set_device(resolved)
     return resolved
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from grab_run import SMALL_RUN, run_job_here
+from grab_run import SMALL_RUN, compose_config, run_job_here
 from helpers import make
 
 from grab_exp.balance.projection import describe
@@ -19,6 +19,7 @@ from grab_exp.runner.checkpoint import (
     cuda_states_to_restore,
     upgrade,
 )
+from grab_exp.runner.config_check import validate_config
 from grab_exp.runner.schema import ConfigError
 from grab_exp.runner.strategy import resolve_device, set_cuda_policy
 
@@ -101,7 +102,7 @@ def test_a_local_rank_without_a_gpu_of_its_own_is_one_line(local_rank, count, vi
 def test_cuda_k_is_checked_against_the_gpus_present():
     absent = f"cuda:{torch.cuda.device_count()}"  # one past the last GPU, on any machine
     with pytest.raises(ConfigError, match=rf"^device: got '{absent}'; allowed: "):
-        resolve_device(absent)
+        validate_config(compose_config([*SMALL_RUN, f"device={absent}"]))
     assert resolve_device("cpu") == torch.device("cpu")
 
 

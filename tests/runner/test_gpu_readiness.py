@@ -14,6 +14,7 @@ from grab_exp.balance import make_balance
 from grab_exp.balance.signs import sequential_signs
 from grab_exp.distributed.comm import cpu_tensors
 from grab_exp.runner.checkpoint import CHECKPOINT_NAME, restore_rng_states
+from grab_exp.runner.config_check import validate_config
 from grab_exp.runner.schema import ConfigError
 from grab_exp.runner.strategy import connect, resolve_device
 from grab_exp.sampler import GraBSampler
@@ -57,8 +58,8 @@ def test_cuda_k_becomes_the_current_device():
     assert resolve_device(f"cuda:{last}") == torch.device("cuda", last)
     assert torch.cuda.current_device() == last
     torch.cuda.set_device(0)
-    with pytest.raises(ConfigError, match=r"^device: got 'cuda:"):
-        resolve_device(f"cuda:{last + 1}")
+    with pytest.raises(ConfigError, match=rf"^device: got 'cuda:{last + 1}'; allowed: cuda, "):
+        validate_config(compose_config([*SMALL_RUN, f"device=cuda:{last + 1}"]))
 
 
 def test_cuda_jobs_run_deterministic_cudnn_without_tf32_unless_asked():
