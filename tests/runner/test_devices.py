@@ -5,14 +5,17 @@ tensors. The CUDA side of each is in ``test_gpu_readiness.py``."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 import torch
+import torch.distributed as dist
 from grab_run import SMALL_RUN, compose_config, run_job_here
 from helpers import make
 
 from grab_exp.balance.projection import describe
 from grab_exp.distributed.comm import cpu_tensors
-from grab_exp.distributed.join import local_cuda_index
+from grab_exp.distributed.join import init_distributed, local_cuda_index
 from grab_exp.runner.checkpoint import (
     CHECKPOINT_NAME,
     FORMAT,
@@ -134,3 +137,18 @@ def test_gathered_objects_keep_their_structure_with_tensors_on_the_cpu():
     assert isinstance(out["a"][1], tuple) and out["a"][1][1] == 3 and out["b"] == "text"
     assert all(t.device.type == "cpu" for t in (out["a"][0], out["a"][1][0]))
     assert torch.equal(out["a"][0], obj["a"][0])
+
+
+def test_backend_auto_with_device_cpu_joins_with_gloo_on_any_machine(monkeypatch):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0"}
+    for name, value in {**env, "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    comm, device = init_distributed("auto", timeout_s=30, device="cpu")
+    try:
+        assert device == torch.device("cpu") and dist.get_backend() == "gloo"
+        assert comm.gather_objects({"t": torch.ones(2)})[0]["t"].device.type == "cpu"
+    finally:
+        dist.destroy_process_group()
