@@ -24,6 +24,11 @@ def count_values(d: int | Iterable[torch.nn.Parameter] | None, balance: str) -> 
     return sum(p.numel() for p in d if p.requires_grad)
 
 
+def parameters_device(params: Iterable[torch.nn.Parameter]) -> torch.device | None:
+    """The device of the first trainable parameter (where the per-sample gradients will be)."""
+    return next((p.device for p in params if p.requires_grad), None)
+
+
 class GraBSampler(Sampler[int]):
     """Yields dataset indices in the order chosen by a balance variant.
 
@@ -38,7 +43,9 @@ class GraBSampler(Sampler[int]):
         d: gradient length per example: an int, or the model's parameters.
         balance: a variant name (``Balance.registry``) or a built ``Balance``.
         **kwargs: the variant's options (kernel, c, normalize, seed, depth, projection_dim,
-            ...).
+            device, ...). Without ``device``, the ordering lives on the device of the
+            parameters given as ``d`` (no copy of the ``(B, d)`` gradients to another device
+            every step), else on the CPU.
     """
 
     def __init__(
@@ -55,6 +62,9 @@ class GraBSampler(Sampler[int]):
                 raise ValueError(f"balance: built for n={balance.n}, the data has n={n}")
             self.balance = balance
         else:
+            if d is not None and not isinstance(d, int):
+                d = list(d)  # parameters() is a one-pass generator
+                kwargs.setdefault("device", parameters_device(d) or "cpu")
             self.balance = make_balance(balance, n, count_values(d, balance), **kwargs)
 
     def __iter__(self) -> Iterator[int]:

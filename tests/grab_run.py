@@ -40,7 +40,7 @@ needs_archive = pytest.mark.skipif(
     not ARCHIVE.is_file(), reason=f"CIFAR-10 JPEG archive absent: {ARCHIVE}"
 )
 GRAB = [sys.executable, "-m", "grab_exp"]
-SMOKE = ["experiment=smoke", "progress=line"]
+SMOKE = ["experiment=smoke", "progress=line", "device=cpu"]  # CPU runs on any machine
 RUN_TIMEOUT_S = 240
 # small synthetic CIFAR-shaped data; the run's own model, ordering, pipeline and optimizer
 SMALL_RUN = ("experiment=smoke", "dataset.num_test=16", "progress=none")

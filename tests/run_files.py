@@ -17,11 +17,12 @@ METRIC_COLUMNS = [
     "train/running_loss",
     "time/epoch_s",
     "mem/peak_cuda_mb",
+    "mem/step_peak_cuda_mb",
     "mem/peak_rss_mb",
     "mem/sorter_bytes",
 ]
 # columns that depend on the machine and the moment, not on the computation
-TIMING_COLUMNS = {"time/epoch_s", "mem/peak_cuda_mb", "mem/peak_rss_mb"}
+TIMING_COLUMNS = {"time/epoch_s", "mem/peak_cuda_mb", "mem/step_peak_cuda_mb", "mem/peak_rss_mb"}
 # files a run writes once its data is loaded (Hydra's own .hydra/ files come earlier)
 RUN_ARTIFACTS = ("metrics.csv", "summary.json", "checkpoint.pt")
 

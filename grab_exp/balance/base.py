@@ -94,10 +94,8 @@ class Balance:
         """Allocate the variant's state tensors (named in ``state_tensors``)."""
 
     def _balance(self, grads: torch.Tensor, start: int) -> None:
-        """Balance ``grads`` ``(B, dim)`` of visit positions ``start .. start+B-1``.
-
-        ``dim`` is ``d``, or ``projection_dim`` when the gradients are sketched.
-        """
+        """Balance ``grads`` ``(B, dim)`` (``dim``: ``d`` or ``projection_dim``) of positions
+        ``start .. start+B-1``."""
         raise NotImplementedError
 
     def _end_epoch(self) -> None:
@@ -160,7 +158,7 @@ class Balance:
             "pos": self.pos,
             "order": self.order.clone(),
             "keys": self.keys.clone(),
-            "generator": self.generator.get_state(),
+            "generator": self.generator.get_state().cpu(),
             **{k: getattr(self, k).clone() for k in self.state_tensors},
         }
         state.update(self._extra_state())
@@ -183,12 +181,13 @@ class Balance:
 
     # --- internals ------------------------------------------------------------------
     def _identity(self) -> dict[str, Any]:
-        """What a state_dict must match to load (a projection fixes the state's width)."""
+        """What a state_dict must match to load (the projection; the generator's device type)."""
         return {
             "variant": self.name,
             "n": self.n,
             "d": self.d,
             "projection": describe(self.projection),
+            "generator_device": self.generator.device.type,
         }
 
     def _extra_state(self) -> dict[str, Any]:

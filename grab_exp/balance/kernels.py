@@ -10,6 +10,12 @@ Both kernels are expressed as a per-vector *threshold* ``t`` on the dot product
 
 Thresholds are drawn for a whole step at once (they do not depend on earlier
 signs), which keeps the sequential part of every variant free of random draws.
+
+Scope of "orders do not depend on how an epoch is split into steps" with the probabilistic
+kernel: the CPU only. The CPU generator draws one stream value after another, so several small
+``torch.rand`` calls give the values of one large call. A CUDA generator advances its Philox
+offset in rounded-up chunks per call, so on CUDA the thresholds, and the orders, depend on
+the step sizes (a fixed split, as in every run of one config, still gives the same orders).
 """
 
 from __future__ import annotations

@@ -10,7 +10,10 @@ generators differ): every rank applies the same projection and at most one
   into the float sign bit), about 5x faster than one draw per entry.
 * ``gaussian``: entries ``N(0, 1/k)``.
 * ``countsketch``: one ``±1`` per row of ``R`` in a random column (feature hashing): a
-  scatter-add, ``O(P d)`` per call instead of the ``O(P d k)`` GEMM of the dense kinds.
+  scatter-add, ``O(P d)`` per call instead of the ``O(P d k)`` GEMM of the dense kinds. On
+  CUDA the scatter adds repeated columns atomically, in a varying order: its sketches, and so
+  the orders, are not bit-identical from run to run there (the one documented exception; use
+  ``rademacher`` or ``gaussian`` where that matters). On the CPU it is deterministic.
 
 All three give ``E<vR, wR> = <v, w>``.
 """
@@ -233,8 +236,12 @@ def balance_projection(
 
 
 def describe(projection: BlockProjection | None) -> dict | None:
-    """The settings that fix ``R`` (what a checkpoint must match), or ``None``."""
+    """The settings that fix ``R`` (what a checkpoint must match, the device type included:
+    CPU and CUDA generators draw different ``R``), or ``None``."""
     if projection is None:
         return None
     keys = ("k", "kind", "block_rows", "seed")
-    return {key: getattr(projection, key) for key in keys}
+    return {
+        **{key: getattr(projection, key) for key in keys},
+        "device_type": projection.device.type,
+    }

@@ -40,7 +40,7 @@ class RecursiveBalance(CenteredBalance):
         thresholds = self._thresholds(rows * (self.depth + 1)).view(rows, self.depth + 1).T
         node = torch.zeros(rows, dtype=torch.long, device=self.device)  # (B,) heap index
         for level in range(self.depth + 1):
-            signs = self._balance_level(centered, gram, node, thresholds[level])  # (B,)
+            signs = self._balance_level(centered, gram, node, thresholds[level], level)  # (B,)
             if level < self.depth:
                 node = 2 * node + torch.where(signs > 0, 1, 2)
         leaf = node - (2**self.depth - 1)  # (B,)
@@ -48,14 +48,22 @@ class RecursiveBalance(CenteredBalance):
         self.keys[start : start + rows] = leaf * (2 * self.n) + sign_keys(positions, signs, self.n)
 
     def _balance_level(
-        self, centered: torch.Tensor, gram: torch.Tensor, node: torch.Tensor, thresholds
+        self, centered: torch.Tensor, gram: torch.Tensor, node: torch.Tensor, thresholds, level
     ) -> torch.Tensor:
-        """Sign every example at its node of one tree level and update those nodes."""
+        """Sign every example at its node of one tree level and update those nodes.
+
+        The nodes' sums go through a one-hot ``(2^level, B)`` matrix product, not
+        ``index_add_``: several examples share a node (the root takes the whole batch), and
+        CUDA's ``index_add_`` adds repeated indices atomically, in an order that varies from
+        run to run. The product sums in a fixed order: the same orders on every run.
+        """
         rows = len(node)
         node_acc = torch.index_select(self.acc, 0, node, out=self._scratch("node_acc", rows))
         dots = node_acc.mul_(centered).sum(dim=1)  # (B,) row-wise <v_i, acc_node(i)>
         same_node = node[:, None] == node[None, :]  # (B, B)
         signs = sequential_signs(dots, gram * same_node, thresholds)  # (B,)
         signed = torch.mul(centered, signs[:, None], out=node_acc)  # (B, d), reuses the buffer
-        self.acc.index_add_(0, node, signed)
+        first = 2**level - 1  # heap index of the level's leftmost node
+        onehot = node[None, :] == torch.arange(first, 2 * first + 1, device=self.device)[:, None]
+        self.acc[first : 2 * first + 1].addmm_(onehot.to(signed.dtype), signed)  # (2^level, d)
         return signs

@@ -147,7 +147,9 @@ class IndexCheck:
 
     def add(self, indices: torch.Tensor, expected: torch.Tensor) -> None:
         """Count the mismatches of ``(B,)`` ``indices`` against ``(B,)`` ``expected``."""
-        self.bad += (indices.to(self.device, non_blocking=True).reshape(-1) != expected).sum()
+        # non_blocking only host -> device: a device -> host copy is read at once below
+        moved = indices.to(self.device, non_blocking=self.device.type == "cuda")
+        self.bad += (moved.reshape(-1) != expected).sum()
         if self.device.type == "cpu":  # free to check now; on CUDA defer (no sync in step)
             self.raise_if_bad()
 

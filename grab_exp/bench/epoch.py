@@ -32,6 +32,7 @@ from grab_exp.per_sample import ClassicPipeline, FunctionalPipeline
 from grab_exp.report.variants import ROW_ORDER
 from grab_exp.runner.step import STAGES as STEP_STAGES
 from grab_exp.runner.step import StepParts, train_step, untimed
+from grab_exp.runner.strategy import set_cuda_policy
 from grab_exp.sampler import GraBSampler
 
 ROWS = ROW_ORDER  # Table 1's rows, in the report's order
@@ -228,6 +229,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default="results/bench/epoch.json")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
+    set_cuda_policy(device, tf32=False)  # the numerics of a training run (trainer.tf32=false)
     rows = build_rows(args, device)
     time_rows(rows, args, device)
     measure_memory(rows, args, device)

@@ -12,8 +12,8 @@ from grab_exp.distributed.comm import (
     Communicator,
     ProcessGroupComm,
     SimulatedComm,
-    init_distributed,
 )
+from grab_exp.distributed.join import init_distributed
 from grab_exp.distributed.orderings import (
     DistributedOrdering,
     DistributedRandomReshuffle,

@@ -178,13 +178,19 @@ class CoordinatedGraB(DistributedOrdering):
             "order": self.order.clone(),
             "keys": self.keys.clone(),
             "acc": self.acc.clone(),
-            "generator": self.generator.get_state(),
+            "generator": self.generator.get_state().cpu(),
+            "generator_device": self.generator.device.type,
             "bytes_sent": self.bytes_sent,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state["variant"] != self.name or list(state["lanes"]) != self.lanes:
             raise ValueError("cd_grab: the state is of another ordering or other workers")
+        if state["generator_device"] != self.device.type:
+            raise ValueError(
+                f"cd_grab: the state's generator ran on {state['generator_device']}, this "
+                f"one's on {self.device.type}; build it with device={state['generator_device']!r}"
+            )
         self._epoch, self.pos = int(state["epoch"]), int(state["pos"])
         self.order = state["order"].to(self.device)
         self.keys = state["keys"].to(self.device)

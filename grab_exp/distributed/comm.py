@@ -14,7 +14,6 @@ rank, the collective and the timeout.
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import sys
 from collections.abc import Callable
@@ -130,8 +129,11 @@ class ProcessGroupComm(Communicator):
         return tensor
 
     def gather_objects(self, obj: object, name: str = "all_gather_object") -> list:
+        """Every rank's ``obj`` with its tensors moved to the CPU first: a CUDA tensor would
+        unpickle on the receiver as ``cuda:<sender's index>``, a device it may not see."""
         out: list = [None] * self.world_size
-        self._run(name, lambda: dist.all_gather_object(out, obj, group=self.group))
+        local = cpu_tensors(obj)
+        self._run(name, lambda: dist.all_gather_object(out, local, group=self.group))
         return out
 
     def barrier(self, name: str = "barrier") -> None:
@@ -149,6 +151,17 @@ class ProcessGroupComm(Communicator):
             ) from error
 
 
+def cpu_tensors(obj: T) -> T:
+    """``obj`` with every tensor in its nested dicts, lists and tuples on the CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu()
+    if isinstance(obj, dict):
+        return {key: cpu_tensors(value) for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(cpu_tensors(value) for value in obj)
+    return obj
+
+
 def exit_after_collective_error(error: CollectiveError) -> NoReturn:
     """Print ``error: <message>`` to stderr and end the process with status 1, at once.
 
@@ -159,54 +172,3 @@ def exit_after_collective_error(error: CollectiveError) -> NoReturn:
     print(f"error: {error}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(1)
-
-
-def export_slurm_env() -> bool:
-    """Set torchrun's variables from SLURM's in a SLURM task started without torchrun.
-
-    Hydra's ``submitit_slurm`` launcher with ``tasks_per_node: W`` starts every task itself
-    (``srun``); submitit's ``TorchDistributedEnvironment`` turns ``SLURM_PROCID``,
-    ``SLURM_NTASKS``, ``SLURM_LOCALID`` and the node list into ``RANK``, ``WORLD_SIZE``,
-    ``LOCAL_RANK``, ``MASTER_ADDR`` (first node) and ``MASTER_PORT`` (from the job id).
-
-    Returns:
-        Whether the variables were exported (``False`` when ``RANK`` is set or not in SLURM).
-    """
-    if "RANK" in os.environ or "SLURM_NTASKS" not in os.environ:
-        return False
-    from submitit.helpers import TorchDistributedEnvironment  # the `launchers` extra
-
-    TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
-    return True
-
-
-def init_distributed(
-    backend: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S
-) -> tuple[ProcessGroupComm, torch.device]:
-    """Join the job ``torchrun`` (or any env:// launcher, or SLURM) started, with a timeout.
-
-    Reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``
-    (exported from SLURM's variables first when they are absent, see
-    :func:`export_slurm_env`). ``auto`` picks NCCL when CUDA is available (one GPU per local
-    rank), else gloo.
-
-    Args:
-        backend: ``auto`` | ``gloo`` | ``nccl``.
-        timeout_s: timeout of the rendezvous and of every collective, in seconds.
-
-    Returns:
-        ``(comm, device)``: this rank's communicator and its device.
-    """
-    export_slurm_env()
-    if backend == "auto":
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    device = torch.device("cpu")
-    kwargs = {}
-    if backend == "nccl":  # one GPU per local rank, whether the task sees all or only its own
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-        kwargs["device_id"] = device
-    if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=dt.timedelta(seconds=timeout_s), **kwargs)
-    return ProcessGroupComm(timeout_s), device

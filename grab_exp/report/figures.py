@@ -41,6 +41,7 @@ STYLE = {
 DPI = 300
 _PANELS = (("train/loss", "Train loss", 1.0), ("test/acc", "Test accuracy (%)", 100.0))
 _MEMORY_AXIS = {
+    "cuda_step": "Step peak CUDA memory (MB)",
     "cuda": "Peak CUDA memory (MB)",
     "rss": "Peak RSS (MB)",
     "mixed": "Peak memory (MB)",

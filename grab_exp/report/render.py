@@ -9,7 +9,12 @@ import pandas as pd
 from grab_exp.report.table import EARLY_EPOCH, Table1
 
 _DECIMALS = {"train_loss": 4, "test_acc": 4, "time_s": 2, "peak": 1}
-_MEMORY_NAMES = {"cuda": "Peak CUDA mem. (MB)", "rss": "Peak RSS (MB)", "mixed": "Peak mem. (MB)"}
+_MEMORY_NAMES = {
+    "cuda_step": "Step peak CUDA mem. (MB)",
+    "cuda": "Peak CUDA mem. (MB)",
+    "rss": "Peak RSS (MB)",
+    "mixed": "Peak mem. (MB)",
+}
 
 
 def decimals(metric: str) -> int:
@@ -119,7 +124,9 @@ def caption(table: Table1) -> str:
     """Table 1's caption: what the cells are, the epochs and the memory measure."""
     final, early = epoch_note(table)
     memory = {
-        "cuda": "peak CUDA memory allocated",
+        "cuda_step": "peak CUDA memory allocated above the epoch start (dataset on the GPU "
+        "excluded)",
+        "cuda": "peak CUDA memory allocated (the dataset on the GPU included)",
         "rss": "peak process RSS (no CUDA device)",
         "mixed": "peak CUDA memory where measured, else peak process RSS",
     }[table.memory_source]

@@ -24,6 +24,7 @@ TRAINING_COLUMNS = (  # what every job logs per epoch
     "train/running_loss",
     "time/epoch_s",
     "mem/peak_cuda_mb",
+    "mem/step_peak_cuda_mb",
     "mem/peak_rss_mb",
     "mem/sorter_bytes",
 )

@@ -10,24 +10,61 @@ import torch
 from grab_exp.logging.files import atomic_torch_save
 
 CHECKPOINT_NAME = "checkpoint.pt"
-#: 2: every job writes ``strategy``, ``world_size`` and ``ordering``; 1 (no ``format`` key): a
-#: single-process job wrote its sampler's state as ``sampler``, a data-parallel one had no kind
-FORMAT = 2
+#: 3: also ``device_type`` (``cpu`` | ``cuda``: where the job's generators ran); 2: every job
+#: writes ``strategy``, ``world_size`` and ``ordering``; 1 (no ``format`` key): a single-process
+#: job wrote its sampler's state as ``sampler``, a data-parallel one had no kind
+FORMAT = 3
+CPU_GENERATOR_STATE_BYTES = torch.Generator().get_state().numel()  # 5056; a CUDA one has 16
 
 
 def rng_states() -> dict[str, Any]:
-    """The global torch RNG states (CPU and every CUDA device)."""
+    """The global torch RNG states (CPU and every CUDA device), as CPU byte tensors."""
     states: dict[str, Any] = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
+        states["cuda"] = [state.cpu() for state in torch.cuda.get_rng_state_all()]
     return states
 
 
+def cuda_states_to_restore(saved: list[torch.Tensor], present: int) -> list[torch.Tensor]:
+    """The saved per-GPU states that have a GPU here: device ``i`` takes ``saved[i]``.
+
+    A checkpoint written where more GPUs were visible keeps only the first ``present``; with
+    fewer saved than present, the extra GPUs keep their current state.
+    """
+    return list(saved[:present])
+
+
 def restore_rng_states(states: dict[str, Any]) -> None:
-    """Undo ``rng_states()``."""
-    torch.set_rng_state(states["torch"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+    """Undo ``rng_states()``, whatever the number of GPUs visible now."""
+    torch.set_rng_state(states["torch"].cpu())
+    if torch.cuda.is_available():
+        saved = cuda_states_to_restore(states.get("cuda", []), torch.cuda.device_count())
+        for index, state in enumerate(saved):
+            torch.cuda.set_rng_state(state.cpu(), index)
+
+
+def _generator_device_type(state: torch.Tensor) -> str:
+    """``cpu`` or ``cuda``: the kind of generator whose ``get_state()`` is ``state``."""
+    return "cpu" if state.numel() == CPU_GENERATOR_STATE_BYTES else "cuda"
+
+
+def _add_device_types(ordering: Any, found: list[str]) -> None:
+    """Format 2 -> 3 in an ordering's (nested) state: every dict with a ``generator`` state
+    gets its ``generator_device``, and its projection description a ``device_type``."""
+    if isinstance(ordering, (list, tuple)):
+        for item in ordering:
+            _add_device_types(item, found)
+    if not isinstance(ordering, dict):
+        return
+    if isinstance(ordering.get("generator"), torch.Tensor):
+        device_type = _generator_device_type(ordering["generator"])
+        ordering.setdefault("generator_device", device_type)
+        if isinstance(ordering.get("projection"), dict):
+            ordering["projection"].setdefault("device_type", device_type)
+        found.append(device_type)
+    for value in ordering.values():
+        if isinstance(value, (list, tuple, dict)):
+            _add_device_types(value, found)
 
 
 def save_checkpoint(run_dir: Path, **state: Any) -> None:
@@ -36,14 +73,23 @@ def save_checkpoint(run_dir: Path, **state: Any) -> None:
 
 
 def upgrade(state: dict[str, Any]) -> dict[str, Any]:
-    """A checkpoint of an earlier format in today's layout (format 1 -> 2)."""
+    """A checkpoint of an earlier format in today's layout (format 1 -> 2 -> 3).
+
+    Format 3's device types are read off the orderings' generator states (a CPU generator's
+    state is 5056 bytes, a CUDA one's 16); a job whose ordering holds no generator is taken
+    to have run on ``cpu``.
+    """
     if state.get("format", 1) >= FORMAT:
         return state
-    if "sampler" in state:  # a single-process job
-        state["ordering"] = state.pop("sampler")
-        state.update(strategy="single", world_size=1)
-    else:
-        state["strategy"] = "data_parallel"
+    if state.get("format", 1) < 2:
+        if "sampler" in state:  # a single-process job
+            state["ordering"] = state.pop("sampler")
+            state.update(strategy="single", world_size=1)
+        else:
+            state["strategy"] = "data_parallel"
+    found: list[str] = []
+    _add_device_types(state.get("ordering"), found)
+    state["device_type"] = found[0] if found else "cpu"
     state["format"] = FORMAT
     return state
 

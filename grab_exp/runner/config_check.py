@@ -125,8 +125,14 @@ def _check_compile(cfg: DictConfig) -> None:
 
 
 def _check_device(cfg: DictConfig) -> None:
-    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+    """``cuda`` needs CUDA, and ``cuda:k`` one of the GPUs visible here."""
+    if not cfg.device.startswith("cuda"):
+        return
+    if not torch.cuda.is_available():
         raise config_error("device", cfg.device, "auto, cpu (CUDA is not available)")
+    count = torch.cuda.device_count()
+    if torch.device(cfg.device).index not in (None, *range(count)):
+        raise config_error("device", cfg.device, f"cuda, cuda:0 .. cuda:{count - 1}")
 
 
 CHECKS = (check_values, _check_vrgd, _check_balance, _check_dataset, _check_compile, _check_device)

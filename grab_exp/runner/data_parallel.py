@@ -19,7 +19,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import nn
 
-from grab_exp.distributed.comm import Communicator, SimulatedComm, init_distributed
+from grab_exp.distributed.comm import Communicator, SimulatedComm
+from grab_exp.distributed.join import init_distributed
 from grab_exp.distributed.orderings import DistributedOrdering
 from grab_exp.distributed.shards import split_shards
 from grab_exp.distributed.sync import average_gradients_, check_identical_models, evaluate_shared
@@ -124,7 +125,10 @@ def connect_data_parallel(cfg: DictConfig) -> DataParallel:
     if options.simulate_workers:
         comm = SimulatedComm(options.simulate_workers)
         return DataParallel(comm, resolve_device(cfg.device), simulated=True)
-    comm, device = init_distributed(options.backend, options.timeout_s)
+    try:
+        comm, device = init_distributed(options.backend, options.timeout_s, cfg.device)
+    except ValueError as error:  # a local rank without a GPU of its own
+        raise ConfigError(str(error)) from error
     if options.workers is not None and options.workers != comm.world_size:
         raise ConfigError(
             f"distributed.workers: got {options.workers}; torchrun started "

@@ -18,6 +18,20 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _cuda_peaks_mb(device: torch.device, start_bytes: int) -> tuple[float | None, ...]:
+    """``(absolute peak, peak above the epoch start)`` of CUDA allocations since the epoch's
+    reset, in MiB; ``(None, None)`` off CUDA.
+
+    The absolute peak holds what lived before the epoch (the dataset when it is on the GPU,
+    the model, the optimizer's and the ordering's state); the step peak is what training
+    steps allocated on top of it (activations, per-sample gradients, the sorter's work).
+    """
+    if device.type != "cuda":
+        return None, None
+    peak = torch.cuda.max_memory_allocated(device)
+    return peak / 2**20, (peak - start_bytes) / 2**20
+
+
 def train_steps(job: TrainingJob, progress: Progress) -> tuple[torch.Tensor, int]:
     """One pass over the ordering; returns (summed step loss on the device, steps)."""
     data, ordering = job.data, job.parts.ordering
@@ -54,21 +68,24 @@ def run_epoch(job: TrainingJob, epoch: int, progress: Progress) -> dict[str, Any
     device, ordering, strategy = job.strategy.device, job.parts.ordering, job.strategy
     ordering.set_epoch(epoch)
     strategy.start_epoch(ordering)
+    start_bytes = 0
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+        start_bytes = torch.cuda.memory_allocated(device)
     _synchronize(device)
     started = time.perf_counter()
     progress.start_epoch(epoch, -(-len(ordering) // job.batch_size))
     loss_sum, steps = train_steps(job, progress)
     _synchronize(device)
     seconds = time.perf_counter() - started
-    peak_cuda = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+    peak_cuda, step_peak_cuda = _cuda_peaks_mb(device, start_bytes)
     row = {
         "epoch": epoch + 1,
         **_evaluation(job),
         **strategy.end_epoch(job.parts.model, ordering, loss_sum, steps),
         "time/epoch_s": seconds,
         "mem/peak_cuda_mb": peak_cuda,
+        "mem/step_peak_cuda_mb": step_peak_cuda,
         "mem/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "mem/sorter_bytes": ordering.state_bytes(),
     }

@@ -74,6 +74,7 @@ def _save(run_dir: Path, job: TrainingJob, epoch: int, metrics: list, run_id: st
             run_dir,
             strategy=job.strategy.kind,
             world_size=job.strategy.world_size,
+            device_type=job.strategy.device.type,
             epoch=epoch,
             metrics=metrics,
             wandb_id=run_id,

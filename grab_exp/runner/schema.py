@@ -32,6 +32,7 @@ class TrainerConfig:
 
     compile: bool = False
     compile_mode: str = "default"
+    tf32: bool = False
 
 
 @dataclass

@@ -22,10 +22,36 @@ from grab_exp.sampler import GraBSampler
 
 
 def resolve_device(device: str) -> torch.device:
-    """``auto`` -> ``cuda`` when available, else ``cpu``; others as given."""
+    """``auto`` -> ``cuda`` when available, else ``cpu``; others as given (checked by
+    :func:`~grab_exp.runner.config_check.validate_config`). ``cuda:k`` becomes the current
+    CUDA device (where kernels and CUDA generators without an index go)."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(device)
+    resolved = torch.device(device)
+    if resolved.type == "cuda" and resolved.index is not None:
+        torch.cuda.set_device(resolved)
+    return resolved
+
+
+def set_cuda_policy(device: torch.device, tf32: bool) -> None:
+    """On CUDA: deterministic cuDNN without autotuning, and TF32 only when asked for.
+
+    TF32 rounds matmul and convolution inputs to 10 mantissa bits (cuDNN convolutions use it
+    by default from Ampere on): per-sample gradients, and so sign decisions, would then
+    differ from float32 by far more than rounding. ``trainer.tf32=false`` (the default)
+    keeps float32; ``true`` trades that for speed. Nothing changes on the CPU.
+    """
+    if device.type != "cuda":
+        return
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    if hasattr(torch.backends.cudnn, "conv"):  # torch >= 2.9: the fp32_precision settings
+        precision = "tf32" if tf32 else "ieee"
+        torch.backends.cuda.matmul.fp32_precision = precision
+        torch.backends.cudnn.conv.fp32_precision = precision
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
 
 
 class Strategy:
@@ -102,7 +128,14 @@ class Strategy:
 
 
 def check_checkpoint_kind(strategy: Strategy, state: dict[str, Any]) -> None:
-    """Refuse a checkpoint of another kind of job, or of another number of workers."""
+    """Refuse a checkpoint of another kind of job, of another number of workers, or written on
+    another device type (CPU and CUDA generators differ: the orders could not continue)."""
+    if state["device_type"] != strategy.device.type:
+        raise ConfigError(
+            f"device: the checkpoint was written on {state['device_type']}, this job runs on "
+            f"{strategy.device.type}; resume with device={state['device_type']}, or "
+            "overwrite=true to start over"
+        )
     if state["strategy"] != strategy.kind:
         raise ConfigError(
             f"checkpoint.pt: written by a {state['strategy']} job, this job is "
@@ -118,8 +151,11 @@ def check_checkpoint_kind(strategy: Strategy, state: dict[str, Any]) -> None:
 def connect(cfg: DictConfig) -> Strategy:
     """The strategy of ``cfg``: alone, simulated workers, or this process's torchrun rank."""
     options = cfg.distributed
-    if not (options.enabled or options.simulate_workers):
-        return Strategy(resolve_device(cfg.device))
-    from grab_exp.runner.data_parallel import connect_data_parallel
+    if options.enabled or options.simulate_workers:
+        from grab_exp.runner.data_parallel import connect_data_parallel
 
-    return connect_data_parallel(cfg)
+        strategy = connect_data_parallel(cfg)
+    else:
+        strategy = Strategy(resolve_device(cfg.device))
+    set_cuda_policy(strategy.device, cfg.trainer.tf32)
+    return strategy

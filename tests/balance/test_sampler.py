@@ -9,7 +9,7 @@ import torch
 from helpers import current_order, make, random_grads, run_epochs
 from torch.utils.data import DataLoader, TensorDataset
 
-from grab_exp.sampler import GraBSampler
+from grab_exp.sampler import GraBSampler, parameters_device
 
 N, D, B = 30, 4, 4
 F64 = {"dtype": torch.float64, "seed": 2}
@@ -117,3 +117,20 @@ def test_sampler_resume_mid_epoch():
         fresh.step(zs[0][order[s : s + B]], indices=order[s : s + B])
     fresh.set_epoch(1)
     assert run_epochs(fresh.balance, zs[1:], B) == straight[1:]
+
+
+def test_default_device_follows_the_parameters():
+    on_meta = torch.nn.Linear(3, 2, device="meta")  # where a CUDA model's parameters would be
+    assert parameters_device(on_meta.parameters()) == torch.device("meta")
+    frozen = torch.nn.Linear(3, 2, device="meta").requires_grad_(False)
+    assert parameters_device([*frozen.parameters(), *torch.nn.Linear(2, 1).parameters()]) == (
+        torch.device("cpu")
+    )  # the first trainable one
+    assert parameters_device(frozen.parameters()) is None
+    model = torch.nn.Linear(3, 2)
+    sampler = GraBSampler(N, model.parameters(), balance="mean")  # a generator: read once
+    assert sampler.balance.device == torch.device("cpu") and sampler.balance.d == 8
+    with pytest.raises(RuntimeError, match=r"(?i)meta"):  # the meta device, not the CPU default
+        GraBSampler(N, on_meta.parameters(), balance="mean")
+    on_cpu = GraBSampler(N, on_meta.parameters(), balance="mean", device="cpu")  # explicit wins
+    assert on_cpu.balance.device == torch.device("cpu") and on_cpu.balance.d == 8

@@ -193,7 +193,8 @@ def test_hung_rank_ends_the_other_within_the_timeout(tmp_path):
         "grab_exp",
         *("experiment=smoke", "model=logreg", "balance=cd_grab", "distributed=true"),
         *("dataset.num_train=64", "dataset.num_test=8", "epochs=100000", "batch_size=8"),
-        *("device=cpu", "progress=none", f"distributed.timeout_s={HUNG_TIMEOUT_S}"),
+        *("device=cpu", "distributed.backend=gloo", "progress=none"),
+        f"distributed.timeout_s={HUNG_TIMEOUT_S}",
         f"hydra.run.dir={tmp_path / 'run'}",
     ]
     procs = launch(args, tmp_path)
@@ -335,7 +336,7 @@ def test_slurm_launcher_composes_a_torchrun_style_job():
 
 def test_slurm_task_variables_become_torchrun_variables(monkeypatch):
     pytest.importorskip("submitit")
-    from grab_exp.distributed.comm import export_slurm_env
+    from grab_exp.distributed.join import export_slurm_env
 
     slurm = {
         "SLURM_JOB_ID": "42",

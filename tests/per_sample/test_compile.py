@@ -115,14 +115,15 @@ def test_compile_off_keeps_the_run_directory():
 @pytest.mark.slow
 def test_runner_trains_compiled_and_an_eager_run_loads_its_checkpoint(tmp_path):
     overrides = ["model=mlp", "model.hidden=[16]", "dataset.num_train=64", "dataset.num_test=32"]
-    args = ["experiment=smoke", "epochs=1", "progress=none", "trainer.compile=true", *overrides]
+    args = ["experiment=smoke", "epochs=1", "progress=none", "trainer.compile=true", "device=cpu"]
+    args += overrides
     result = run_cli(args, tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     (summary_path,) = (tmp_path / "outputs" / "smoke").rglob("summary.json")
     summary = json.loads(summary_path.read_text())
     assert summary["status"] == "finished"
     assert 0 < summary["final"]["train/loss"] < 10
-    state = torch.load(summary_path.parent / CHECKPOINT_NAME, weights_only=True)
+    state = torch.load(summary_path.parent / CHECKPOINT_NAME, map_location="cpu", weights_only=True)
     eager = compose_job(overrides)  # trainer.compile=false
     model, ordering = eager.parts.model, eager.parts.ordering
     assert list(state["model"]) == list(model.state_dict())  # no "_orig_mod." prefixes

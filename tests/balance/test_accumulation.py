@@ -1,0 +1,71 @@
+"""The GPU-minded rewrites compute what the code before them computed: ``sequential_signs``
+without per-vector allocations gives the same signs, and recursive balance's one-hot node sums
+(deterministic on CUDA, unlike ``index_add_`` with repeated nodes) equal the old ``index_add_``
+accumulators to float64 rounding, with the same orders."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import make, random_grads, run_epochs
+
+from grab_exp.balance.recursive import RecursiveBalance
+from grab_exp.balance.signs import sequential_signs
+
+
+def signs_before(dots: torch.Tensor, gram: torch.Tensor, thresholds: torch.Tensor):
+    """``sequential_signs`` as it was before (commit ba11b1b): one ``torch.where`` per vector."""
+    running = dots.clone()
+    plus = torch.ones((), dtype=dots.dtype, device=dots.device)
+    columns = gram.t().contiguous().unbind(0)
+    values, limits = running.unbind(0), thresholds.unbind(0)
+    signs = []
+    for j in range(dots.shape[0]):
+        sign = torch.where(values[j] < limits[j], plus, -plus)
+        running.addcmul_(columns[j], sign)
+        signs.append(sign)
+    return torch.stack(signs) if signs else dots.new_zeros(0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rows", [0, 1, 7, 32])
+def test_sequential_signs_are_the_signs_of_before(rows, dtype):
+    generator = torch.Generator().manual_seed(rows)
+    for trial in range(20):
+        v = torch.randn(rows, 5, generator=generator, dtype=dtype)
+        gram = v @ v.T * (torch.rand(rows, rows, generator=generator) < 0.7)  # masked, as used
+        dots = torch.randn(rows, generator=generator, dtype=dtype)
+        thresholds = torch.zeros(rows, dtype=dtype)
+        if trial % 2:  # probabilistic thresholds
+            thresholds = torch.rand(rows, generator=generator, dtype=dtype).mul_(-60).add_(30)
+        if trial % 3 == 0 and rows:  # ties and signed zeros: a tie is a "-"
+            dots[: rows // 2] = thresholds[: rows // 2]
+            dots[0] = -0.0
+        got = sequential_signs(dots, gram, thresholds)
+        assert got.dtype == dtype and torch.equal(got, signs_before(dots, gram, thresholds))
+
+
+class IndexAddRecursive(RecursiveBalance):
+    """Recursive balance with the node sums of before (commit ba11b1b): ``index_add_``."""
+
+    def _balance_level(self, centered, gram, node, thresholds, level):
+        node_acc = self.acc[node]  # (B, d)
+        dots = (node_acc * centered).sum(dim=1)
+        same_node = node[:, None] == node[None, :]
+        signs = sequential_signs(dots, gram * same_node, thresholds)
+        self.acc.index_add_(0, node, centered * signs[:, None])
+        return signs
+
+
+@pytest.mark.parametrize(("n", "b", "depth"), [(40, 8, 3), (37, 16, 5), (24, 4, 0)])
+def test_one_hot_node_sums_equal_index_add_to_float64_rounding(n, b, depth):
+    d = 9
+    zs = random_grads(n, d, epochs=2, seed=n)
+    options = {"depth": depth, "dtype": "float64", "kernel": "probabilistic", "c": 3.0}
+    new = make("recursive", n, d, **options)
+    old = IndexAddRecursive(n, d, **options)
+    assert run_epochs(new, zs, b) == run_epochs(old, zs, b)  # float64 gradients
+    for bal in (new, old):  # and the accumulators mid-epoch, after a step
+        bal.step(zs[0][bal.order[:b]])
+    assert torch.allclose(new.acc, old.acc, rtol=1e-13, atol=1e-13)
+    assert new.acc.abs().sum() > 0
