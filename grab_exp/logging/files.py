@@ -127,3 +127,10 @@ def _to_builtin(obj: Any) -> Any:
     if isinstance(obj, os.PathLike):
         return os.fspath(obj)
     return str(obj)
+
+
+def shown(path: str | os.PathLike[str]) -> str:
+    """``path`` as a user types it: relative to the working directory when inside it."""
+    path = Path(path).resolve()
+    cwd = Path.cwd().resolve()
+    return str(path.relative_to(cwd)) if path.is_relative_to(cwd) else str(path)

@@ -137,7 +137,7 @@ def test_joblib_and_basic_launchers_give_identical_metrics(quick_sweep, tmp_path
     args = [
         "-m",
         "experiment=table1",
-        f"+row={sweep.QUICK['rows']}",
+        f"row={sweep.QUICK['rows']}",
         f"seed={sweep.QUICK['seeds']}",
     ]
     args += ["epochs=1", "progress=none", *sweep.QUICK_OVERRIDES]  # the basic launcher

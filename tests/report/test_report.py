@@ -61,7 +61,7 @@ def sweep(tmp_path_factory) -> Path:
     env.pop("WANDB_API_KEY", None)
     command = [
         *(sys.executable, "-m", "grab_exp", "-m", "experiment=smoke"),
-        *("+row=rr_classic,rr,mean", f"seed={','.join(map(str, SEEDS))}", f"epochs={EPOCHS}"),
+        *("row=rr_classic,rr,mean", f"seed={','.join(map(str, SEEDS))}", f"epochs={EPOCHS}"),
         *("dataset.num_train=64", "dataset.num_test=32", "device=cpu", "logger=wandb"),
         "progress=none",
         f"hydra.sweep.dir={root / 'smoke'}",
