@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 from omegaconf import OmegaConf
 
+from grab_exp.logging.files import shown
 from grab_exp.report.frames import (
     ID_COLUMNS,
     RunLoadError,
@@ -202,7 +203,7 @@ def read_run(run_dir: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, A
         raise RunLoadError(f"skipping unfinished run {run_dir} (status {status!r})")
     identity = run_identity(summary, run_dir=run_dir)
     metrics = read_metrics(run_dir)
-    ids = {"run": str(run_dir), **{key: identity[key] for key in ("variant", "pipeline", "seed")}}
+    ids = {"run": shown(run_dir), **{key: identity[key] for key in ("variant", "pipeline", "seed")}}
     ids["device"] = str(summary.get("device", "unknown"))
     return metrics.assign(**ids)[[*ID_COLUMNS, *metric_columns(metrics)]], identity
 

@@ -18,6 +18,7 @@ import matplotlib as mpl
 import pandas as pd
 from matplotlib.figure import Figure
 
+from grab_exp.logging.files import without_run_cwd
 from grab_exp.report.collect import find_run_dirs
 from grab_exp.report.figures import STYLE, save_figure
 from grab_exp.report.render import to_markdown
@@ -70,7 +71,10 @@ def figure(frame: pd.DataFrame, targets: tuple[float, ...]) -> Figure:
 
 
 def archive_runs(paths: list[str], archive: Path) -> None:
-    """Copy each run's light files to ``archive/<path relative to its sweep root>``."""
+    """Copy each run's light files to ``archive/<path relative to its sweep root>``.
+
+    ``hydra.yaml`` is copied with the job's working directory made relative.
+    """
     for root in map(Path, paths):
         for run_dir in find_run_dirs([root]):
             relative = run_dir.relative_to(root.resolve())
@@ -80,6 +84,8 @@ def archive_runs(paths: list[str], archive: Path) -> None:
                     target = archive / relative / name
                     target.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(source, target)
+                    if target.name == "hydra.yaml":  # no folder of this machine in the archive
+                        target.write_text(without_run_cwd(target.read_text()))
 
 
 def write_report(
