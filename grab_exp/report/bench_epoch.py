@@ -26,8 +26,10 @@ class EpochBench:
     source: str  # the JSON file, as the report's captions name it
 
 
-def read_epoch_bench(path: str | os.PathLike[str]) -> EpochBench:
+def read_epoch_bench(path: str | os.PathLike[str], name: str | None = None) -> EpochBench:
     """The Table 1 rows of an ``epoch`` benchmark JSON (its VRGD rows are left out).
+
+    ``name`` is how captions cite the file (default: ``path`` relative to the working directory).
 
     Raises:
         ValueError: not an ``epoch`` benchmark, or without Table 1's rows.
@@ -43,4 +45,4 @@ def read_epoch_bench(path: str | os.PathLike[str]) -> EpochBench:
     ]  # fmt: skip
     if not rows:
         raise ValueError(f"{path}: no Table 1 row ({', '.join(keys)})")
-    return EpochBench(pd.DataFrame(rows), shown(path))
+    return EpochBench(pd.DataFrame(rows), name or shown(path))
