@@ -51,8 +51,8 @@ def run_identity(
     Runs written before the block existed get the same dict from the summary's ``variant``,
     ``pipeline``, ``seed``, ``world_size``; the resolved config's ``name``, ``batch_size``,
     ``seed`` and ``_target_`` classes; and, with ``run_dir``, its ``.hydra/`` choices
-    (``arm``, ``row``, ``optimizer``), ``row=``/``arm=`` overrides (``+row=`` in older runs)
-    and the directory's hash suffix. What an old run did not record is ``None``.
+    (``arm``, ``row``, ``optimizer``), ``[+]row=``/``arm=`` overrides and the directory's hash
+    suffix. What an old run did not record is ``None``.
 
     Args:
         summary: The run's ``summary.json`` (``{}`` for a W&B run).
@@ -159,8 +159,7 @@ def find_run_dirs(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
         paths: Run directories or sweep directories (searched recursively).
 
     Returns:
-        The run directories, sorted, each once; kept-aside ``*.old<k>`` copies and job
-        folders without a summary are skipped with a warning.
+        The run directories, sorted, each once (``*.old<k>`` and summary-less ones: warned).
 
     Raises:
         FileNotFoundError: a path does not exist.
