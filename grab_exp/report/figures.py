@@ -118,7 +118,8 @@ def figure1(frame: pd.DataFrame, log_loss: bool = False, zoom_epochs: int | None
 
 def _epoch_axis(ax, limit: int) -> None:
     """x axis from epoch 1 to ``limit``, a tick at every epoch up to 10, else about 6."""
-    ax.set_xlim(1 if limit > 1 else 0.5, max(limit, 1.5))
+    pad = 0.04 * max(limit - 1, 1)  # end markers stay whole
+    ax.set_xlim(1 - pad if limit > 1 else 0.5, max(limit + pad, 1.5))
     ax.set_xlabel("Epoch")
     ax.grid(alpha=0.25, linewidth=0.4)
     if limit <= 10:
