@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from grab_exp.runner.resolvers import register_resolvers
@@ -53,6 +56,29 @@ def user_error_line(error: BaseException) -> str | None:
     return None
 
 
+def sweep_size(params: dict[str, str]) -> int:
+    """How many jobs ``hydra.sweeper.params`` (override -> comma-separated values) describe."""
+    size = 1
+    for values in params.values():
+        size *= len(str(values).split(","))
+    return size
+
+
+def warn_if_sweep_preset_runs_once() -> None:
+    """One warning when a preset meant for a multirun (``hydra.sweeper.params``) runs without -m."""
+    hydra_cfg = HydraConfig.get()
+    params = hydra_cfg.sweeper.get("params") or {}
+    if hydra_cfg.mode == RunMode.RUN and params:
+        preset = hydra_cfg.runtime.choices.get("experiment")
+        logging.getLogger("grab_exp").warning(
+            "experiment=%s is a sweep of %d jobs (%s); without -m only this one job runs: "
+            "add -m to run them all",
+            preset,
+            sweep_size(params),
+            " x ".join(params),
+        )
+
+
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
     """Train one job; returns the final test accuracy (for sweepers).
@@ -62,6 +88,7 @@ def main(cfg: DictConfig) -> float | None:
     """
     from grab_exp.runner.lifecycle import run_job  # after Hydra set up logging
 
+    warn_if_sweep_preset_runs_once()
     try:
         final = run_job(cfg)
     except Exception as error:

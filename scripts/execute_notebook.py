@@ -1,11 +1,13 @@
 #!/usr/bin/env python
-"""Execute a notebook in place from a clean kernel with nbclient, keeping its outputs.
+"""Execute a notebook from a clean kernel with nbclient; write the result to a copy.
 
-Example (after the real results land in ``results/table1/runs``)::
+Example (writes ``report/reproduce_figures.ipynb``; the tracked notebook is left alone)::
 
-    python scripts/execute_notebook.py notebooks/reproduce_figures.ipynb
+    python scripts/execute_notebook.py notebooks/reproduce_figures.ipynb --output report/
 
-``--results DIR`` sets ``GRAB_RESULTS_DIR`` for the kernel (the notebook's run folder).
+``--output`` is a file or a folder (default ``report/``); ``--in-place`` rewrites the notebook
+itself (how the committed outputs are refreshed). ``--results DIR`` sets ``GRAB_RESULTS_DIR``
+for the kernel (the notebook's run folder).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import nbformat
 from nbclient import NotebookClient
 
 DEFAULT_NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "reproduce_figures.ipynb"
+DEFAULT_OUTPUT = "report"
 
 
 def execute(
@@ -33,7 +36,8 @@ def execute(
     Args:
         path: The notebook.
         results: Run folder for the notebook (``GRAB_RESULTS_DIR``); default: the notebook's.
-        output: Where to write the executed notebook (default: in place).
+        output: Where to write the executed notebook: a file, or an existing folder (it gets
+            the notebook's name); default: in place.
         timeout: Seconds per cell.
         kernel: Kernel name.
 
@@ -54,20 +58,37 @@ def execute(
         resources={"metadata": {"path": str(notebook_path.parent)}},
     )
     client.execute()
-    nbformat.write(notebook, Path(output) if output else notebook_path)
+    nbformat.write(notebook, target(notebook_path, output))
     return notebook
 
 
+def target(notebook: Path, output: str | os.PathLike[str] | None) -> Path:
+    """The file to write: ``output`` (a folder gets the notebook's name), else ``notebook``."""
+    if output is None:
+        return notebook
+    out = Path(output)
+    if out.is_dir() or out.suffix != ".ipynb":
+        out.mkdir(parents=True, exist_ok=True)
+        return out / notebook.name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Command line: ``execute_notebook.py [NOTEBOOK] [--results DIR] [--output FILE]``."""
+    """Command line: ``execute_notebook.py [NOTEBOOK] [--output PATH | --in-place]``."""
     cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     cli.add_argument("notebook", nargs="?", default=str(DEFAULT_NOTEBOOK))
     cli.add_argument("--results", help="run folder (sets GRAB_RESULTS_DIR)")
-    cli.add_argument("--output", help="write here instead of in place")
+    where = cli.add_mutually_exclusive_group()
+    where.add_argument(
+        "--output", default=DEFAULT_OUTPUT, help="file or folder to write (default: report/)"
+    )
+    where.add_argument("--in-place", action="store_true", help="rewrite the notebook itself")
     cli.add_argument("--timeout", type=int, default=600, help="seconds per cell")
     args = cli.parse_args(argv)
-    execute(args.notebook, args.results, args.output, args.timeout)
-    print(f"executed {args.output or args.notebook}")
+    output = None if args.in_place else args.output
+    execute(args.notebook, args.results, output, args.timeout)
+    print(f"executed {args.notebook}; wrote {target(Path(args.notebook).resolve(), output)}")
     return 0
 
 

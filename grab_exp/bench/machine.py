@@ -20,7 +20,11 @@ def _cpu_model() -> str:
 
 
 def describe_machine(device: torch.device) -> dict:
-    """CPU, core count, torch threads and version, and the GPU name when on CUDA."""
+    """CPU, core count, torch threads and version, the GPU name when on CUDA, and the load.
+
+    ``load_avg_1m`` (the 1-minute load average when the benchmark started, where the platform
+    has one) shows whether other work shared the machine: near 0 on an idle one.
+    """
     info = {
         "platform": platform.platform(),
         "python": platform.python_version(),
@@ -32,4 +36,6 @@ def describe_machine(device: torch.device) -> dict:
     }
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
+    if hasattr(os, "getloadavg"):
+        info["load_avg_1m"] = round(os.getloadavg()[0], 2)
     return info

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from grab_exp.balance import Balance, make_balance
+from grab_exp.bench.machine import describe_machine
 from grab_exp.bench.timing import median_seconds
 
 OPTIONS = {"recursive": {"depth": 5}, "recursive_pair": {"batch_size": 16}}
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--json", default=None, help="also write the rows to this file")
+    parser.add_argument("--json", default=None, help="also write the JSON to this file")
     args = parser.parse_args(argv)
     rows = [
         bench_variant(name, args.n, args.d, args.batch, args.repeats, args.device)
@@ -60,5 +61,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.json:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(rows, indent=2) + "\n")
+        report = {
+            "benchmark": "sorters",
+            "settings": vars(args),
+            "machine": describe_machine(torch.device(args.device)),
+            "rows": rows,
+        }
+        path.write_text(json.dumps(report, indent=2) + "\n")
     return rows

@@ -80,7 +80,7 @@ def sweep_command(jobs: int | str, sweep_dir: str, args) -> list[str]:
         "grab_exp",
         "-m",
         "experiment=table1",
-        f"+row={args.rows}",
+        f"row={args.rows}",
         f"seed={args.seeds}",
         f"epochs={args.epochs}",
         "progress=none",

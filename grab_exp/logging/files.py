@@ -12,6 +12,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -127,3 +128,25 @@ def _to_builtin(obj: Any) -> Any:
     if isinstance(obj, os.PathLike):
         return os.fspath(obj)
     return str(obj)
+
+
+def shown(path: str | os.PathLike[str]) -> str:
+    """``path`` as a user types it: relative to the working directory when inside it."""
+    path = Path(path).resolve()
+    cwd = Path.cwd().resolve()
+    return str(path.relative_to(cwd)) if path.is_relative_to(cwd) else str(path)
+
+
+def without_run_cwd(hydra_yaml: str) -> str:
+    """A job's ``hydra.yaml`` text with its working directory (``runtime.cwd``) made relative.
+
+    Paths under the directory the job ran in lose that prefix and the directory itself becomes
+    ``.``, so an archived config names no folder of the machine that made it.
+    """
+    match = re.search(r"^\s+cwd: (/\S*)$", hydra_yaml, flags=re.M)
+    if match is None:
+        return hydra_yaml
+    cwd = match[1].rstrip("/")
+    return re.sub(
+        rf"{re.escape(cwd)}(/|(?=[\s'\"]|$))", lambda m: "" if m[1] else ".", hydra_yaml, flags=re.M
+    )

@@ -6,17 +6,24 @@ and validated at construction (before any training). Any exception from W&B in
 network, bad key, init timeout, unwritable directory) is reported once as a
 :class:`WandbUnavailableWarning`, after which the logger is a no-op for the rest of the job:
 training goes on with the local store.
+
+An offline run says so once at its start and, at its end, prints the ``wandb sync`` command
+that uploads it later (the run's ``wandb/offline-run-*`` folder).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from grab_exp.logging.files import shown
 from grab_exp.logging.wandb_mode import resolve_mode
+
+log = logging.getLogger("grab_exp")
 
 
 class WandbUnavailableWarning(RuntimeWarning):
@@ -49,6 +56,7 @@ class WandbLogger:
         name: str | None = None,
         init_timeout: float = 30.0,
     ) -> None:
+        self.requested_mode = mode
         self.mode = resolve_mode(mode)
         self.project = project
         self.entity = entity
@@ -103,7 +111,15 @@ class WandbLogger:
         except Exception as error:
             self._fail("wandb.init", error)
             return None
+        if self.mode == "offline":
+            why = "no W&B API key configured" if self.requested_mode == "auto" else "mode offline"
+            log.info("W&B is offline (%s): the run is written to %s", why, shown(self.sync_dir))
         return self._run.id
+
+    @property
+    def sync_dir(self) -> Path | None:
+        """The open run's own folder (``<run_dir>/wandb/offline-run-*``), or ``None``."""
+        return Path(self._run.dir).parent if self.active else None
 
     def log(self, metrics: Mapping[str, Any], epoch: int) -> None:
         """Log one epoch's metrics with ``epoch`` as the W&B step; ``None`` values are dropped.
@@ -123,11 +139,15 @@ class WandbLogger:
         """Finish the run with ``exit_code`` (0 = success); later calls do nothing."""
         if not self.active:
             return
+        sync_dir = self.sync_dir
         run, self._run = self._run, None
         try:
             run.finish(exit_code=int(exit_code))
         except Exception as error:
             self._fail("wandb.finish", error)
+            return
+        if self.mode == "offline":
+            log.info("upload this W&B run with: wandb sync %s", shown(sync_dir))
 
     def _init(self, run_dir: Path, config: dict[str, Any], run_id: str | None) -> Any:
         import wandb

@@ -11,6 +11,7 @@ Command line: ``python -m grab_exp.report {table1,vrgd,distributed} ...`` (see `
 e.g. ``python -m grab_exp.report table1 outputs/table1 --out report/``.
 """
 
+from grab_exp.report.bench_epoch import EpochBench, read_epoch_bench
 from grab_exp.report.build import Report, make_report
 from grab_exp.report.collect import (
     IDENTITY_KEYS,
@@ -41,6 +42,7 @@ __all__ = [
     "IDENTITY_KEYS",
     "PALETTE",
     "ROW_ORDER",
+    "EpochBench",
     "Report",
     "ReportWarning",
     "RunLoadError",
@@ -59,6 +61,7 @@ __all__ = [
     "load_runs",
     "make_report",
     "merge_paper",
+    "read_epoch_bench",
     "read_paper",
     "read_run",
     "read_runs",

@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 from omegaconf import OmegaConf
 
+from grab_exp.logging.files import shown
 from grab_exp.report.frames import (
     ID_COLUMNS,
     RunLoadError,
@@ -50,7 +51,7 @@ def run_identity(
     Runs written before the block existed get the same dict from the summary's ``variant``,
     ``pipeline``, ``seed``, ``world_size``; the resolved config's ``name``, ``batch_size``,
     ``seed`` and ``_target_`` classes; and, with ``run_dir``, its ``.hydra/`` choices
-    (``arm``, ``row``, ``optimizer``), ``+row=``/``arm=`` overrides and the directory's hash
+    (``arm``, ``row``, ``optimizer``), ``[+]row=``/``arm=`` overrides and the directory's hash
     suffix. What an old run did not record is ``None``.
 
     Args:
@@ -158,8 +159,7 @@ def find_run_dirs(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
         paths: Run directories or sweep directories (searched recursively).
 
     Returns:
-        The run directories, sorted, each once; kept-aside ``*.old<k>`` copies and job
-        folders without a summary are skipped with a warning.
+        The run directories, sorted, each once (``*.old<k>`` and summary-less ones: warned).
 
     Raises:
         FileNotFoundError: a path does not exist.
@@ -202,7 +202,7 @@ def read_run(run_dir: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, A
         raise RunLoadError(f"skipping unfinished run {run_dir} (status {status!r})")
     identity = run_identity(summary, run_dir=run_dir)
     metrics = read_metrics(run_dir)
-    ids = {"run": str(run_dir), **{key: identity[key] for key in ("variant", "pipeline", "seed")}}
+    ids = {"run": shown(run_dir), **{key: identity[key] for key in ("variant", "pipeline", "seed")}}
     ids["device"] = str(summary.get("device", "unknown"))
     return metrics.assign(**ids)[[*ID_COLUMNS, *metric_columns(metrics)]], identity
 

@@ -36,6 +36,11 @@ def percent(value: float) -> str:
     return "—" if value is None or math.isnan(value) else f"{value:+.1f}%"
 
 
+def seconds(value: float) -> str:
+    """Seconds with two decimals; ``—`` when missing."""
+    return "—" if value is None or math.isnan(value) else f"{value:.2f}"
+
+
 def epoch_note(table: Table1) -> tuple[str, str]:
     """Header notes of the final and early columns, e.g. ``("final, ep. 100", "ep. 5")``;
     the early one reads ``ep. 3, last`` when the runs stopped before epoch 5."""
@@ -55,7 +60,7 @@ def headers(table: Table1) -> dict[str, str]:
         f"Train loss ({early})",
         f"Test acc. ({final})",
         f"Test acc. ({early})",
-        "Time (s/epoch)",
+        "Time (s/epoch, during the runs)",
         _MEMORY_NAMES[table.memory_source],
     ]
     return dict(zip(table.metrics, names, strict=True))
@@ -70,7 +75,8 @@ def display_frame(table: Table1) -> pd.DataFrame:
             cell(m, s, decimals(metric))
             for m, s in zip(data[f"{metric}_mean"], data[f"{metric}_std"], strict=True)
         ]
-    shown["Time overhead"] = data["time_overhead_pct"].map(percent)
+    shown["Time, idle bench (s/epoch)"] = data["bench_epoch_s"].map(seconds)
+    shown["Time overhead (idle bench)"] = data["time_overhead_pct"].map(percent)
     shown["Mem. overhead"] = data["mem_overhead_pct"].map(percent)
     return shown
 
@@ -130,9 +136,17 @@ def caption(table: Table1) -> str:
         "rss": "peak process RSS (no CUDA device)",
         "mixed": "peak CUDA memory where measured, else peak process RSS",
     }[table.memory_source]
+    bench = (
+        f"idle bench = training seconds per epoch on an otherwise idle machine "
+        f"({table.time_source}: median step time x steps per epoch), the source of the time "
+        "overhead"
+        if table.time_source
+        else "no idle-machine benchmark given, so no time overhead"
+    )
     return (
         "Table 1 reproduced: mean ± std over seeds (Seeds = count); final columns at "
-        f"{final.removeprefix('final, ')}, early columns at {early}; time = mean training "
-        f"seconds per epoch; memory = {memory}; "
+        f"{final.removeprefix('final, ')}, early columns at {early}; time during the runs = "
+        "mean training seconds per epoch as the jobs measured them (machine load included; "
+        f"not comparable between rows); {bench}; memory = {memory}; "
         f"overheads relative to RR (functional). Device: {', '.join(table.devices)}."
     )

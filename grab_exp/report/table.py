@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from grab_exp.report.bench_epoch import EpochBench
 from grab_exp.report.frames import ReportWarning
 from grab_exp.report.variants import BASELINE, row_label, row_rank
 
@@ -26,8 +27,10 @@ class Table1:
     Attributes:
         data: One row per variant/pipeline in the report's order: ``variant``, ``pipeline``,
             ``label``, ``n_seeds``, ``final_epoch``, ``mem_source``, then ``<metric>_mean`` and
-            ``<metric>_std`` for each of :attr:`metrics`, then ``time_overhead_pct`` and
-            ``mem_overhead_pct`` (relative to the functional RR row).
+            ``<metric>_std`` for each of :attr:`metrics`, then ``bench_epoch_s`` (idle-machine
+            seconds per epoch from the ``epoch`` benchmark, NaN without it),
+            ``time_overhead_pct`` (from ``bench_epoch_s``) and ``mem_overhead_pct`` (relative to
+            the functional RR row).
         metrics: The metric names in column order, e.g. ``train_loss_final``,
             ``train_loss_epoch5``, ..., ``time_s_per_epoch``, ``peak_cuda_mb``.
         early_epoch: The epoch of the "early" columns: 5, or the last epoch when fewer ran.
@@ -36,6 +39,7 @@ class Table1:
             memory column compares with, see :func:`peak_memory`), ``cuda`` (absolute CUDA
             peak, runs that logged no step peak), ``rss`` or ``mixed``.
         devices: The distinct devices the runs trained on.
+        time_source: The benchmark file of ``bench_epoch_s`` (``None``: no time overheads).
     """
 
     data: pd.DataFrame
@@ -44,6 +48,7 @@ class Table1:
     final_epochs: list[int]
     memory_source: str
     devices: list[str] = field(default_factory=list)
+    time_source: str | None = None
 
     @property
     def memory_metric(self) -> str:
@@ -95,13 +100,17 @@ def peak_memory(epochs: pd.DataFrame) -> tuple[float, str]:
     return (float(rss.max()) if rss is not None else float("nan")), "rss"
 
 
-def build_table1(frame: pd.DataFrame, early_epoch: int = EARLY_EPOCH) -> Table1:
+def build_table1(
+    frame: pd.DataFrame, early_epoch: int = EARLY_EPOCH, bench: EpochBench | None = None
+) -> Table1:
     """Aggregate the tidy run frame into Table 1 (see :class:`Table1`).
 
     Args:
         frame: The frame of :func:`grab_exp.report.collect.load_runs` (or of W&B runs).
         early_epoch: The epoch of the early columns; lowered to the shortest run's last epoch
             when some run has fewer epochs.
+        bench: Idle-machine step times (:func:`~grab_exp.report.bench_epoch.read_epoch_bench`),
+            the only source of the time overheads.
 
     Raises:
         ValueError: ``frame`` holds no runs.
@@ -130,9 +139,14 @@ def build_table1(frame: pd.DataFrame, early_epoch: int = EARLY_EPOCH) -> Table1:
         renames["peak_mem_mb"],
     ]
     data = aggregate(runs, metrics)
-    add_overheads(data, "time_s_per_epoch_mean", renames["peak_mem_mb"] + "_mean")
+    times = bench.times[["variant", "pipeline", "epoch_s"]] if bench else None
+    if times is not None:
+        data = data.merge(times.rename(columns={"epoch_s": "bench_epoch_s"}), how="left")
+    else:
+        data["bench_epoch_s"] = float("nan")
+    add_overheads(data, "bench_epoch_s", renames["peak_mem_mb"] + "_mean")
     devices = sorted(runs["device"].astype(str).unique().tolist())
-    return Table1(data, metrics, early, finals, source, devices)
+    return Table1(data, metrics, early, finals, source, devices, bench and bench.source)
 
 
 def aggregate(runs: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
@@ -156,7 +170,11 @@ def aggregate(runs: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
 
 
 def add_overheads(data: pd.DataFrame, time_column: str, memory_column: str) -> None:
-    """Add ``time_overhead_pct`` and ``mem_overhead_pct`` relative to the functional RR row."""
+    """Add ``time_overhead_pct`` and ``mem_overhead_pct`` relative to the functional RR row.
+
+    ``time_column`` is the idle-machine benchmark's (NaN without one): a job's own timing on a
+    shared machine is never turned into an overhead.
+    """
     base = data[(data["variant"] == BASELINE[0]) & (data["pipeline"] == BASELINE[1])]
     if base.empty:
         warnings.warn(

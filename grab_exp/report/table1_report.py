@@ -9,6 +9,7 @@ import sys
 
 import pandas as pd
 
+from grab_exp.report.bench_epoch import read_epoch_bench
 from grab_exp.report.build import Report, make_report
 from grab_exp.report.collect import load_runs
 from grab_exp.report.frames import concat_runs, drop_duplicate_runs
@@ -42,6 +43,11 @@ def add_arguments(cli: argparse.ArgumentParser) -> None:
     cli.add_argument("--paper", default=str(DEFAULT_PAPER_CSV), help="default: %(default)s")
     cli.add_argument("--no-paper", action="store_true", help="skip the side-by-side table")
     cli.add_argument("--hardware", help="our hardware in words, for the side-by-side note")
+    cli.add_argument(
+        "--bench",
+        help="`python -m grab_exp.bench epoch` JSON: idle-machine times, the only source of "
+        "time overheads (without it the report shows none)",
+    )
 
 
 def load_frame(args: argparse.Namespace) -> pd.DataFrame:
@@ -96,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         frame = load_frame(args)
+        bench = read_epoch_bench(args.bench) if args.bench else None
     except (FileNotFoundError, ValueError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -104,8 +111,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     paper = None if args.no_paper else args.paper
     report = make_report(
-        frame, args.out, paper, args.log_loss, args.early_epoch, args.zoom_epochs, args.hardware
-    )
+        frame, args.out, paper, args.log_loss, args.early_epoch, args.zoom_epochs, args.hardware,
+        bench,
+    )  # fmt: skip
     for kind, paths in report.files.items():
         print(f"{kind}: {', '.join(str(path) for path in paths)}")
     if not args.log_to_wandb:

@@ -77,6 +77,18 @@ def color_of(variant: str, pipeline: str) -> str:
     return _EXTRA_COLORS[sum(map(ord, key)) % len(_EXTRA_COLORS)]
 
 
-def line_style(variant: str) -> str:
-    """Dashed lines for the RR baselines, solid for the orderings."""
-    return "--" if variant == "rr" else "-"
+#: One line style and marker per row key, so that rows drawn on top of each other stay apart.
+STYLES: dict[str, tuple[object, str]] = {
+    "rr-classic": ((0, (1, 1.2)), "o"),
+    "rr": ("--", "x"),
+    "mean": ("-", "s"),
+    "pair": ("-.", "^"),
+    "batch": ((0, (5, 1.5)), "v"),
+    "recursive": ("-", "D"),
+    "recursive_pair": ((0, (3, 1, 1, 1, 1, 1)), "P"),
+}
+
+
+def line_style(variant: str, pipeline: str) -> tuple[object, str]:
+    """The row's ``(linestyle, marker)``: from :data:`STYLES`, solid with dots for others."""
+    return STYLES.get(row_key(variant, pipeline), ("-", "."))

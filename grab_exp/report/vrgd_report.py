@@ -18,6 +18,7 @@ import matplotlib as mpl
 import pandas as pd
 from matplotlib.figure import Figure
 
+from grab_exp.logging.files import shown, without_run_cwd
 from grab_exp.report.collect import find_run_dirs
 from grab_exp.report.figures import STYLE, save_figure
 from grab_exp.report.render import to_markdown
@@ -42,11 +43,18 @@ HYDRA_FILES = tuple(f".hydra/{name}.yaml" for name in ("config", "hydra", "overr
 LIGHT_FILES = ("metrics.csv", "summary.json", *HYDRA_FILES)
 
 
-def figure(frame: pd.DataFrame, targets: tuple[float, ...]) -> Figure:
-    """Test accuracy (mean over seeds) per epoch (top) and per training second (bottom)."""
+def figure(
+    frame: pd.DataFrame, targets: tuple[float, ...], bench: dict | None = None, source: str = ""
+) -> Figure:
+    """Test accuracy (mean over seeds) per epoch (top) and per training second (bottom).
+
+    With ``bench`` (a ``python -m grab_exp.bench vrgd`` JSON, file ``source``) the seconds are
+    epochs x the arm's idle-machine epoch time; without it, the jobs' own times (load included).
+    """
     batches = sorted(frame["batch_size"].unique())
+    idle = {(r["arm"], r["batch_size"]): r["epoch_s"] for r in (bench or {}).get("rows", [])}
     with mpl.rc_context(STYLE):
-        fig = Figure(figsize=(2.3 * len(batches), 3.6), layout="constrained")
+        fig = Figure(figsize=(2.3 * len(batches), 3.8), layout="constrained")
         axes = fig.subplots(2, len(batches), squeeze=False, sharey=True)
         for col, batch in enumerate(batches):
             runs = frame[frame["batch_size"] == batch]
@@ -55,22 +63,32 @@ def figure(frame: pd.DataFrame, targets: tuple[float, ...]) -> Figure:
                 color, style = ARM_STYLE[arm]
                 curve = curves.loc[arm]
                 kw = {"color": color, "linestyle": style, "label": ARM_LABELS[arm], "marker": "."}
+                seconds = curve.index * idle[arm, batch] if idle else curve["train_time_s"]
                 axes[0, col].plot(curve.index, 100 * curve["test/acc"], **kw)
-                axes[1, col].plot(curve["train_time_s"], 100 * curve["test/acc"], **kw)
+                axes[1, col].plot(seconds, 100 * curve["test/acc"], **kw)
             axes[0, col].set_title(f"batch {batch}")
             axes[0, col].set_xlabel("epoch")
-            axes[1, col].set_xlabel("training time (s)")
+            axes[1, col].set_xlabel("training time, idle machine (s)" if idle else
+                                    "training time during the runs (s)")  # fmt: skip
             for ax in axes[:, col]:
                 for target in targets:
                     ax.axhline(100 * target, color="0.7", linewidth=0.5, linestyle=":")
         for ax in axes[:, 0]:
             ax.set_ylabel("test accuracy (%)")
         axes[0, 0].legend(frameon=False)
+        fig.suptitle(
+            f"mean over seeds; bottom: epochs x idle-machine epoch time ({source})"
+            if idle else "mean over seeds; bottom: the jobs' own times, machine load included",
+            fontsize=6,
+        )  # fmt: skip
     return fig
 
 
 def archive_runs(paths: list[str], archive: Path) -> None:
-    """Copy each run's light files to ``archive/<path relative to its sweep root>``."""
+    """Copy each run's light files to ``archive/<path relative to its sweep root>``.
+
+    ``hydra.yaml`` is copied with the job's working directory made relative.
+    """
     for root in map(Path, paths):
         for run_dir in find_run_dirs([root]):
             relative = run_dir.relative_to(root.resolve())
@@ -80,6 +98,8 @@ def archive_runs(paths: list[str], archive: Path) -> None:
                     target = archive / relative / name
                     target.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(source, target)
+                    if target.name == "hydra.yaml":  # no folder of this machine in the archive
+                        target.write_text(without_run_cwd(target.read_text()))
 
 
 def write_report(
@@ -104,14 +124,16 @@ def write_report(
         raise ValueError("no finished runs of an arm (conf/arm/) under the paths")
     runs = per_run(frame, targets)
     table = summarize(runs, targets)
-    if bench is not None:
-        table = add_bench_times(table, json.loads(bench.read_text()), targets)
+    bench_data = json.loads(bench.read_text()) if bench is not None else None
+    if bench_data is not None:
+        table = add_bench_times(table, bench_data, targets)
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "vrgd_runs.csv", out / "vrgd_table.csv", out / "vrgd_table.md"]
     runs.to_csv(written[0], index=False)
     table.to_csv(written[1], index=False)
     written[2].write_text(to_markdown(display_table(table, targets)))
-    written += save_figure(figure(frame, targets), out, "vrgd_figure")
+    source = shown(bench) if bench is not None else ""
+    written += save_figure(figure(frame, targets, bench_data, source), out, "vrgd_figure")
     return written
 
 

@@ -19,11 +19,11 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from grab_exp.distributed.comm import CollectiveError, exit_after_collective_error
-from grab_exp.logging.files import remove_stale_temp_files
+from grab_exp.logging.files import remove_stale_temp_files, shown
 from grab_exp.logging.local import LocalStore
 from grab_exp.logging.wandb_logger import build_wandb_logger
 from grab_exp.runner.build import TrainingJob, build_job
-from grab_exp.runner.checkpoint import load_checkpoint, save_checkpoint
+from grab_exp.runner.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from grab_exp.runner.config_check import validate_config
 from grab_exp.runner.epoch import run_epoch
 from grab_exp.runner.identity import run_identity
@@ -90,7 +90,7 @@ def _train(
     state = load_checkpoint(run_dir)
     metrics = _restore(job, state) if state else []
     if state and store:
-        log.info("resuming %s after epoch %d", run_dir, state["epoch"] + 1)
+        log.info("resuming after epoch %d", state["epoch"] + 1)
     if store:
         store.rewrite(metrics)  # exactly the checkpoint's rows, whatever was written after it
     run_id = None
@@ -118,6 +118,8 @@ def _prepare_run_dir(run_dir: Path, cfg: DictConfig, strategy: Strategy) -> None
         if cfg.overwrite and has_artifacts(run_dir):
             keep_aside(run_dir)
         remove_stale_temp_files(run_dir)  # a kill during an atomic write leaves its temp file
+        state = "resumed" if (run_dir / CHECKPOINT_NAME).exists() else "new"
+        log.info("run directory: %s (%s)", shown(run_dir), state)
     strategy.barrier("run directory ready")
 
 

@@ -57,6 +57,23 @@ def sqrt_batch_lr(base_lr: float, base_batch_size: int, batch_size: int) -> floa
     return float(base_lr) * math.sqrt(batch_size / base_batch_size)
 
 
+def config_subdir(overwrite: bool) -> str | None:
+    """``hydra.output_subdir``: ``.hydra``, or ``None`` for a job that will be skipped.
+
+    Hydra writes ``.hydra/{config,hydra,overrides}.yaml`` before the job starts; a finished run
+    that is skipped keeps the files it ran with, so they go on describing that run.
+    """
+    from hydra.core.hydra_config import HydraConfig
+
+    from grab_exp.runner.rundir import will_skip
+
+    try:
+        run_dir = HydraConfig.get().runtime.output_dir
+    except ValueError:  # no job yet (e.g. --cfg hydra --resolve)
+        return ".hydra"
+    return None if run_dir and will_skip(run_dir, overwrite) else ".hydra"
+
+
 def register_resolvers() -> None:
     """Register the ``grab.*`` resolvers (idempotent)."""
     OmegaConf.register_new_resolver("grab.variant_dir", variant_dir, replace=True)
@@ -66,3 +83,4 @@ def register_resolvers() -> None:
         replace=True,
     )
     OmegaConf.register_new_resolver("grab.sqrt_batch_lr", sqrt_batch_lr, replace=True)
+    OmegaConf.register_new_resolver("grab.config_subdir", config_subdir, replace=True)

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from grab_exp.logging.files import shown
 from grab_exp.logging.local import LocalStore
 
 log = logging.getLogger("grab_exp")
@@ -36,13 +37,25 @@ def keep_aside(run_dir: Path) -> Path:
     return aside
 
 
+def _finished_summary(run_dir: Path) -> dict[str, Any] | None:
+    previous = LocalStore(run_dir, ("epoch",)).read_summary()
+    return previous if previous and previous.get("status") == "finished" else None
+
+
+def will_skip(run_dir: str | Path, overwrite: bool) -> bool:
+    """Whether the job in ``run_dir`` will be skipped: it finished and ``overwrite`` is off."""
+    return not overwrite and _finished_summary(Path(run_dir)) is not None
+
+
 def finished_run(run_dir: Path, overwrite: bool) -> dict[str, Any] | None:
     """The final metrics of a run that already finished in ``run_dir`` (to skip it), else None.
 
     With ``overwrite`` a finished run is not skipped.
     """
-    previous = LocalStore(run_dir, ("epoch",)).read_summary()
-    if overwrite or not previous or previous.get("status") != "finished":
+    if not will_skip(run_dir, overwrite):
         return None
-    log.info("%s already finished; skipping (overwrite=true starts it over)", run_dir)
-    return previous.get("final", {})
+    log.info(
+        "run directory: %s (skipped: it already finished; overwrite=true starts it over)",
+        shown(run_dir),
+    )
+    return _finished_summary(run_dir).get("final", {})

@@ -23,7 +23,10 @@ def test_sorters_bench_reports_every_ordering(tmp_path, capsys):
     out = tmp_path / "sorters.json"
     rows = sorters.main(["--n", "64", "--d", "100", "--repeats", "3", "--json", str(out)])
     assert [r["variant"] for r in rows] == list(Balance.registry)
-    assert json.loads(out.read_text()) == rows
+    written = json.loads(out.read_text())
+    assert written["rows"] == rows and written["benchmark"] == "sorters"
+    assert written["settings"]["repeats"] == 3 and written["settings"]["d"] == 100
+    assert {"cpu", "cpu_count", "torch", "torch_threads", "device"} <= set(written["machine"])
     assert all(r["step_ms"] > 0 and r["state_bytes"] > 0 for r in rows)
     assert "recursive_pair" in capsys.readouterr().out
 
@@ -137,7 +140,7 @@ def test_joblib_and_basic_launchers_give_identical_metrics(quick_sweep, tmp_path
     args = [
         "-m",
         "experiment=table1",
-        f"+row={sweep.QUICK['rows']}",
+        f"row={sweep.QUICK['rows']}",
         f"seed={sweep.QUICK['seeds']}",
     ]
     args += ["epochs=1", "progress=none", *sweep.QUICK_OVERRIDES]  # the basic launcher

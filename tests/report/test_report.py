@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 
 from grab_exp.logging import read_offline_runs
@@ -27,9 +28,12 @@ from grab_exp.report import (
     load_runs,
 )
 from grab_exp.report.cli import main
+from grab_exp.report.figures import identical_rows
+from grab_exp.report.variants import STYLES
 from grab_exp.report.wandb_source import fetch_runs, parse_wandb_path
 
 REPO = Path(__file__).resolve().parents[2]
+EPOCH_BENCH = REPO / "results" / "bench" / "epoch.json"  # the committed idle-machine bench
 ROWS = [("rr", "classic"), ("rr", "functional"), ("mean", "functional")]
 SEEDS = [0, 1]
 EPOCHS = 3  # fewer than 5: the "epoch 5" columns fall back to the last epoch
@@ -61,7 +65,7 @@ def sweep(tmp_path_factory) -> Path:
     env.pop("WANDB_API_KEY", None)
     command = [
         *(sys.executable, "-m", "grab_exp", "-m", "experiment=smoke"),
-        *("+row=rr_classic,rr,mean", f"seed={','.join(map(str, SEEDS))}", f"epochs={EPOCHS}"),
+        *("row=rr_classic,rr,mean", f"seed={','.join(map(str, SEEDS))}", f"epochs={EPOCHS}"),
         *("dataset.num_train=64", "dataset.num_test=32", "device=cpu", "logger=wandb"),
         "progress=none",
         f"hydra.sweep.dir={root / 'smoke'}",
@@ -73,9 +77,9 @@ def sweep(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def report(sweep, tmp_path_factory) -> Path:
-    """``python -m grab_exp.report <sweep> --out <dir>`` (in-process), with the paper."""
+    """``python -m grab_exp.report <sweep> --out <dir> --bench <epoch.json>`` (in-process)."""
     out = tmp_path_factory.mktemp("report")
-    assert main([str(sweep), "--out", str(out), "--log-loss"]) == 0
+    assert main([str(sweep), "--out", str(out), "--log-loss", "--bench", str(EPOCH_BENCH)]) == 0
     return out
 
 
@@ -137,11 +141,21 @@ def test_table1_values_match_the_runs(sweep, report):
             assert float(table[row][f"{metric}_mean"]) == pytest.approx(mean, rel=1e-9)
             assert float(table[row][f"{metric}_std"]) == pytest.approx(std, rel=1e-9, abs=1e-12)
     base = expected[("rr", "functional")]
+    bench = {r["row"]: r["epoch_s"] for r in json.loads(EPOCH_BENCH.read_text())["rows"]}
+    bench_s = {("rr", "classic"): bench["rr-classic"], ("rr", "functional"): bench["rr"]}
+    bench_s[("mean", "functional")] = bench["mean"]
     for row, metrics in expected.items():
-        time_pct = 100 * (metrics["time_s_per_epoch"][0] / base["time_s_per_epoch"][0] - 1)
+        time_pct = 100 * (bench_s[row] / bench_s[("rr", "functional")] - 1)  # never the runs'
         mem_pct = 100 * (metrics["peak_rss_mb"][0] / base["peak_rss_mb"][0] - 1)
+        assert float(table[row]["bench_epoch_s"]) == pytest.approx(bench_s[row])
         assert float(table[row]["time_overhead_pct"]) == pytest.approx(time_pct)
         assert float(table[row]["mem_overhead_pct"]) == pytest.approx(mem_pct)
+
+
+def test_without_a_bench_there_is_no_time_overhead(sweep):
+    table = build_table1(load_runs([sweep])).data
+    assert table["time_overhead_pct"].isna().all() and table["bench_epoch_s"].isna().all()
+    assert table["mem_overhead_pct"].notna().all()
 
 
 def test_table1_columns_rows_and_headers(report):
@@ -149,18 +163,22 @@ def test_table1_columns_rows_and_headers(report):
         header = next(csv.reader(handle))
     stats = [f"{metric}_{kind}" for metric in METRICS for kind in ("mean", "std")]
     ids = ["variant", "pipeline", "label", "n_seeds", "final_epoch", "mem_source"]
-    assert header == [*ids, *stats, "time_overhead_pct", "mem_overhead_pct"]
+    assert header == [*ids, *stats, "bench_epoch_s", "time_overhead_pct", "mem_overhead_pct"]
     rows = read_csv_rows(report / "table1.csv")
     assert [(r["variant"], r["pipeline"]) for r in rows] == ROWS
     markdown = (report / "table1.md").read_text()
-    assert markdown.splitlines()[4].split(" | ")[2:-2] == [
+    assert markdown.splitlines()[4].split(" | ")[2:] == [
         "Train loss (final, ep. 3)",
         "Train loss (ep. 3, last)",
         "Test acc. (final, ep. 3)",
         "Test acc. (ep. 3, last)",
-        "Time (s/epoch)",
+        "Time (s/epoch, during the runs)",
         "Peak RSS (MB)",
+        "Time, idle bench (s/epoch)",
+        "Time overhead (idle bench)",
+        "Mem. overhead |",
     ]
+    assert "results/bench/epoch.json" in markdown.splitlines()[2]  # the caption names it
     labels = [line.split(" | ")[0] for line in markdown.splitlines()[6:]]
     assert labels == ["| RR (classic)", "| RR (functional)", "| Mean"]
     assert " ± " in markdown
@@ -188,14 +206,32 @@ def test_figures_are_written_with_one_color_per_row(sweep, report):
         png, pdf = report / f"{stem}.png", report / f"{stem}.pdf"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
         assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > 5_000
-    figure = figure1(load_runs([sweep]))
+    frame = load_runs([sweep])
+    figure = figure1(frame)
+    same = identical_rows(frame, ROWS)
+    functional_rr = "RR (functional)" + (": identical to RR (classic)" if same else "")
     for ax in figure.axes:
-        colors = {line.get_label(): line.get_color() for line in ax.get_lines()}
-        assert colors == {
-            "RR (classic)": PALETTE["rr-classic"],
-            "RR (functional)": PALETTE["rr"],
-            "Mean": PALETTE["mean"],
+        styles = {
+            line.get_label(): (line.get_color(), line.get_marker()) for line in ax.get_lines()
         }
+        assert styles == {
+            "RR (classic)": (PALETTE["rr-classic"], STYLES["rr-classic"][1]),
+            functional_rr: (PALETTE["rr"], STYLES["rr"][1]),
+            "Mean": (PALETTE["mean"], STYLES["mean"][1]),
+        }
+    labels = [text.get_text() for text in figure.legends[0].texts]
+    assert labels[-1] == f"± 1 std over {len(SEEDS)} seeds (top panels)"
+
+
+def test_identical_rows_need_every_value_equal(sweep):
+    frame = load_runs([sweep])
+    rr = frame[(frame["variant"] == "rr") & (frame["pipeline"] == "functional")]
+    twin = rr.assign(variant="mean")  # RR's runs again, under another row
+    rows = [("rr", "functional"), ("mean", "functional")]
+    assert identical_rows(pd.concat([rr, twin]), rows) == {rows[1]: rows[0]}
+    twin = twin.reset_index(drop=True)
+    twin.loc[len(twin) - 1, "test/acc"] += 1e-6
+    assert identical_rows(pd.concat([rr, twin]), rows) == {}
 
 
 # ------------------------------------------------------------------ runs that are left out
@@ -328,7 +364,7 @@ def test_wandb_runs_give_the_same_frame_and_table(sweep):
         assert remote[column].tolist() == pytest.approx(local[column].tolist())
     remote_table, local_table = build_table1(remote).data, build_table1(local).data
     numeric = [c for c in local_table.columns if c.endswith(("_mean", "_std", "_pct"))]
-    assert remote_table[numeric].values == pytest.approx(local_table[numeric].values)
+    assert remote_table[numeric].values == pytest.approx(local_table[numeric].values, nan_ok=True)
 
 
 def test_wandb_api_calls_match_the_installed_public_api():

@@ -361,16 +361,16 @@ def table1_sweep() -> dict[str, list[str]]:
 
 def test_table1_sweeps_the_seven_rows_times_three_seeds():
     sweep = table1_sweep()
-    assert set(sweep) == {"+row", "seed"}
-    assert sweep["+row"] == TABLE1_ROWS
+    assert set(sweep) == {"row", "seed"}
+    assert sweep["row"] == TABLE1_ROWS
     assert sorted(int(s) for s in sweep["seed"]) == TABLE1_SEEDS
-    assert set(sweep["+row"]) == {o for g, o in GROUP_OPTIONS if g == "row"}
-    assert len(sweep["+row"]) * len(sweep["seed"]) == 21
+    assert set(sweep["row"]) == {o for g, o in GROUP_OPTIONS if g == "row"}
+    assert len(sweep["row"]) * len(sweep["seed"]) == 21
 
 
 @pytest.mark.parametrize("row", TABLE1_ROWS)
 def test_table1_rows_follow_the_report_protocol(row, tmp_path):
-    cfg = compose_config(["experiment=table1", f"+row={row}"], hydra=True)
+    cfg = compose_config(["experiment=table1", f"row={row}"], hydra=True)
     choices = cfg.hydra.runtime.choices
     assert (choices.model, choices.dataset, choices.optimizer) == ("lenet", "cifar10_jpeg", "sgd")
     assert (cfg.epochs, cfg.batch_size, cfg.name) == (100, 16, "table1")
@@ -384,6 +384,6 @@ def test_table1_rows_follow_the_report_protocol(row, tmp_path):
     assert choices.pipeline == (pipeline or "functional")
     if row == "recursive":
         assert cfg.balance.depth == 5
-    run_cfg = compose_config(["experiment=table1", f"+row={row}"])
+    run_cfg = compose_config(["experiment=table1", f"row={row}"])
     run_cfg.dataset.archive = str(tmp_path)  # an existing path: validation only checks it exists
     validate_config(run_cfg)

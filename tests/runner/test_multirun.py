@@ -117,7 +117,9 @@ def test_one_wandb_run_per_job_reads_back_every_epoch(multirun):
 def test_rerunning_the_command_skips_all_four(multirun):
     cwd, again = multirun["cwd"], multirun["again"]
     assert again.returncode == 0, again.stdout
-    skipped = re.findall(r"(outputs/smoke/\S+) already finished; skipping", again.stdout)
+    skipped = re.findall(
+        r"run directory: (outputs/smoke/\S+) \(skipped: it already finished", again.stdout
+    )
     assert sorted(skipped) == sorted(d.relative_to(cwd).as_posix() for d in run_dirs(cwd))
     assert "epoch 1/" not in again.stdout and "resuming" not in again.stdout
     after = _snapshot(cwd)

@@ -248,7 +248,8 @@ def test_the_kill_interrupted_an_unfinished_epoch(jobs):
     assert checkpointed in (done, done + 1) and checkpointed < EPOCHS
     assert at_kill["summary"]["status"] == "running"
     log = jobs["resumed"]["log"]
-    assert re.search(rf"resuming \S+ after epoch {checkpointed}\b", log), log
+    assert re.search(r"run directory: \S+ \(resumed\)", log), log
+    assert re.search(rf"resuming after epoch {checkpointed}\b", log), log
 
 
 def test_resumed_run_equals_an_uninterrupted_one(jobs):
@@ -354,7 +355,8 @@ def test_overwrite_keeps_the_old_run_aside_and_starts_over(jobs):
     old, new = jobs["wandb_down"], jobs["overwrite"]
     assert new["status"] == 0, new["log"]
     assert new["run_dir"] == old["run_dir"]  # logger=local vs wandb: the same directory
-    assert "skipping" not in new["log"] and "resuming" not in new["log"]
+    assert "(skipped" not in new["log"] and "resuming" not in new["log"]
+    assert re.search(r"run directory: \S+ \(new\)", new["log"]), new["log"]
     assert "epoch 1/2" in new["log"] and "epoch 2/2" in new["log"]  # trained from scratch
     run_dir = new["run_dir"]
     aside = run_dir.with_name(run_dir.name + ".old1")
