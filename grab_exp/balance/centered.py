@@ -29,7 +29,7 @@ class CenteredBalance(Balance):
         """Record the raw ``B`` rows for the next mean; return the centered (prepared) rows."""
         ones = torch.ones(grads.rows, dtype=self.dtype, device=self.device)  # (B,)
         grads.accumulate(self.grad_sum, ones)
-        centered = grads.centered(self.stale_mean, self._scratch("centered", grads.rows))
+        centered = grads.centered(self.stale_mean, lambda rows: self._scratch("centered", rows))
         return self._prepare(centered)
 
     def _end_epoch(self) -> None:

@@ -100,7 +100,8 @@ class FactoredGrads(GradRows, Mapping):
     def __init__(self, blocks: dict[str, Block], shapes: dict[str, torch.Size]) -> None:
         self.blocks, self.shapes = blocks, shapes
         first = next(iter(blocks.values()))
-        self.rows = (first.a if isinstance(first, LinearFactors) else first).shape[0]
+        self.like = first.a if isinstance(first, LinearFactors) else first
+        self.rows = self.like.shape[0]
         self._cache: dict[str, torch.Tensor] = {}
         self._columns: dict[str, slice] = {}
         start = 0

@@ -34,7 +34,7 @@ class PairBalance(Balance):
         total = grads.rows + lead
         if total >= 2:
             first = self.pending if lead else None
-            diffs = grads.pair_diffs(first, self._scratch("diffs", total // 2))  # P rows
+            diffs = grads.pair_diffs(first, lambda rows: self._scratch("diffs", rows))  # P rows
             self._balance_pairs(self._prepare(diffs), start - lead)
         self.has_pending = bool(total % 2)
         if self.has_pending:

@@ -14,9 +14,14 @@ them lazy (:class:`Combination`) and derives their dots and Gram matrix from the
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from grab_exp.balance.signs import normalize_rows
+
+#: ``rows -> (rows, d)`` reusable buffer, asked for only by representations that fill one
+Scratch = Callable[[int], torch.Tensor]
 
 
 class GradRows:
@@ -24,9 +29,11 @@ class GradRows:
 
     Attributes:
         rows: ``B``.
+        like: a tensor with the rows' dtype and device.
     """
 
     rows: int
+    like: torch.Tensor
 
     def dots(self, acc: torch.Tensor) -> torch.Tensor:
         """``<g_i, acc>``: ``acc (d,)`` gives ``(B,)``; ``acc (K, d)`` gives ``(B, K)``."""
@@ -49,22 +56,23 @@ class GradRows:
         """Row ``i`` ``(d,)`` (a view or a fresh tensor)."""
         raise NotImplementedError
 
-    def centered(self, base: torch.Tensor, out: torch.Tensor) -> GradRows:
-        """``g_i - base`` (``base (d,)``); ``out (B, d)`` is scratch the result may use."""
+    def centered(self, base: torch.Tensor, scratch: Scratch) -> GradRows:
+        """``g_i - base`` (``base (d,)``); ``scratch(rows)`` gives a ``(rows, d)`` buffer the
+        result may use (the factored rows never ask for one)."""
         weights = torch.eye(self.rows, dtype=base.dtype, device=base.device)  # (B, B)
         shift = torch.full((self.rows,), -1.0, dtype=base.dtype, device=base.device)  # (B,)
         return Combination(self, weights, shift, base)
 
-    def pair_diffs(self, first: torch.Tensor | None, out: torch.Tensor) -> GradRows:
+    def pair_diffs(self, first: torch.Tensor | None, scratch: Scratch) -> GradRows:
         """Differences of consecutive rows: ``P = (B + [first given]) // 2`` vectors.
 
         With ``first (d,)`` (a pending example of the previous step) it leads: the vectors are
-        ``first - g_0, g_1 - g_2, ...``; else ``g_0 - g_1, g_2 - g_3, ...``. ``out (P, d)`` is
-        scratch the result may use.
+        ``first - g_0, g_1 - g_2, ...``; else ``g_0 - g_1, g_2 - g_3, ...``. ``scratch`` as in
+        :meth:`centered`.
         """
         lead = int(first is not None)
         pairs = (self.rows + lead) // 2
-        dtype, device = out.dtype, out.device
+        dtype, device = self.like.dtype, self.like.device
         index = torch.arange(pairs, device=device)  # (P,)
         weights = torch.zeros(pairs, self.rows, dtype=dtype, device=device)  # (P, B)
         weights[index, 2 * index + 1 - lead] = -1.0
@@ -105,15 +113,16 @@ class DenseRows(GradRows):
     def row(self, i):
         return self.matrix[i]  # (d,)
 
-    def centered(self, base, out):
-        return DenseRows(torch.sub(self.matrix, base, out=out))  # (B, d)
+    def centered(self, base, scratch):
+        return DenseRows(torch.sub(self.matrix, base, out=scratch(self.rows)))  # (B, d)
 
-    def pair_diffs(self, first, out):
+    def pair_diffs(self, first, scratch):
         grads = self.matrix
         if first is not None:
             grads = torch.cat([first[None], grads])  # (B + 1, d)
         pairs = grads.shape[0] // 2
-        return DenseRows(torch.sub(grads[0 : 2 * pairs : 2], grads[1 : 2 * pairs : 2], out=out))
+        firsts, seconds = grads[0 : 2 * pairs : 2], grads[1 : 2 * pairs : 2]  # (P, d) each
+        return DenseRows(torch.sub(firsts, seconds, out=scratch(pairs)))
 
     def normalized(self):
         return DenseRows(normalize_rows(self.matrix))
