@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import BALANCES, KERNELS, make
+from test_balance_properties import discrepancy
 from torch import nn
 from torch.nn import functional as F
 
@@ -162,3 +163,25 @@ def test_float32_quantities_agree_to_rounding(model_name):
         (got_acc, want_acc),
     ]:
         assert ((got - want).abs().max() / want.abs().max()) <= 1e-4
+
+
+def as_factors(z: torch.Tensor) -> FactoredGrads:
+    """Rows ``z (B, 16)`` as sequence factors: ``g = sum_t e_t z[t]ᵀ`` (T = 4, out = in = 4)."""
+    a = z.reshape(-1, 4, 4)  # (B, T, in): step t carries row t of the 4 x 4 gradient
+    delta = torch.eye(4, dtype=z.dtype).expand(len(z), 4, 4)  # (B, T, out): e_t
+    return FactoredGrads({"w": LinearFactors(a, delta)}, {"w": torch.Size([4, 4])})
+
+
+@pytest.mark.parametrize("name", BALANCES)
+def test_herding_quality_on_the_factored_path(name):
+    n, d, b = 512, 16, 16  # as test_balance_properties: well below random orders' discrepancy
+    g = torch.Generator().manual_seed(1234)
+    z = torch.randn(n, d, generator=g)
+    random_orders = [torch.randperm(n, generator=g) for _ in range(200)]
+    median = torch.tensor([discrepancy(z, o) for o in random_orders]).median().item()
+    bal = make(name, n, d, batch_size=b, seed=0)
+    for epoch in range(5):
+        for start in range(0, n, b):
+            bal.step(as_factors(z[bal.order[start : start + b]]))
+        bal.set_epoch(epoch + 1)
+    assert discrepancy(z, bal.order.tolist()) < (median / 3 if name == "mean" else median / 2)
