@@ -59,9 +59,8 @@ class GradRows:
     def centered(self, base: torch.Tensor, scratch: Scratch) -> GradRows:
         """``g_i - base`` (``base (d,)``); ``scratch(rows)`` gives a ``(rows, d)`` buffer the
         result may use (the factored rows never ask for one)."""
-        weights = torch.eye(self.rows, dtype=base.dtype, device=base.device)  # (B, B)
         shift = torch.full((self.rows,), -1.0, dtype=base.dtype, device=base.device)  # (B,)
-        return Combination(self, weights, shift, base)
+        return Combination(self, None, shift, base)
 
     def pair_diffs(self, first: torch.Tensor | None, scratch: Scratch) -> GradRows:
         """Differences of consecutive rows: ``P = (B + [first given]) // 2`` vectors.
@@ -129,7 +128,8 @@ class DenseRows(GradRows):
 
 
 class Combination(GradRows):
-    """Lazy ``V = W G + shift ⊗ base``: ``W (P, B)`` weights of rows ``G``, ``base (d,)``.
+    """Lazy ``V = W G + shift ⊗ base``: ``W (P, B)`` weights of rows ``G`` (``None``: the
+    identity), ``shift (P,)``, ``base (d,)`` or ``None``.
 
     Dots and Gram matrix come from ``G``'s (centering and pair differences are linear):
     ``<v_i, acc> = (W <G, acc>)_i + shift_i <base, acc>`` and
@@ -139,16 +139,20 @@ class Combination(GradRows):
     def __init__(
         self,
         grads: GradRows,
-        weights: torch.Tensor,
+        weights: torch.Tensor | None,
         shift: torch.Tensor,
         base: torch.Tensor | None,
     ) -> None:
         self.grads, self.weights, self.shift, self.base = grads, weights, shift, base
-        self.rows = weights.shape[0]
+        self.rows, self.like = shift.shape[0], grads.like
         self._gram: torch.Tensor | None = None
 
+    def _mix(self, values: torch.Tensor) -> torch.Tensor:
+        """``W values`` for ``values (B, ...)``."""
+        return values if self.weights is None else self.weights @ values
+
     def dots(self, acc):
-        dots = self.weights @ self.grads.dots(acc)  # (P,) or (P, K)
+        dots = self._mix(self.grads.dots(acc))  # (P,) or (P, K)
         if self.base is None:
             return dots
         base_dots = acc @ self.base  # () or (K,)
@@ -158,10 +162,9 @@ class Combination(GradRows):
 
     def gram(self):
         if self._gram is None:
-            w = self.weights  # (P, B)
-            gram = w @ self.grads.gram() @ w.T  # (P, P)
+            gram = self._mix(self._mix(self.grads.gram()).T)  # (P, P): W G Gᵀ Wᵀ, symmetric
             if self.base is not None:
-                c = w @ self.grads.dots(self.base)  # (P,)
+                c = self._mix(self.grads.dots(self.base))  # (P,)
                 cross = torch.outer(c, self.shift)  # (P, P)
                 gram = gram + cross + cross.T
                 gram += (self.base @ self.base) * torch.outer(self.shift, self.shift)
@@ -169,16 +172,17 @@ class Combination(GradRows):
         return self._gram
 
     def accumulate(self, acc, coef):
-        self.grads.accumulate(acc, self.weights.T @ coef)  # (B,) or (B, K)
+        mixed = coef if self.weights is None else self.weights.T @ coef  # (B,) or (B, K)
+        self.grads.accumulate(acc, mixed)
         if self.base is not None:
             if acc.dim() == 1:
-                acc.add_(self.base * (self.shift @ coef))
+                acc.addcmul_(self.base, self.shift @ coef)  # no (d,) temporary
             else:
                 acc.addr_(coef.T @ self.shift, self.base)
 
     def dense(self, out):
         grads = self.grads.dense(out.new_empty(self.grads.rows, out.shape[1])).matrix
-        torch.mm(self.weights, grads, out=out)  # (P, d)
+        out.copy_(self._mix(grads))  # (P, d)
         if self.base is not None:
             out.addr_(self.shift, self.base)
         return DenseRows(out)
@@ -187,8 +191,7 @@ class Combination(GradRows):
         gram = self.gram()
         norms = gram.diagonal().clamp_min(0).sqrt()  # (P,)
         scale = norms.clamp_min_(torch.finfo(gram.dtype).tiny).reciprocal_()  # (P,)
-        scaled = Combination(
-            self.grads, self.weights * scale[:, None], self.shift * scale, self.base
-        )
+        weights = torch.diag(scale) if self.weights is None else self.weights * scale[:, None]
+        scaled = Combination(self.grads, weights, self.shift * scale, self.base)
         scaled._gram = gram * torch.outer(scale, scale)
         return scaled
