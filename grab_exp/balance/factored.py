@@ -44,9 +44,9 @@ class LinearFactors:
     def per_step(self, coef: torch.Tensor) -> torch.Tensor:
         """Per-example coefficients ``(B, ...)`` repeated over ``T``: ``(BT, ...)``."""
         steps = self.a.shape[1]
-        return (
-            coef[:, None].expand(coef.shape[0], steps, *coef.shape[1:]).reshape(-1, *coef.shape[1:])
-        )
+        if steps == 1:
+            return coef
+        return coef[:, None].expand(len(coef), steps, *coef.shape[1:]).reshape(-1, *coef.shape[1:])
 
     def to(self, device, dtype) -> LinearFactors:
         return LinearFactors(self.a.to(device, dtype), self.delta.to(device, dtype))
@@ -60,16 +60,17 @@ class LinearFactors:
         a, delta = self.flat()  # (BT, in), (BT, out)
         rows, steps = self.a.shape[:2]
         if acc.dim() == 2:
-            return ((delta @ acc) * a).sum(1).view(rows, steps).sum(1)  # (B,)
-        mixed = torch.matmul(delta, acc)  # (K, BT, in)
-        return (mixed * a).sum(2).view(-1, rows, steps).sum(2).T  # (B, K)
+            dots = (delta @ acc).mul_(a).sum(1)  # (BT,)
+            return dots if steps == 1 else dots.view(rows, steps).sum(1)  # (B,)
+        dots = torch.matmul(delta, acc).mul_(a).sum(2)  # (K, BT)
+        return (dots if steps == 1 else dots.view(-1, rows, steps).sum(2)).T  # (B, K)
 
     def gram(self) -> torch.Tensor:
         """``(B, B)``."""
         a, delta = self.flat()
         product = (a @ a.T).mul_(delta @ delta.T)  # (BT, BT)
         rows, steps = self.a.shape[:2]
-        return product.view(rows, steps, rows, steps).sum((1, 3))
+        return product if steps == 1 else product.view(rows, steps, rows, steps).sum((1, 3))
 
     def accumulate(self, acc: torch.Tensor, coef: torch.Tensor) -> None:
         """``acc (out, in) += sum_i coef_i g_i`` or ``acc (K, out, in) += sum_i coef_ik g_i``."""
