@@ -89,7 +89,7 @@ Block = torch.Tensor | LinearFactors
 class FactoredGrads(GradRows, Mapping):
     """Per-sample gradients by parameter: materialized ``(B, *shape)`` or :class:`LinearFactors`.
 
-    A ``Mapping`` name -> ``(B, *shape)``: reading an item materializes it (cached), so any code
+    A ``Mapping`` name -> ``(B, *shape)``: reading an item materializes it (anew), so any code
     written for a dict of per-sample gradients works unchanged; ``Balance.step`` instead uses the
     :class:`~grab_exp.balance.rows.GradRows` operations, which never form the ``(B, d)`` matrix.
 
@@ -103,7 +103,6 @@ class FactoredGrads(GradRows, Mapping):
         first = next(iter(blocks.values()))
         self.like = first.a if isinstance(first, LinearFactors) else first
         self.rows = self.like.shape[0]
-        self._cache: dict[str, torch.Tensor] = {}
         self._columns: dict[str, slice] = {}
         start = 0
         for name, shape in shapes.items():
@@ -116,9 +115,7 @@ class FactoredGrads(GradRows, Mapping):
         block = self.blocks[name]
         if not isinstance(block, LinearFactors):
             return block
-        if name not in self._cache:
-            self._cache[name] = block.materialize().view(self.rows, *self.shapes[name])
-        return self._cache[name]
+        return block.materialize().view(self.rows, *self.shapes[name])  # not kept: memory
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.blocks)
@@ -179,7 +176,6 @@ class FactoredGrads(GradRows, Mapping):
     def dense(self, out):
         for name in self.blocks:
             out[:, self._columns[name]] = self[name].reshape(self.rows, -1)
-        self._cache.clear()
         return DenseRows(out)
 
     def row(self, i):

@@ -66,11 +66,12 @@ def run(name, model_name, factored, **kwargs):
     psg = HookedPerSampleGradients(model, F.cross_entropy, factored=factored)
     d = sum(p.numel() for p in model.parameters())
     bal = make(name, N, d, batch_size=B, depth=2, dtype=torch.float64, c=0.5, **kwargs)
+    batch = B if name == "recursive_pair" else 5  # 5: pairs straddle steps, a short last step
     orders, states = [], []
     for epoch in range(EPOCHS):
         x, y = epoch_data(model_name, epoch)
-        for start in range(0, N, B):
-            idx = bal.order[start : start + B]
+        for start in range(0, N, batch):
+            idx = bal.order[start : start + batch]
             _, grads = psg(x[idx], y[idx])
             assert isinstance(grads, FactoredGrads) == factored
             bal.step(grads, idx)
@@ -97,6 +98,14 @@ def test_factored_orders_and_state_equal_materialized(name, model_name, kernel, 
                 error = (got[key] - want[key]).abs().max() / scale
                 assert error <= RTOL, f"{key}: relative error {error:.2e}"
     assert wants[-1]["acc"].abs().max() > 0  # the test compares real accumulators
+
+
+@pytest.mark.parametrize("name", ["mean", "pair"])
+def test_a_projection_sketches_the_factors_like_the_materialized_rows(name):
+    want_orders, wants = run(name, "lenet", False, projection_dim=16)
+    got_orders, gots = run(name, "lenet", True, projection_dim=16)
+    assert got_orders == want_orders
+    torch.testing.assert_close(gots[-1]["acc"], wants[-1]["acc"], rtol=RTOL, atol=0)
 
 
 def test_the_factored_path_keeps_linear_layers_as_factors():
