@@ -101,6 +101,9 @@ class FactoredGrads(GradRows, Mapping):
     def __init__(self, blocks: dict[str, Block], shapes: dict[str, torch.Size]) -> None:
         self.blocks, self.shapes = blocks, shapes
         first = next(iter(blocks.values()))
+        self._flat = {  # materialized blocks as (B, w), made contiguous once (a conv's is not)
+            n: b.reshape(len(b), -1) for n, b in blocks.items() if not isinstance(b, LinearFactors)
+        }
         self.like = first.a if isinstance(first, LinearFactors) else first
         self.rows = self.like.shape[0]
         self._columns: dict[str, slice] = {}
@@ -123,6 +126,10 @@ class FactoredGrads(GradRows, Mapping):
     def __len__(self) -> int:
         return len(self.blocks)
 
+    def factors(self) -> list[LinearFactors]:
+        """The blocks kept as factors."""
+        return [b for b in self.blocks.values() if isinstance(b, LinearFactors)]
+
     @property
     def factored_names(self) -> list[str]:
         """The parameters kept as factors."""
@@ -135,12 +142,14 @@ class FactoredGrads(GradRows, Mapping):
 
     # --- GradRows ------------------------------------------------------------------------
     def _parts(self, acc: torch.Tensor) -> Iterator[tuple[Block, torch.Tensor]]:
-        """Each block with its columns of ``acc (d,)`` / ``(K, d)``, shaped for the block."""
+        """Each block (factors, or materialized ``(B, w)``) with its columns of ``acc (d,)`` /
+        ``(K, d)``, shaped for the block."""
         for name, block in self.blocks.items():
             part = acc[..., self._columns[name]]
             if isinstance(block, LinearFactors):
-                part = part.unflatten(-1, self.shapes[name])  # (out, in) or (K, out, in)
-            yield block, part
+                yield block, part.unflatten(-1, self.shapes[name])  # (out, in) or (K, out, in)
+            else:
+                yield self._flat[name], part  # (B, w), (w,) or (K, w)
 
     def dots(self, acc):
         total = None
@@ -148,19 +157,14 @@ class FactoredGrads(GradRows, Mapping):
             if isinstance(block, LinearFactors):
                 dots = block.dots(part)
             else:
-                flat = block.reshape(self.rows, -1)  # (B, w)
-                dots = flat @ part if acc.dim() == 1 else (part @ flat.T).T
+                dots = block @ part if acc.dim() == 1 else (part @ block.T).T
             total = dots if total is None else total.add_(dots)
         return total  # (B,) or (B, K)
 
     def gram(self):
         total = None
-        for block in self.blocks.values():
-            if isinstance(block, LinearFactors):
-                gram = block.gram()
-            else:
-                flat = block.reshape(self.rows, -1)
-                gram = flat @ flat.T
+        for block in [*self.factors(), *self._flat.values()]:
+            gram = block.gram() if isinstance(block, LinearFactors) else block @ block.T
             total = gram if total is None else total.add_(gram)
         return total  # (B, B)
 
@@ -169,9 +173,9 @@ class FactoredGrads(GradRows, Mapping):
             if isinstance(block, LinearFactors):
                 block.accumulate(part, coef)
             elif acc.dim() == 1:
-                part.addmv_(block.reshape(self.rows, -1).T, coef)
+                part.addmv_(block.T, coef)
             else:
-                part.addmm_(coef.T, block.reshape(self.rows, -1))
+                part.addmm_(coef.T, block)
 
     def dense(self, out):
         for name in self.blocks:
