@@ -18,7 +18,8 @@ from torch.nn import functional as F
 from grab_exp.balance.factored import FactoredGrads, LinearFactors, factor_pays
 from grab_exp.balance.rows import DenseRows
 from grab_exp.models import MLP, LeNet, LogReg
-from grab_exp.per_sample import HookedPerSampleGradients
+from grab_exp.per_sample import FunctionalPipeline, HookedPerSampleGradients
+from grab_exp.sampler import GraBSampler
 
 N, B, EPOCHS = 24, 8, 3
 RTOL = 1e-10
@@ -194,3 +195,21 @@ def test_herding_quality_on_the_factored_path(name):
             bal.step(as_factors(z[bal.order[start : start + b]]))
         bal.set_epoch(epoch + 1)
     assert discrepancy(z, bal.order.tolist()) < (median / 3 if name == "mean" else median / 2)
+
+
+def test_three_line_api_and_mean_gradient_on_the_factored_pipeline():
+    """``loss, grads = psg(x, y); sampler.step(grads)`` unchanged; ``param.grad`` (the mean, from
+    the same backward) equals the materialized path's."""
+    x, y = epoch_data("lenet", 0)
+    grads_of = {}
+    for method in ("factored", "hooks"):
+        torch.manual_seed(0)
+        model = LeNet().double()  # the same weights for both
+        psg = FunctionalPipeline(model, F.cross_entropy, method=method)
+        sampler = GraBSampler(N, model.parameters(), balance="mean", dtype=torch.float64)
+        _, grads = psg(x[:B], y[:B])
+        sampler.step(grads)
+        grads_of[method] = [p.grad.clone() for p in model.parameters()]
+        assert psg.method == method and sampler.balance.pos == B
+    for got, want in zip(grads_of["factored"], grads_of["hooks"], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15)
