@@ -16,8 +16,9 @@ import torch
 
 from grab_exp.balance.kernels import make_kernel
 from grab_exp.balance.projection import balance_projection, describe
-from grab_exp.balance.signs import UNVISITED_KEY, normalize_rows
-from grab_exp.balance.tensors import IndexCheck, as_dtype, flatten_grads, grad_parts, rows_of
+from grab_exp.balance.rows import GradRows
+from grab_exp.balance.signs import UNVISITED_KEY
+from grab_exp.balance.tensors import IndexCheck, as_dtype, grad_rows, rows_of
 from grab_exp.validation import check_choice, check_int_at_least
 
 FIRST_EPOCH = ("random", "identity")
@@ -93,9 +94,13 @@ class Balance:
     def _init_state(self) -> None:
         """Allocate the variant's state tensors (named in ``state_tensors``)."""
 
-    def _balance(self, grads: torch.Tensor, start: int) -> None:
-        """Balance ``grads`` ``(B, dim)`` (``dim``: ``d`` or ``projection_dim``) of positions
-        ``start .. start+B-1``."""
+    def _balance(self, grads: GradRows, start: int) -> None:
+        """Balance the ``B`` rows ``grads`` (length ``dim``) of visit positions ``start ..``.
+
+        ``dim`` is ``d``, or ``projection_dim`` when the gradients are sketched. The rows are a
+        materialized ``(B, dim)`` matrix or factors (:mod:`grab_exp.balance.rows`); a variant
+        reads them only through the ``GradRows`` operations.
+        """
         raise NotImplementedError
 
     def _end_epoch(self) -> None:
@@ -131,11 +136,8 @@ class Balance:
         rows = rows_of(grads, indices, self.needs_grads)
         self._check_rows(rows, indices)
         if self.needs_grads:
-            if self.projection is None:
-                flat = flatten_grads(grads, self.d, self._flat_buffer).to(self.device)  # (B, d)
-            else:  # (B, k) straight from the dict's tensors: no (B, d) copy
-                flat = self.projection(grad_parts(grads, self.d))
-            self._balance(flat.to(self.dtype), self.pos)
+            matrix = {"projection": self.projection, "out": self._flat_buffer}
+            self._balance(grad_rows(grads, self.d, self.device, self.dtype, **matrix), self.pos)
         self.pos += rows
 
     def set_epoch(self, epoch: int) -> None:
@@ -202,9 +204,9 @@ class Balance:
     def _fresh_keys(self) -> torch.Tensor:
         return UNVISITED_KEY + torch.arange(self.n, device=self.device)
 
-    def _prepare(self, vectors: torch.Tensor) -> torch.Tensor:
-        """Apply the ``normalize`` option, in place, to ``(B, d)`` scratch vectors."""
-        return normalize_rows(vectors) if self.normalize else vectors
+    def _prepare(self, vectors: GradRows) -> GradRows:
+        """Apply the ``normalize`` option (in place where the vectors are scratch)."""
+        return vectors.normalized() if self.normalize else vectors
 
     def _scratch(self, slot: str, rows: int, width: int | None = None) -> torch.Tensor:
         """A reusable ``(rows, width or dim)`` buffer (per-step allocations fault pages on CPU)."""

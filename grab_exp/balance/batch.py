@@ -6,6 +6,7 @@ import torch
 
 from grab_exp.balance.centered import CenteredBalance
 from grab_exp.balance.kernels import signs_from
+from grab_exp.balance.rows import GradRows
 from grab_exp.balance.signs import sign_keys
 
 
@@ -16,9 +17,9 @@ class BatchBalance(CenteredBalance):
 
     name = "batch"
 
-    def _balance(self, grads: torch.Tensor, start: int) -> None:
-        centered = self._center(grads)  # (B, d)
-        signs = signs_from(centered @ self.acc, self._thresholds(len(centered)))  # (B,)
-        self.acc.addmv_(centered.T, signs)
+    def _balance(self, grads: GradRows, start: int) -> None:
+        centered = self._center(grads)  # B rows
+        signs = signs_from(centered.dots(self.acc), self._thresholds(centered.rows))  # (B,)
+        centered.accumulate(self.acc, signs)
         positions = torch.arange(start, start + len(signs), device=self.device)
         self.keys[start : start + len(signs)] = sign_keys(positions, signs, self.n)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from grab_exp.balance.base import Balance
+from grab_exp.balance.rows import GradRows
 
 
 class CenteredBalance(Balance):
@@ -24,11 +25,11 @@ class CenteredBalance(Balance):
     def _acc_shape(self) -> tuple[int, ...]:
         return (self.dim,)
 
-    def _center(self, grads: torch.Tensor) -> torch.Tensor:
-        """Record raw ``grads`` ``(B, d)`` for the next mean; return centered ``(B, d)``."""
-        ones = torch.ones(grads.shape[0], dtype=self.dtype, device=self.device)  # (B,)
-        self.grad_sum.addmv_(grads.T, ones)
-        centered = torch.sub(grads, self.stale_mean, out=self._scratch("centered", len(grads)))
+    def _center(self, grads: GradRows) -> GradRows:
+        """Record the raw ``B`` rows for the next mean; return the centered (prepared) rows."""
+        ones = torch.ones(grads.rows, dtype=self.dtype, device=self.device)  # (B,)
+        grads.accumulate(self.grad_sum, ones)
+        centered = grads.centered(self.stale_mean, lambda rows: self._scratch("centered", rows))
         return self._prepare(centered)
 
     def _end_epoch(self) -> None:

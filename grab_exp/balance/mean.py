@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from grab_exp.balance.centered import CenteredBalance
+from grab_exp.balance.rows import GradRows
 from grab_exp.balance.signs import sequential_signs, sign_keys
 
 
@@ -17,11 +18,11 @@ class MeanBalance(CenteredBalance):
 
     name = "mean"
 
-    def _balance(self, grads: torch.Tensor, start: int) -> None:
-        centered = self._center(grads)  # (B, d)
-        dots = centered @ self.acc  # (B,)
-        gram = centered @ centered.T  # (B, B)
+    def _balance(self, grads: GradRows, start: int) -> None:
+        centered = self._center(grads)  # B rows
+        dots = centered.dots(self.acc)  # (B,)
+        gram = centered.gram()  # (B, B)
         signs = sequential_signs(dots, gram, self._thresholds(len(dots)))  # (B,)
-        self.acc.addmv_(centered.T, signs)
+        centered.accumulate(self.acc, signs)
         positions = torch.arange(start, start + len(dots), device=self.device)
         self.keys[start : start + len(dots)] = sign_keys(positions, signs, self.n)

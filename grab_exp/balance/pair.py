@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from grab_exp.balance.base import Balance
+from grab_exp.balance.rows import GradRows
 from grab_exp.balance.signs import sequential_signs, sign_keys
 
 
@@ -28,23 +29,21 @@ class PairBalance(Balance):
         self.pending = torch.zeros(self.dim, dtype=self.dtype, device=self.device)  # (dim,)
         self.has_pending = False
 
-    def _balance(self, grads: torch.Tensor, start: int) -> None:
+    def _balance(self, grads: GradRows, start: int) -> None:
+        lead = int(self.has_pending)  # the pending example leads the first pair
+        total = grads.rows + lead
+        if total >= 2:
+            first = self.pending if lead else None
+            diffs = grads.pair_diffs(first, lambda rows: self._scratch("diffs", rows))  # P rows
+            self._balance_pairs(self._prepare(diffs), start - lead)
+        self.has_pending = bool(total % 2)
         if self.has_pending:
-            grads = torch.cat([self.pending[None], grads])  # (B + 1, d)
-            start -= 1
-        pairs = grads.shape[0] // 2
-        if pairs:
-            self._balance_pairs(grads[0 : 2 * pairs], start)
-        self.has_pending = bool(grads.shape[0] % 2)
-        if self.has_pending:
-            self.pending.copy_(grads[-1])
+            self.pending.copy_(grads.row(grads.rows - 1))
 
-    def _balance_pairs(self, grads: torch.Tensor, start: int) -> None:
-        diffs = torch.sub(grads[0::2], grads[1::2], out=self._scratch("diffs", len(grads) // 2))
-        diffs = self._prepare(diffs)  # (P, d)
-        dots = diffs @ self.acc  # (P,)
-        signs = sequential_signs(dots, diffs @ diffs.T, self._thresholds(len(dots)))  # (P,)
-        self.acc.addmv_(diffs.T, signs)
+    def _balance_pairs(self, diffs: GradRows, start: int) -> None:
+        dots = diffs.dots(self.acc)  # (P,)
+        signs = sequential_signs(dots, diffs.gram(), self._thresholds(len(dots)))  # (P,)
+        diffs.accumulate(self.acc, signs)
         member_signs = torch.stack([signs, -signs], dim=1).reshape(-1)  # (2P,)
         positions = torch.arange(start, start + len(member_signs), device=self.device)
         self.keys[start : start + len(member_signs)] = sign_keys(positions, member_signs, self.n)

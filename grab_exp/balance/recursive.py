@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from grab_exp.balance.centered import CenteredBalance
+from grab_exp.balance.rows import DenseRows, GradRows
 from grab_exp.balance.signs import sequential_signs, sign_keys
 from grab_exp.validation import check_int_at_least
 
@@ -32,8 +33,11 @@ class RecursiveBalance(CenteredBalance):
     def _acc_shape(self) -> tuple[int, ...]:
         return (2 ** (self.depth + 1) - 1, self.dim)
 
-    def _balance(self, grads: torch.Tensor, start: int) -> None:
-        centered = self._center(grads)  # (B, d)
+    def _balance(self, grads: GradRows, start: int) -> None:
+        # each example meets its own node's accumulator: rows are materialized (factors too)
+        if not isinstance(grads, DenseRows):
+            grads = grads.dense(self._flat_buffer(grads.rows))
+        centered = self._center(grads).matrix  # (B, d)
         rows = centered.shape[0]
         gram = centered @ centered.T  # (B, B)
         # example-major draws: the same thresholds however an epoch is split into steps

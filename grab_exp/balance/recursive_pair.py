@@ -6,6 +6,7 @@ import torch
 
 from grab_exp.balance.base import Balance
 from grab_exp.balance.kernels import signs_from
+from grab_exp.balance.rows import GradRows
 from grab_exp.balance.signs import UNBALANCED_KEY
 from grab_exp.validation import check_power_of_two
 
@@ -37,8 +38,8 @@ class RecursivePairBalance(Balance):
         shape = (self.batch_size - 1, self.dim)  # heap-ordered nodes of log2(b) levels
         self.acc = torch.zeros(shape, dtype=self.dtype, device=self.device)
 
-    def _balance(self, grads: torch.Tensor, start: int) -> None:
-        rows = grads.shape[0]
+    def _balance(self, grads: GradRows, start: int) -> None:
+        rows = grads.rows
         positions = torch.arange(start, start + rows, device=self.device)
         if rows != self.batch_size:
             if start + rows != self.n:
@@ -49,12 +50,12 @@ class RecursivePairBalance(Balance):
             self.keys[start:] = UNBALANCED_KEY + positions
             return
         arrangement = torch.arange(rows, device=self.device)  # (b,) members by position
-        node_dots = (self.acc @ grads.T).T  # (b, b-1): <g_j, acc_k> (this order: faster GEMM)
-        gram = grads @ grads.T if self.normalize else None  # (b, b)
-        coef = grads.new_zeros(rows, self.batch_size - 1)  # (b, b-1): acc_k += sum_j c_jk g_j
+        node_dots = grads.dots(self.acc)  # (b, b-1): <g_j, acc_k>
+        gram = grads.gram() if self.normalize else None  # (b, b)
+        coef = node_dots.new_zeros(rows, self.batch_size - 1)  # (b, b-1): acc_k += sum c_jk g_j
         for level in range(self.levels):
             arrangement = self._split_level(node_dots, gram, coef, arrangement, level)
-        self.acc.addmm_(coef.T, grads)
+        grads.accumulate(self.acc, coef)
         batch = start // self.batch_size
         slot = torch.arange(rows, device=self.device)  # position p inside the batch
         rank = torch.where(slot % 2 == 0, batch, self.batches_max - 1 - batch)

@@ -6,6 +6,8 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from grab_exp.balance.factored import FactoredGrads
+from grab_exp.balance.rows import DenseRows, GradRows
 from grab_exp.validation import check_choice
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -44,7 +46,8 @@ def rows_of(
         if indices is None:
             raise ValueError("step: pass grads or indices so the sampler knows the row count")
         return int(indices.numel())
-    rows = int(_first_tensor(grads).shape[0])
+    factored = isinstance(grads, FactoredGrads)  # its items materialize: read none
+    rows = grads.rows if factored else int(_first_tensor(grads).shape[0])
     if indices is not None and int(indices.numel()) != rows:
         raise ValueError(f"step: grads have {rows} rows but indices has {indices.numel()}")
     return rows
@@ -81,6 +84,30 @@ def flatten_grads(
     if fits:
         return torch.cat(parts, dim=1, out=buffer)  # (B, d)
     return torch.cat(parts, dim=1)  # (B, d)
+
+
+def grad_rows(
+    grads: torch.Tensor | Mapping[str, torch.Tensor],
+    d: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    projection: Callable[[list[torch.Tensor]], torch.Tensor] | None = None,
+    out: Callable[[int], torch.Tensor] | None = None,
+) -> GradRows:
+    """One step's gradients as the ``GradRows`` a balance variant reads, on ``device``/``dtype``.
+
+    :class:`~grab_exp.balance.factored.FactoredGrads` stay factored; anything else becomes the
+    ``(B, d)`` matrix (:func:`flatten_grads`, ``out`` its buffer) or, with a ``projection``, its
+    ``(B, k)`` sketch built part by part (factors are materialized per parameter for it).
+    """
+    if isinstance(grads, FactoredGrads) and projection is None:
+        _check_width(grads.width, d)
+        return grads.to(device, dtype)
+    if projection is None:
+        flat = flatten_grads(grads, d, out).to(device)  # (B, d)
+    else:  # (B, k) straight from the dict's tensors: no (B, d) copy
+        flat = projection(grad_parts(grads, d))
+    return DenseRows(flat.to(dtype))
 
 
 def grad_parts(grads: torch.Tensor | Mapping[str, torch.Tensor], d: int) -> list[torch.Tensor]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from grab_exp.bench import epoch, projection, sorters, sweep, vrgd
+from grab_exp.bench import epoch, projection, rss, sorters, sweep, vrgd
 
 BENCHMARKS = {
     "sorters": sorters.main,
@@ -12,6 +12,7 @@ BENCHMARKS = {
     "sweep": sweep.main,
     "projection": projection.main,
     "vrgd": vrgd.main,
+    "rss": rss.main,
 }
 
 

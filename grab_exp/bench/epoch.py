@@ -77,15 +77,18 @@ def make_optimizer(name: str, model: torch.nn.Module) -> torch.optim.Optimizer:
 
 
 def build_row(
-    variant: str, pipeline: str, args, device: torch.device, optimizer: str = "sgd"
+    variant: str, pipeline: str, args, device: torch.device, optimizer="sgd", method=None
 ) -> Row:
-    """LeNet + the optimizer (the report's SGD by default) + pipeline + ordering for one row."""
+    """LeNet + the optimizer (the report's SGD by default) + pipeline + ordering for one row.
+
+    ``method``: the per-sample method of a comparison row (named ``<row>@<method>``).
+    """
     torch.manual_seed(0)
     model = LeNet().to(device)
     if pipeline == "classic":
         runner = ClassicPipeline(model, F.cross_entropy)
     else:
-        runner = FunctionalPipeline(model, F.cross_entropy, method=args.method)
+        runner = FunctionalPipeline(model, F.cross_entropy, method=method or args.method)
     options = {"depth": 5} if variant == "recursive" else {}
     if variant == "recursive_pair":
         options = {"batch_size": args.batch}
@@ -93,13 +96,17 @@ def build_row(
     balance = make_balance(variant, EPOCH_EXAMPLES, d, device=device, **options)
     sampler = GraBSampler(EPOCH_EXAMPLES, balance=balance)
     step = StepParts(model, make_optimizer(optimizer, model), runner, sampler)
-    return Row(row_name(variant, pipeline, optimizer), step)
+    suffix = f"@{method}" if method else ""
+    return Row(row_name(variant, pipeline, optimizer) + suffix, step)
 
 
 def build_rows(args, device: torch.device) -> list[Row]:
-    """Table 1's rows (classic RR first: the ratios' base), then the VRGD rows."""
+    """Table 1's rows (classic RR first: the ratios' base), the VRGD rows, then Table 1's
+    per-sample rows again with ``--compare``'s method (e.g. ``mean@hooks``: materialized)."""
     rows = [build_row(v, p, args, device) for v, p in ROWS]
-    return rows + [build_row(v, p, args, device, optimizer=o) for v, p, o in GSNR_ROWS]
+    rows += [build_row(v, p, args, device, optimizer=o) for v, p, o in GSNR_ROWS]
+    compared = [(v, p) for v, p in ROWS if p == "functional"] if args.compare else []
+    return rows + [build_row(v, p, args, device, method=args.compare) for v, p in compared]
 
 
 def _timed(fn, device: torch.device) -> tuple[object, float]:
@@ -179,6 +186,7 @@ def summarize(rows: list[Row], args, device: torch.device) -> dict:
         results.append(
             {
                 "row": row.name,
+                "method": getattr(row.step.pipeline, "method", "classic"),
                 "step_ms": step * 1e3,
                 "epoch_s": step * steps_per_epoch,
                 "ratio_to_classic_rr": step / base,
@@ -224,7 +232,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=20, help="steps per timed repeat")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--method", default="auto", help="per-sample gradients: func|hooks|auto")
+    parser.add_argument("--method", default="auto", help="func|hooks|factored|auto")
+    parser.add_argument("--compare", default="hooks", help="method of the @ rows ('': none)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default="results/bench/epoch.json")
     args = parser.parse_args(argv)

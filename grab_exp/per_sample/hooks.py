@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from grab_exp.balance.factored import FactoredGrads
 from grab_exp.balance.tensors import flatten_grads
 from grab_exp.per_sample.buffer import GradBuffer
 from grab_exp.per_sample.fallback import FuncFallback, fallback_problem
@@ -80,6 +81,9 @@ class HookedPerSampleGradients:
             tensors are views of it, so **the next call overwrites them**: consume (or clone)
             them before calling again. ``Balance.step`` then takes the buffer as its ``(B, d)``
             matrix without a copy, and no step allocates gradient-sized tensors.
+        factored: return :class:`~grab_exp.balance.factored.FactoredGrads`: layers whose rule
+            has a factor form that pays (:meth:`~grab_exp.per_sample.rules.LayerRule.factors`)
+            keep input and output gradient instead of ``(B, *shape)`` blocks (no buffer).
 
     Attributes:
         rules: layer name -> its :class:`~grab_exp.per_sample.rules.LayerRule`.
@@ -93,11 +97,13 @@ class HookedPerSampleGradients:
     in place, or ``x`` that requires grad switch to a plain ``loss.backward()``.
     """
 
-    def __init__(self, model: nn.Module, loss_fn: Callable, *, reuse_buffer: bool = False) -> None:
+    def __init__(
+        self, model: nn.Module, loss_fn: Callable, *, reuse_buffer: bool = False, factored=False
+    ) -> None:
         PerSampleGradients(model, loss_fn).check()  # BatchNorm / Dropout errors, same wording
         check_supported(model)
         self.model, self.loss_fn = model, loss_fn
-        self.reuse_buffer = reuse_buffer
+        self.reuse_buffer, self.factored = reuse_buffer and not factored, factored
         self._grad_buffer = GradBuffer()
         self._layers: dict[str, nn.Module] = {}
         self._names: dict[str, list[str]] = {}  # layer -> its own parameters' model-level names
@@ -162,7 +168,11 @@ class HookedPerSampleGradients:
                 _add_to_grad(self._layers[name], means)
         self._inputs.clear()
         self._out_grads.clear()
-        return loss.detach(), {n: per_layer[n] for n in trainable}
+        grads = {n: per_layer[n] for n in trainable}
+        if self.factored:
+            shapes = dict(self.model.named_parameters())
+            return loss.detach(), FactoredGrads(grads, {n: shapes[n].shape for n in trainable})
+        return loss.detach(), grads
 
     def _check_all_ran(self) -> None:
         missing = [name for name in self._layers if name not in self._inputs]
@@ -178,14 +188,15 @@ class HookedPerSampleGradients:
     ) -> tuple[list, list | None]:
         """One layer's per-sample grads ``[(B, *p.shape)]`` and (``with_mean``) mean grads."""
         layer, (args, kwargs), g = self._layers[name], self._inputs[name], self._out_grads[name]
-        rule = self.rules.get(name)
+        rule, g_sum = self.rules.get(name), g * batch  # g, of the mean, has 1/B
         if rule is not None:
-            grads = rule.per_sample(layer, args[0], g * batch, out)  # g, of the mean, has 1/B
+            factors = rule.factors(layer, args[0], g_sum) if self.factored else None
+            grads = factors or rule.per_sample(layer, args[0], g_sum, out)
             return grads, rule.mean(layer, args[0], g, grads) if with_mean else None
         fallback = self.fallbacks[name]
         self._replaying = True
         try:
-            grads = fallback.per_sample(args, kwargs, g * batch, out)
+            grads = fallback.per_sample(args, kwargs, g_sum, out)
         finally:
             self._replaying = False
         return grads, fallback.mean(g, grads) if with_mean else None
@@ -226,10 +237,7 @@ class HookedPerSampleGradients:
 
     @staticmethod
     def flat(grads: Grads) -> torch.Tensor:
-        """``(B, d)`` matrix of the per-sample gradients, columns in ``named_parameters`` order.
-
-        With ``reuse_buffer`` this is the buffer itself (no copy).
-        """
+        """``(B, d)`` per-sample gradients, ``named_parameters`` order (reused buffer: no copy)."""
         return flatten_grads(grads, per_sample_width(grads))
 
 

@@ -19,6 +19,7 @@ from grab_exp.per_sample.hooks import (
     UnsupportedModelError,
     check_supported,
 )
+from grab_exp.per_sample.rules import rule_for
 from grab_exp.validation import check_choice
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -64,7 +65,9 @@ class FunctionalPipeline:
     Args:
         method: ``func`` (torch.func vmap(grad) of the whole model, any model), ``hooks`` (one
             ordinary backward; per-layer rules, a per-layer torch.func fallback for other
-            layers) or ``auto`` (``hooks`` when :func:`hooks_supported`, else ``func``).
+            layers), ``factored`` (``hooks``, but Linear layers return their factors, see
+            :mod:`grab_exp.balance.factored`) or ``auto`` (``factored`` when
+            :func:`factored_pays`, else ``hooks`` when :func:`hooks_supported`, else ``func``).
         chunk_size: examples per vmap chunk for ``func`` (bounds memory).
         compile_mode: ``None`` (eager) or a ``torch.compile`` mode: the ``func`` path's
             ``vmap(grad)`` is compiled; ``auto`` then means ``func``, and ``hooks`` is refused
@@ -92,10 +95,12 @@ class FunctionalPipeline:
             check_compile_method(method)
             method = "func"
         elif method == "auto":
-            method = "hooks" if hooks_supported(model) else "func"
+            method = "func" if not hooks_supported(model) else auto_hooks_method(model)
         self.method = method
-        if method == "hooks":
-            self.per_sample = HookedPerSampleGradients(model, loss_fn, reuse_buffer=reuse_buffer)
+        if method in ("hooks", "factored"):
+            self.per_sample = HookedPerSampleGradients(
+                model, loss_fn, reuse_buffer=reuse_buffer, factored=method == "factored"
+            )
         elif compile_mode is not None:
             self.per_sample = CompiledPerSampleGradients(
                 model, loss_fn, chunk_size, mode=compile_mode
@@ -116,7 +121,25 @@ class FunctionalPipeline:
         return loss, grads
 
 
-METHODS = ("func", "hooks", "auto")
+METHODS = ("func", "hooks", "factored", "auto")
+
+#: ``auto`` factors when the layers without a factor form hold at most this share of the weights
+MATERIALIZED_SHARE = 0.125
+
+
+def auto_hooks_method(model: nn.Module) -> str:
+    """``factored`` when layers without a factor rule hold few weights, else ``hooks``.
+
+    Only the layers' types are read: a Linear whose sequence turns out long materializes itself
+    at the first call (:func:`~grab_exp.balance.factored.factor_pays`).
+    """
+    total = materialized = 0
+    for module in model.modules():
+        count = sum(p.numel() for p in module.parameters(recurse=False) if p.requires_grad)
+        rule = rule_for(module)
+        total += count
+        materialized += 0 if rule is not None and rule.has_factors else count
+    return "factored" if materialized <= MATERIALIZED_SHARE * total else "hooks"
 
 
 def hooks_supported(model: nn.Module) -> bool:

@@ -9,11 +9,16 @@ import pytest
 import torch
 from grab_run import grab_env, run_grab
 from run_files import computed, read_rows, run_dirs
+from torch.nn import functional as F
 
 from grab_exp.balance import Balance
 from grab_exp.bench import epoch, sorters, sweep
 from grab_exp.bench.epoch import GSNR_ROWS, ROWS, STAGES, row_name
 from grab_exp.bench.memory import CPU_METHOD, peak_step_bytes
+from grab_exp.models import MLP
+from grab_exp.per_sample import FunctionalPipeline
+from grab_exp.runner.step import StepParts, train_step
+from grab_exp.sampler import GraBSampler
 
 CPU = torch.device("cpu")
 LENET_FLOATS = 62_006
@@ -66,11 +71,17 @@ def test_epoch_bench_short_mode_writes_json(epoch_report):
     assert report["benchmark"] == "epoch"
     assert {"cpu", "torch", "torch_threads", "device"} <= set(report["machine"])
     names = [r["row"] for r in report["rows"]]
-    assert names == [row_name(v, p) for v, p in ROWS] + [row_name(*r) for r in GSNR_ROWS]
+    compared = [row_name(v, p) + "@hooks" for v, p in ROWS if p == "functional"]
+    table = [row_name(v, p) for v, p in ROWS] + [row_name(*r) for r in GSNR_ROWS]
+    assert names == table + compared
     assert names[0] == "rr-classic" and "rr+vr_momentum" in names
+    methods = {r["row"]: r["method"] for r in report["rows"]}
+    assert methods["rr-classic"] == "classic" and methods["mean@hooks"] == "hooks"
+    assert methods["mean"] == "factored"  # auto: LeNet's Linear layers hold 95% of the weights
     for row in report["rows"]:
         assert set(row) == {
             "row",
+            "method",
             "step_ms",
             "epoch_s",
             "ratio_to_classic_rr",
@@ -183,3 +194,23 @@ def test_projection_bench_short_mode_writes_json(tmp_path):
         assert row["step_ms"] > 0 and row["state_bytes"] > 0 and row["step_peak_bytes"] >= 0
         sketched = row["projection_dim"] is not None
         assert (row["state_ratio"] < 0.1) == sketched and (row["state_ratio"] == 1) != sketched
+
+
+@pytest.mark.parametrize("balance", ["mean", "pair", "batch"])
+def test_a_factored_step_allocates_far_less_than_the_per_sample_matrix(balance):
+    """The memory claim of ``bench rss``, as allocations: a factored step of mean / pair / batch
+    never forms a (B, d) matrix (the materialized path keeps one reused buffer of that size)."""
+    torch.manual_seed(0)
+    model, batch = MLP(hidden=(256,)), 16
+    d = sum(p.numel() for p in model.parameters())  # 789,258
+    pipeline = FunctionalPipeline(model, F.cross_entropy, method="factored")
+    sampler = GraBSampler(64, d, balance=balance)
+    parts = StepParts(model, torch.optim.SGD(model.parameters(), lr=0.1), pipeline, sampler)
+    x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+
+    def step():
+        start = sampler.balance.pos
+        train_step(parts, x, y, sampler.balance.order[start : start + batch])
+
+    assert peak_step_bytes(step, CPU) < batch * d * 4 / 8
+    assert pipeline.per_sample._buffer is None

@@ -100,7 +100,7 @@ def test_compile_settings_accepted(pipeline, mode):
 def test_compile_resolves_auto_to_the_func_method():
     eager = FunctionalPipeline(LeNet(), F.cross_entropy, method="auto")
     compiled = FunctionalPipeline(LeNet(), F.cross_entropy, method="auto", compile_mode="default")
-    assert eager.method == "hooks"
+    assert eager.method == "factored"
     assert compiled.method == "func"
     assert isinstance(compiled.per_sample, CompiledPerSampleGradients)
     with pytest.raises(ValueError, match=r"^pipeline\.method: got 'hooks' with trainer\.compile"):

@@ -96,14 +96,21 @@ class ListNet(nn.Module):
 
 
 def test_unsupported_layer_is_named_and_auto_falls_back():
-    # LayerNorm has a rule and GroupNorm gets the per-layer fallback: both are hooks now
+    # LayerNorm has a rule and GroupNorm gets the per-layer fallback: both are hooks now (with
+    # the Linear layers, 99% of the weights, factored)
     for norm in (nn.LayerNorm(8), nn.GroupNorm(2, 8)):
         model = nn.Sequential(nn.Flatten(), nn.Linear(3072, 8), norm, nn.Linear(8, 10))
-        assert FunctionalPipeline(model, F.cross_entropy, method="auto").method == "hooks"
+        assert FunctionalPipeline(model, F.cross_entropy, method="auto").method == "factored"
     with pytest.raises(UnsupportedModelError, match=r"^scales \(ParameterList without a forward"):
         HookedPerSampleGradients(ListNet(), F.cross_entropy)
     assert FunctionalPipeline(ListNet(), F.cross_entropy, method="auto").method == "func"
-    assert FunctionalPipeline(LeNet(), F.cross_entropy, method="auto").method == "hooks"
+    assert FunctionalPipeline(LeNet(), F.cross_entropy, method="auto").method == "factored"
+
+
+def test_auto_materializes_when_layers_without_factors_hold_many_weights():
+    # the convolution holds 896 of 1,922 weights (> 1/8): per-sample blocks, no factors
+    model = nn.Sequential(nn.Conv2d(3, 32, 3, stride=8), nn.Flatten(), nn.Linear(512, 2))
+    assert FunctionalPipeline(model, F.cross_entropy, method="auto").method == "hooks"
 
 
 def test_batchnorm_in_training_mode_is_refused_by_name():
@@ -113,7 +120,7 @@ def test_batchnorm_in_training_mode_is_refused_by_name():
 
 
 def test_pipeline_method_is_validated():
-    with pytest.raises(ValueError, match=r"^pipeline.method: got 'fast'; allowed: auto, func"):
+    with pytest.raises(ValueError, match=r"^pipeline.method: got 'fast'; allowed: auto, factored"):
         FunctionalPipeline(LeNet(), F.cross_entropy, method="fast")
 
 

@@ -170,7 +170,7 @@ def test_rule_for_follows_subclasses_and_refuses_unsupported_configs():
 def test_auto_picks_hooks_with_fallback_layers_but_not_for_a_root_parameter():
     for name in ("groupnorm", "custom", "embedding", "batchnorm_eval"):
         pipeline = FunctionalPipeline(build(FALLBACK_CASES[name]), F.cross_entropy)
-        assert pipeline.method == "hooks", name
+        assert pipeline.method in ("hooks", "factored"), name
     assert FunctionalPipeline(RootScale(), F.cross_entropy).method == "func"
 
 

@@ -70,7 +70,7 @@ def _cases() -> list[tuple[str, ...]]:
     cases = []
     for balance, needs_grads in _single_process_balances():
         for optimizer in OPTIMIZERS:
-            for method in ("hooks", "func"):
+            for method in ("hooks", "factored", "func"):
                 cases.append(
                     (f"balance={balance}", f"optimizer={optimizer}", f"pipeline.method={method}")
                 )

@@ -14,7 +14,13 @@ Outs = Sequence[torch.Tensor | None]
 
 
 class LayerRule:
-    """Per-sample and batch-mean gradients of one layer type's own parameters."""
+    """Per-sample and batch-mean gradients of one layer type's own parameters.
+
+    Attributes:
+        has_factors: :meth:`factors` can return a factor form (else it returns ``None``).
+    """
+
+    has_factors = False
 
     def supports(self, layer: nn.Module) -> bool:
         """Whether the rule's closed form holds for this layer's configuration."""
@@ -32,6 +38,14 @@ class LayerRule:
             out: Optional tensors ``# (B, *p.shape)`` to write the results into.
         """
         raise NotImplementedError
+
+    def factors(self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor) -> list | None:
+        """Per-sample gradients with the weight as factors, or ``None`` (materialize instead).
+
+        Same arguments as :meth:`per_sample`; the result's blocks are ``(B, *p.shape)`` tensors
+        or :class:`~grab_exp.balance.factored.LinearFactors`. :meth:`mean` must not read them.
+        """
+        return None
 
     def mean(
         self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor, per_sample: list[torch.Tensor]

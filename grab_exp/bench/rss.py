@@ -1,0 +1,94 @@
+"""Peak memory of a big model's training step, as each process's peak RSS.
+
+``python -m grab_exp.bench rss`` runs every arm in a fresh subprocess: the MLP 3072 -> 2048 ->
+2048 -> 10 (10.5M parameters), batch 16, SGD with momentum, ``--steps`` training steps of
+:func:`grab_exp.runner.step.train_step`, then the process's peak resident set size
+(``ru_maxrss``). The arms: classic RR (plain ``loss.backward()``), and GraB mean with per-sample
+gradients ``factored`` (Linear layers as factors, no ``(B, d)`` matrix) and ``hooks``
+(materialized into the reused ``(B, d)`` buffer). The difference to classic's peak includes the
+ordering's state (``3 d`` float32 values for mean: accumulator, stale mean, gradient sum).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+from grab_exp.bench.machine import describe_machine
+from grab_exp.models import MLP
+from grab_exp.per_sample import ClassicPipeline, FunctionalPipeline
+from grab_exp.runner.step import StepParts, train_step
+from grab_exp.sampler import GraBSampler
+
+#: arm -> (ordering, pipeline method; ``classic``: no per-sample gradients)
+ARMS = {
+    "classic": ("rr", "classic"),
+    "mean-factored": ("mean", "factored"),
+    "mean-hooks": ("mean", "hooks"),
+}
+HIDDEN = (2048, 2048)
+N = 1024
+
+
+def run_arm(arm: str, batch: int, steps: int) -> dict:
+    """Build the arm, train ``steps`` steps, return its peak RSS and sizes (in this process)."""
+    variant, method = ARMS[arm]
+    torch.manual_seed(0)
+    model = MLP(hidden=HIDDEN)
+    d = sum(p.numel() for p in model.parameters())
+    if method == "classic":
+        pipeline = ClassicPipeline(model, F.cross_entropy)
+    else:
+        pipeline = FunctionalPipeline(model, F.cross_entropy, method=method)
+    sampler = GraBSampler(N, d, balance=variant)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    parts = StepParts(model, optimizer, pipeline, sampler)
+    x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+    for step in range(steps):
+        start = step * batch % (N - N % batch)
+        train_step(parts, x, y, sampler.balance.order[start : start + batch])
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return {"arm": arm, "d": d, "peak_rss_bytes": peak_kib * 1024, "state": sampler.state_bytes()}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run every arm in its own process; print and write the peaks and their excess."""
+    parser = argparse.ArgumentParser(prog="python -m grab_exp.bench rss")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--arm", help=argparse.SUPPRESS)  # the child process's one arm
+    parser.add_argument("--out", default="results/bench/rss.json")
+    args = parser.parse_args(argv)
+    if args.arm:
+        print(json.dumps(run_arm(args.arm, args.batch, args.steps)))
+        return {}
+    rows = []
+    for arm in ARMS:
+        command = [sys.executable, "-m", "grab_exp.bench", "rss", "--arm", arm]
+        command += ["--batch", str(args.batch), "--steps", str(args.steps)]
+        output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+        rows.append(json.loads(output.strip().splitlines()[-1]))
+    base = rows[0]["peak_rss_bytes"]
+    for row in rows:
+        row["above_classic_bytes"] = row["peak_rss_bytes"] - base
+        row["allowed_bytes"] = 3 * row["d"] * 4 + 96 * 2**20  # Done-when: state + 96 MB
+        print(
+            f"{row['arm']:<15}{row['peak_rss_bytes'] / 2**20:>10.0f} MB peak RSS"
+            f"{row['above_classic_bytes'] / 2**20:>10.0f} MB above classic"
+        )
+    report = {
+        "benchmark": "rss",
+        "settings": vars(args),
+        "machine": describe_machine(torch.device("cpu")),
+        "rows": rows,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    return report
