@@ -39,10 +39,16 @@ def keep_aside(run_dir: Path) -> Path:
 def finished_run(run_dir: Path, overwrite: bool) -> dict[str, Any] | None:
     """The final metrics of a run that already finished in ``run_dir`` (to skip it), else None.
 
-    With ``overwrite`` a finished run is not skipped.
+    With ``overwrite`` a finished run is not skipped, and its summary is not even read (a
+    damaged one is kept aside with the rest).
+
+    Raises:
+        DamagedFileError: ``summary.json`` cannot be read (without ``overwrite``).
     """
+    if overwrite:
+        return None
     previous = LocalStore(run_dir, ("epoch",)).read_summary()
-    if overwrite or not previous or previous.get("status") != "finished":
+    if not previous or previous.get("status") != "finished":
         return None
     log.info("%s already finished; skipping (overwrite=true starts it over)", run_dir)
     return previous.get("final", {})
