@@ -13,7 +13,7 @@ from grab_exp.logging.files import DamagedFileError
 from grab_exp.runner.lock import RunDirInUseError
 from grab_exp.runner.resolvers import register_resolvers
 from grab_exp.runner.schema import ConfigError, register_schema
-from grab_exp.runner.signals import JobInterrupted
+from grab_exp.runner.signals import JobInterrupted, hand_over
 
 register_resolvers()
 register_schema()
@@ -76,6 +76,7 @@ def main(cfg: DictConfig) -> float | None:
     except JobInterrupted as stop:
         run_dir = HydraConfig.get().runtime.output_dir
         print(f"interrupted: {run_dir}; the same command resumes it", file=sys.stderr)
+        hand_over(stop)  # submitit's preemption: it requeues the job (and exits)
         raise SystemExit(stop.exit_code) from None
     except Exception as error:
         line = user_error_line(error)

@@ -5,11 +5,18 @@ signal; :func:`check_stop` (at every step boundary and before every epoch) then 
 :class:`JobInterrupted`, which the lifecycle turns into status ``interrupted`` and ``python -m
 grab_exp`` into exit status 128 + signal (143 for SIGTERM, 130 for SIGINT) and one line. A
 second signal while the first is pending raises at once (an impatient Ctrl-C still works).
+
+In a submitit job (Hydra's ``slurm`` / ``submitit_*`` launchers) submitit's preemption signal
+(``USR2`` unless ``SUBMITIT_PREEMPT_SIGNAL`` says otherwise) stops the job the same way; then
+:func:`hand_over` calls submitit's own handler, which requeues the job through the launcher's
+``checkpoint`` (submitit's checkpointing protocol) and exits; the requeued job runs the same
+command, which resumes the run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -47,14 +54,32 @@ def check_stop() -> None:
         raise JobInterrupted(_pending[0])
 
 
+def preemption_signal() -> int | None:
+    """Submitit's preemption / timeout signal in a submitit job, else ``None``."""
+    if not os.environ.get("SUBMITIT_EXECUTOR"):
+        return None
+    return getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
+
+
+def hand_over(stop: JobInterrupted) -> None:
+    """After a submitit preemption stopped the job: let submitit requeue it (this exits)."""
+    if stop.signum == preemption_signal():
+        handler = signal.getsignal(stop.signum)
+        if callable(handler):
+            handler(stop.signum, None)
+
+
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[None]:
-    """Defer SIGTERM and SIGINT to :func:`check_stop` inside the block (main thread only)."""
+    """Defer SIGTERM, SIGINT (and submitit's preemption signal) to :func:`check_stop` inside
+    the block (main thread only); the previous handlers come back after it."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     _pending.clear()
-    previous = {signum: signal.signal(signum, _note) for signum in STOP_SIGNALS}
+    preempt = preemption_signal()
+    signums = STOP_SIGNALS if preempt is None else (*STOP_SIGNALS, preempt)
+    previous = {signum: signal.signal(signum, _note) for signum in signums}
     try:
         yield
     finally:

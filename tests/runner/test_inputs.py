@@ -110,6 +110,11 @@ CASES = [
     ),
     Case("weight_decay_negative", ["optimizer.weight_decay=-1"], "optimizer.weight_decay", ">= 0"),
     Case("subset_zero", ["dataset.subset=0"], "dataset.subset: got 0", "an integer >= 1"),
+    # values the reliability issue (13) named
+    Case("signal_nan", ["dataset.signal=nan"], "dataset.signal: got nan", "a finite number"),
+    Case("depth_huge", ["balance=recursive", "balance.depth=100"], "balance.depth: got 100", "GiB"),
+    Case("batch_over_data", ["batch_size=128"], "batch_size: got 128", "an integer <= 64"),
+    Case("name_escapes", ["name=../../x"], "name: got '../../x'", "hydra.run.dir=<path>"),
     Case(
         "bad_wandb_mode",
         ["logger.wandb.mode=sometimes"],
@@ -217,6 +222,11 @@ CLI_CASE_IDS = {
     "bad_progress",
     "lr_negative",
     "bad_wandb_mode",
+    "lr_infinite",
+    "signal_nan",
+    "depth_huge",
+    "batch_over_data",
+    "name_escapes",
 }
 CLI_RUNS = [(c.id, c.args, {}) for c in CASES if c.id in CLI_CASE_IDS] + [
     (f"{case_id}-full_error", BY_ID[case_id].args, {"HYDRA_FULL_ERROR": "1"})
@@ -236,7 +246,9 @@ def cli_results(tmp_path_factory):
         return {run_id: (future.result(), root / run_id) for run_id, future in futures.items()}
 
 
-def assert_cli_one_line(result, cwd: Path, case: Case) -> None:
+def assert_cli_one_line(result, cwd: Path, case: Case, validated: bool = True) -> None:
+    """One ``error:`` line; with ``validated`` (a config rejected by validation), nothing on
+    disk at all: no run directory, no ``.hydra/``, nothing outside ``cwd`` either."""
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 1, result.stdout + result.stderr
     assert len(lines) == 1, f"stderr is not one line:\n{result.stderr}"
@@ -244,6 +256,8 @@ def assert_cli_one_line(result, cwd: Path, case: Case) -> None:
     assert "Traceback" not in result.stdout + result.stderr
     assert_one_line(lines[0], case)
     assert run_artifacts(cwd) == [], "a run file was written before the config was validated"
+    if validated:
+        assert not (cwd / "outputs").exists() and not (cwd.parent / "x").exists()
 
 
 @pytest.mark.parametrize("run_id", [r[0] for r in CLI_RUNS])
@@ -266,7 +280,7 @@ def test_cli_cifar10_offline_is_one_line_naming_cifar10_jpeg(tmp_path):
     case = Case(
         "cifar10_offline", args, "dataset=cifar10: could not download", "dataset=cifar10_jpeg"
     )
-    assert_cli_one_line(result, tmp_path, case)
+    assert_cli_one_line(result, tmp_path, case, validated=False)
     assert "InstantiationException" not in result.stderr and "full_key" not in result.stderr
 
 
@@ -275,7 +289,7 @@ def test_cli_loader_range_error_is_one_line(tmp_path):
     args = [*TINY, "dataset.subset=100", "progress=none"]
     result = run_cli(args, tmp_path, timeout=CLI_TIMEOUT_S, HYDRA_FULL_ERROR="1")
     case = Case("subset_too_large", args, "dataset.subset: got 100", "an integer in 1..64")
-    assert_cli_one_line(result, tmp_path, case)
+    assert_cli_one_line(result, tmp_path, case, validated=False)
 
 
 def test_only_errors_raised_by_grab_exp_become_one_line():
