@@ -10,6 +10,7 @@ real subprocess from an empty working directory, whose stderr must be exactly on
 from __future__ import annotations
 
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -308,3 +309,22 @@ def test_only_errors_raised_by_grab_exp_become_one_line():
     assert user_error_line(ConfigError("epochs: got 0; allowed: an integer >= 1")) == (
         "epochs: got 0; allowed: an integer >= 1"
     )
+
+
+# ---------------------------------------------------------------- a whole sweep, before any job
+
+
+def test_a_sweep_with_bad_jobs_lists_them_all_and_trains_nothing(tmp_path):
+    """Job 0 is good, jobs 1 and 2 are not: all errors at once, exit 1, nothing written."""
+    args = ["-m", *TINY, "seed=13", "batch_size=16,0,1000", "progress=none"]
+    result = run_cli(args, tmp_path, timeout=CLI_TIMEOUT_S)
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[0] == "error: 2 of 3 jobs of this sweep cannot run; none started", lines
+    assert re.fullmatch(r"  job 1 \(.*batch_size=0 .*\): batch_size: got 0; allowed: .*", lines[1])
+    assert re.fullmatch(
+        r"  job 2 \(.*batch_size=1000 .*\): batch_size: got 1000; .*<= 64.*", lines[2]
+    )
+    assert len(lines) == 3 and "Traceback" not in result.stderr
+    assert "Launching" not in result.stdout  # no job started
+    assert not (tmp_path / "outputs").exists()
