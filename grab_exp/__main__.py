@@ -69,6 +69,7 @@ def main(cfg: DictConfig) -> float | None:
     """
     from hydra.core.hydra_config import HydraConfig
 
+    from grab_exp.distributed.comm import end_process
     from grab_exp.runner.lifecycle import run_job  # after Hydra set up logging
 
     try:
@@ -77,12 +78,13 @@ def main(cfg: DictConfig) -> float | None:
         run_dir = HydraConfig.get().runtime.output_dir
         print(f"interrupted: {run_dir}; the same command resumes it", file=sys.stderr)
         hand_over(stop)  # submitit's preemption: it requeues the job (and exits)
-        raise SystemExit(stop.exit_code) from None
+        end_process(stop.exit_code)
     except Exception as error:
         line = user_error_line(error)
         if line is None:
             raise
-        raise SystemExit(f"error: {line}") from None
+        print(f"error: {line}", file=sys.stderr)
+        end_process(1)
     return final.get("test/acc")
 
 

@@ -72,14 +72,14 @@ class LocalStore:
         Raises:
             ValueError: ``row`` has no ``epoch`` or names a column this store does not have, or
                 an existing ``metrics.csv`` has a different header, or ``row``'s epoch is not
-                the file's last epoch plus 1 (another writer, or a bug).
+                the last row's epoch plus 1 (another writer, or a bug).
             DamagedFileError: ``metrics.csv`` cannot be read.
         """
         line = self._format_row(row)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         is_new = self._check_existing_header()
-        last = 0 if is_new else self._last_epoch()
-        if row["epoch"] != last + 1:
+        last = None if is_new else self._last_epoch()
+        if last is not None and row["epoch"] != last + 1:
             raise ValueError(
                 f"{self.metrics_path}: refusing to append epoch {row['epoch']} after epoch "
                 f"{last}; is another job writing this run directory?"
@@ -119,10 +119,12 @@ class LocalStore:
         except csv.Error as error:
             raise damaged(self.metrics_path, f"not CSV: {error}", REMEDY) from None
 
-    def _last_epoch(self) -> int:
-        """The last row's epoch in ``metrics.csv`` (0 without rows)."""
+    def _last_epoch(self) -> int | None:
+        """The last row's epoch in ``metrics.csv`` (``None`` without rows)."""
         rows = self.read_metrics()
-        last = rows[-1].get("epoch") if rows else 0
+        if not rows:
+            return None
+        last = rows[-1].get("epoch")
         if not isinstance(last, int):
             raise damaged(self.metrics_path, f"its last row's epoch is {last!r}", REMEDY)
         return last

@@ -63,7 +63,7 @@ def load_checkpoint(run_dir: Path) -> dict[str, Any] | None:
     try:
         state = upgrade(torch.load(path, map_location="cpu", weights_only=True))
         restore_rng_states(state["rng"])
-        _ = state["epoch"], state["metrics"]  # every checkpoint has them
+        _ = state["epoch"]  # every checkpoint has it
     except Exception as error:  # torch raises many kinds; none of its advice is ours to give
         raise damaged(path, _problem(error), REMEDY) from None
     return state

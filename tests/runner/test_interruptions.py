@@ -205,3 +205,27 @@ def test_metrics_csv_refuses_an_epoch_that_does_not_follow_the_last(tmp_path):
             store.append({"epoch": epoch, "loss": 2.0})
     LocalStore(tmp_path, ("epoch", "loss")).append({"epoch": 2, "loss": 2.0})  # a fresh store
     assert [row["epoch"] for row in store.read_metrics()] == [1, 2]
+
+
+def test_a_submitit_preemption_requeues_the_job_and_it_resumes(runs, tmp_path):
+    """Hydra's submitit launcher (its local executor): submitit's preemption signal to the task
+    stops it at a step boundary; submitit requeues it and the requeued task resumes the run."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    sweep = Job(
+        ["-m", "hydra/launcher=submitit_local", *ARGS], tmp_path, cli_env(OMP_NUM_THREADS="1")
+    )
+    try:
+        run_dir = wait_for(lambda: _first_row(tmp_path), 300, "the first epoch's row", sweep)
+        task = json.loads((run_dir / "summary.json").read_text())["pid"]  # not the sweep's pid
+        os.kill(task, signal.SIGUSR2)
+        status, log = sweep.finish()
+    finally:
+        if sweep.process.poll() is None:
+            sweep.process.kill()
+    assert status == 0, log
+    (task_log,) = (tmp_path / "outputs").rglob(".submitit/*/*_0_log.out")
+    text = task_log.read_text()
+    assert "Caught signal SIGUSR2" in text and "Requeued job" in text, text
+    assert re.search(r"resuming \S+ after epoch [12]\b", text), text
+    assert computed(read_rows(run_dir)[1]) == computed(read_rows(runs["reference"]["run_dir"])[1])
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "finished"
