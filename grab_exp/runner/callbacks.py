@@ -10,9 +10,11 @@ bad job trains none. The task's own :func:`~grab_exp.runner.lifecycle.run_job` v
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
@@ -20,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from grab_exp.runner.config_check import validate_config
+from grab_exp.runner.lock import RunDirInUseError, check_free
 from grab_exp.runner.schema import ConfigError
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
@@ -64,9 +67,15 @@ class ValidateFirst(Callback):
     """Reject a bad run, or a sweep with any bad job, before anything is written or trained."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """One job: its error as the one ``error: ...`` line, exit status 1."""
+        """One job: its error as the one ``error: ...`` line, exit status 1; also a run
+        directory in use, before Hydra writes its files there."""
         if problem := _problem(config):
             sys.exit(f"error: {problem}")
+        HydraConfig.instance().set_config(config)  # as Hydra's run_job does, to resolve the dir
+        try:
+            check_free(Path(config.hydra.run.dir).absolute())
+        except RunDirInUseError as error:
+            sys.exit(f"error: {error}")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """A sweep: compose and validate every job; list every error, exit 1 if any."""

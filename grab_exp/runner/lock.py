@@ -61,6 +61,35 @@ def _describe(record: dict[str, Any]) -> str:
     )
 
 
+def _lock_or_refuse(fd: int, run_dir: Path, kind: int = fcntl.LOCK_EX) -> None:
+    """Lock the open lock file ``fd`` without waiting, or raise naming its live holder."""
+    try:
+        fcntl.flock(fd, kind | fcntl.LOCK_NB)
+    except BlockingIOError:
+        record = _read_holder(fd, attempts=10)
+        raise RunDirInUseError(f"{run_dir} is in use by {_describe(record)}") from None
+
+
+def check_free(run_dir: Path) -> None:
+    """Refuse early (creating nothing) when a live job holds ``run_dir``'s lock.
+
+    Only a first look, before Hydra writes its files into the directory; :class:`RunLock`
+    decides. The look takes a shared lock for an instant, so the looks of a data-parallel
+    job's ranks never refuse each other.
+
+    Raises:
+        RunDirInUseError: as :meth:`RunLock.acquire`.
+    """
+    try:
+        fd = os.open(Path(run_dir) / LOCK_NAME, os.O_RDWR)
+    except FileNotFoundError:
+        return
+    try:
+        _lock_or_refuse(fd, Path(run_dir), fcntl.LOCK_SH)
+    finally:
+        os.close(fd)  # also drops the probe's lock
+
+
 class RunLock:
     """The exclusive lock of ``run_dir`` (created when missing).
 
@@ -83,11 +112,10 @@ class RunLock:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            record = _read_holder(fd, attempts=10)
+            _lock_or_refuse(fd, self.run_dir)
+        except RunDirInUseError:
             os.close(fd)
-            raise RunDirInUseError(f"{self.run_dir} is in use by {_describe(record)}") from None
+            raise
         stale = _read_holder(fd)
         if stale:
             log.warning(

@@ -45,7 +45,8 @@ def _state(run_dir):
 
 
 def _snapshot(run_dir):
-    return {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and p.suffix != ".log"}
+    """Every file of the run directory (Hydra's included) and its bytes."""
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
 
 
 def _pause_at_first_rows(victims: dict) -> dict:
@@ -129,7 +130,8 @@ def test_a_second_job_on_a_locked_directory_exits_at_once_with_one_line(runs):
         lines = [line for line in log.splitlines() if line.strip()]
         assert len(lines) == 1 and "Traceback" not in log, log
         assert re.fullmatch(rf"error: {re.escape(str(run_dir))} {holder}", lines[0]), lines[0]
-    assert intruders["untouched"]  # not appended to, not moved aside, not resumed from
+    # not appended to, not moved aside, not resumed from; not even Hydra's files rewritten
+    assert intruders["untouched"]
     assert intruders["aside"] == []
 
 
