@@ -16,17 +16,14 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import functools
 import io
 import os
-import platform
-import subprocess
 from collections.abc import Iterable, Mapping, Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from grab_exp.logging.files import atomic_write_text, damaged, fsync_dir, read_json, write_json
+from grab_exp.logging.provenance import git_commit, library_versions
 from grab_exp.validation import check_choice
 
 METRICS_FILE = "metrics.csv"
@@ -34,12 +31,6 @@ SUMMARY_FILE = "summary.json"
 #: what to do about a damaged run file
 REMEDY = "overwrite=true starts the run over (the damaged files are kept aside)"
 STATUSES = ("running", "finished", "failed", "interrupted")
-_DISTRIBUTIONS = {
-    "torch": "torch",
-    "torchvision": "torchvision",
-    "hydra": "hydra-core",
-    "wandb": "wandb",
-}
 
 
 class LocalStore:
@@ -197,41 +188,6 @@ class LocalStore:
         if summary is not None and not isinstance(summary, dict):
             raise damaged(self.summary_path, "not a JSON object", REMEDY)
         return summary
-
-
-@functools.lru_cache(maxsize=1)
-def library_versions() -> dict[str, str | None]:
-    """Versions of python, torch, torchvision, hydra and wandb (``None`` if not installed)."""
-    versions: dict[str, str | None] = {"python": platform.python_version()}
-    for key, distribution in _DISTRIBUTIONS.items():
-        try:
-            versions[key] = metadata.version(distribution)
-        except metadata.PackageNotFoundError:
-            versions[key] = None
-    return versions
-
-
-@functools.lru_cache(maxsize=1)
-def git_commit() -> str | None:
-    """``git rev-parse HEAD`` of the repository that contains this package, else ``None``.
-
-    ``None`` when git is missing, the package is not in a git work tree, or the repository has
-    no commit yet; this function never raises.
-    """
-    package_dir = Path(__file__).resolve().parents[1]
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=package_dir,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    commit = done.stdout.strip()
-    return commit if done.returncode == 0 and commit else None
 
 
 def _csv_line(cells: Iterable[str]) -> str:
