@@ -12,11 +12,16 @@ from hydra.errors import InstantiationException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from grab_exp.logging.files import DamagedFileError
+from grab_exp.runner.lock import RunDirInUseError
 from grab_exp.runner.resolvers import register_resolvers
 from grab_exp.runner.schema import ConfigError, register_schema
+from grab_exp.runner.signals import JobInterrupted, hand_over
 
 register_resolvers()
 register_schema()
+#: errors whose message is written for users: one ``error: ...`` line, no traceback
+USER_ERRORS = (ConfigError, DamagedFileError, RunDirInUseError)
 #: command-line shorthands -> the override they stand for
 SHORTHANDS = {
     "distributed=true": "distributed.enabled=true",
@@ -39,11 +44,11 @@ def _raised_by_grab_exp(error: BaseException) -> bool:
 def user_error_line(error: BaseException) -> str | None:
     """The one-line message of a user error, or ``None`` for anything else (keeps its traceback).
 
-    User errors are a :class:`ConfigError` (validation before data loads) and an error that a
-    ``_target_`` of this package (e.g. a dataset loader) raised itself, which Hydra's
-    ``instantiate`` wraps in an ``InstantiationException``.
+    User errors are the :data:`USER_ERRORS` (a bad config, a damaged run file, a run directory
+    in use) and an error that a ``_target_`` of this package (e.g. a dataset loader) raised
+    itself, which Hydra's ``instantiate`` wraps in an ``InstantiationException``.
     """
-    if isinstance(error, ConfigError):
+    if isinstance(error, USER_ERRORS):
         return str(error)
     cause = error.__cause__
     if (
@@ -84,18 +89,29 @@ def main(cfg: DictConfig) -> float | None:
     """Train one job; returns the final test accuracy (for sweepers).
 
     A user error ends the process with one ``error: ...`` line on stderr and exit status 1,
-    with or without ``HYDRA_FULL_ERROR``; any other exception keeps Hydra's traceback.
+    with or without ``HYDRA_FULL_ERROR``; any other exception keeps Hydra's traceback. SIGTERM
+    or SIGINT end it with ``interrupted: <dir>; the same command resumes it`` and status 143
+    or 130.
     """
+    from hydra.core.hydra_config import HydraConfig
+
+    from grab_exp.distributed.comm import end_process
     from grab_exp.runner.lifecycle import run_job  # after Hydra set up logging
 
     warn_if_sweep_preset_runs_once()
     try:
         final = run_job(cfg)
+    except JobInterrupted as stop:
+        run_dir = HydraConfig.get().runtime.output_dir
+        print(f"interrupted: {run_dir}; the same command resumes it", file=sys.stderr)
+        hand_over(stop)  # submitit's preemption: it requeues the job (and exits)
+        end_process(stop.exit_code)
     except Exception as error:
         line = user_error_line(error)
         if line is None:
             raise
-        raise SystemExit(f"error: {line}") from None
+        print(f"error: {line}", file=sys.stderr)
+        end_process(1)
     return final.get("test/acc")
 
 

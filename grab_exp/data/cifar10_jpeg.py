@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+import tarfile
 import time
+import zlib
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -20,7 +23,14 @@ log = logging.getLogger(__name__)
 DEFAULT_ARCHIVE = "../shared/data/cifar10-jpeg.tar.gz"
 ARCHIVE_SETTING = "dataset.archive"
 CACHE_PREFIX = "cifar10-jpeg"
+#: 2: the payload records ``format`` and the archive's full ``archive_sha256``
+CACHE_FORMAT = 2
 _TENSOR_KEYS = ("train_images", "train_labels", "test_images", "test_labels")
+#: CIFAR-10's classes in label order (alphabetical) and examples per class of each split
+CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+PER_CLASS = {"train": 5_000, "test": 1_000}
+#: what reading or decoding a damaged archive raises (tarfile, gzip, zlib, the JPEG decoder)
+ARCHIVE_ERRORS = (OSError, EOFError, zlib.error, tarfile.TarError, RuntimeError, ValueError)
 
 
 def resolve_archive(archive: str | os.PathLike[str] = DEFAULT_ARCHIVE) -> Path:
@@ -58,10 +68,70 @@ def decode_source(source: Path) -> dict[str, object]:
     return payload
 
 
+def payload_problem(payload: Any) -> str | None:
+    """What makes ``payload`` not decoded CIFAR-10, or ``None``: its shapes, counts, labels
+    (each class exactly as often as in CIFAR-10) and class names."""
+    if not isinstance(payload, dict) or payload.get("classes") != CLASSES:
+        return "not the 10 CIFAR-10 classes"
+    for split, per_class in PER_CLASS.items():
+        images, labels = payload.get(f"{split}_images"), payload.get(f"{split}_labels")
+        if not (isinstance(images, torch.Tensor) and isinstance(labels, torch.Tensor)):
+            return f"no {split} tensors"
+        count = per_class * len(CLASSES)
+        if images.dtype != torch.uint8 or tuple(images.shape) != (count, 3, 32, 32):
+            return f"{split} images {images.dtype} {tuple(images.shape)}, not uint8 {count}x3x32x32"
+        if labels.dtype != torch.int64 or labels.shape != (count,):
+            return f"{split} labels {labels.dtype} {tuple(labels.shape)}, not int64 ({count},)"
+        if labels.min() < 0 or labels.max() >= len(CLASSES):
+            return f"{split} labels outside 0..{len(CLASSES) - 1}"
+        if torch.bincount(labels, minlength=len(CLASSES)).ne(per_class).any():
+            return f"{split} labels are not {per_class} per class"
+    return None
+
+
+def _cached(path: Path, digest: str) -> dict[str, object] | None:
+    """The checked payload of the cache file ``path``, or ``None`` (warning why) to decode."""
+    if not path.is_file():
+        return None
+    try:
+        payload = load_tensors(path)
+    except Exception as error:  # truncated or not a tensor file: decode again
+        problem = f"unreadable ({type(error).__name__})"
+    else:
+        if not isinstance(payload, dict) or payload.get("format") != CACHE_FORMAT:
+            problem = f"cache format is not {CACHE_FORMAT}"
+        elif payload.get("archive_sha256") != digest:
+            problem = "made from another archive (sha256 differs)"
+        else:
+            problem = payload_problem(payload)
+    if problem is None:
+        return payload
+    log.warning("decoded-data cache %s: %s; decoding the archive again", path, problem)
+    return None
+
+
+def _decode_checked(source: Path) -> dict[str, object]:
+    """:func:`decode_source`, with any failure as one line naming the archive."""
+    try:
+        payload = decode_source(source)
+    except ARCHIVE_ERRORS as error:
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        problem = f"{type(error).__name__}: {first_line[:100]}"
+    else:
+        problem = payload_problem(payload)
+    if problem is not None:
+        raise ValueError(
+            f"{ARCHIVE_SETTING}: {source} is damaged or not a CIFAR-10 JPEG archive ({problem})"
+        ) from None
+    return payload
+
+
 def load_or_decode(source: Path, cache_dir: Path) -> dict[str, object]:
     """Return the decoded source from the cache, decoding and caching it on a miss.
 
-    The cache file is keyed by the source's sha256, so a changed archive is decoded again.
+    The cache file is keyed by the source's sha256 and records it in full with its format
+    version. A cache that fails to load or to check (:func:`payload_problem`) is decoded again
+    with a warning naming it.
 
     Args:
         source: The ``.tar.gz`` archive or extracted folder.
@@ -69,14 +139,17 @@ def load_or_decode(source: Path, cache_dir: Path) -> dict[str, object]:
 
     Returns:
         The payload described in :func:`decode_source`.
+
+    Raises:
+        ValueError: the archive is damaged or not CIFAR-10 (one line naming it).
     """
     started = time.perf_counter()
-    path = cache_file(cache_dir, CACHE_PREFIX, source_sha256(source))
-    if path.is_file():
-        payload = load_tensors(path)
+    digest = source_sha256(source)
+    path = cache_file(cache_dir, CACHE_PREFIX, digest)
+    if (payload := _cached(path, digest)) is not None:
         log.info("read cached tensors %s in %.2f s", path, time.perf_counter() - started)
         return payload
-    payload = decode_source(source)
+    payload = {**_decode_checked(source), "format": CACHE_FORMAT, "archive_sha256": digest}
     save_atomically(payload, path)
     log.info("decoded %s in %.2f s; cached at %s", source, time.perf_counter() - started, path)
     return payload
@@ -111,7 +184,5 @@ def load_cifar10_jpeg(
     source = resolve_archive(archive)
     payload = load_or_decode(source, resolve_cache_dir(cache_dir))
     tensors = [payload[key] for key in _TENSOR_KEYS]
-    if not all(isinstance(tensor, torch.Tensor) for tensor in tensors):
-        raise ValueError(f"cache for {source} is malformed; delete it to decode again")
     data = array_data_from_uint8(*tensors, classes=payload["classes"])
     return take_subsets(data, subset, test_subset, subset_seed)

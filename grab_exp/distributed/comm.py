@@ -172,3 +172,17 @@ def exit_after_collective_error(error: CollectiveError) -> NoReturn:
     print(f"error: {error}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(1)
+
+
+def end_process(code: int) -> NoReturn:
+    """End the process with status ``code`` after its message was printed.
+
+    A torch.distributed rank ends at once (``os._exit``), for the reason given in
+    :func:`exit_after_collective_error`: its peers may already be gone. Any other process
+    raises ``SystemExit`` as usual.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if dist.is_available() and dist.is_initialized():
+        os._exit(code)
+    raise SystemExit(code)

@@ -21,6 +21,15 @@ from typing import IO, Any
 TMP_SUFFIX = ".tmp"
 
 
+class DamagedFileError(ValueError):
+    """A run file that cannot be read; the message names it, what is wrong and what to do."""
+
+
+def damaged(path: str | os.PathLike[str], problem: str, remedy: str) -> DamagedFileError:
+    """The one message style of a damaged file: ``<path> is damaged (<problem>); <remedy>``."""
+    return DamagedFileError(f"{path} is damaged ({problem}); {remedy}")
+
+
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Atomically replace ``path`` with ``text`` (UTF-8).
 
@@ -55,13 +64,22 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> None:
     atomic_write_text(path, text + "\n")
 
 
-def read_json(path: str | os.PathLike[str]) -> Any | None:
-    """Return the parsed JSON content of ``path``, or ``None`` when the file does not exist."""
+def read_json(path: str | os.PathLike[str], remedy: str = "delete it") -> Any | None:
+    """Return the parsed JSON content of ``path``, or ``None`` when the file does not exist.
+
+    Raises:
+        DamagedFileError: the file is not UTF-8 JSON (the message names it and ``remedy``).
+    """
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
-    return json.loads(text)
+    except UnicodeDecodeError:
+        raise damaged(path, "not UTF-8 text", remedy) from None
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        raise damaged(path, f"not valid JSON: {error}", remedy) from None
 
 
 @contextlib.contextmanager

@@ -16,28 +16,21 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import functools
 import io
 import os
-import platform
-import subprocess
 from collections.abc import Iterable, Mapping, Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from grab_exp.logging.files import atomic_write_text, fsync_dir, read_json, write_json
+from grab_exp.logging.files import atomic_write_text, damaged, fsync_dir, read_json, write_json
+from grab_exp.logging.provenance import git_commit, library_versions
 from grab_exp.validation import check_choice
 
 METRICS_FILE = "metrics.csv"
 SUMMARY_FILE = "summary.json"
-STATUSES = ("running", "finished", "failed")
-_DISTRIBUTIONS = {
-    "torch": "torch",
-    "torchvision": "torchvision",
-    "hydra": "hydra-core",
-    "wandb": "wandb",
-}
+#: what to do about a damaged run file
+REMEDY = "overwrite=true starts the run over (the damaged files are kept aside)"
+STATUSES = ("running", "finished", "failed", "interrupted")
 
 
 class LocalStore:
@@ -69,11 +62,19 @@ class LocalStore:
 
         Raises:
             ValueError: ``row`` has no ``epoch`` or names a column this store does not have, or
-                an existing ``metrics.csv`` has a different header.
+                an existing ``metrics.csv`` has a different header, or ``row``'s epoch is not
+                the last row's epoch plus 1 (another writer, or a bug).
+            DamagedFileError: ``metrics.csv`` cannot be read.
         """
         line = self._format_row(row)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         is_new = self._check_existing_header()
+        last = None if is_new else self._last_epoch()
+        if last is not None and row["epoch"] != last + 1:
+            raise ValueError(
+                f"{self.metrics_path}: refusing to append epoch {row['epoch']} after epoch "
+                f"{last}; is another job writing this run directory?"
+            )
         with open(self.metrics_path, "a", encoding="utf-8", newline="") as handle:
             handle.write(self._header() + line if is_new else line)
             handle.flush()
@@ -92,13 +93,32 @@ class LocalStore:
         self._header_checked = True
 
     def read_metrics(self) -> list[dict[str, Any]]:
-        """Return the rows of ``metrics.csv`` ([] if absent); empty cells read as ``None``."""
+        """Return the rows of ``metrics.csv`` ([] if absent); empty cells read as ``None``.
+
+        Raises:
+            DamagedFileError: the file is not UTF-8 CSV text.
+        """
         try:
             text = self.metrics_path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return []
-        reader = csv.DictReader(io.StringIO(text, newline=""))
-        return [{key: _parse_cell(value) for key, value in row.items()} for row in reader]
+        except UnicodeDecodeError:
+            raise damaged(self.metrics_path, "not UTF-8 text", REMEDY) from None
+        try:
+            reader = csv.DictReader(io.StringIO(text, newline=""))
+            return [{key: _parse_cell(value) for key, value in row.items()} for row in reader]
+        except csv.Error as error:
+            raise damaged(self.metrics_path, f"not CSV: {error}", REMEDY) from None
+
+    def _last_epoch(self) -> int | None:
+        """The last row's epoch in ``metrics.csv`` (``None`` without rows)."""
+        rows = self.read_metrics()
+        if not rows:
+            return None
+        last = rows[-1].get("epoch")
+        if not isinstance(last, int):
+            raise damaged(self.metrics_path, f"its last row's epoch is {last!r}", REMEDY)
+        return last
 
     def _format_row(self, row: Mapping[str, Any]) -> str:
         unknown = sorted(set(row) - set(self.columns))
@@ -117,8 +137,11 @@ class LocalStore:
             self._header_checked = True
             return True
         if not self._header_checked:
-            with open(self.metrics_path, encoding="utf-8", newline="") as handle:
-                found = handle.readline()
+            try:
+                with open(self.metrics_path, encoding="utf-8", newline="") as handle:
+                    found = handle.readline()
+            except UnicodeDecodeError:
+                raise damaged(self.metrics_path, "not UTF-8 text", REMEDY) from None
             if found != self._header():
                 raise ValueError(
                     f"{self.metrics_path} has header {found.strip()!r}, expected "
@@ -136,14 +159,14 @@ class LocalStore:
         Typical fields: ``final_metrics`` (dict), ``wall_time_s``, ``device``, ``error``.
 
         Args:
-            status: ``running``, ``finished`` or ``failed``.
+            status: ``running``, ``finished``, ``failed`` or ``interrupted``.
             **fields: Top-level keys to set; a key set to ``None`` is kept as ``null``.
 
         Returns:
             The summary as written.
 
         Raises:
-            ValueError: ``status`` is not one of the three allowed values.
+            ValueError: ``status`` is not one of :data:`STATUSES`.
         """
         check_choice("summary status", status, STATUSES)
         summary = {"status": status, **(self.read_summary() or {}), **fields}
@@ -156,43 +179,15 @@ class LocalStore:
         return summary
 
     def read_summary(self) -> dict[str, Any] | None:
-        """Return the parsed ``summary.json``, or ``None`` when there is none yet."""
-        return read_json(self.summary_path)
+        """Return the parsed ``summary.json``, or ``None`` when there is none yet.
 
-
-@functools.lru_cache(maxsize=1)
-def library_versions() -> dict[str, str | None]:
-    """Versions of python, torch, torchvision, hydra and wandb (``None`` if not installed)."""
-    versions: dict[str, str | None] = {"python": platform.python_version()}
-    for key, distribution in _DISTRIBUTIONS.items():
-        try:
-            versions[key] = metadata.version(distribution)
-        except metadata.PackageNotFoundError:
-            versions[key] = None
-    return versions
-
-
-@functools.lru_cache(maxsize=1)
-def git_commit() -> str | None:
-    """``git rev-parse HEAD`` of the repository that contains this package, else ``None``.
-
-    ``None`` when git is missing, the package is not in a git work tree, or the repository has
-    no commit yet; this function never raises.
-    """
-    package_dir = Path(__file__).resolve().parents[1]
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=package_dir,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    commit = done.stdout.strip()
-    return commit if done.returncode == 0 and commit else None
+        Raises:
+            DamagedFileError: the file is not a JSON object (the message names it).
+        """
+        summary = read_json(self.summary_path, REMEDY)
+        if summary is not None and not isinstance(summary, dict):
+            raise damaged(self.summary_path, "not a JSON object", REMEDY)
+        return summary
 
 
 def _csv_line(cells: Iterable[str]) -> str:

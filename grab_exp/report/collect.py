@@ -21,6 +21,7 @@ from grab_exp.logging.files import shown
 from grab_exp.report.frames import (
     ID_COLUMNS,
     RunLoadError,
+    check_complete,
     check_metrics,
     concat_runs,
     drop_duplicate_runs,
@@ -187,13 +188,12 @@ def read_run(run_dir: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, A
     """One finished run: its tidy frame and its identity (:func:`run_identity`).
 
     Raises:
-        RunLoadError: the run is unfinished, its identity cannot be told, or its
-            ``summary.json`` / ``metrics.csv`` is missing or corrupt (the message names it).
+        RunLoadError: the run is unfinished (e.g. ``interrupted``), its identity cannot be told,
+            or its ``summary.json`` / ``metrics.csv`` is missing, corrupt or incomplete.
     """
     run_dir = Path(run_dir)
-    path = run_dir / SUMMARY_FILE
     try:
-        summary = json.loads(path.read_text())
+        summary = json.loads((run_dir / SUMMARY_FILE).read_text())
     except (OSError, ValueError) as error:
         raise RunLoadError(f"skipping {run_dir}: unreadable {SUMMARY_FILE} ({error})") from None
     if not isinstance(summary, dict):
@@ -201,7 +201,7 @@ def read_run(run_dir: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, A
     if (status := summary.get("status")) != "finished":
         raise RunLoadError(f"skipping unfinished run {run_dir} (status {status!r})")
     identity = run_identity(summary, run_dir=run_dir)
-    metrics = read_metrics(run_dir)
+    metrics = check_complete(read_metrics(run_dir), summary.get("final") or {}, run_dir)
     ids = {"run": shown(run_dir), **{key: identity[key] for key in ("variant", "pipeline", "seed")}}
     ids["device"] = str(summary.get("device", "unknown"))
     return metrics.assign(**ids)[[*ID_COLUMNS, *metric_columns(metrics)]], identity

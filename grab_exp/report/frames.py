@@ -9,7 +9,9 @@ One row per (run, epoch): ``run`` (where it came from), ``variant``, ``pipeline`
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -52,6 +54,33 @@ def check_metrics(metrics: pd.DataFrame, run_dir: Path | str, what: str) -> pd.D
     numeric = metrics.apply(pd.to_numeric, errors="coerce")
     numeric["epoch"] = numeric["epoch"].astype(int)
     return numeric.sort_values("epoch", ignore_index=True)
+
+
+def check_complete(
+    metrics: pd.DataFrame, final: Mapping[str, Any], run_dir: Path | str, what: str = "metrics.csv"
+) -> pd.DataFrame:
+    """A finished run's metrics table (``what``) has every epoch up to the summary's final one,
+    and a value in every row for each column the summary's final row has a value for.
+
+    Returns:
+        ``metrics``, unchanged.
+
+    Raises:
+        RunLoadError: naming the run, what is missing and what to do.
+    """
+    last = final.get("epoch")
+    problem = None
+    if last is not None and list(metrics["epoch"]) != list(range(1, int(last) + 1)):
+        problem = f"epochs up to {metrics['epoch'].iloc[-1]} of the {last} the summary finished"
+    else:
+        filled = [k for k, v in final.items() if v is not None]
+        empty = [k for k in filled if k not in metrics or metrics[k].isna().any()]
+        problem = f"empty or missing cells in {empty}" if empty else None
+    if problem:
+        raise RunLoadError(
+            f"skipping {run_dir}: incomplete {what} ({problem}); rerun with overwrite=true"
+        )
+    return metrics
 
 
 def _metrics_problem(metrics: pd.DataFrame) -> str | None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from grab_exp.logging.files import atomic_torch_save
+from grab_exp.logging.files import atomic_torch_save, damaged
+from grab_exp.logging.local import REMEDY
 
 CHECKPOINT_NAME = "checkpoint.pt"
 #: 3: also ``device_type`` (``cpu`` | ``cuda``: where the job's generators ran); 2: every job
@@ -95,10 +97,29 @@ def upgrade(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_checkpoint(run_dir: Path) -> dict[str, Any] | None:
-    """The last checkpoint (``weights_only=True``), or ``None`` when there is none."""
+    """The last checkpoint (``weights_only=True``), or ``None`` when there is none.
+
+    Raises:
+        DamagedFileError: the file is truncated, not a checkpoint, or holds objects that
+            ``weights_only`` refuses (code could run); the message names the file.
+    """
     path = run_dir / CHECKPOINT_NAME
     if not path.exists():
         return None
-    state = upgrade(torch.load(path, map_location="cpu", weights_only=True))
-    restore_rng_states(state["rng"])
+    try:
+        state = upgrade(torch.load(path, map_location="cpu", weights_only=True))
+        restore_rng_states(state["rng"])
+        _ = state["epoch"]  # every checkpoint has it
+    except Exception as error:  # torch raises many kinds; none of its advice is ours to give
+        raise damaged(path, _problem(error), REMEDY) from None
     return state
+
+
+def _problem(error: Exception) -> str:
+    """What is wrong with a checkpoint file, without torch's advice (``weights_only=False``
+    would run whatever code the file holds)."""
+    if isinstance(error, pickle.UnpicklingError):
+        return "not a checkpoint of this program: a weights-only load refused its content"
+    if isinstance(error, (KeyError, TypeError, AttributeError, IndexError)):
+        return "not a checkpoint of this program: an entry is missing or of the wrong type"
+    return "truncated or not a checkpoint"

@@ -20,6 +20,10 @@ from grab_exp.runner.schema import ConfigError, check_values, config_error
 from grab_exp.validation import check_power_of_two
 
 __all__ = ["ConfigError", "validate_config"]
+#: the most memory an ordering's balancing state may take (``balance.depth``'s bound)
+MAX_BALANCE_BYTES = 16 * 2**30
+#: training examples of CIFAR-10 (a dataset config without ``num_train`` or ``subset``)
+CIFAR10_TRAIN = 50_000
 
 
 def _options(node: DictConfig) -> dict:
@@ -63,6 +67,26 @@ def _model_size(cfg: DictConfig) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+def _check_depth(cfg: DictConfig, depth: object, projection_dim: int | None) -> None:
+    """``balance.depth``: the tree's ``2^(depth+1) - 1`` accumulators of ``d`` values must fit
+    in :data:`MAX_BALANCE_BYTES` (float32; ``d`` is ``projection_dim`` or the model's size)."""
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+        return  # the ordering's own check names the key
+    d = projection_dim or _model_size(cfg)
+
+    def need(k: int) -> int:
+        return (2 ** (k + 1) - 1) * d * 4
+
+    if need(depth) > MAX_BALANCE_BYTES:
+        deepest = max((k for k in range(64) if need(k) <= MAX_BALANCE_BYTES), default=-1)
+        raise config_error(
+            "balance.depth",
+            depth,
+            f"0..{deepest} (depth {depth} keeps 2^{depth + 1}-1 accumulators of {d} values: "
+            f"{need(depth) / 2**30:.3g} GiB; at most {MAX_BALANCE_BYTES / 2**30:.0f} GiB)",
+        )
+
+
 def _check_single_balance(cfg: DictConfig, cls: type[Balance]) -> None:
     """Build the ordering on a tiny problem: its constructor checks every option.
 
@@ -70,6 +94,8 @@ def _check_single_balance(cfg: DictConfig, cls: type[Balance]) -> None:
     an ordering that balances within mini-batches must see the run's own batch size.
     """
     options = _options(cfg.balance)
+    if "depth" in options:
+        _check_depth(cfg, options["depth"], options.get("projection_dim"))
     if "batch_size" in options:
         if options["batch_size"] != cfg.batch_size:
             raise config_error(
@@ -124,6 +150,16 @@ def _check_compile(cfg: DictConfig) -> None:
         )
 
 
+def _check_batch_size(cfg: DictConfig) -> None:
+    """``batch_size`` is at most the examples of one worker (the whole training set alone)."""
+    data = cfg.dataset
+    n = data.get("subset") or data.get("num_train") or CIFAR10_TRAIN
+    workers = cfg.distributed.simulate_workers or cfg.distributed.workers or 1
+    if cfg.batch_size > n // workers:
+        where = "the training set size" if workers == 1 else f"the examples of each of {workers}"
+        raise config_error("batch_size", cfg.batch_size, f"an integer <= {n // workers} ({where})")
+
+
 def _check_device(cfg: DictConfig) -> None:
     """``cuda`` needs CUDA, and ``cuda:k`` one of the GPUs visible here."""
     if not cfg.device.startswith("cuda"):
@@ -135,7 +171,8 @@ def _check_device(cfg: DictConfig) -> None:
         raise config_error("device", cfg.device, f"cuda, cuda:0 .. cuda:{count - 1}")
 
 
-CHECKS = (check_values, _check_vrgd, _check_balance, _check_dataset, _check_compile, _check_device)
+CHECKS = (check_values, _check_batch_size, _check_vrgd, _check_balance, _check_dataset)
+CHECKS += (_check_compile, _check_device)
 
 
 def validate_config(cfg: DictConfig) -> None:

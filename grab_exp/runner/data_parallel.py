@@ -99,6 +99,9 @@ class DataParallel(Strategy):
     def barrier(self, name: str) -> None:
         self.comm.barrier(name=name)
 
+    def from_writer(self, value: Any, name: str) -> Any:
+        return self.comm.gather_objects(value, name=name)[0]
+
     def summary_fields(self) -> dict[str, Any]:
         return {
             "world_size": self.world_size,

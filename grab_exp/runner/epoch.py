@@ -10,6 +10,7 @@ import torch
 
 from grab_exp.runner.build import TrainingJob
 from grab_exp.runner.progress import Progress
+from grab_exp.runner.signals import check_stop
 from grab_exp.runner.step import train_step
 
 
@@ -38,6 +39,7 @@ def train_steps(job: TrainingJob, progress: Progress) -> tuple[torch.Tensor, int
     loss_sum = torch.zeros((), device=job.strategy.device)
     steps = 0
     for indices in job.strategy.index_batches(ordering, job.batch_size):
+        check_stop()  # a step boundary: SIGTERM / SIGINT stop here
         x, y = data.train_x[indices], data.train_y[indices]  # (B, 3, 32, 32), (B,)
         loss = train_step(job.parts, x, y, indices)
         loss_sum += loss

@@ -1,8 +1,9 @@
 """The one job lifecycle of ``python -m grab_exp``, for every kind of job.
 
-validate -> connect (one process, simulated or torchrun workers) -> resolve the run directory
-(skip a finished run, resume an interrupted one, or keep an old one aside) -> build -> train
-epochs, each checkpointed atomically and logged -> final summary, also on failure.
+validate -> connect (one process, simulated or torchrun workers) -> lock the run directory
+(rank 0) -> resolve it (skip a finished run, resume an interrupted one, or keep an old one
+aside) -> build -> train epochs, each checkpointed atomically and logged -> final summary, also
+on failure or on a stop signal (status ``interrupted``) -> unlock.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from grab_exp.runner.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_ch
 from grab_exp.runner.config_check import validate_config
 from grab_exp.runner.epoch import run_epoch
 from grab_exp.runner.identity import run_identity
+from grab_exp.runner.lock import RunDirInUseError, RunLock, holder
 from grab_exp.runner.progress import Progress
 from grab_exp.runner.rundir import finished_run, has_artifacts, keep_aside
+from grab_exp.runner.signals import check_stop, stop_on_signals, stop_requested
 from grab_exp.runner.strategy import Strategy, check_checkpoint_kind, connect
 
 log = logging.getLogger("grab_exp")
@@ -101,6 +104,7 @@ def _train(
             _relog_checkpointed(wandb, metrics)
     progress = Progress(cfg.progress if store else "none", cfg.epochs)
     for epoch in range(state["epoch"] + 1 if state else 0, cfg.epochs):
+        check_stop()
         row = run_epoch(job, epoch, progress)
         _check_finite(row, epoch)
         metrics.append(row)
@@ -123,8 +127,7 @@ def _prepare_run_dir(run_dir: Path, cfg: DictConfig, strategy: Strategy) -> None
     strategy.barrier("run directory ready")
 
 
-def _run(cfg: DictConfig, strategy: Strategy) -> dict[str, Any]:
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+def _run(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> dict[str, Any]:
     if (final := finished_run(run_dir, cfg.overwrite)) is not None:
         return final
     _prepare_run_dir(run_dir, cfg, strategy)
@@ -143,6 +146,7 @@ def _run(cfg: DictConfig, strategy: Strategy) -> dict[str, Any]:
             variant=identity["variant"],
             pipeline=identity["pipeline"],
             seed=cfg.seed,
+            **{key: holder()[key] for key in ("pid", "host")},
             **strategy.summary_fields(),
         )
     strategy.log_start(job.parts.ordering)
@@ -151,6 +155,9 @@ def _run(cfg: DictConfig, strategy: Strategy) -> dict[str, Any]:
         final = _train(cfg, job, run_dir, store, wandb, identity)
         status = "finished"
         return final
+    except BaseException:
+        status = "interrupted" if stop_requested() else "failed"
+        raise
     finally:
         if store:
             store.write_summary(
@@ -162,15 +169,46 @@ def _run(cfg: DictConfig, strategy: Strategy) -> dict[str, Any]:
             torch.cuda.empty_cache()
 
 
+def _lock(run_dir: Path, strategy: Strategy) -> RunLock | None:
+    """Rank 0 (the writer) locks ``run_dir``; every rank learns whether it could.
+
+    Raises:
+        RunDirInUseError: another live job holds the directory (on every rank).
+    """
+    lock, refusal = (RunLock(run_dir), None) if strategy.is_writer else (None, None)
+    if lock:
+        try:
+            lock.acquire()
+        except RunDirInUseError as error:
+            refusal = str(error)
+    refusal = strategy.from_writer(refusal, "run directory lock")
+    if refusal:
+        raise RunDirInUseError(refusal)
+    return lock
+
+
 def run_job(cfg: DictConfig) -> dict[str, Any]:
     """Run (or resume, or skip) the job that ``cfg`` describes; return its final metrics.
 
     A failed collective (a dead or hung peer) ends the process with one ``error: ...`` line
     and status 1, after rank 0 marked the run ``failed``.
+
+    Raises:
+        RunDirInUseError: another live job holds the run directory.
+        JobInterrupted: SIGTERM or SIGINT stopped the job at a step boundary; the run is
+            ``interrupted`` and the same command resumes it from its last checkpoint.
     """
     validate_config(cfg)
-    strategy = connect(cfg)
-    try:
-        return _run(cfg, strategy)
-    except CollectiveError as error:
-        exit_after_collective_error(error)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    with stop_on_signals():
+        strategy = connect(cfg)
+        try:
+            lock = _lock(run_dir, strategy)
+            try:
+                return _run(cfg, strategy, run_dir)
+            finally:
+                if lock:
+                    lock.release()
+        except CollectiveError as error:
+            check_stop()  # a peer stopped on the same signal first: interrupted, not failed
+            exit_after_collective_error(error)

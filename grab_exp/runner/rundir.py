@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from grab_exp.logging.files import shown
+from grab_exp.logging.files import DamagedFileError, shown
 from grab_exp.logging.local import LocalStore
 
 log = logging.getLogger("grab_exp")
@@ -43,19 +43,34 @@ def _finished_summary(run_dir: Path) -> dict[str, Any] | None:
 
 
 def will_skip(run_dir: str | Path, overwrite: bool) -> bool:
-    """Whether the job in ``run_dir`` will be skipped: it finished and ``overwrite`` is off."""
-    return not overwrite and _finished_summary(Path(run_dir)) is not None
+    """Whether the job in ``run_dir`` will be skipped: it finished and ``overwrite`` is off.
+
+    A damaged ``summary.json`` counts as "not skipped": the job itself then reports it.
+    """
+    if overwrite:
+        return False
+    try:
+        return _finished_summary(Path(run_dir)) is not None
+    except DamagedFileError:
+        return False
 
 
 def finished_run(run_dir: Path, overwrite: bool) -> dict[str, Any] | None:
     """The final metrics of a run that already finished in ``run_dir`` (to skip it), else None.
 
-    With ``overwrite`` a finished run is not skipped.
+    With ``overwrite`` a finished run is not skipped, and its summary is not even read (a
+    damaged one is kept aside with the rest).
+
+    Raises:
+        DamagedFileError: ``summary.json`` cannot be read (without ``overwrite``).
     """
-    if not will_skip(run_dir, overwrite):
+    if overwrite:
+        return None
+    summary = _finished_summary(run_dir)
+    if summary is None:
         return None
     log.info(
         "run directory: %s (skipped: it already finished; overwrite=true starts it over)",
         shown(run_dir),
     )
-    return _finished_summary(run_dir).get("final", {})
+    return summary.get("final", {})

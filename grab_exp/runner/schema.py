@@ -23,6 +23,8 @@ from grab_exp.runner.progress import PROGRESS_MODES
 
 SCHEMA_NAME = "run_schema"
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+#: ``name``: one plain folder name under ``outputs/`` (``hydra.run.dir`` writes elsewhere)
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.=,+-]*$")
 BACKENDS = ("auto", "gloo", "nccl")
 
 
@@ -136,7 +138,8 @@ def _in_range(value: object, kind: str, comparison: str, bound: float) -> bool:
 
 
 def check_values(cfg: DictConfig) -> None:
-    """Check :data:`RANGES` (finite, in range), :data:`CHOICES` and ``device``.
+    """Check :data:`RANGES` (finite, in range), :data:`CHOICES`, ``device``, ``name`` and that
+    every float option is finite.
 
     Keys that are absent, or ``null``, are skipped (optional nodes, unset options).
 
@@ -153,6 +156,31 @@ def check_values(cfg: DictConfig) -> None:
             raise config_error(key, value, ", ".join(sorted(allowed)))
     if not DEVICE_PATTERN.match(cfg.device):
         raise config_error("device", cfg.device, "auto, cpu, cuda, cuda:<k>")
+    if not NAME_PATTERN.match(cfg.name) or ".." in cfg.name:
+        allowed = "a plain folder name (letters, digits, _ . = , + -; no / or ..); "
+        raise config_error("name", cfg.name, allowed + "hydra.run.dir=<path> writes elsewhere")
+    check_finite(cfg)
+
+
+def check_finite(cfg: DictConfig) -> None:
+    """Every float option of the job (``hydra`` settings aside) is finite.
+
+    Raises:
+        ConfigError: the first NaN or infinity, by its dotted key.
+    """
+    for key, value in _floats(OmegaConf.to_container(cfg, resolve=False), ""):
+        if key != "hydra" and not key.startswith("hydra.") and not math.isfinite(value):
+            raise config_error(key, value, "a finite number")
+
+
+def _floats(node: object, prefix: str):
+    """``(dotted key, value)`` of every float in a nested container (interpolations skipped)."""
+    if isinstance(node, float):
+        yield prefix, node
+    if isinstance(node, list):
+        node = dict(enumerate(node))
+    for key, value in node.items() if isinstance(node, dict) else ():
+        yield from _floats(value, f"{prefix}.{key}" if prefix else str(key))
 
 
 def register_schema() -> None:

@@ -112,6 +112,10 @@ class Strategy:
     def barrier(self, name: str) -> None:
         """Wait for every worker (nothing to wait for here)."""
 
+    def from_writer(self, value: Any, name: str) -> Any:
+        """Rank 0's ``value`` on every worker (collective when data-parallel)."""
+        return value
+
     def summary_fields(self) -> dict[str, Any]:
         """Fields of ``summary.json`` that only this kind of job has."""
         return {}

@@ -243,6 +243,41 @@ def test_cifar10_jpeg_subset_is_stratified(jpeg_cache_dir, cifar10_jpeg):
     assert torch.bincount(small.test_y).tolist() == [20] * 10
 
 
+@needs_archive
+def test_a_forged_or_truncated_cache_is_decoded_again_with_a_warning(
+    cifar10_jpeg, jpeg_cache_dir, tmp_path, caplog
+):
+    (good,) = jpeg_cache_dir.glob("cifar10-jpeg-*.pt")
+    cache = tmp_path / good.name  # the right name, the wrong content
+    forged = torch.load(good, weights_only=True)
+    forged["train_images"].zero_()
+    forged["train_labels"].fill_(3)  # all one class: test accuracy would be trivially learnt
+    torch.save(forged, cache)
+    for problem in ("train labels are not 5000 per class", "unreadable ("):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="grab_exp.data.cifar10_jpeg"):
+            data = load_cifar10_jpeg(archive=ARCHIVE, cache_dir=tmp_path)
+        assert f"decoded-data cache {cache}: {problem}" in caplog.text
+        assert "decoding the archive again" in caplog.text
+        assert torch.equal(data.train_x, cifar10_jpeg.train_x)
+        assert torch.equal(data.train_y, cifar10_jpeg.train_y)
+        cache.write_bytes(cache.read_bytes()[: cache.stat().st_size // 2])  # then: truncated
+
+
+@needs_archive
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_a_damaged_archive_is_named_in_one_line(tmp_path, damage):
+    archive = tmp_path / "cifar10-jpeg.tar.gz"
+    data = ARCHIVE.read_bytes()
+    archive.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"not a tar" * 99)
+    with pytest.raises(ValueError) as raised:
+        load_cifar10_jpeg(archive=archive, cache_dir=tmp_path)
+    message = str(raised.value)
+    assert message.startswith(f"dataset.archive: {archive} is damaged or not a CIFAR-10 JPEG")
+    assert "\n" not in message
+    assert list(tmp_path.glob("*.pt")) == []  # nothing cached from it
+
+
 def test_missing_archive_names_the_setting_and_path(tmp_path):
     missing = tmp_path / "nowhere" / "cifar10-jpeg.tar.gz"
     with pytest.raises(FileNotFoundError) as raised:

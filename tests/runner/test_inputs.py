@@ -10,6 +10,7 @@ real subprocess from an empty working directory, whose stderr must be exactly on
 from __future__ import annotations
 
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,6 +111,11 @@ CASES = [
     ),
     Case("weight_decay_negative", ["optimizer.weight_decay=-1"], "optimizer.weight_decay", ">= 0"),
     Case("subset_zero", ["dataset.subset=0"], "dataset.subset: got 0", "an integer >= 1"),
+    # values the reliability issue (13) named
+    Case("signal_nan", ["dataset.signal=nan"], "dataset.signal: got nan", "a finite number"),
+    Case("depth_huge", ["balance=recursive", "balance.depth=100"], "balance.depth: got 100", "GiB"),
+    Case("batch_over_data", ["batch_size=128"], "batch_size: got 128", "an integer <= 64"),
+    Case("name_escapes", ["name=../../x"], "name: got '../../x'", "hydra.run.dir=<path>"),
     Case(
         "bad_wandb_mode",
         ["logger.wandb.mode=sometimes"],
@@ -217,6 +223,11 @@ CLI_CASE_IDS = {
     "bad_progress",
     "lr_negative",
     "bad_wandb_mode",
+    "lr_infinite",
+    "signal_nan",
+    "depth_huge",
+    "batch_over_data",
+    "name_escapes",
 }
 CLI_RUNS = [(c.id, c.args, {}) for c in CASES if c.id in CLI_CASE_IDS] + [
     (f"{case_id}-full_error", BY_ID[case_id].args, {"HYDRA_FULL_ERROR": "1"})
@@ -236,7 +247,9 @@ def cli_results(tmp_path_factory):
         return {run_id: (future.result(), root / run_id) for run_id, future in futures.items()}
 
 
-def assert_cli_one_line(result, cwd: Path, case: Case) -> None:
+def assert_cli_one_line(result, cwd: Path, case: Case, validated: bool = True) -> None:
+    """One ``error:`` line; with ``validated`` (a config rejected by validation), nothing on
+    disk at all: no run directory, no ``.hydra/``, nothing outside ``cwd`` either."""
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 1, result.stdout + result.stderr
     assert len(lines) == 1, f"stderr is not one line:\n{result.stderr}"
@@ -244,6 +257,8 @@ def assert_cli_one_line(result, cwd: Path, case: Case) -> None:
     assert "Traceback" not in result.stdout + result.stderr
     assert_one_line(lines[0], case)
     assert run_artifacts(cwd) == [], "a run file was written before the config was validated"
+    if validated:
+        assert not (cwd / "outputs").exists() and not (cwd.parent / "x").exists()
 
 
 @pytest.mark.parametrize("run_id", [r[0] for r in CLI_RUNS])
@@ -266,7 +281,7 @@ def test_cli_cifar10_offline_is_one_line_naming_cifar10_jpeg(tmp_path):
     case = Case(
         "cifar10_offline", args, "dataset=cifar10: could not download", "dataset=cifar10_jpeg"
     )
-    assert_cli_one_line(result, tmp_path, case)
+    assert_cli_one_line(result, tmp_path, case, validated=False)
     assert "InstantiationException" not in result.stderr and "full_key" not in result.stderr
 
 
@@ -275,7 +290,7 @@ def test_cli_loader_range_error_is_one_line(tmp_path):
     args = [*TINY, "dataset.subset=100", "progress=none"]
     result = run_cli(args, tmp_path, timeout=CLI_TIMEOUT_S, HYDRA_FULL_ERROR="1")
     case = Case("subset_too_large", args, "dataset.subset: got 100", "an integer in 1..64")
-    assert_cli_one_line(result, tmp_path, case)
+    assert_cli_one_line(result, tmp_path, case, validated=False)
 
 
 def test_only_errors_raised_by_grab_exp_become_one_line():
@@ -294,3 +309,22 @@ def test_only_errors_raised_by_grab_exp_become_one_line():
     assert user_error_line(ConfigError("epochs: got 0; allowed: an integer >= 1")) == (
         "epochs: got 0; allowed: an integer >= 1"
     )
+
+
+# ---------------------------------------------------------------- a whole sweep, before any job
+
+
+def test_a_sweep_with_bad_jobs_lists_them_all_and_trains_nothing(tmp_path):
+    """Job 0 is good, jobs 1 and 2 are not: all errors at once, exit 1, nothing written."""
+    args = ["-m", *TINY, "seed=13", "batch_size=16,0,1000", "progress=none"]
+    result = run_cli(args, tmp_path, timeout=CLI_TIMEOUT_S)
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[0] == "error: 2 of 3 jobs of this sweep cannot run; none started", lines
+    assert re.fullmatch(r"  job 1 \(.*batch_size=0 .*\): batch_size: got 0; allowed: .*", lines[1])
+    assert re.fullmatch(
+        r"  job 2 \(.*batch_size=1000 .*\): batch_size: got 1000; .*<= 64.*", lines[2]
+    )
+    assert len(lines) == 3 and "Traceback" not in result.stderr
+    assert "Launching" not in result.stdout  # no job started
+    assert not (tmp_path / "outputs").exists()
