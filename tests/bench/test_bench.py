@@ -110,8 +110,10 @@ def test_epoch_bench_peak_memory_holds_the_per_sample_work(epoch_report):
     classic = peaks.pop("rr-classic")
     assert 0 < classic < per_sample
     assert all(peak > classic for peak in peaks.values())  # the hooks' per-layer work on top
-    gsnr = [peak for row, peak in peaks.items() if "+vr_" in row]
-    assert min(gsnr) > max(peak for row, peak in peaks.items() if "+vr_" not in row)
+    for row, peak in peaks.items():  # the GSNR's work on top of the same row without it
+        if "+vr_" in row:
+            plain = row.split("+", 1)[0]
+            assert peak > peaks[plain], (row, peak, plain, peaks[plain])
 
 
 @pytest.fixture(scope="module")
