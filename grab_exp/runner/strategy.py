@@ -127,9 +127,6 @@ class Strategy:
     def log_start(self, ordering: Any) -> None:
         """Log what a reader should know before the first epoch."""
 
-    def close(self) -> None:
-        """Release what :func:`connect` acquired."""
-
 
 def check_checkpoint_kind(strategy: Strategy, state: dict[str, Any]) -> None:
     """Refuse a checkpoint of another kind of job, of another number of workers, or written on
