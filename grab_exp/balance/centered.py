@@ -20,10 +20,10 @@ class CenteredBalance(Balance):
     def _init_state(self) -> None:
         self.stale_mean = torch.zeros(self.dim, dtype=self.dtype, device=self.device)  # (dim,)
         self.grad_sum = torch.zeros(self.dim, dtype=self.dtype, device=self.device)  # (dim,)
-        self.acc = torch.zeros(self._acc_shape(), dtype=self.dtype, device=self.device)
+        self.acc = self._new_acc()
 
-    def _acc_shape(self) -> tuple[int, ...]:
-        return (self.dim,)
+    def _new_acc(self) -> torch.Tensor:
+        return torch.zeros(self.dim, dtype=self.dtype, device=self.device)  # (dim,)
 
     def _center(self, grads: GradRows) -> GradRows:
         """Record the raw ``B`` rows for the next mean; return the centered (prepared) rows."""

@@ -21,6 +21,12 @@ class RecursiveBalance(CenteredBalance):
 
     Nodes are stored in heap order: root 0, children of ``i`` at ``2i+1`` (left)
     and ``2i+2`` (right); ``self.acc`` has shape ``(2^(D+1) - 1, d)``.
+
+    A batch visits every node at most at one level, so each example's dot products with all
+    nodes come from one product before the batch, the examples sharing a node see each other
+    through the masked Gram matrix, and the nodes' updates are summed in one final product
+    (``coef``: each example's sign at each node it visited). No ``index_add_``: its repeated
+    indices add atomically on CUDA, in an order that varies between runs.
     """
 
     name = "recursive"
@@ -30,44 +36,30 @@ class RecursiveBalance(CenteredBalance):
         self.depth = depth
         super().__init__(n, d, **kwargs)
 
-    def _acc_shape(self) -> tuple[int, ...]:
-        return (2 ** (self.depth + 1) - 1, self.dim)
+    def _new_acc(self) -> torch.Tensor:
+        return self._node_accumulators(2 ** (self.depth + 1) - 1)  # (nodes, dim)
 
     def _balance(self, grads: GradRows, start: int) -> None:
-        # each example meets its own node's accumulator: rows are materialized (factors too)
+        # all-node dots and updates cost nodes x B x d however the rows are given; as factors
+        # that is small products per node and layer plus a pass for the centering: slower
         if not isinstance(grads, DenseRows):
             grads = grads.dense(self._flat_buffer(grads.rows))
-        centered = self._center(grads).matrix  # (B, d)
-        rows = centered.shape[0]
-        gram = centered @ centered.T  # (B, B)
+        centered = self._center(grads)  # B rows
+        rows = centered.rows
+        node_dots = centered.dots(self.acc)  # (B, nodes): <v_i, acc_k> before this batch
+        gram = centered.gram()  # (B, B)
         # example-major draws: the same thresholds however an epoch is split into steps
         thresholds = self._thresholds(rows * (self.depth + 1)).view(rows, self.depth + 1).T
-        node = torch.zeros(rows, dtype=torch.long, device=self.device)  # (B,) heap index
+        coef = torch.zeros_like(node_dots)  # (B, nodes): acc_k += sum_i coef_ik v_i
+        node = torch.zeros(rows, 1, dtype=torch.long, device=self.device)  # (B, 1) heap index
         for level in range(self.depth + 1):
-            signs = self._balance_level(centered, gram, node, thresholds[level], level)  # (B,)
+            dots = node_dots.gather(1, node)[:, 0]  # (B,) <v_i, acc_node(i)>
+            same_node = node == node.T  # (B, B)
+            signs = sequential_signs(dots, gram * same_node, thresholds[level])  # (B,)
+            coef.scatter_(1, node, signs[:, None])
             if level < self.depth:
-                node = 2 * node + torch.where(signs > 0, 1, 2)
-        leaf = node - (2**self.depth - 1)  # (B,)
+                node = 2 * node + torch.where(signs[:, None] > 0, 1, 2)
+        centered.accumulate(self.acc, coef)  # one product: a fixed order of sums, any device
+        leaf = node[:, 0] - (2**self.depth - 1)  # (B,)
         positions = torch.arange(start, start + rows, device=self.device)
         self.keys[start : start + rows] = leaf * (2 * self.n) + sign_keys(positions, signs, self.n)
-
-    def _balance_level(
-        self, centered: torch.Tensor, gram: torch.Tensor, node: torch.Tensor, thresholds, level
-    ) -> torch.Tensor:
-        """Sign every example at its node of one tree level and update those nodes.
-
-        The nodes' sums go through a one-hot ``(2^level, B)`` matrix product, not
-        ``index_add_``: several examples share a node (the root takes the whole batch), and
-        CUDA's ``index_add_`` adds repeated indices atomically, in an order that varies from
-        run to run. The product sums in a fixed order: the same orders on every run.
-        """
-        rows = len(node)
-        node_acc = torch.index_select(self.acc, 0, node, out=self._scratch("node_acc", rows))
-        dots = node_acc.mul_(centered).sum(dim=1)  # (B,) row-wise <v_i, acc_node(i)>
-        same_node = node[:, None] == node[None, :]  # (B, B)
-        signs = sequential_signs(dots, gram * same_node, thresholds)  # (B,)
-        signed = torch.mul(centered, signs[:, None], out=node_acc)  # (B, d), reuses the buffer
-        first = 2**level - 1  # heap index of the level's leftmost node
-        onehot = node[None, :] == torch.arange(first, 2 * first + 1, device=self.device)[:, None]
-        self.acc[first : 2 * first + 1].addmm_(onehot.to(signed.dtype), signed)  # (2^level, d)
-        return signs

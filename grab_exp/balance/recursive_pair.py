@@ -6,7 +6,7 @@ import torch
 
 from grab_exp.balance.base import Balance
 from grab_exp.balance.kernels import signs_from
-from grab_exp.balance.rows import GradRows
+from grab_exp.balance.rows import DenseRows, GradRows
 from grab_exp.balance.signs import UNBALANCED_KEY
 from grab_exp.validation import check_power_of_two
 
@@ -35,8 +35,7 @@ class RecursivePairBalance(Balance):
         super().__init__(n, d, **kwargs)
 
     def _init_state(self) -> None:
-        shape = (self.batch_size - 1, self.dim)  # heap-ordered nodes of log2(b) levels
-        self.acc = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.acc = self._node_accumulators(self.batch_size - 1)  # heap-ordered, log2(b) levels
 
     def _balance(self, grads: GradRows, start: int) -> None:
         rows = grads.rows
@@ -49,6 +48,8 @@ class RecursivePairBalance(Balance):
                 )
             self.keys[start:] = UNBALANCED_KEY + positions
             return
+        if not isinstance(grads, DenseRows):  # as in RecursiveBalance: one GEMM beats b-1
+            grads = grads.dense(self._flat_buffer(rows))  # small products per factored layer
         arrangement = torch.arange(rows, device=self.device)  # (b,) members by position
         node_dots = grads.dots(self.acc)  # (b, b-1): <g_j, acc_k>
         gram = grads.gram() if self.normalize else None  # (b, b)

@@ -1,7 +1,8 @@
-"""The GPU-minded rewrites compute what the code before them computed: ``sequential_signs``
-without per-vector allocations gives the same signs, and recursive balance's one-hot node sums
-(deterministic on CUDA, unlike ``index_add_`` with repeated nodes) equal the old ``index_add_``
-accumulators to float64 rounding, with the same orders."""
+"""The rewrites for speed and determinism compute what the code before them computed:
+``sequential_signs`` (numpy on the CPU, device kernels elsewhere) gives the same signs, and
+recursive balance's all-node products (deterministic on CUDA, unlike ``index_add_`` with repeated
+nodes) equal the old per-level ``index_add_`` accumulators to float64 rounding, with the same
+orders."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from helpers import make, random_grads, run_epochs
 
 from grab_exp.balance.recursive import RecursiveBalance
-from grab_exp.balance.signs import sequential_signs
+from grab_exp.balance.signs import device_signs, sequential_signs, sign_keys
 
 
 def signs_before(dots: torch.Tensor, gram: torch.Tensor, thresholds: torch.Tensor):
@@ -41,24 +42,39 @@ def test_sequential_signs_are_the_signs_of_before(rows, dtype):
         if trial % 3 == 0 and rows:  # ties and signed zeros: a tie is a "-"
             dots[: rows // 2] = thresholds[: rows // 2]
             dots[0] = -0.0
-        got = sequential_signs(dots, gram, thresholds)
-        assert got.dtype == dtype and torch.equal(got, signs_before(dots, gram, thresholds))
+        want = signs_before(dots, gram, thresholds)
+        for signs in (sequential_signs, device_signs):  # the CPU's numpy loop, device kernels
+            got = signs(dots, gram, thresholds)
+            assert got.dtype == dtype and torch.equal(got, want)
 
 
 class IndexAddRecursive(RecursiveBalance):
-    """Recursive balance with the node sums of before (commit ba11b1b): ``index_add_``."""
+    """Recursive balance as it was before (commit ba11b1b): level by level, each example's node
+    accumulator gathered, the nodes updated at once by ``index_add_``."""
 
-    def _balance_level(self, centered, gram, node, thresholds, level):
-        node_acc = self.acc[node]  # (B, d)
-        dots = (node_acc * centered).sum(dim=1)
-        same_node = node[:, None] == node[None, :]
-        signs = sequential_signs(dots, gram * same_node, thresholds)
-        self.acc.index_add_(0, node, centered * signs[:, None])
-        return signs
+    def _new_acc(self):
+        return torch.zeros(2 ** (self.depth + 1) - 1, self.dim, dtype=self.dtype)
+
+    def _balance(self, grads, start):
+        centered = self._center(grads).dense(self._flat_buffer(grads.rows)).matrix  # (B, d)
+        rows = len(centered)
+        gram = centered @ centered.T
+        thresholds = self._thresholds(rows * (self.depth + 1)).view(rows, self.depth + 1).T
+        node = torch.zeros(rows, dtype=torch.long)
+        for level in range(self.depth + 1):
+            dots = (self.acc[node] * centered).sum(dim=1)
+            same_node = node[:, None] == node[None, :]
+            signs = device_signs(dots, gram * same_node, thresholds[level])
+            self.acc.index_add_(0, node, centered * signs[:, None])
+            if level < self.depth:
+                node = 2 * node + torch.where(signs > 0, 1, 2)
+        leaf = node - (2**self.depth - 1)
+        positions = torch.arange(start, start + rows)
+        self.keys[start : start + rows] = leaf * (2 * self.n) + sign_keys(positions, signs, self.n)
 
 
 @pytest.mark.parametrize(("n", "b", "depth"), [(40, 8, 3), (37, 16, 5), (24, 4, 0)])
-def test_one_hot_node_sums_equal_index_add_to_float64_rounding(n, b, depth):
+def test_all_node_products_equal_index_add_to_float64_rounding(n, b, depth):
     d = 9
     zs = random_grads(n, d, epochs=2, seed=n)
     options = {"depth": depth, "dtype": "float64", "kernel": "probabilistic", "c": 3.0}

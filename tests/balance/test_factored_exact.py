@@ -15,7 +15,8 @@ from test_balance_properties import discrepancy
 from torch import nn
 from torch.nn import functional as F
 
-from grab_exp.balance.factored import FactoredGrads, LinearFactors, factor_pays
+from grab_exp.balance.factored import FactoredGrads
+from grab_exp.balance.linear_factors import LinearFactors, factor_pays
 from grab_exp.balance.rows import DenseRows
 from grab_exp.models import MLP, LeNet, LogReg
 from grab_exp.per_sample import FunctionalPipeline, HookedPerSampleGradients
@@ -128,8 +129,8 @@ def test_sequence_gram_sums_over_step_pairs():
     factors = LinearFactors(a, delta)
     flat = factors.materialize().reshape(4, -1)  # (B, out * in)
     torch.testing.assert_close(factors.gram(), flat @ flat.T, rtol=1e-12, atol=0)
-    acc = torch.randn(6, 2, 5, generator=g, dtype=torch.float64)  # (K, out, in)
-    torch.testing.assert_close(factors.dots(acc), flat @ acc.reshape(6, -1).T, rtol=1e-12, atol=0)
+    acc = torch.randn(6, 10, generator=g, dtype=torch.float64)  # (K, out * in)
+    torch.testing.assert_close(factors.dots(acc), flat @ acc.T, rtol=1e-12, atol=0)
 
 
 def test_cost_model_materializes_long_sequences_of_narrow_layers():

@@ -77,6 +77,9 @@ RULE_CASES: dict[type[nn.Module], list[LayerCase]] = {
     nn.Conv2d: [
         LayerCase(lambda: _conv(nn.Conv2d(2, 3, 3, stride=2, padding=2, dilation=2)), (2, 9, 9)),
         LayerCase(lambda: _conv(nn.Conv2d(2, 3, (3, 2), stride=(1, 2), bias=False)), (2, 7, 8)),
+        LayerCase(lambda: _conv(nn.Conv2d(2, 3, (3, 5), padding="same", dilation=2)), (2, 6, 7)),
+        LayerCase(lambda: _conv(nn.Conv2d(2, 3, 3, padding="valid")), (2, 5, 5)),
+        LayerCase(lambda: _conv(nn.Conv2d(8, 3, 3, stride=2)), (8, 7, 7)),  # default layout
     ],
     nn.LayerNorm: [
         LayerCase(lambda: nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.Linear(8, 3)), (6,)),
@@ -96,6 +99,9 @@ FALLBACK_CASES = {
     "grouped_conv": LayerCase(lambda: _conv(nn.Conv2d(2, 4, 3, groups=2)), (2, 6, 6), {"0"}),
     "reflect_conv": LayerCase(
         lambda: _conv(nn.Conv2d(2, 3, 3, padding=1, padding_mode="reflect")), (2, 5, 5), {"0"}
+    ),
+    "asymmetric_same_conv": LayerCase(
+        lambda: _conv(nn.Conv2d(2, 3, 2, padding="same")), (2, 5, 5), {"0"}
     ),
     "batchnorm_eval": LayerCase(_eval_batchnorm, (2, 5, 5), {"1"}),
     "embedding": LayerCase(
@@ -120,6 +126,7 @@ def test_rule_equals_the_per_example_loop(layer_type, index):
     assert any(isinstance(layer, layer_type) for layer in hooked._layers.values())
 
 
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")  # torch's own note
 @pytest.mark.parametrize("name", list(FALLBACK_CASES))
 def test_fallback_equals_the_per_example_loop(name):
     check_layer(FALLBACK_CASES[name])

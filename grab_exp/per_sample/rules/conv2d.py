@@ -1,12 +1,28 @@
-"""``nn.Conv2d`` (``groups=1``, zero padding): per-sample grads as one grouped convolution."""
+"""``nn.Conv2d`` (``groups=1``, zero padding): per-sample grads as one grouped convolution's
+weight gradient."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from grab_exp.per_sample.rules.base import LayerRule, Outs, register_rule
+
+#: On the CPU, layers with fewer input channels than this run the grouped weight gradient in
+#: channels-last layout: 2-3x faster for LeNet's 3 and 6 input channels (oneDNN, B = 16), but
+#: slower from 8 channels on, where the default layout is kept (``results/bench/README.md``).
+CHANNELS_LAST_BELOW = 8
+
+
+def explicit_padding(layer: nn.Conv2d) -> tuple[int, ...] | None:
+    """The layer's zero padding per side as numbers (``"valid"``, and ``"same"`` where it pads
+    both sides alike); ``None`` for an asymmetric ``"same"``."""
+    if layer.padding == "valid":
+        return (0,) * len(layer.kernel_size)
+    if layer.padding != "same":
+        return tuple(layer.padding)
+    totals = [d * (k - 1) for d, k in zip(layer.dilation, layer.kernel_size, strict=True)]
+    return None if any(t % 2 for t in totals) else tuple(t // 2 for t in totals)
 
 
 def conv2d_grads(
@@ -14,23 +30,29 @@ def conv2d_grads(
 ) -> list[torch.Tensor]:
     """Per-sample ``[weight, bias]`` grads from input ``a (B, C, H, W)``, ``g (B, O, H', W')``.
 
-    ``dW[b, o, c, i, j] = sum_pq g[b, o, p, q] a[b, c, p*stride + i*dilation, ...]`` is itself a
-    convolution: channels become the batch, every example's output gradient becomes a group's
-    kernel, and stride and dilation swap roles. One grouped convolution is faster here than
-    ``unfold`` + ``bmm`` and never materializes the ``(B, C*kh*kw, L)`` patches. ``out``:
-    optional ``(B, O, C, kh, kw)`` / ``(B, O)`` tensors to write the results into.
+    The batch becomes the groups of one convolution: ``a`` as one image of ``B*C`` channels,
+    ``g`` as ``B*O`` output channels, one group per example, and the weight gradient of that
+    grouped convolution is every example's own ``(O, C, kh, kw)`` block. At LeNet's shapes this
+    is faster than a grouped forward convolution with the roles swapped and than ``unfold`` +
+    ``bmm`` (which also writes the ``(B, C*kh*kw, L)`` patches). The result may be a
+    non-contiguous view (channels-last). ``out``: optional
+    ``(B, O, C, kh, kw)`` / ``(B, O)`` tensors to write the results into.
     """
     batch, out_channels = g.shape[:2]
-    kh, kw = layer.weight.shape[2:]
-    weight = F.conv2d(
-        a.transpose(0, 1),  # (C, B, H, W): channels as the batch
-        g.reshape(batch * out_channels, 1, *g.shape[2:]),  # (B*O, 1, H', W'): one group per b
-        padding=layer.padding,
-        stride=layer.dilation,
-        dilation=layer.stride,
+    images = a.reshape(1, -1, *a.shape[2:])  # (1, B*C, H, W)
+    out_grads = g.reshape(1, -1, *g.shape[2:])  # (1, B*O, H', W')
+    if a.device.type == "cpu" and a.shape[1] < CHANNELS_LAST_BELOW:
+        images = images.contiguous(memory_format=torch.channels_last)
+        out_grads = out_grads.contiguous(memory_format=torch.channels_last)
+    weight = torch.nn.grad.conv2d_weight(
+        images,
+        (batch * out_channels, *layer.weight.shape[1:]),  # (B*O, C, kh, kw)
+        out_grads,
+        stride=layer.stride,
+        padding=explicit_padding(layer),
+        dilation=layer.dilation,
         groups=batch,
-    )[..., :kh, :kw]  # (C, B*O, kh, kw); padding arithmetic can leave extra rows to crop
-    weight = weight.reshape(-1, batch, out_channels, kh, kw).permute(1, 2, 0, 3, 4)
+    ).view(batch, out_channels, *layer.weight.shape[1:])  # (B, O, C, kh, kw)
     grads = [weight if out[0] is None else out[0].copy_(weight)]  # (B, O, C, kh, kw)
     if layer.bias is not None:
         grads.append(torch.sum(g, dim=(2, 3), out=out[1]))  # (B, O)
@@ -53,10 +75,12 @@ def conv2d_mean_grads(
 
 @register_rule(nn.Conv2d)
 class Conv2dRule(LayerRule):
-    """``nn.Conv2d``; grouped or non-zero-padded ones get the ``torch.func`` fallback."""
+    """``nn.Conv2d``; grouped, non-zero-padded or asymmetric ``"same"`` ones get the
+    ``torch.func`` fallback."""
 
     def supports(self, layer):
-        return layer.groups == 1 and layer.padding_mode == "zeros"
+        zero_padded = layer.padding_mode == "zeros" and explicit_padding(layer) is not None
+        return layer.groups == 1 and zero_padded
 
     def per_sample(self, layer, a, g, out=(None, None)):
         return conv2d_grads(layer, a, g, out)

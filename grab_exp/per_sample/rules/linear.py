@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from grab_exp.balance.factored import LinearFactors, factor_pays
+from grab_exp.balance.linear_factors import FactorBias, LinearFactors, factor_pays
 from grab_exp.per_sample.rules.base import LayerRule, Outs, register_rule
 
 
@@ -52,10 +52,8 @@ class LinearRule(LayerRule):
         g3 = g.reshape(g.shape[0], -1, g.shape[-1])  # (B, T, out)
         if not factor_pays(a3.shape[1], a3.shape[2], g3.shape[2]):
             return None  # long sequences, narrow layer: the (B, out, in) blocks are cheaper
-        blocks = [LinearFactors(a3, g3)]
-        if layer.bias is not None:
-            blocks.append(g3.sum(dim=1))  # (B, out)
-        return blocks
+        factors = LinearFactors(a3, g3)
+        return [factors] if layer.bias is None else [factors, FactorBias(factors)]
 
     def mean(self, layer, a, g, per_sample):
         return linear_mean_grads(layer, a, g)

@@ -1,0 +1,125 @@
+"""Factors of a Linear layer's per-sample gradients: ``g_i = sum_t delta_it a_itᵀ``.
+
+``a`` is the layer's input and ``delta`` its output gradient (``t`` over a sequence; ``T = 1``
+without one). Then
+
+* ``<g_i, g_j> = sum_tt' (a_it·a_jt')(delta_it·delta_jt')``: two ``(BT, BT)`` Gram matrices;
+* ``<g_i, Acc> = sum_t delta_itᵀ Acc a_it``: one ``(BT, in) x (in, out)`` GEMM and a row dot;
+* ``sum_i s_i g_i = Δᵀ diag(s) A``: one GEMM the size of a weight gradient,
+
+the identity behind "ghost clipping". :class:`~grab_exp.balance.factored.FactoredGrads` joins
+them with the layers that stay materialized.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def factor_pays(steps: int, fan_in: int, fan_out: int) -> bool:
+    """Whether a Linear layer is cheaper factored: ``T² (in + out) <= in · out``.
+
+    The factored Gram matrix costs ``(BT)² (in + out)``, the materialized one ``B² in out``
+    (plus writing ``B T in out`` values); their dots and sums cost the same order.
+    """
+    return steps * steps * (fan_in + fan_out) <= fan_in * fan_out
+
+
+@dataclass(frozen=True)
+class LinearFactors:
+    """``g_i = sum_t delta[i, t] ⊗ a[i, t]``: ``a (B, T, in)``, ``delta (B, T, out)``.
+
+    With ``bias``, the block's columns are the weight's ``out * in`` then the bias's ``out``
+    (``nn.Linear``'s parameter order), whose per-sample gradient is ``sum_t delta[i, t]``: the
+    factors of ``[W | b]`` are ``[a | 1]`` and ``delta``, so the bias costs no block of its own.
+    Accumulators are the block's columns: ``(width,)`` or ``(K, width)``.
+    """
+
+    a: torch.Tensor  # (B, T, in)
+    delta: torch.Tensor  # (B, T, out)
+    bias: bool = False
+
+    @property
+    def width(self) -> int:
+        """The block's columns: ``out * in`` (+ ``out`` with the bias)."""
+        fan_out = self.delta.shape[-1]
+        return fan_out * (self.a.shape[-1] + self.bias)
+
+    def flat(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(BT, in)`` and ``(BT, out)``."""
+        return self.a.reshape(-1, self.a.shape[-1]), self.delta.reshape(-1, self.delta.shape[-1])
+
+    def per_step(self, coef: torch.Tensor) -> torch.Tensor:
+        """Per-example coefficients ``(B, ...)`` repeated over ``T``: ``(BT, ...)``."""
+        steps = self.a.shape[1]
+        if steps == 1:
+            return coef
+        return coef[:, None].expand(len(coef), steps, *coef.shape[1:]).reshape(-1, *coef.shape[1:])
+
+    def to(self, device, dtype) -> LinearFactors:
+        return LinearFactors(self.a.to(device, dtype), self.delta.to(device, dtype), self.bias)
+
+    def materialize(self) -> torch.Tensor:
+        """The weight's ``(B, out, in)``."""
+        return torch.bmm(self.delta.transpose(1, 2), self.a)
+
+    def bias_grads(self) -> torch.Tensor:
+        """The bias's ``(B, out)``."""
+        return self.delta.sum(dim=1)
+
+    def _split(self, acc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The weight ``(..., out, in)`` and bias ``(..., out)`` views of ``acc (..., width)``."""
+        fan_out, fan_in = self.delta.shape[-1], self.a.shape[-1]
+        weight = acc[..., : fan_out * fan_in].unflatten(-1, (fan_out, fan_in))
+        return weight, acc[..., fan_out * fan_in :] if self.bias else None
+
+    def dots(self, acc: torch.Tensor) -> torch.Tensor:
+        """``acc (width,)`` -> ``(B,)``; ``acc (K, width)`` -> ``(B, K)``."""
+        a, delta = self.flat()  # (BT, in), (BT, out)
+        rows, steps = self.a.shape[:2]
+        weight, bias = self._split(acc)
+        if acc.dim() == 1:  # <delta_it, W a_it + b>
+            image = a @ weight.T if bias is None else torch.addmm(bias, a, weight.T)  # (BT, out)
+            dots = image.mul_(delta).sum(1)  # (BT,)
+            return dots if steps == 1 else dots.view(rows, steps).sum(1)  # (B,)
+        image = torch.matmul(a, weight.transpose(1, 2))  # (K, BT, out)
+        if bias is not None:
+            image += bias[:, None, :]
+        dots = image.mul_(delta).sum(2)  # (K, BT)
+        return (dots if steps == 1 else dots.view(-1, rows, steps).sum(2)).T  # (B, K)
+
+    def gram(self) -> torch.Tensor:
+        """``(B, B)``."""
+        a, delta = self.flat()
+        inputs = a @ a.T  # (BT, BT)
+        if self.bias:
+            inputs += 1.0  # the bias's input is 1
+        product = inputs.mul_(delta @ delta.T)  # (BT, BT)
+        rows, steps = self.a.shape[:2]
+        return product if steps == 1 else product.view(rows, steps, rows, steps).sum((1, 3))
+
+    def accumulate(self, acc: torch.Tensor, coef: torch.Tensor) -> None:
+        """``acc (width,) += sum_i coef_i g_i`` or ``acc (K, width) += sum_i coef_ik g_i``."""
+        a, delta = self.flat()
+        weights = self.per_step(coef)  # (BT,) or (BT, K)
+        weight, bias = self._split(acc)
+        if acc.dim() == 1:
+            weighted = delta * weights[:, None]  # (BT, out)
+            weight.addmm_(weighted.T, a)
+        else:
+            weighted = weights.T[:, :, None] * delta  # (K, BT, out)
+            weight.baddbmm_(weighted.transpose(1, 2), a.expand(acc.shape[0], *a.shape))
+        if bias is not None:
+            bias.add_(weighted.sum(-2))
+
+
+@dataclass(frozen=True)
+class FactorBias:
+    """The bias block of a Linear layer whose weight is :class:`LinearFactors` ``factors``."""
+
+    factors: LinearFactors
+
+    def to(self, device, dtype) -> FactorBias:
+        return FactorBias(self.factors.to(device, dtype))
