@@ -79,6 +79,11 @@ class GraBSampler(Sampler[int]):
         return self.balance.needs_grads
 
     @property
+    def takes_factors(self) -> bool:
+        """Whether factored per-sample gradients save work in :meth:`step`."""
+        return self.balance.takes_factors
+
+    @property
     def epoch(self) -> int:
         """The current epoch."""
         return self.balance.epoch

@@ -44,6 +44,8 @@ class Balance:
 
     name: ClassVar[str] = ""
     needs_grads: ClassVar[bool] = True
+    #: reads factored gradients as factors (False: the variant materializes them anyway)
+    reads_factors: ClassVar[bool] = True
     registry: ClassVar[dict[str, type[Balance]]] = {}
     state_tensors: ClassVar[tuple[str, ...]] = ()
 
@@ -145,6 +147,12 @@ class Balance:
         check_int_at_least("epoch", epoch, self.epoch)
         while self.epoch < epoch:
             self._advance()
+
+    @property
+    def takes_factors(self) -> bool:
+        """Whether factored per-sample gradients save work here: the variant reads them as
+        factors and no sketch materializes them."""
+        return self.reads_factors and self.projection is None
 
     def state_bytes(self) -> int:
         """Bytes held by the ordering's state (orders, keys, accumulators, ...)."""

@@ -30,6 +30,7 @@ class RecursiveBalance(CenteredBalance):
     """
 
     name = "recursive"
+    reads_factors = False
 
     def __init__(self, n: int, d: int, *, depth: int = 5, **kwargs) -> None:
         check_int_at_least("balance.depth", depth, 0)

@@ -25,6 +25,7 @@ class RecursivePairBalance(Balance):
     """
 
     name = "recursive_pair"
+    reads_factors = False
     state_tensors = ("acc",)
 
     def __init__(self, n: int, d: int, *, batch_size: int, **kwargs) -> None:

@@ -85,16 +85,18 @@ def build_row(
     """
     torch.manual_seed(0)
     model = LeNet().to(device)
-    if pipeline == "classic":
-        runner = ClassicPipeline(model, F.cross_entropy)
-    else:
-        runner = FunctionalPipeline(model, F.cross_entropy, method=method or args.method)
     options = {"depth": 5} if variant == "recursive" else {}
     if variant == "recursive_pair":
         options = {"batch_size": args.batch}
     d = sum(p.numel() for p in model.parameters())
     balance = make_balance(variant, EPOCH_EXAMPLES, d, device=device, **options)
     sampler = GraBSampler(EPOCH_EXAMPLES, balance=balance)
+    if pipeline == "classic":
+        runner = ClassicPipeline(model, F.cross_entropy)
+    else:  # as the runner builds it: auto reads the ordering's takes_factors
+        runner = FunctionalPipeline(
+            model, F.cross_entropy, method=method or args.method, factors=sampler.takes_factors
+        )
     step = StepParts(model, make_optimizer(optimizer, model), runner, sampler)
     suffix = f"@{method}" if method else ""
     return Row(row_name(variant, pipeline, optimizer) + suffix, step)

@@ -34,6 +34,7 @@ class DistributedOrdering:
 
     name: ClassVar[str] = ""
     needs_grads: ClassVar[bool] = True
+    takes_factors: ClassVar[bool] = False  # the workers' rows are materialized on entry
     registry: ClassVar[dict[str, type[DistributedOrdering]]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

@@ -66,8 +66,9 @@ class FunctionalPipeline:
         method: ``func`` (torch.func vmap(grad) of the whole model, any model), ``hooks`` (one
             ordinary backward; per-layer rules, a per-layer torch.func fallback for other
             layers), ``factored`` (``hooks``, but Linear layers return their factors, see
-            :mod:`grab_exp.balance.factored`) or ``auto`` (``factored`` when
-            :func:`factored_pays`, else ``hooks`` when :func:`hooks_supported`, else ``func``).
+            :mod:`grab_exp.balance.factored`) or ``auto`` (``factored`` when ``factors`` and
+            :func:`auto_hooks_method` say so, else ``hooks`` when :func:`hooks_supported`, else
+            ``func``).
         chunk_size: examples per vmap chunk for ``func`` (bounds memory).
         compile_mode: ``None`` (eager) or a ``torch.compile`` mode: the ``func`` path's
             ``vmap(grad)`` is compiled; ``auto`` then means ``func``, and ``hooks`` is refused
@@ -76,6 +77,8 @@ class FunctionalPipeline:
             ``(B, d)`` buffer, which the ordering takes without a copy; the returned tensors are
             overwritten by the next call (see
             :class:`~grab_exp.per_sample.hooks.HookedPerSampleGradients`).
+        factors: whether the consumer reads factors (an ordering's ``takes_factors``); if not,
+            ``auto`` picks ``hooks`` over ``factored`` (recursive balance materializes them).
     """
 
     provides_per_sample: ClassVar[bool] = True
@@ -88,6 +91,7 @@ class FunctionalPipeline:
         method: str = "auto",
         compile_mode: str | None = None,
         reuse_buffer: bool = True,
+        factors: bool = True,
     ) -> None:
         check_choice("pipeline.method", method, METHODS)
         self.compile_mode = compile_mode
@@ -96,6 +100,7 @@ class FunctionalPipeline:
             method = "func"
         elif method == "auto":
             method = "func" if not hooks_supported(model) else auto_hooks_method(model)
+            method = "hooks" if method == "factored" and not factors else method
         self.method = method
         if method in ("hooks", "factored"):
             self.per_sample = HookedPerSampleGradients(

@@ -67,8 +67,11 @@ def build_job(cfg: DictConfig, data: ArrayData, strategy: Strategy) -> TrainingJ
             raise ConfigError(str(error)) from error
     d = sum(p.numel() for p in model.parameters() if p.requires_grad)
     ordering = strategy.make_ordering(cfg, n, d)
-    pipeline = instantiate(cfg.pipeline)(
-        model=model, loss_fn=F.cross_entropy, compile_mode=compile_mode(cfg)
+    make_pipeline = instantiate(cfg.pipeline)
+    per_sample = make_pipeline.func.provides_per_sample
+    options = {"factors": ordering.takes_factors} if per_sample else {}
+    pipeline = make_pipeline(
+        model=model, loss_fn=F.cross_entropy, compile_mode=compile_mode(cfg), **options
     )
     parts = StepParts(model, optimizer, pipeline, ordering, strategy.gradient_reducer(model))
     return TrainingJob(parts, data, strategy, cfg.batch_size, cfg.eval_batch_size)

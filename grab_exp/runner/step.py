@@ -25,6 +25,7 @@ class Ordering(Protocol):
     """What a step needs of an ordering (``GraBSampler`` or a ``DistributedOrdering``)."""
 
     needs_grads: bool
+    takes_factors: bool  # factored per-sample gradients save work in ``step``
 
     def step(self, grads: Any = None, indices: torch.Tensor | None = None) -> None:
         """Take the per-sample gradients of the batch ``indices``."""

@@ -78,6 +78,7 @@ def test_epoch_bench_short_mode_writes_json(epoch_report):
     methods = {r["row"]: r["method"] for r in report["rows"]}
     assert methods["rr-classic"] == "classic" and methods["mean@hooks"] == "hooks"
     assert methods["mean"] == "factored"  # auto: LeNet's Linear layers hold 95% of the weights
+    assert methods["recursive"] == "hooks"  # auto: it would materialize the factors
     for row in report["rows"]:
         assert set(row) == {
             "row",

@@ -105,6 +105,9 @@ def test_unsupported_layer_is_named_and_auto_falls_back():
         HookedPerSampleGradients(ListNet(), F.cross_entropy)
     assert FunctionalPipeline(ListNet(), F.cross_entropy, method="auto").method == "func"
     assert FunctionalPipeline(LeNet(), F.cross_entropy, method="auto").method == "factored"
+    # an ordering that materializes factors anyway (recursive): auto keeps the hook path's rows
+    unread = FunctionalPipeline(LeNet(), F.cross_entropy, method="auto", factors=False)
+    assert unread.method == "hooks"
 
 
 def test_auto_materializes_when_layers_without_factors_hold_many_weights():

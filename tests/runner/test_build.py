@@ -1,0 +1,30 @@
+"""The runner builds the pipeline its ordering can use: ``pipeline.method=auto`` keeps LeNet's
+Linear layers as factors only for an ordering that reads factors (not recursive balance, a
+sketch or the data-parallel orderings, which materialize them)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hydra.utils import instantiate
+
+from grab_exp.runner.build import build_job
+from grab_exp.runner.strategy import Strategy
+
+
+@pytest.mark.parametrize(
+    ("overrides", "method"),
+    [
+        (["balance=mean"], "factored"),
+        (["balance=rr"], "factored"),  # functional RR: the GraB rows' pipeline
+        (["balance=recursive"], "hooks"),
+        (["balance=recursive_pair"], "hooks"),
+        (["balance=mean", "balance.projection_dim=64"], "hooks"),
+        (["balance=mean", "pipeline.method=factored"], "factored"),
+    ],
+)
+def test_auto_factors_only_for_an_ordering_that_reads_them(compose, overrides, method):
+    cfg = compose(["experiment=smoke", *overrides])
+    data = instantiate(cfg.dataset)
+    job = build_job(cfg, data, Strategy(torch.device("cpu")))
+    assert job.parts.pipeline.method == method
