@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from grab_exp.bench import epoch, projection, rss, sorters, sweep, vrgd
+from grab_exp.bench import conv, epoch, projection, rss, sorters, sweep, vrgd
 
 BENCHMARKS = {
     "sorters": sorters.main,
@@ -13,6 +13,7 @@ BENCHMARKS = {
     "projection": projection.main,
     "vrgd": vrgd.main,
     "rss": rss.main,
+    "conv": conv.main,
 }
 
 

@@ -12,7 +12,7 @@ from run_files import computed, read_rows, run_dirs
 from torch.nn import functional as F
 
 from grab_exp.balance import Balance
-from grab_exp.bench import epoch, sorters, sweep
+from grab_exp.bench import conv, epoch, sorters, sweep
 from grab_exp.bench.epoch import GSNR_ROWS, ROWS, STAGES, row_name
 from grab_exp.bench.memory import CPU_METHOD, peak_step_bytes
 from grab_exp.models import MLP
@@ -34,6 +34,21 @@ def test_sorters_bench_reports_every_ordering(tmp_path, capsys):
     assert {"cpu", "cpu_count", "torch", "torch_threads", "device"} <= set(written["machine"])
     assert all(r["step_ms"] > 0 and r["state_bytes"] > 0 for r in rows)
     assert "recursive_pair" in capsys.readouterr().out
+
+
+def test_conv_bench_formulations_agree_and_are_reported(tmp_path):
+    layer = torch.nn.Conv2d(3, 4, 3)
+    a = torch.randn(2, 3, 6, 6)
+    g = torch.randn(layer(a).shape)
+    calls = conv.formulations(layer, a, g)
+    want = calls["ours"]()[0]  # (B, O, C, kh, kw)
+    for name in ("grouped_forward", "groups_weight_grad", "groups_weight_grad_cl", "unfold_bmm"):
+        torch.testing.assert_close(calls[name]().reshape(want.shape), want)
+    torch.testing.assert_close(calls["classic"](), want.sum(0))
+    out = tmp_path / "conv.json"
+    rows = conv.main(["--repeats", "1", "--out", str(out)])
+    assert json.loads(out.read_text())["rows"] == rows
+    assert [(r["C"], r["O"]) for r in rows][:2] == [(3, 6), (6, 16)]  # LeNet's convolutions
 
 
 def test_cpu_peak_is_the_most_bytes_live_at_once():
