@@ -6,7 +6,10 @@ its per-sample gradients of one batch of CIFAR-shaped random data come from the 
 ``k`` values (each projection kind), the benchmark measures the median time of one sorter
 ``step`` on those gradients (the dict, as in training), the sorter's state bytes, the scratch
 buffers it keeps between steps, and the peak bytes one step allocates above what lives before
-it (:mod:`grab_exp.bench.memory`).
+it (:mod:`grab_exp.bench.memory`). Each row gets the gradients ``pipeline.method=auto`` would
+give it: factors where the ordering reads them (``takes_factors``), else the hook path's
+materialized rows (recursive, and every sketch). ``materialize_ms`` is the alternative for a
+sketch: materializing the factored blocks, which the sketch reads block by block.
 """
 
 from __future__ import annotations
@@ -31,26 +34,36 @@ HIDDEN = (512, 256)  # 1,707,274 parameters
 QUICK_HIDDEN = (16,)  # --quick: 49,338 parameters
 
 
-def gradients(hidden: tuple[int, ...], batch: int, device: torch.device):
-    """A seeded MLP's per-sample gradients ``name -> (B, *shape)`` and its size ``d``."""
+def gradients(hidden: tuple[int, ...], batch: int, device: torch.device, method: str):
+    """A seeded MLP's per-sample gradients ``name -> (B, *shape)`` by ``pipeline.method``, its
+    size ``d`` and the pipeline's median seconds."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = MLP(hidden=hidden).to(device)
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(batch, 3, 32, 32, generator=generator).to(device)  # (B, 3, 32, 32)
     y = torch.randint(0, 10, (batch,), generator=generator).to(device)  # (B,)
-    pipeline = FunctionalPipeline(model, F.cross_entropy)
+    pipeline = FunctionalPipeline(model, F.cross_entropy, method=method)
     seconds = median_seconds(lambda: pipeline(x, y), device, 3, warmup=1)
     _, grads = pipeline(x, y)
     return grads, sum(p.numel() for p in model.parameters()), seconds
 
 
-def bench_sorter(name: str, kind: str | None, grads, d: int, args, device) -> dict:
-    """Median step time, state bytes and step peak bytes of one configuration."""
+def materialize_seconds(grads, device: torch.device, repeats: int) -> float:
+    """Median time to materialize every per-sample block (what a sketch of factored gradients
+    adds: :mod:`~grab_exp.balance.projection` reads ``(B, *shape)`` blocks)."""
+    return median_seconds(lambda: [grads[name] for name in grads], device, repeats)
+
+
+def bench_sorter(name: str, kind: str | None, grads_of: dict, d: int, args, device) -> dict:
+    """Median step time, state bytes and step peak bytes of one configuration, on the
+    gradients ``pipeline.method=auto`` gives it (``grads_of``: method -> gradients)."""
     options = dict(VARIANTS[name])
     if kind is not None:
         options.update(projection_dim=args.k, projection_kind=kind)
     sorter = make_balance(name, args.n, d, device=device, **options)
+    method = "factored" if sorter.takes_factors else "hooks"
+    grads = grads_of[method]
     batch = len(next(iter(grads.values())))
 
     def one_step() -> None:
@@ -63,6 +76,7 @@ def bench_sorter(name: str, kind: str | None, grads, d: int, args, device) -> di
         "variant": name,
         "projection_dim": None if kind is None else args.k,
         "projection_kind": kind,
+        "method": method,
         "step_ms": seconds * 1e3,
         "state_bytes": sorter.state_bytes(),
         "step_peak_bytes": peak_step_bytes(one_step, device),
@@ -90,16 +104,17 @@ def print_table(report: dict) -> None:
     print(
         f"model MLP{tuple(s['hidden'])} d={s['d']:,} B={s['batch']} n={s['n']} k={s['k']} "
         f"device={s['device']} threads={report['machine']['torch_threads']} "
-        f"grads {report['grads_ms']:.1f} ms/batch"
+        f"grads ms/batch: factored {report['grads_ms']['factored']:.1f}, hooks "
+        f"{report['grads_ms']['hooks']:.1f}; factors materialized {report['materialize_ms']:.1f}"
     )
     print(
-        f"{'variant':<11}{'sketch':<13}{'step ms':>10}{'x plain':>9}{'state MB':>10}"
+        f"{'variant':<11}{'sketch':<13}{'grads':<10}{'step ms':>10}{'x plain':>9}{'state MB':>10}"
         f"{'x plain':>9}{'scratch MB':>11}{'peak MB':>9}"
     )
     for r in report["rows"]:
         sketch = r["projection_kind"] or "none"
         print(
-            f"{r['variant']:<11}{sketch:<13}{r['step_ms']:>10.2f}{r['step_ratio']:>9.2f}"
+            f"{r['variant']:<11}{sketch:<13}{r['method']:<10}{r['step_ms']:>10.2f}{r['step_ratio']:>9.2f}"
             f"{r['state_bytes'] / 2**20:>10.2f}{r['state_ratio']:>9.4f}"
             f"{r['scratch_bytes'] / 2**20:>11.2f}"
             f"{r['step_peak_bytes'] / 2**20:>9.2f}"
@@ -122,14 +137,18 @@ def main(argv: list[str] | None = None) -> dict:
         args.repeats, args.warmup, args.n = 2, 1, 64
     hidden = QUICK_HIDDEN if args.quick else HIDDEN
     device = torch.device(args.device)
-    grads, d, grads_seconds = gradients(hidden, args.batch, device)
-    rows = [bench_sorter(v, kind, grads, d, args, device) for v in VARIANTS for kind in PROJECTIONS]
+    made = {m: gradients(hidden, args.batch, device, m) for m in ("factored", "hooks")}
+    grads_of = {m: grads for m, (grads, _, _) in made.items()}
+    d = made["hooks"][1]
+    rows = [bench_sorter(v, k, grads_of, d, args, device) for v in VARIANTS for k in PROJECTIONS]
     report = {
         "benchmark": "projection",
         "settings": {**vars(args), "hidden": list(hidden), "d": d, "device": str(device)},
         "machine": describe_machine(device),
         "memory_method": memory_method(device),
-        "grads_ms": grads_seconds * 1e3,
+        "grads_ms": {m: seconds * 1e3 for m, (_, _, seconds) in made.items()},
+        # the alternative to the hook path's rows for a sketch: materialize the factors
+        "materialize_ms": materialize_seconds(grads_of["factored"], device, args.repeats) * 1e3,
         "rows": with_ratios(rows),
     }
     print_table(report)

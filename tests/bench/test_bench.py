@@ -193,7 +193,8 @@ def test_projection_bench_short_mode_writes_json(tmp_path):
     assert report["benchmark"] == "projection"
     assert {"cpu", "torch", "torch_threads", "device"} <= set(report["machine"])
     assert report["settings"]["d"] == 49_338 and report["settings"]["k"] == 256
-    assert report["grads_ms"] > 0 and report["memory_method"]
+    assert set(report["grads_ms"]) == {"factored", "hooks"} and report["memory_method"]
+    assert report["materialize_ms"] > 0
     assert [(r["variant"], r["projection_kind"]) for r in report["rows"]] == [
         (v, kind) for v in ("mean", "recursive") for kind in (None, "rademacher", "countsketch")
     ]
@@ -202,6 +203,7 @@ def test_projection_bench_short_mode_writes_json(tmp_path):
             "variant",
             "projection_dim",
             "projection_kind",
+            "method",
             "step_ms",
             "state_bytes",
             "step_peak_bytes",
@@ -211,6 +213,8 @@ def test_projection_bench_short_mode_writes_json(tmp_path):
         }
         assert row["step_ms"] > 0 and row["state_bytes"] > 0 and row["step_peak_bytes"] >= 0
         sketched = row["projection_dim"] is not None
+        factored = row["variant"] == "mean" and not sketched
+        assert row["method"] == ("factored" if factored else "hooks")
         assert (row["state_ratio"] < 0.1) == sketched and (row["state_ratio"] == 1) != sketched
 
 
