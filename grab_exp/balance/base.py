@@ -138,7 +138,11 @@ class Balance:
         rows = rows_of(grads, indices, self.needs_grads)
         self._check_rows(rows, indices)
         if self.needs_grads:
-            matrix = {"projection": self.projection, "out": self._flat_buffer}
+            matrix = {
+                "projection": self.projection,
+                "out": self._flat_buffer,
+                "keep_factors": self.reads_factors,
+            }
             self._balance(grad_rows(grads, self.d, self.device, self.dtype, **matrix), self.pos)
         self.pos += rows
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from grab_exp.balance.centered import CenteredBalance
-from grab_exp.balance.rows import DenseRows, GradRows
+from grab_exp.balance.rows import GradRows
 from grab_exp.balance.signs import sequential_signs, sign_keys
 from grab_exp.validation import check_int_at_least
 
@@ -30,6 +30,8 @@ class RecursiveBalance(CenteredBalance):
     """
 
     name = "recursive"
+    # all-node dots and updates cost nodes x B x d in either form; as factors they are small
+    # products per node and layer plus a pass for the centering: slower than one dense GEMM
     reads_factors = False
 
     def __init__(self, n: int, d: int, *, depth: int = 5, **kwargs) -> None:
@@ -41,10 +43,6 @@ class RecursiveBalance(CenteredBalance):
         return self._node_accumulators(2 ** (self.depth + 1) - 1)  # (nodes, dim)
 
     def _balance(self, grads: GradRows, start: int) -> None:
-        # all-node dots and updates cost nodes x B x d however the rows are given; as factors
-        # that is small products per node and layer plus a pass for the centering: slower
-        if not isinstance(grads, DenseRows):
-            grads = grads.dense(self._flat_buffer(grads.rows))
         centered = self._center(grads)  # B rows
         rows = centered.rows
         node_dots = centered.dots(self.acc)  # (B, nodes): <v_i, acc_k> before this batch

@@ -6,7 +6,7 @@ import torch
 
 from grab_exp.balance.base import Balance
 from grab_exp.balance.kernels import signs_from
-from grab_exp.balance.rows import DenseRows, GradRows
+from grab_exp.balance.rows import GradRows
 from grab_exp.balance.signs import UNBALANCED_KEY
 from grab_exp.validation import check_power_of_two
 
@@ -25,7 +25,7 @@ class RecursivePairBalance(Balance):
     """
 
     name = "recursive_pair"
-    reads_factors = False
+    reads_factors = False  # as RecursiveBalance: its all-node products run as dense GEMMs
     state_tensors = ("acc",)
 
     def __init__(self, n: int, d: int, *, batch_size: int, **kwargs) -> None:
@@ -49,8 +49,6 @@ class RecursivePairBalance(Balance):
                 )
             self.keys[start:] = UNBALANCED_KEY + positions
             return
-        if not isinstance(grads, DenseRows):  # as in RecursiveBalance: one GEMM beats b-1
-            grads = grads.dense(self._flat_buffer(rows))  # small products per factored layer
         arrangement = torch.arange(rows, device=self.device)  # (b,) members by position
         node_dots = grads.dots(self.acc)  # (b, b-1): <g_j, acc_k>
         gram = grads.gram() if self.normalize else None  # (b, b)

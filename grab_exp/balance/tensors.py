@@ -93,16 +93,24 @@ def grad_rows(
     dtype: torch.dtype,
     projection: Callable[[list[torch.Tensor]], torch.Tensor] | None = None,
     out: Callable[[int], torch.Tensor] | None = None,
+    keep_factors: bool = True,
 ) -> GradRows:
     """One step's gradients as the ``GradRows`` a balance variant reads, on ``device``/``dtype``.
 
-    :class:`~grab_exp.balance.factored.FactoredGrads` stay factored; anything else becomes the
-    ``(B, d)`` matrix (:func:`flatten_grads`, ``out`` its buffer) or, with a ``projection``, its
-    ``(B, k)`` sketch built part by part (factors are materialized per parameter for it).
+    :class:`~grab_exp.balance.factored.FactoredGrads` stay factored (written into the ``(B, d)``
+    buffer instead when ``keep_factors`` is false: the variant reads no factors); anything else
+    becomes the ``(B, d)`` matrix (:func:`flatten_grads`, ``out`` its buffer) or, with a
+    ``projection``, its ``(B, k)`` sketch built part by part (factors are materialized per
+    parameter for it).
     """
     if isinstance(grads, FactoredGrads) and projection is None:
         _check_width(grads.width, d)
-        return grads.to(device, dtype)
+        grads = grads.to(device, dtype)
+        if keep_factors:
+            return grads
+        rows = grads.rows
+        buffer = out(rows) if out is not None else grads.like.new_empty(rows, d)
+        return grads.dense(buffer)  # (B, d)
     if projection is None:
         flat = flatten_grads(grads, d, out).to(device)  # (B, d)
     else:  # (B, k) straight from the dict's tensors: no (B, d) copy

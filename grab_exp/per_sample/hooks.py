@@ -108,7 +108,7 @@ class HookedPerSampleGradients:
         self._layers: dict[str, nn.Module] = {}
         self._names: dict[str, list[str]] = {}  # layer -> its own parameters' model-level names
         self._own: dict[str, list[nn.Parameter]] = {}  # layer -> its own parameters
-        self._params = list(model.named_parameters())  # read once: a walk costs 0.4 ms a call
+        self._params = list(model.named_parameters())  # read once, not walked every call
         self.rules: dict[str, LayerRule] = {}
         self.fallbacks: dict[str, FuncFallback] = {}
         for name, m in model.named_modules():
