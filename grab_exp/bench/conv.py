@@ -20,16 +20,14 @@ its own; a row's time is the median. Formulations:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from grab_exp.bench.machine import describe_machine
+from grab_exp.bench.machine import describe_machine, write_report
 from grab_exp.bench.timing import synchronize
 from grab_exp.per_sample.rules.conv2d import conv2d_grads
 
@@ -118,13 +116,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         label = f"{row['C']} -> {row['O']}, {row['kernel']}, {row['H']}"
         print(label.ljust(18) + "".join(f"{row['ms'][n]:>23.3f}" for n in names))
     if args.out:
-        path = Path(args.out)
-        path.parent.mkdir(parents=True, exist_ok=True)
         report = {
             "benchmark": "conv",
             "settings": vars(args),
             "machine": describe_machine(device),
             "rows": rows,
         }
-        path.write_text(json.dumps(report, indent=2) + "\n")
+        write_report(args.out, report)
     return rows

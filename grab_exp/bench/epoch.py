@@ -11,7 +11,6 @@ timed steps. The method is written down in ``results/bench/README.md``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import time
@@ -24,7 +23,7 @@ from omegaconf import OmegaConf
 from torch.nn import functional as F
 
 from grab_exp.balance import make_balance
-from grab_exp.bench.machine import describe_machine
+from grab_exp.bench.machine import describe_machine, write_report
 from grab_exp.bench.memory import memory_method, peak_step_bytes
 from grab_exp.bench.timing import synchronize
 from grab_exp.models import LeNet
@@ -246,6 +245,5 @@ def main(argv: list[str] | None = None) -> dict:
     measure_memory(rows, args, device)
     report = summarize(rows, args, device)
     print_table(report)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.out, report)
     return report

@@ -1,9 +1,11 @@
-"""A description of the machine a benchmark ran on."""
+"""A description of the machine a benchmark ran on, and the benchmarks' JSON files."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+from pathlib import Path
 
 import torch
 
@@ -39,3 +41,10 @@ def describe_machine(device: torch.device) -> dict:
     if hasattr(os, "getloadavg"):
         info["load_avg_1m"] = round(os.getloadavg()[0], 2)
     return info
+
+
+def write_report(path: str | Path, report: dict) -> None:
+    """Write a benchmark's report as indented JSON, creating the folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")

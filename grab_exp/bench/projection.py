@@ -15,14 +15,12 @@ sketch: materializing the factored blocks, which the sketch reads block by block
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 
 from grab_exp.balance import make_balance
-from grab_exp.bench.machine import describe_machine
+from grab_exp.bench.machine import describe_machine, write_report
 from grab_exp.bench.memory import memory_method, peak_step_bytes
 from grab_exp.bench.timing import median_seconds
 from grab_exp.models import MLP
@@ -34,19 +32,20 @@ HIDDEN = (512, 256)  # 1,707,274 parameters
 QUICK_HIDDEN = (16,)  # --quick: 49,338 parameters
 
 
-def gradients(hidden: tuple[int, ...], batch: int, device: torch.device, method: str):
-    """A seeded MLP's per-sample gradients ``name -> (B, *shape)`` by ``pipeline.method``, its
-    size ``d`` and the pipeline's median seconds."""
+def gradients(hidden: tuple[int, ...], batch: int, device: torch.device, factors: bool):
+    """A seeded MLP's per-sample gradients ``name -> (B, *shape)`` from ``method=auto`` for an
+    ordering that reads factors or not, its size ``d``, the pipeline's median seconds and the
+    method ``auto`` chose."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = MLP(hidden=hidden).to(device)
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(batch, 3, 32, 32, generator=generator).to(device)  # (B, 3, 32, 32)
     y = torch.randint(0, 10, (batch,), generator=generator).to(device)  # (B,)
-    pipeline = FunctionalPipeline(model, F.cross_entropy, method=method)
+    pipeline = FunctionalPipeline(model, F.cross_entropy, factors=factors)
     seconds = median_seconds(lambda: pipeline(x, y), device, 3, warmup=1)
     _, grads = pipeline(x, y)
-    return grads, sum(p.numel() for p in model.parameters()), seconds
+    return grads, sum(p.numel() for p in model.parameters()), seconds, pipeline.method
 
 
 def materialize_seconds(grads, device: torch.device, repeats: int) -> float:
@@ -55,15 +54,15 @@ def materialize_seconds(grads, device: torch.device, repeats: int) -> float:
     return median_seconds(lambda: [grads[name] for name in grads], device, repeats)
 
 
-def bench_sorter(name: str, kind: str | None, grads_of: dict, d: int, args, device) -> dict:
+def bench_sorter(name: str, kind: str | None, made: dict, d: int, args, device) -> dict:
     """Median step time, state bytes and step peak bytes of one configuration, on the
-    gradients ``pipeline.method=auto`` gives it (``grads_of``: method -> gradients)."""
+    gradients ``pipeline.method=auto`` gives it (``made``: ``takes_factors`` ->
+    :func:`gradients`)."""
     options = dict(VARIANTS[name])
     if kind is not None:
         options.update(projection_dim=args.k, projection_kind=kind)
     sorter = make_balance(name, args.n, d, device=device, **options)
-    method = "factored" if sorter.takes_factors else "hooks"
-    grads = grads_of[method]
+    grads, _, _, method = made[sorter.takes_factors]
     batch = len(next(iter(grads.values())))
 
     def one_step() -> None:
@@ -137,21 +136,19 @@ def main(argv: list[str] | None = None) -> dict:
         args.repeats, args.warmup, args.n = 2, 1, 64
     hidden = QUICK_HIDDEN if args.quick else HIDDEN
     device = torch.device(args.device)
-    made = {m: gradients(hidden, args.batch, device, m) for m in ("factored", "hooks")}
-    grads_of = {m: grads for m, (grads, _, _) in made.items()}
-    d = made["hooks"][1]
-    rows = [bench_sorter(v, k, grads_of, d, args, device) for v in VARIANTS for k in PROJECTIONS]
+    made = {factors: gradients(hidden, args.batch, device, factors) for factors in (True, False)}
+    d = made[False][1]
+    rows = [bench_sorter(v, k, made, d, args, device) for v in VARIANTS for k in PROJECTIONS]
     report = {
         "benchmark": "projection",
         "settings": {**vars(args), "hidden": list(hidden), "d": d, "device": str(device)},
         "machine": describe_machine(device),
         "memory_method": memory_method(device),
-        "grads_ms": {m: seconds * 1e3 for m, (_, _, seconds) in made.items()},
+        "grads_ms": {method: seconds * 1e3 for _, _, seconds, method in made.values()},
         # the alternative to the hook path's rows for a sketch: materialize the factors
-        "materialize_ms": materialize_seconds(grads_of["factored"], device, args.repeats) * 1e3,
+        "materialize_ms": materialize_seconds(made[True][0], device, args.repeats) * 1e3,
         "rows": with_ratios(rows),
     }
     print_table(report)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.out, report)
     return report

@@ -16,12 +16,11 @@ import json
 import resource
 import subprocess
 import sys
-from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 
-from grab_exp.bench.machine import describe_machine
+from grab_exp.bench.machine import describe_machine, write_report
 from grab_exp.models import MLP
 from grab_exp.per_sample import ClassicPipeline, FunctionalPipeline
 from grab_exp.runner.step import StepParts, train_step
@@ -89,6 +88,5 @@ def main(argv: list[str] | None = None) -> dict:
         "machine": describe_machine(torch.device("cpu")),
         "rows": rows,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.out, report)
     return report

@@ -6,13 +6,11 @@ B = 16 examples per step, d = 62,006 (LeNet), n = 50,000 (CIFAR-10 train).
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import torch
 
 from grab_exp.balance import Balance, make_balance
-from grab_exp.bench.machine import describe_machine
+from grab_exp.bench.machine import describe_machine, write_report
 from grab_exp.bench.timing import median_seconds
 
 OPTIONS = {"recursive": {"depth": 5}, "recursive_pair": {"batch_size": 16}}
@@ -59,13 +57,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for row in rows:
         print(f"{row['variant']:<16}{row['step_ms']:>12.3f}{row['state_bytes']:>16,}")
     if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
         report = {
             "benchmark": "sorters",
             "settings": vars(args),
             "machine": describe_machine(torch.device(args.device)),
             "rows": rows,
         }
-        path.write_text(json.dumps(report, indent=2) + "\n")
+        write_report(args.json, report)
     return rows

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from hydra.experimental.callback import Callback
 
-from grab_exp.bench.machine import describe_machine
+from grab_exp.bench.machine import describe_machine, write_report
 from grab_exp.report.collect import METRICS_FILE, read_metrics
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -236,6 +236,5 @@ def main(argv: list[str] | None = None) -> dict:
         "results": summarize(settings, runs),
     }
     print_table(report)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.out, report)
     return report

@@ -11,13 +11,11 @@ into training time at these speeds, free of the load other jobs put on a shared 
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import torch
 
 from grab_exp.bench.epoch import EPOCH_EXAMPLES, build_row, summarize, time_rows
-from grab_exp.bench.machine import describe_machine
+from grab_exp.bench.machine import describe_machine, write_report
 
 #: arm -> (pipeline, optimizer option), as conf/arm/<arm>.yaml composes it (ordering: rr)
 ARMS = {
@@ -74,6 +72,5 @@ def main(argv: list[str] | None = None) -> dict:
             f"{r['batch_size']:>6} {r['arm']:<13} {r['step_ms']:>9.1f} {r['epoch_s']:>8.1f} "
             f"{r['ratio_to_sgd_momentum']:>6.2f} {gsnr:>8}"
         )
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.out, report)
     return report
