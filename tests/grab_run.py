@@ -31,7 +31,7 @@ from grab_exp.runner.epoch import train_steps
 from grab_exp.runner.progress import Progress
 from grab_exp.runner.resolvers import register_resolvers
 from grab_exp.runner.schema import register_schema
-from grab_exp.runner.strategy import Strategy
+from grab_exp.runner.strategy import SingleProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
@@ -201,7 +201,7 @@ def compose_job(overrides: Iterable[str], device: str = "cpu") -> TrainingJob:
     cfg = compose_config([*SMALL_RUN, f"device={device}", *overrides])
     validate_config(cfg)
     data = instantiate(cfg.dataset).to(device)
-    return build_job(cfg, data, Strategy(torch.device(device)))
+    return build_job(cfg, data, SingleProcess(torch.device(device)))
 
 
 class LossRecorder(Progress):

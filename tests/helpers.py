@@ -13,14 +13,14 @@ KERNELS = ["deterministic", "probabilistic"]
 
 
 def make(name: str, n: int, d: int, *, batch_size: int = 4, depth: int | None = None, **kw):
-    """make_balance; passes ``batch_size`` only to recursive_pair, ``depth`` only to recursive."""
-    from grab_exp.balance import make_balance
+    """make_ordering; passes ``batch_size`` only to recursive_pair, ``depth`` only to recursive."""
+    from grab_exp.balance import make_ordering
 
     if name == "recursive_pair":
         kw["batch_size"] = batch_size
     if name == "recursive" and depth is not None:
         kw["depth"] = depth
-    return make_balance(name, n, d, **kw)
+    return make_ordering(name, n, d, **kw)
 
 
 def random_grads(n: int, d: int, epochs: int, seed: int = 0) -> list[torch.Tensor]:

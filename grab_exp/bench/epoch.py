@@ -22,17 +22,16 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch.nn import functional as F
 
-from grab_exp.balance import make_balance
+from grab_exp.balance import Ordering, make_ordering
 from grab_exp.bench.machine import describe_machine, write_report
 from grab_exp.bench.memory import memory_method, peak_step_bytes
 from grab_exp.bench.timing import synchronize
 from grab_exp.models import LeNet
 from grab_exp.per_sample import ClassicPipeline, FunctionalPipeline
 from grab_exp.report.variants import ROW_ORDER
+from grab_exp.runner.device import set_cuda_policy
 from grab_exp.runner.step import STAGES as STEP_STAGES
 from grab_exp.runner.step import StepParts, train_step, untimed
-from grab_exp.runner.strategy import set_cuda_policy
-from grab_exp.sampler import GraBSampler
 
 ROWS = ROW_ORDER  # Table 1's rows, in the report's order
 #: VRGD rows ``(variant, pipeline, optimizer)``: every VR optimizer with RR, VR-Momentum with mean
@@ -50,7 +49,7 @@ STAGES = tuple(s for s in STEP_STAGES if s != "reduce")  # one process: nothing 
 @dataclass
 class Row:
     """One benchmark row ready to train: the training step's parts (model, optimizer,
-    pipeline, and a :class:`~grab_exp.sampler.GraBSampler` as the ordering)."""
+    pipeline, and the ordering)."""
 
     name: str
     step: StepParts
@@ -59,7 +58,7 @@ class Row:
     peak_step_bytes: int = 0
 
     @property
-    def sorter(self) -> GraBSampler:
+    def ordering(self) -> Ordering:
         """The row's ordering."""
         return self.step.ordering
 
@@ -88,15 +87,14 @@ def build_row(
     if variant == "recursive_pair":
         options = {"batch_size": args.batch}
     d = sum(p.numel() for p in model.parameters())
-    balance = make_balance(variant, EPOCH_EXAMPLES, d, device=device, **options)
-    sampler = GraBSampler(EPOCH_EXAMPLES, balance=balance)
+    ordering = make_ordering(variant, EPOCH_EXAMPLES, d, device=device, **options)
     if pipeline == "classic":
         runner = ClassicPipeline(model, F.cross_entropy)
     else:  # as the runner builds it: auto reads the ordering's takes_factors
         runner = FunctionalPipeline(
-            model, F.cross_entropy, method=method or args.method, factors=sampler.takes_factors
+            model, F.cross_entropy, method=method or args.method, factors=ordering.takes_factors
         )
-    step = StepParts(model, make_optimizer(optimizer, model), runner, sampler)
+    step = StepParts(model, make_optimizer(optimizer, model), runner, ordering)
     suffix = f"@{method}" if method else ""
     return Row(row_name(variant, pipeline, optimizer) + suffix, step)
 
@@ -133,10 +131,10 @@ def bench_step(row: Row, x: torch.Tensor, y: torch.Tensor, stage=untimed) -> Non
     ``stage(name, fn)`` runs (and may time) each part. The fixed batch ``x``, ``y`` stands in
     for the examples at the ordering's next positions; past the end a new epoch starts.
     """
-    balance = row.sorter.balance
-    if balance.pos + len(x) > balance.n:
-        row.sorter.set_epoch(balance.epoch + 1)
-    indices = balance.order[balance.pos : balance.pos + len(x)]  # (B,)
+    ordering = row.ordering
+    if ordering.pos + len(x) > ordering.n:
+        ordering.set_epoch(ordering.epoch + 1)
+    indices = ordering.order[ordering.pos : ordering.pos + len(x)]  # (B,)
     train_step(row.step, x, y, indices, stage)
 
 
@@ -192,7 +190,7 @@ def summarize(rows: list[Row], args, device: torch.device) -> dict:
                 "epoch_s": step * steps_per_epoch,
                 "ratio_to_classic_rr": step / base,
                 "breakdown_ms": {k: _median_ms(v) for k, v in row.parts.items()},
-                "sorter_state_bytes": row.sorter.state_bytes(),
+                "sorter_state_bytes": row.ordering.state_bytes(),
                 "peak_step_bytes": row.peak_step_bytes,
             }
         )

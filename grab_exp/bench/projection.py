@@ -19,7 +19,7 @@ import argparse
 import torch
 from torch.nn import functional as F
 
-from grab_exp.balance import make_balance
+from grab_exp.balance import make_ordering
 from grab_exp.bench.machine import describe_machine, write_report
 from grab_exp.bench.memory import memory_method, peak_step_bytes
 from grab_exp.bench.timing import median_seconds
@@ -61,7 +61,7 @@ def bench_sorter(name: str, kind: str | None, made: dict, d: int, args, device) 
     options = dict(VARIANTS[name])
     if kind is not None:
         options.update(projection_dim=args.k, projection_kind=kind)
-    sorter = make_balance(name, args.n, d, device=device, **options)
+    sorter = make_ordering(name, args.n, d, device=device, **options)
     grads, _, _, method = made[sorter.takes_factors]
     batch = len(next(iter(grads.values())))
 

@@ -52,7 +52,7 @@ def run_arm(arm: str, batch: int, steps: int) -> dict:
     x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
     for step in range(steps):
         start = step * batch % (N - N % batch)
-        train_step(parts, x, y, sampler.balance.order[start : start + batch])
+        train_step(parts, x, y, sampler.order[start : start + batch])
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     return {"arm": arm, "d": d, "peak_rss_bytes": peak_kib * 1024, "state": sampler.state_bytes()}
 

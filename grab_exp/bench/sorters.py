@@ -9,7 +9,7 @@ import argparse
 
 import torch
 
-from grab_exp.balance import Balance, make_balance
+from grab_exp.balance import Ordering, make_ordering
 from grab_exp.bench.machine import describe_machine, write_report
 from grab_exp.bench.timing import median_seconds
 
@@ -21,7 +21,7 @@ def bench_variant(name: str, n: int, d: int, batch: int, repeats: int, device) -
     options = OPTIONS.get(name, {})
     if name == "recursive_pair":
         options = {"batch_size": batch}
-    sorter = make_balance(name, n, d, device=device, **options)
+    sorter = make_ordering(name, n, d, device=device, **options)
     generator = torch.Generator(device=device).manual_seed(0)
     grads = torch.randn(batch, d, generator=generator, device=device)  # (B, d)
     steps_per_epoch = n // batch
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
     rows = [
         bench_variant(name, args.n, args.d, args.batch, args.repeats, args.device)
-        for name in Balance.registry
+        for name in Ordering.choices()
     ]
     print(
         f"B={args.batch} d={args.d} n={args.n} device={args.device} threads="

@@ -124,11 +124,10 @@ def _choice(group: str, choices: Mapping, config: Mapping, names: Mapping) -> st
 
 def _balances() -> dict[str, str]:
     """Ordering class name -> registry name (e.g. ``MeanBalance`` -> ``mean``)."""
-    from grab_exp.balance import Balance
-    from grab_exp.distributed.orderings import DistributedOrdering
+    import grab_exp.distributed  # noqa: F401  (registers the data-parallel orderings)
+    from grab_exp.balance import Ordering
 
-    registry = {**Balance.registry, **DistributedOrdering.registry}
-    return {cls.__name__: name for name, cls in registry.items()}
+    return {cls.__name__: name for name, cls in Ordering.registry.items()}
 
 
 def _world_size(summary: Mapping, config: Mapping) -> int | None:

@@ -12,7 +12,7 @@ import torch
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from grab_exp.balance import Balance
+from grab_exp.balance import Ordering
 from grab_exp.distributed.orderings import DistributedOrdering
 from grab_exp.optim import GSNROptimizer
 from grab_exp.per_sample.compiled import COMPILABLE_METHODS
@@ -87,7 +87,7 @@ def _check_depth(cfg: DictConfig, depth: object, projection_dim: int | None) -> 
         )
 
 
-def _check_single_balance(cfg: DictConfig, cls: type[Balance]) -> None:
+def _check_single_balance(cfg: DictConfig, cls: type[Ordering]) -> None:
     """Build the ordering on a tiny problem: its constructor checks every option.
 
     ``balance.projection_dim`` is checked against the model's real ``d`` (it must be < d), and
@@ -105,7 +105,7 @@ def _check_single_balance(cfg: DictConfig, cls: type[Balance]) -> None:
     d = 1 if options.get("projection_dim") is None or not cls.needs_grads else _model_size(cfg)
     cls(max(2, cfg.batch_size), d, **options)
     if cls.needs_grads:
-        free = ", ".join(sorted(n for n, c in Balance.registry.items() if not c.needs_grads))
+        free = ", ".join(sorted(n for n, c in Ordering.choices().items() if not c.needs_grads))
         _check_per_sample(cfg, f"balance {cls.name}", f"; or with it a balance of: {free}")
 
 
@@ -121,12 +121,12 @@ def _check_balance(cfg: DictConfig) -> None:
     cls = _class_of(cfg, "balance")
     if cfg.distributed.enabled or cfg.distributed.simulate_workers:
         if not (isinstance(cls, type) and issubclass(cls, DistributedOrdering)):
-            allowed = ", ".join(sorted(DistributedOrdering.registry))
+            allowed = ", ".join(sorted(Ordering.choices(distributed=True)))
             raise config_error("balance", _short(cfg, "balance"), f"{allowed} with distributed")
         _check_distributed_balance(cfg, cls)
         return
-    if not (isinstance(cls, type) and issubclass(cls, Balance)):
-        allowed = ", ".join(sorted(Balance.registry))
+    if not (isinstance(cls, type) and issubclass(cls, Ordering) and not cls.distributed):
+        allowed = ", ".join(sorted(Ordering.choices()))
         hint = " (or distributed=true for a data-parallel ordering)"
         raise config_error("balance", _short(cfg, "balance"), allowed + hint)
     _check_single_balance(cfg, cls)

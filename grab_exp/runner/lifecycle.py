@@ -26,13 +26,14 @@ from grab_exp.logging.wandb_logger import build_wandb_logger
 from grab_exp.runner.build import TrainingJob, build_job
 from grab_exp.runner.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from grab_exp.runner.config_check import validate_config
+from grab_exp.runner.connect import connect
 from grab_exp.runner.epoch import run_epoch
 from grab_exp.runner.identity import run_identity
 from grab_exp.runner.lock import RunDirInUseError, RunLock, holder
 from grab_exp.runner.progress import Progress
 from grab_exp.runner.rundir import finished_run, has_artifacts, keep_aside
 from grab_exp.runner.signals import check_stop, stop_on_signals, stop_requested
-from grab_exp.runner.strategy import Strategy, check_checkpoint_kind, connect
+from grab_exp.runner.strategy import Strategy, check_checkpoint_kind
 
 log = logging.getLogger("grab_exp")
 

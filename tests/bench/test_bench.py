@@ -11,7 +11,7 @@ from grab_run import grab_env, run_grab
 from run_files import computed, read_rows, run_dirs
 from torch.nn import functional as F
 
-from grab_exp.balance import Balance
+from grab_exp.balance import Ordering
 from grab_exp.bench import conv, epoch, sorters, sweep
 from grab_exp.bench.epoch import GSNR_ROWS, ROWS, STAGES, row_name
 from grab_exp.bench.memory import CPU_METHOD, peak_step_bytes
@@ -27,7 +27,7 @@ LENET_FLOATS = 62_006
 def test_sorters_bench_reports_every_ordering(tmp_path, capsys):
     out = tmp_path / "sorters.json"
     rows = sorters.main(["--n", "64", "--d", "100", "--repeats", "3", "--json", str(out)])
-    assert [r["variant"] for r in rows] == list(Balance.registry)
+    assert [r["variant"] for r in rows] == list(Ordering.choices())
     written = json.loads(out.read_text())
     assert written["rows"] == rows and written["benchmark"] == "sorters"
     assert written["settings"]["repeats"] == 3 and written["settings"]["d"] == 100
@@ -231,8 +231,8 @@ def test_a_factored_step_allocates_far_less_than_the_per_sample_matrix(balance):
     x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
 
     def step():
-        start = sampler.balance.pos
-        train_step(parts, x, y, sampler.balance.order[start : start + batch])
+        start = sampler.pos
+        train_step(parts, x, y, sampler.order[start : start + batch])
 
     assert peak_step_bytes(step, CPU) < batch * d * 4 / 8
     assert pipeline.per_sample._buffer is None

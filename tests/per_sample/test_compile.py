@@ -46,7 +46,7 @@ def _train(overrides: list[str], device: str, epochs: int = 2):
     final = [p.detach().clone() for p in job.parts.model.parameters()]
     counters = torch._dynamo.utils.counters
     graphs = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
-    return losses, initial, final, job.parts.ordering.balance.order.clone(), graphs
+    return losses, initial, final, job.parts.ordering.order.clone(), graphs
 
 
 @pytest.mark.slow
@@ -130,7 +130,7 @@ def test_runner_trains_compiled_and_an_eager_run_loads_its_checkpoint(tmp_path):
     model.load_state_dict(state["model"])  # strict
     eager.parts.optimizer.load_state_dict(state["optimizer"])
     ordering.load_state_dict(state["ordering"])
-    assert ordering.epoch == 0 and ordering.balance.pos == 64
+    assert ordering.epoch == 0 and ordering.pos == 64
     losses = train_epochs(eager, 1, start=1)  # the eager run continues the compiled one
     assert torch.isfinite(losses).all()
 

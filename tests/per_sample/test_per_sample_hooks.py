@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from grab_exp.balance import make_balance
+from grab_exp.balance import make_ordering
 from grab_exp.balance.tensors import flatten_grads
 from grab_exp.models import MLP, LeNet, LogReg
 from grab_exp.per_sample import (
@@ -275,7 +275,7 @@ def test_other_layouts_are_concatenated():
 
 def test_the_ordering_steps_on_the_buffer_as_on_a_copy():
     _, (model, reused) = hooked_pair(LeNet)
-    sorters = [make_balance("mean", 12, width(model), dtype=torch.float64) for _ in range(2)]
+    sorters = [make_ordering("mean", 12, width(model), dtype=torch.float64) for _ in range(2)]
     for step in range(3):
         _, grads = reused(*batch(4, seed=10 + step))
         sorters[0].step(grads)

@@ -23,8 +23,8 @@ from grab_exp.runner.checkpoint import (
     upgrade,
 )
 from grab_exp.runner.config_check import validate_config
+from grab_exp.runner.device import resolve_device, set_cuda_policy
 from grab_exp.runner.schema import ConfigError
-from grab_exp.runner.strategy import resolve_device, set_cuda_policy
 
 CUDA_GENERATOR_STATE = torch.zeros(16, dtype=torch.uint8)  # a CUDA generator's state: 16 bytes
 

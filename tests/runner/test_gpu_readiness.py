@@ -10,13 +10,14 @@ import torch
 from grab_run import SMALL_RUN, compose_config, run_job_here
 from run_files import computed, read_rows
 
-from grab_exp.balance import make_balance
+from grab_exp.balance import make_ordering
 from grab_exp.balance.signs import sequential_signs
 from grab_exp.distributed.comm import cpu_tensors
 from grab_exp.runner.checkpoint import CHECKPOINT_NAME, restore_rng_states
 from grab_exp.runner.config_check import validate_config
+from grab_exp.runner.connect import connect
+from grab_exp.runner.device import resolve_device
 from grab_exp.runner.schema import ConfigError
-from grab_exp.runner.strategy import connect, resolve_device
 from grab_exp.sampler import GraBSampler
 
 pytestmark = pytest.mark.gpu
@@ -47,7 +48,7 @@ def test_rng_restore_with_more_saved_gpu_states_than_gpus():
 
 
 def test_gathered_state_holds_cpu_tensors():
-    state = make_balance("recursive", 20, 6, device="cuda").state_dict()
+    state = make_ordering("recursive", 20, 6, device="cuda").state_dict()
     moved = cpu_tensors({"ordering": [state]})
     tensors = [v for v in moved["ordering"][0].values() if isinstance(v, torch.Tensor)]
     assert tensors and all(t.device.type == "cpu" for t in tensors)
@@ -77,7 +78,7 @@ def test_recursive_orders_and_sums_are_bit_identical_run_to_run():
     grads = torch.randn(n, d, device="cuda", generator=generator)
 
     def run():
-        bal = make_balance("recursive", n, d, depth=5, device="cuda", seed=3)
+        bal = make_ordering("recursive", n, d, depth=5, device="cuda", seed=3)
         for start in range(0, n, b):
             bal.step(grads[bal.order[start : start + b]])
         acc = bal.acc.clone()
@@ -98,7 +99,7 @@ def test_cuda_runs_log_the_absolute_and_the_step_peak(tmp_path):
 def test_the_sampler_lives_on_its_parameters_device():
     model = torch.nn.Linear(5, 3).cuda()
     sampler = GraBSampler(40, model.parameters(), balance="mean")
-    assert sampler.balance.device.type == "cuda" and sampler.balance.order.is_cuda
+    assert sampler.device.type == "cuda" and sampler.order.is_cuda
 
 
 @pytest.mark.parametrize("rows", [1, 16, 64])

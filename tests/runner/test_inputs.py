@@ -22,7 +22,7 @@ from hydra.errors import ConfigCompositionException, InstantiationException
 from run_files import run_artifacts
 
 from grab_exp.__main__ import user_error_line
-from grab_exp.balance import Balance
+from grab_exp.balance import Ordering
 from grab_exp.runner import lifecycle as run_module
 from grab_exp.runner.config_check import ConfigError, validate_config
 
@@ -48,7 +48,7 @@ class Case:
         return [*self.base, *self.overrides, *quiet]
 
 
-GRAD_FREE = ", ".join(sorted(n for n, c in Balance.registry.items() if not c.needs_grads))
+GRAD_FREE = ", ".join(sorted(n for n, c in Ordering.choices().items() if not c.needs_grads))
 CASES = [
     # cross-field rules
     Case(
@@ -154,7 +154,9 @@ def test_bad_input_fails_validation_before_data_loads(case, booby_trapped):
     assert user_error_line(info.value) == str(info.value)
 
 
-@pytest.mark.parametrize("balance", sorted(n for n, c in Balance.registry.items() if c.needs_grads))
+@pytest.mark.parametrize(
+    "balance", sorted(n for n, c in Ordering.choices().items() if c.needs_grads)
+)
 def test_every_gradient_ordering_is_refused_with_the_classic_pipeline(balance):
     cfg = compose_config([*TINY, f"balance={balance}", "pipeline=classic"])
     with pytest.raises(ConfigError) as info:
@@ -164,7 +166,7 @@ def test_every_gradient_ordering_is_refused_with_the_classic_pipeline(balance):
 
 
 @pytest.mark.parametrize(
-    "balance", sorted(n for n, c in Balance.registry.items() if not c.needs_grads)
+    "balance", sorted(n for n, c in Ordering.choices().items() if not c.needs_grads)
 )
 def test_gradient_free_orderings_are_accepted_with_the_classic_pipeline(balance):
     validate_config(compose_config([*TINY, f"balance={balance}", "pipeline=classic"]))
