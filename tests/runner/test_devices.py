@@ -54,7 +54,7 @@ def test_an_ordering_state_of_another_generator_device_type_is_refused():
     assert state["projection"] == describe(bal.projection)
     assert state["projection"]["device_type"] == "cpu"  # R depends on the generator's device
     make("recursive", 12, 5, depth=2, projection_dim=3).load_state_dict(state)  # same: loads
-    with pytest.raises(ValueError, match=r"generator_device is 'cuda', this sampler has 'cpu'"):
+    with pytest.raises(ValueError, match=r"generator_device is 'cuda', this ordering has 'cpu'"):
         bal.load_state_dict({**state, "generator_device": "cuda"})
 
 
