@@ -29,8 +29,8 @@ from helpers import ALL_ORDERINGS, KERNELS, current_order, make, random_grads, r
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from run_files import computed, parse_rows, read_rows, run_dirs, temp_files, wait_for
+from wandb_reader import read_offline_run
 
-from grab_exp.logging import read_offline_run
 from grab_exp.logging.files import DamagedFileError
 from grab_exp.runner.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from grab_exp.runner.resolvers import register_resolvers
