@@ -16,9 +16,10 @@ import torch
 
 from grab_exp.balance.kernels import make_kernel
 from grab_exp.balance.projection import balance_projection, describe
-from grab_exp.balance.rows import GradRows
 from grab_exp.balance.signs import UNVISITED_KEY
-from grab_exp.balance.tensors import IndexCheck, as_dtype, grad_rows, rows_of
+from grab_exp.balance.tensors import IndexCheck, as_dtype
+from grab_exp.grads.batch import grad_rows, rows_of
+from grab_exp.grads.rows import GradRows
 from grab_exp.validation import check_choice, check_int_at_least
 
 FIRST_EPOCH = ("random", "identity")
@@ -100,7 +101,7 @@ class Balance:
         """Balance the ``B`` rows ``grads`` (length ``dim``) of visit positions ``start ..``.
 
         ``dim`` is ``d``, or ``projection_dim`` when the gradients are sketched. The rows are a
-        materialized ``(B, dim)`` matrix or factors (:mod:`grab_exp.balance.rows`); a variant
+        materialized ``(B, dim)`` matrix or factors (:mod:`grab_exp.grads`); a variant
         reads them only through the ``GradRows`` operations.
         """
         raise NotImplementedError

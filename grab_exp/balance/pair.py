@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 from grab_exp.balance.base import Balance
-from grab_exp.balance.rows import GradRows
 from grab_exp.balance.signs import sequential_signs, sign_keys
+from grab_exp.grads.rows import GradRows
 
 
 class PairBalance(Balance):

@@ -82,9 +82,3 @@ def sign_keys(positions: torch.Tensor, signs: torch.Tensor, n: int) -> torch.Ten
         ``(B,)`` int64 keys in ``[0, 2n)``.
     """
     return torch.where(signs > 0, positions, 2 * n - 1 - positions)
-
-
-def normalize_rows(vectors: torch.Tensor) -> torch.Tensor:
-    """Scale every row of a ``(B, d)`` matrix, in place, to unit norm (zero rows stay 0)."""
-    norms = torch.linalg.vector_norm(vectors, dim=1, keepdim=True)  # (B, 1)
-    return vectors.div_(norms.clamp_min_(torch.finfo(vectors.dtype).tiny))

@@ -21,9 +21,10 @@ import torch
 
 from grab_exp.balance.kernels import make_kernel
 from grab_exp.balance.projection import BlockProjection
-from grab_exp.balance.signs import UNVISITED_KEY, normalize_rows, sequential_signs, sign_keys
+from grab_exp.balance.signs import UNVISITED_KEY, sequential_signs, sign_keys
 from grab_exp.balance.tensors import as_dtype
 from grab_exp.distributed.orderings import DistributedOrdering
+from grab_exp.grads.rows import normalize_rows
 
 
 class CoordinatedGraB(DistributedOrdering):

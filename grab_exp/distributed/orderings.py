@@ -15,9 +15,9 @@ from typing import Any, ClassVar
 import torch
 
 from grab_exp.balance import make_balance
-from grab_exp.balance.tensors import flatten_grads
 from grab_exp.distributed.comm import Communicator
 from grab_exp.distributed.shards import rank_seeds
+from grab_exp.grads.batch import flatten_grads
 from grab_exp.validation import check_choice, check_int_at_least
 
 
