@@ -22,9 +22,10 @@ from torch.utils.data import Sampler
 
 from grab_exp.balance.kernels import make_kernel
 from grab_exp.balance.projection import balance_projection, describe
-from grab_exp.balance.rows import GradRows
 from grab_exp.balance.signs import UNVISITED_KEY
-from grab_exp.balance.tensors import IndexCheck, as_dtype, grad_rows, rows_of
+from grab_exp.balance.tensors import IndexCheck, as_dtype
+from grab_exp.grads.batch import grad_rows, rows_of
+from grab_exp.grads.rows import GradRows
 from grab_exp.validation import check_choice, check_int_at_least
 
 FIRST_EPOCH = ("random", "identity")
@@ -124,8 +125,8 @@ class Ordering(Sampler[int]):
         """Balance the gradients of visit positions ``start ..`` (what :meth:`_grad_rows` gave).
 
         For one worker they are ``B`` rows of length ``dim`` (``d``, or ``projection_dim`` when
-        sketched): a materialized ``(B, dim)`` matrix or factors
-        (:mod:`grab_exp.balance.rows`), read only through the ``GradRows`` operations.
+        sketched): a materialized ``(B, dim)`` matrix or factors (:mod:`grab_exp.grads`), read
+        only through the ``GradRows`` operations.
         """
         raise NotImplementedError
 

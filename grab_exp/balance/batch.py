@@ -6,8 +6,8 @@ import torch
 
 from grab_exp.balance.centered import CenteredBalance
 from grab_exp.balance.kernels import signs_from
-from grab_exp.balance.rows import GradRows
 from grab_exp.balance.signs import sign_keys
+from grab_exp.grads.rows import GradRows
 
 
 class BatchBalance(CenteredBalance):

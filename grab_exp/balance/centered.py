@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from grab_exp.balance.base import Ordering
-from grab_exp.balance.rows import GradRows
+from grab_exp.grads.rows import GradRows
 
 
 class CenteredBalance(Ordering):

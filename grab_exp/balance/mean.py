@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from grab_exp.balance.centered import CenteredBalance
-from grab_exp.balance.rows import GradRows
 from grab_exp.balance.signs import sequential_signs, sign_keys
+from grab_exp.grads.rows import GradRows
 
 
 class MeanBalance(CenteredBalance):

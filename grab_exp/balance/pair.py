@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 from grab_exp.balance.base import Ordering
-from grab_exp.balance.rows import GradRows
 from grab_exp.balance.signs import pair_keys, sequential_signs
+from grab_exp.grads.rows import GradRows
 
 
 class PairBalance(Ordering):

@@ -7,8 +7,8 @@ import torch
 from grab_exp.balance.base import Ordering
 from grab_exp.balance.kernels import signs_from
 from grab_exp.balance.recursive import node_accumulators
-from grab_exp.balance.rows import GradRows
 from grab_exp.balance.signs import UNBALANCED_KEY
+from grab_exp.grads.rows import GradRows
 from grab_exp.validation import check_power_of_two
 
 

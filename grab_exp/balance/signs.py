@@ -99,9 +99,3 @@ def pair_keys(start: int, signs: torch.Tensor, n: int) -> torch.Tensor:
     members = torch.stack([signs, -signs], dim=-1).flatten(-2)  # (..., 2P)
     positions = torch.arange(start, start + members.shape[-1], device=signs.device)  # (2P,)
     return sign_keys(positions, members, n)
-
-
-def normalize_rows(vectors: torch.Tensor) -> torch.Tensor:
-    """Scale every row of a ``(B, d)`` matrix, in place, to unit norm (zero rows stay 0)."""
-    norms = torch.linalg.vector_norm(vectors, dim=1, keepdim=True)  # (B, 1)
-    return vectors.div_(norms.clamp_min_(torch.finfo(vectors.dtype).tiny))

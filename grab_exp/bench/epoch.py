@@ -27,7 +27,7 @@ from grab_exp.bench.machine import describe_machine, write_report
 from grab_exp.bench.memory import memory_method, peak_step_bytes
 from grab_exp.bench.timing import synchronize
 from grab_exp.models import LeNet
-from grab_exp.per_sample import ClassicPipeline, FunctionalPipeline
+from grab_exp.per_sample import ClassicPipeline, PerSamplePipeline
 from grab_exp.report.table1_table import ROW_ORDER
 from grab_exp.runner.device import set_cuda_policy
 from grab_exp.runner.step import STAGES as STEP_STAGES
@@ -91,7 +91,7 @@ def build_row(
     if pipeline == "classic":
         runner = ClassicPipeline(model, F.cross_entropy)
     else:  # as the runner builds it: auto reads the ordering's takes_factors
-        runner = FunctionalPipeline(
+        runner = PerSamplePipeline(
             model, F.cross_entropy, method=method or args.method, factors=ordering.takes_factors
         )
     step = StepParts(model, make_optimizer(optimizer, model), runner, ordering)

@@ -2,7 +2,7 @@
 
 The model is an MLP 3072 -> 512 -> 256 -> 10 with ReLU (1,707,274 parameters, no BatchNorm);
 its per-sample gradients of one batch of CIFAR-shaped random data come from the runner's
-``FunctionalPipeline``. For mean and recursive (D = 5) balance, unprojected and sketched to
+``PerSamplePipeline``. For mean and recursive (D = 5) balance, unprojected and sketched to
 ``k`` values (each projection kind), the benchmark measures the median time of one sorter
 ``step`` on those gradients (the dict, as in training), the sorter's state bytes, the scratch
 buffers it keeps between steps, and the peak bytes one step allocates above what lives before
@@ -24,7 +24,7 @@ from grab_exp.bench.machine import describe_machine, write_report
 from grab_exp.bench.memory import memory_method, peak_step_bytes
 from grab_exp.bench.timing import median_seconds
 from grab_exp.models import MLP
-from grab_exp.per_sample import FunctionalPipeline
+from grab_exp.per_sample import PerSamplePipeline
 
 VARIANTS = {"mean": {}, "recursive": {"depth": 5}}
 PROJECTIONS = (None, "rademacher", "countsketch")  # None: the full d values
@@ -42,7 +42,7 @@ def gradients(hidden: tuple[int, ...], batch: int, device: torch.device, factors
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(batch, 3, 32, 32, generator=generator).to(device)  # (B, 3, 32, 32)
     y = torch.randint(0, 10, (batch,), generator=generator).to(device)  # (B,)
-    pipeline = FunctionalPipeline(model, F.cross_entropy, factors=factors)
+    pipeline = PerSamplePipeline(model, F.cross_entropy, factors=factors)
     seconds = median_seconds(lambda: pipeline(x, y), device, 3, warmup=1)
     _, grads = pipeline(x, y)
     return grads, sum(p.numel() for p in model.parameters()), seconds, pipeline.method
@@ -51,7 +51,7 @@ def gradients(hidden: tuple[int, ...], batch: int, device: torch.device, factors
 def materialize_seconds(grads, device: torch.device, repeats: int) -> float:
     """Median time to materialize every per-sample block (what a sketch of factored gradients
     adds: :mod:`~grab_exp.balance.projection` reads ``(B, *shape)`` blocks)."""
-    return median_seconds(lambda: [grads[name] for name in grads], device, repeats)
+    return median_seconds(grads.as_dict, device, repeats)
 
 
 def bench_sorter(name: str, kind: str | None, made: dict, d: int, args, device) -> dict:
@@ -63,7 +63,7 @@ def bench_sorter(name: str, kind: str | None, made: dict, d: int, args, device) 
         options.update(projection_dim=args.k, projection_kind=kind)
     sorter = make_ordering(name, args.n, d, device=device, **options)
     grads, _, _, method = made[sorter.takes_factors]
-    batch = len(next(iter(grads.values())))
+    batch = grads.rows
 
     def one_step() -> None:
         if sorter.pos + batch > sorter.n:

@@ -22,7 +22,7 @@ from torch.nn import functional as F
 
 from grab_exp.bench.machine import describe_machine, write_report
 from grab_exp.models import MLP
-from grab_exp.per_sample import ClassicPipeline, FunctionalPipeline
+from grab_exp.per_sample import ClassicPipeline, PerSamplePipeline
 from grab_exp.runner.step import StepParts, train_step
 from grab_exp.sampler import GraBSampler
 
@@ -45,7 +45,7 @@ def run_arm(arm: str, batch: int, steps: int) -> dict:
     if method == "classic":
         pipeline = ClassicPipeline(model, F.cross_entropy)
     else:
-        pipeline = FunctionalPipeline(model, F.cross_entropy, method=method)
+        pipeline = PerSamplePipeline(model, F.cross_entropy, method=method)
     sampler = GraBSampler(N, d, balance=variant)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     parts = StepParts(model, optimizer, pipeline, sampler)

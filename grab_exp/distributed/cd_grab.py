@@ -18,8 +18,9 @@ from typing import Any
 
 import torch
 
-from grab_exp.balance.signs import normalize_rows, pair_keys, sequential_signs
+from grab_exp.balance.signs import pair_keys, sequential_signs
 from grab_exp.distributed.orderings import DistributedOrdering
+from grab_exp.grads.rows import normalize_rows
 
 
 class CoordinatedGraB(DistributedOrdering):

@@ -17,9 +17,9 @@ from typing import Any, ClassVar
 import torch
 
 from grab_exp.balance import Ordering, make_ordering
-from grab_exp.balance.tensors import flatten_grads
 from grab_exp.distributed.comm import Communicator
 from grab_exp.distributed.shards import rank_seeds
+from grab_exp.grads.batch import flatten_grads
 
 
 class DistributedOrdering(Ordering):

@@ -105,7 +105,8 @@ class GSNROptimizer(torch.optim.Optimizer):
         """Compute this step's GSNR from per-sample gradients and keep it for ``step()``.
 
         Args:
-            per_sample: Dict name -> ``# (B, *shape)`` or sequence of ``# (B, *shape)``, one per
+            per_sample: A :class:`~grab_exp.grads.batch.BatchGrads`, dict name ->
+                ``# (B, *shape)`` or sequence of ``# (B, *shape)``, one per
                 trainable parameter in order, or a ``(B, d)`` matrix of them concatenated.
 
         Returns:

@@ -43,11 +43,12 @@ from dataclasses import dataclass
 
 import torch
 
+from grab_exp.grads import BatchGrads
 from grab_exp.optim.settings import check_gsnr_settings, resolve_groups
 
 __all__ = ["GSNRStats", "gsnr_ratios"]
 
-PerSample = Mapping[str, torch.Tensor] | Sequence[torch.Tensor] | torch.Tensor
+PerSample = BatchGrads | Mapping[str, torch.Tensor] | Sequence[torch.Tensor] | torch.Tensor
 
 _CPU_BLOCK = 1 << 21  # elements squared at a time on CPU (8 MiB in float32); see _mean_square
 
@@ -129,9 +130,10 @@ def gsnr_ratios(
     """Per-element GSNR, divided by its mean over each parameter tensor and clipped to [γ, 1].
 
     Args:
-        per_sample: Per-sample gradients: a dict name -> ``# (B, *shape)`` (what
-            ``vmap(grad)`` returns), a sequence of ``# (B, *shape)`` tensors, or one matrix
-            ``# (B, d)`` whose columns are the parameters concatenated.
+        per_sample: Per-sample gradients: a :class:`~grab_exp.grads.batch.BatchGrads` (what
+            ``grab_exp.per_sample`` returns; read through its ``as_dict()``), a dict name ->
+            ``# (B, *shape)`` (what ``vmap(grad)`` returns), a sequence of ``# (B, *shape)``
+            tensors, or one matrix ``# (B, d)`` whose columns are the parameters concatenated.
         groups: Number of equal groups ``k`` (>= 2, dividing ``B``); ``None`` means ``k = B``.
             Groups are consecutive slices of the batch: group ``d`` holds examples
             ``d·B/k .. (d+1)·B/k − 1``.
@@ -148,6 +150,8 @@ def gsnr_ratios(
             tensors with different batch sizes, or ``sizes`` that do not add up to ``d``.
     """
     check_gsnr_settings(gamma, groups, eps)
+    if isinstance(per_sample, BatchGrads):
+        per_sample = per_sample.as_dict()
     names = tuple(per_sample) if isinstance(per_sample, Mapping) else None
     if isinstance(per_sample, torch.Tensor):
         if per_sample.dim() != 2:

@@ -1,32 +1,32 @@
-"""Per-sample gradients: the ``torch.func`` path, the hook path and the training pipelines.
+"""Per-sample gradients: one interface, three methods, and the training pipelines.
 
-* :mod:`~grab_exp.per_sample.functional`: whole-model ``vmap(grad)`` (any model);
-  :class:`PerSampleGradients` is the three-line integration for a user's own loop.
-* :mod:`~grab_exp.per_sample.hooks`: one backward pass; per-layer closed forms from the
-  :mod:`~grab_exp.per_sample.rules` registry, and a per-layer ``torch.func`` fallback
-  (:mod:`~grab_exp.per_sample.fallback`) for trainable layers without a rule.
-* :mod:`~grab_exp.per_sample.compiled`: the same through ``torch.compile``.
-* :mod:`~grab_exp.per_sample.pipeline`: :class:`ClassicPipeline` / :class:`FunctionalPipeline`,
-  what a training step of the runner calls (``method``: :data:`METHODS`).
+* :mod:`~grab_exp.per_sample.base`: :class:`PerSampleGradients`, the abstract base and its
+  contract (``loss, grads = psg(x, y)`` also writes the batch's mean gradient to ``param.grad``);
+* :mod:`~grab_exp.per_sample.func`: ``method=func``, whole-model ``vmap(grad)`` (any model);
+* :mod:`~grab_exp.per_sample.hooks`: ``method=hooks`` / ``factored``, one backward pass;
+  per-layer :mod:`~grab_exp.per_sample.rules`, else a per-layer ``torch.func`` fallback;
+* :mod:`~grab_exp.per_sample.compiled`: ``torch.compile`` of a step's gradients;
+* :mod:`~grab_exp.per_sample.pipeline`: :func:`make_per_sample` (method by name, ``auto``
+  resolved in one place) and :class:`ClassicPipeline` / :class:`PerSamplePipeline`, what a
+  training step of the runner calls.
 """
 
+from grab_exp.per_sample.base import PerSampleGradients
 from grab_exp.per_sample.compiled import COMPILE_MODES
-from grab_exp.per_sample.functional import (
-    RANDOMNESS_CHOICES,
-    PerSampleGradients,
-    accumulate_mean,
-    per_sample_grads,
-)
+from grab_exp.per_sample.func import RANDOMNESS_CHOICES, FuncPerSample
 from grab_exp.per_sample.hooks import (
-    HookedPerSampleGradients,
+    FactoredPerSample,
+    HookedPerSample,
     UnsupportedModelError,
     check_supported,
 )
 from grab_exp.per_sample.pipeline import (
     METHODS,
     ClassicPipeline,
-    FunctionalPipeline,
+    PerSamplePipeline,
     hooks_supported,
+    make_per_sample,
+    resolve_method,
 )
 
 __all__ = [
@@ -34,12 +34,14 @@ __all__ = [
     "METHODS",
     "RANDOMNESS_CHOICES",
     "ClassicPipeline",
-    "FunctionalPipeline",
-    "HookedPerSampleGradients",
+    "FactoredPerSample",
+    "FuncPerSample",
+    "HookedPerSample",
     "PerSampleGradients",
+    "PerSamplePipeline",
     "UnsupportedModelError",
-    "accumulate_mean",
     "check_supported",
     "hooks_supported",
-    "per_sample_grads",
+    "make_per_sample",
+    "resolve_method",
 ]

@@ -12,7 +12,8 @@ class GradBuffer:
     """One row-major ``(rows >= B, d)`` buffer and its per-parameter ``(B, *shape)`` views.
 
     Columns follow the trainable parameters in ``named_parameters`` order, so the views of one
-    call are consecutive column blocks that ``flatten_grads`` returns as the buffer itself.
+    call are consecutive column blocks: :func:`~grab_exp.grads.batch.as_batch_grads` makes them
+    one block, the buffer itself.
     """
 
     def __init__(self) -> None:

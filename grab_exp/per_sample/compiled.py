@@ -5,10 +5,12 @@ What is captured, per pipeline:
 * ``classic``: the model's forward and the loss, one graph; AOT autograd compiles the matching
   backward graph, which ``loss.backward()`` runs.
 * ``functional`` with ``method=func``: the per-sample gradient function ``vmap(grad(loss of one
-  example))`` - forward, backward and the batching over examples in one graph.
-* ``functional`` with ``method=hooks``: not compiled. Its forward hooks put a tensor hook on
-  every layer's output, and Dynamo splits its graph at each one (LeNet: 15 graphs), so under
-  compile ``method=auto`` resolves to ``func`` and an explicit ``hooks`` is a config error.
+  example))`` - forward, backward and the batching over examples in one graph
+  (:class:`~grab_exp.per_sample.func.FuncPerSample` wraps it with :func:`compile_step`).
+* ``functional`` with ``method=hooks`` or ``factored``: not compiled. Its forward hooks put a
+  tensor hook on every layer's output, and Dynamo splits its graph at each one (LeNet: 15
+  graphs), so under compile ``method=auto`` resolves to ``func`` and an explicit ``hooks`` is a
+  config error.
 
 The ordering's step, the GSNR and the optimizer stay eager (they are already a few fused
 kernels with no host synchronization). The model itself is not wrapped, so ``state_dict()``
@@ -24,7 +26,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from grab_exp.per_sample.functional import PerSampleGradients
 from grab_exp.validation import check_choice
 
 #: torch.compile's modes; ``reduce-overhead`` and ``max-autotune`` add CUDA graphs on CUDA.
@@ -76,28 +77,3 @@ def compiled_loss(
         return loss_fn(model(x), y)
 
     return compile_step(forward_loss, mode)
-
-
-class CompiledPerSampleGradients(PerSampleGradients):
-    """:class:`~grab_exp.per_sample.functional.PerSampleGradients` whose ``vmap(grad)`` is compiled.
-
-    Same call, results and checks as the eager class (up to float32 rounding: inductor may
-    fuse and reorder reductions).
-
-    Args:
-        model: The module to differentiate (not wrapped: its ``state_dict`` is unchanged).
-        loss_fn: Per-example loss, e.g. ``torch.nn.functional.cross_entropy``.
-        chunk_size: Examples per ``vmap`` chunk, or ``None`` for the whole batch at once.
-        mode: A ``torch.compile`` mode (:data:`COMPILE_MODES`).
-    """
-
-    def __init__(
-        self,
-        model: nn.Module,
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-        chunk_size: int | None = None,
-        *,
-        mode: str = "default",
-    ) -> None:
-        super().__init__(model, loss_fn, chunk_size)
-        self._grad_fn = compile_step(self._grad_fn, mode)

@@ -15,26 +15,24 @@ written to ``param.grad`` for the optimizer:
 When an output was modified in place after its layer, a layer ran twice, or ``x`` requires grad,
 a plain ``loss.backward()`` (tensor hooks catch the output gradients) is used instead.
 
-Still unsupported (``UnsupportedModelError``; the whole-model ``torch.func`` path in
-:mod:`grab_exp.per_sample.functional` covers them): a parameter shared by two modules (tied
+Still unsupported (``UnsupportedModelError``; ``method=func``,
+:mod:`grab_exp.per_sample.func`, covers them): a parameter shared by two modules (tied
 weights: a layer's hooks see only its own use), and a module whose parameters are used by
-another module's forward (e.g. ``nn.ParameterList``). BatchNorm in training mode and dropout
-keep the errors of :class:`~grab_exp.per_sample.functional.PerSampleGradients`.
+another module's forward (e.g. ``nn.ParameterList``), and active dropout (the model check of
+:class:`~grab_exp.per_sample.base.PerSampleGradients`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from grab_exp.balance.factored import FactoredGrads
-from grab_exp.balance.tensors import flatten_grads
+from grab_exp.grads import BatchGrads, as_batch_grads
+from grab_exp.per_sample.base import LossFn, PerSampleGradients
 from grab_exp.per_sample.buffer import GradBuffer
 from grab_exp.per_sample.fallback import FuncFallback, fallback_problem
-from grab_exp.per_sample.functional import PerSampleGradients, per_sample_width
 from grab_exp.per_sample.rules import LayerRule, rule_for
 
 Grads = dict[str, torch.Tensor]
@@ -69,8 +67,9 @@ def check_supported(model: nn.Module) -> None:
             )
 
 
-class HookedPerSampleGradients:
-    """Per-sample gradients from one backward pass: per-layer rules, else ``torch.func``.
+class HookedPerSample(PerSampleGradients):
+    """``method=hooks``: per-sample gradients from one backward pass; per-layer rules, else
+    ``torch.func``.
 
     Args:
         model: a model that passes :func:`check_supported`.
@@ -78,12 +77,9 @@ class HookedPerSampleGradients:
             default reduction of torch's losses).
         reuse_buffer: write the per-sample gradients of every call into one reused
             ``(B, d)`` buffer (row-major, columns in ``named_parameters`` order); the returned
-            tensors are views of it, so **the next call overwrites them**: consume (or clone)
+            gradients are that buffer, so **the next call overwrites them**: consume (or clone)
             them before calling again. ``Balance.step`` then takes the buffer as its ``(B, d)``
             matrix without a copy, and no step allocates gradient-sized tensors.
-        factored: return :class:`~grab_exp.balance.factored.FactoredGrads`: layers whose rule
-            has a factor form that pays (:meth:`~grab_exp.per_sample.rules.LayerRule.factors`)
-            keep input and output gradient instead of ``(B, *shape)`` blocks (no buffer).
 
     Attributes:
         rules: layer name -> its :class:`~grab_exp.per_sample.rules.LayerRule`.
@@ -97,14 +93,14 @@ class HookedPerSampleGradients:
     in place, or ``x`` that requires grad switch to a plain ``loss.backward()``.
     """
 
-    def __init__(
-        self, model: nn.Module, loss_fn: Callable, *, reuse_buffer: bool = False, factored=False
-    ) -> None:
-        PerSampleGradients(model, loss_fn).check()  # BatchNorm / Dropout errors, same wording
+    method = "hooks"
+    factored = False  # rules return factors where they pay (FactoredPerSample)
+
+    def __init__(self, model: nn.Module, loss_fn: LossFn, *, reuse_buffer: bool = False) -> None:
+        super().__init__(model, loss_fn)
         check_supported(model)
-        self.model, self.loss_fn = model, loss_fn
-        self.reuse_buffer, self.factored = reuse_buffer and not factored, factored
-        self._grad_buffer = GradBuffer()
+        self.reuse_buffer = reuse_buffer and not self.factored
+        self.grad_buffer = GradBuffer()  # .buffer: (rows >= B, d), once a call made it
         self._layers: dict[str, nn.Module] = {}
         self._names: dict[str, list[str]] = {}  # layer -> its own parameters' model-level names
         self._own: dict[str, list[nn.Parameter]] = {}  # layer -> its own parameters
@@ -147,13 +143,8 @@ class HookedPerSampleGradients:
 
         return hook
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, Grads]:
-        """Forward and backward on ``x (B, ...)``, ``y (B,)``.
-
-        Returns:
-            ``(loss, grads)``: the detached mean loss ``()`` and name -> ``(B, *param.shape)``
-            in ``named_parameters`` order (views of the reused buffer with ``reuse_buffer``).
-        """
+    def _compute(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
+        """Forward and backward on ``x (B, ...)``, ``y (B,)``."""
         self._inputs.clear()
         self._outputs.clear()
         loss = self.loss_fn(self.model(x), y)
@@ -174,8 +165,8 @@ class HookedPerSampleGradients:
         grads = {n: per_layer[n] for n in trainable}  # named_parameters order
         if self.factored:
             shapes = {n: p.shape for n, p in self._params if p.requires_grad}
-            return loss.detach(), FactoredGrads(grads, shapes)
-        return loss.detach(), grads
+            return loss.detach(), BatchGrads.from_parts(grads, shapes)
+        return loss.detach(), as_batch_grads(grads)
 
     def _check_all_ran(self) -> None:
         missing = [name for name in self._layers if name not in self._inputs]
@@ -228,20 +219,17 @@ class HookedPerSampleGradients:
             for t in (*firsts, *self._out_grads.values())
             if isinstance(t, torch.Tensor) and t.is_floating_point()  # not Embedding's indices
         ]
-        return self._grad_buffer.views(self.model, batch, trainable, tensors)
+        return self.grad_buffer.views(self.model, batch, trainable, tensors)
 
-    @property
-    def _buffer(self) -> torch.Tensor | None:
-        """The reused ``(rows >= B, d)`` buffer, once a call has made it."""
-        return self._grad_buffer.buffer
 
-    def accumulate_mean(self, grads: Grads) -> None:
-        """No-op: ``__call__`` already added the mean gradient to ``.grad``."""
+class FactoredPerSample(HookedPerSample):
+    """``method=factored``: :class:`HookedPerSample`, but layers whose rule has a factor form that
+    pays (:meth:`~grab_exp.per_sample.rules.LayerRule.factors`) keep their input and output
+    gradient (:class:`~grab_exp.grads.linear.LinearFactors`) instead of ``(B, *shape)`` blocks; no
+    buffer is reused."""
 
-    @staticmethod
-    def flat(grads: Grads) -> torch.Tensor:
-        """``(B, d)`` per-sample gradients, ``named_parameters`` order (reused buffer: no copy)."""
-        return flatten_grads(grads, per_sample_width(grads))
+    method = "factored"
+    factored = True
 
 
 def _add_to_grad(params: list[nn.Parameter], means: list[torch.Tensor | None]) -> None:

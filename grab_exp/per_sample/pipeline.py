@@ -1,28 +1,25 @@
-"""Gradient pipelines: how one training step turns a batch into gradients."""
+"""Gradient pipelines: how one training step turns a batch into gradients, and
+:func:`make_per_sample`, the factory of the per-sample paths."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import ClassVar
 
 import torch
 from torch import nn
 
-from grab_exp.per_sample.compiled import (
-    CompiledPerSampleGradients,
-    check_compile_method,
-    compiled_loss,
-)
-from grab_exp.per_sample.functional import PerSampleGradients
+from grab_exp.grads import BatchGrads
+from grab_exp.per_sample.base import LossFn, PerSampleGradients
+from grab_exp.per_sample.compiled import check_compile_method, compiled_loss
+from grab_exp.per_sample.func import FuncPerSample
 from grab_exp.per_sample.hooks import (
-    HookedPerSampleGradients,
+    FactoredPerSample,
+    HookedPerSample,
     UnsupportedModelError,
     check_supported,
 )
 from grab_exp.per_sample.rules import rule_for
 from grab_exp.validation import check_choice
-
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class ClassicPipeline:
@@ -59,27 +56,10 @@ class ClassicPipeline:
         return loss.detach(), None
 
 
-class FunctionalPipeline:
-    """Per-sample gradients; their mean is written into ``param.grad``.
-
-    Args:
-        method: ``func`` (torch.func vmap(grad) of the whole model, any model), ``hooks`` (one
-            ordinary backward; per-layer rules, a per-layer torch.func fallback for other
-            layers), ``factored`` (``hooks``, but Linear layers return their factors, see
-            :mod:`grab_exp.balance.factored`) or ``auto`` (``factored`` when ``factors`` and
-            :func:`auto_hooks_method` say so, else ``hooks`` when :func:`hooks_supported`, else
-            ``func``).
-        chunk_size: examples per vmap chunk for ``func`` (bounds memory).
-        compile_mode: ``None`` (eager) or a ``torch.compile`` mode: the ``func`` path's
-            ``vmap(grad)`` is compiled; ``auto`` then means ``func``, and ``hooks`` is refused
-            (see :mod:`grab_exp.per_sample.compiled`).
-        reuse_buffer: ``hooks`` writes every step's per-sample gradients into one reused
-            ``(B, d)`` buffer, which the ordering takes without a copy; the returned tensors are
-            overwritten by the next call (see
-            :class:`~grab_exp.per_sample.hooks.HookedPerSampleGradients`).
-        factors: whether the consumer reads factors (an ordering's ``takes_factors``); if not,
-            ``auto`` picks ``hooks`` over ``factored`` (recursive balance materializes them).
-    """
+class PerSamplePipeline:
+    """``pipeline=functional``: :func:`make_per_sample` with the config's options (the same
+    arguments; ``reuse_buffer`` on by default: the ordering takes the buffer without a copy), as
+    a Hydra target that carries ``provides_per_sample``. ``method``: the resolved one."""
 
     provides_per_sample: ClassVar[bool] = True
 
@@ -93,40 +73,78 @@ class FunctionalPipeline:
         reuse_buffer: bool = True,
         factors: bool = True,
     ) -> None:
-        check_choice("pipeline.method", method, METHODS)
-        self.compile_mode = compile_mode
-        if compile_mode is not None:
-            check_compile_method(method)
-            method = "func"
-        elif method == "auto":
-            method = "func" if not hooks_supported(model) else auto_hooks_method(model)
-            method = "hooks" if method == "factored" and not factors else method
-        self.method = method
-        if method in ("hooks", "factored"):
-            self.per_sample = HookedPerSampleGradients(
-                model, loss_fn, reuse_buffer=reuse_buffer, factored=method == "factored"
-            )
-        elif compile_mode is not None:
-            self.per_sample = CompiledPerSampleGradients(
-                model, loss_fn, chunk_size, mode=compile_mode
-            )
-        else:
-            self.per_sample = PerSampleGradients(model, loss_fn, chunk_size=chunk_size)
+        options = {"compile_mode": compile_mode, "chunk_size": chunk_size, "factors": factors}
+        self.per_sample = make_per_sample(
+            model, loss_fn, method, reuse_buffer=reuse_buffer, **options
+        )
+        self.method = self.per_sample.method
 
-    def __call__(
-        self, x: torch.Tensor, y: torch.Tensor
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Set ``param.grad`` to the mean gradient and return the per-sample ones.
-
-        Returns:
-            ``(loss, grads)``: detached mean loss ``()`` and name -> ``(B, *shape)``.
-        """
-        loss, grads = self.per_sample(x, y)
-        self.per_sample.accumulate_mean(grads)
-        return loss, grads
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
+        """``(loss, grads)``; see :class:`~grab_exp.per_sample.base.PerSampleGradients`."""
+        return self.per_sample(x, y)
 
 
-METHODS = ("func", "hooks", "factored", "auto")
+#: ``method`` -> its class (``auto`` is resolved by :func:`resolve_method`)
+PER_SAMPLE_CLASSES: dict[str, type[PerSampleGradients]] = {
+    cls.method: cls for cls in (FuncPerSample, HookedPerSample, FactoredPerSample)
+}
+METHODS = (*PER_SAMPLE_CLASSES, "auto")
+
+
+def resolve_method(
+    model: nn.Module, method: str, compile_mode: str | None = None, factors: bool = True
+) -> str:
+    """The method ``method`` means for ``model``: the one place ``auto`` is resolved.
+
+    ``auto`` is ``func`` under compile (the hook path's tensor hooks break the graph at every
+    layer) or when :func:`hooks_supported` says no; else ``factored`` when :func:`auto_hooks_method`
+    says so and the consumer reads ``factors`` (an ordering's ``takes_factors``), else ``hooks``.
+
+    Raises:
+        ValueError: an unknown ``method``, or one that cannot be compiled under ``compile_mode``.
+    """
+    check_choice("pipeline.method", method, METHODS)
+    if compile_mode is not None:
+        check_compile_method(method)
+        return "func"
+    if method != "auto":
+        return method
+    if not hooks_supported(model):
+        return "func"
+    method = auto_hooks_method(model)
+    return "hooks" if method == "factored" and not factors else method
+
+
+def make_per_sample(
+    model: nn.Module,
+    loss_fn: LossFn,
+    method: str = "auto",
+    *,
+    factors: bool = True,
+    compile_mode: str | None = None,
+    chunk_size: int | None = None,
+    randomness: str | None = None,
+    reuse_buffer: bool = False,
+) -> PerSampleGradients:
+    """Per-sample gradients of ``model`` by ``method`` name (like opacus's ``wrap_model``).
+
+    Args:
+        model, loss_fn: see :class:`~grab_exp.per_sample.base.PerSampleGradients`.
+        method: ``func`` (torch.func ``vmap(grad)`` of the whole model: any model), ``hooks``
+            (one backward; per-layer rules, else a per-layer torch.func fallback), ``factored``
+            (``hooks``, Linear layers kept as factors) or ``auto`` (:func:`resolve_method`).
+        factors, compile_mode: see :func:`resolve_method`; ``compile_mode`` compiles ``func``.
+        chunk_size, randomness: ``func``'s (:class:`~grab_exp.per_sample.func.FuncPerSample`).
+        reuse_buffer: ``hooks``'s (:class:`~grab_exp.per_sample.hooks.HookedPerSample`).
+    """
+    method = resolve_method(model, method, compile_mode, factors)
+    if method == "func":
+        options = {"chunk_size": chunk_size, "randomness": randomness}
+        return FuncPerSample(model, loss_fn, compile_mode=compile_mode, **options)
+    if randomness is not None:
+        raise ValueError(f"randomness={randomness!r} needs method=func; got method={method!r}")
+    return PER_SAMPLE_CLASSES[method](model, loss_fn, reuse_buffer=reuse_buffer)
+
 
 #: ``auto`` factors when the layers without a factor form hold at most this share of the weights
 MATERIALIZED_SHARE = 0.125
@@ -136,7 +154,7 @@ def auto_hooks_method(model: nn.Module) -> str:
     """``factored`` when layers without a factor rule hold few weights, else ``hooks``.
 
     Only the layers' types are read: a Linear whose sequence turns out long materializes itself
-    at the first call (:func:`~grab_exp.balance.factored.factor_pays`).
+    at the first call (:func:`~grab_exp.grads.linear.factor_pays`).
     """
     total = materialized = 0
     for module in model.modules():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig
 from torch.nn import functional as F
 
@@ -68,7 +68,7 @@ def build_job(cfg: DictConfig, data: ArrayData, strategy: Strategy) -> TrainingJ
     d = sum(p.numel() for p in model.parameters() if p.requires_grad)
     ordering = strategy.make_ordering(instantiate(cfg.balance), n, d, cfg.seed)
     make_pipeline = instantiate(cfg.pipeline)
-    per_sample = make_pipeline.func.provides_per_sample
+    per_sample = get_class(cfg.pipeline._target_).provides_per_sample
     options = {"factors": ordering.takes_factors} if per_sample else {}
     pipeline = make_pipeline(
         model=model, loss_fn=F.cross_entropy, compile_mode=compile_mode(cfg), **options

@@ -15,11 +15,9 @@ from test_balance_properties import discrepancy
 from torch import nn
 from torch.nn import functional as F
 
-from grab_exp.balance.factored import FactoredGrads
-from grab_exp.balance.linear_factors import LinearFactors, factor_pays
-from grab_exp.balance.rows import DenseRows
+from grab_exp.grads import BatchGrads, DenseRows, GradRows, LinearFactors, factor_pays
 from grab_exp.models import MLP, LeNet, LogReg
-from grab_exp.per_sample import FunctionalPipeline, HookedPerSampleGradients
+from grab_exp.per_sample import PerSamplePipeline, make_per_sample
 from grab_exp.sampler import GraBSampler
 
 N, B, EPOCHS = 24, 8, 3
@@ -47,6 +45,16 @@ class TinyTransformer(nn.Module):
         return self.head(h.mean(dim=1))  # (B, classes)
 
 
+def factored_blocks(grads: BatchGrads) -> dict[str, GradRows]:
+    """The factored blocks by their first parameter's name (a Linear layer's weight)."""
+    starts, start = {}, 0
+    for name, shape in grads.shapes.items():
+        starts[start] = name
+        start += shape.numel()
+    blocks = zip(grads.columns, grads.blocks, strict=True)
+    return {starts[columns.start]: block for columns, block in blocks if block.factored}
+
+
 MODELS = {
     "lenet": LeNet,
     "mlp": lambda: MLP(hidden=(32,)),
@@ -65,7 +73,7 @@ def run(name, model_name, factored, **kwargs):
     """Orders of EPOCHS epochs and each epoch's last state, fed by one path's gradients."""
     torch.manual_seed(0)
     model = MODELS[model_name]().double()
-    psg = HookedPerSampleGradients(model, F.cross_entropy, factored=factored)
+    psg = make_per_sample(model, F.cross_entropy, "factored" if factored else "hooks")
     d = sum(p.numel() for p in model.parameters())
     bal = make(name, N, d, batch_size=B, depth=2, dtype=torch.float64, c=0.5, **kwargs)
     batch = B if name == "recursive_pair" else 5  # 5: pairs straddle steps, a short last step
@@ -75,7 +83,7 @@ def run(name, model_name, factored, **kwargs):
         for start in range(0, N, batch):
             idx = bal.order[start : start + batch]
             _, grads = psg(x[idx], y[idx])
-            assert isinstance(grads, FactoredGrads) == factored
+            assert grads.factored == factored
             bal.step(grads, idx)
         model.zero_grad()
         orders.append(bal.order.tolist())
@@ -115,11 +123,15 @@ def test_the_factored_path_keeps_linear_layers_as_factors():
     x = torch.randn(B, 3, 32, 32, dtype=torch.float64)
     y = torch.randint(0, 5, (B,))
     model = LeNet().double()
-    _, grads = HookedPerSampleGradients(model, F.cross_entropy, factored=True)(x, y)
-    assert grads.factored_names == ["fc1.weight", "fc2.weight", "fc3.weight"]
-    _, dense = HookedPerSampleGradients(model, F.cross_entropy)(x, y)
-    for name, tensor in dense.items():  # items materialize: the same per-sample gradients
-        torch.testing.assert_close(grads[name], tensor, rtol=1e-12, atol=1e-14)
+    _, grads = make_per_sample(model, F.cross_entropy, "factored")(x, y)
+    assert list(factored_blocks(grads)) == ["fc1.weight", "fc2.weight", "fc3.weight"]
+    _, dense = make_per_sample(model, F.cross_entropy, "hooks")(x, y)
+    materialized = grads.as_dict()  # explicit: the same per-sample gradients
+    assert list(materialized) == list(dense.as_dict())
+    for name, tensor in dense.as_dict().items():
+        torch.testing.assert_close(materialized[name], tensor, rtol=1e-12, atol=1e-14)
+    for i in (0, B - 1):
+        torch.testing.assert_close(grads.row(i), dense.row(i), rtol=1e-12, atol=1e-14)
 
 
 def test_sequence_gram_sums_over_step_pairs():
@@ -142,12 +154,11 @@ def test_cost_model_materializes_long_sequences_of_narrow_layers():
 def test_transformer_factors_sequence_layers_and_materializes_narrow_ones():
     x = torch.randn(B, 3, 32, 32, dtype=torch.float64)
     model = TinyTransformer().double()
-    _, grads = HookedPerSampleGradients(model, F.cross_entropy, factored=True)(
-        x, y=torch.zeros(B, dtype=torch.long)
-    )
+    _, grads = make_per_sample(model, F.cross_entropy, "factored")(x, torch.zeros(B).long())
     # T = 3: embed (8 -> 12) pays 9 * 20 > 96 and stays materialized; qkv (12 -> 36) factors
-    assert grads.factored_names == ["qkv.weight", "up.weight", "down.weight", "head.weight"]
-    assert grads.blocks["qkv.weight"].a.shape == (B, 3, 12)
+    blocks = factored_blocks(grads)
+    assert list(blocks) == ["qkv.weight", "up.weight", "down.weight", "head.weight"]
+    assert blocks["qkv.weight"].a.shape == (B, 3, 12)
 
 
 @pytest.mark.parametrize("model_name", list(MODELS))
@@ -157,10 +168,8 @@ def test_float32_quantities_agree_to_rounding(model_name):
     torch.manual_seed(0)
     model = MODELS[model_name]()
     x, y = epoch_data(model_name, 0)
-    _, factored = HookedPerSampleGradients(model, F.cross_entropy, factored=True)(
-        x[:B].float(), y[:B]
-    )
-    dense = DenseRows(torch.cat([factored[n].reshape(B, -1) for n in factored], dim=1))
+    _, factored = make_per_sample(model, F.cross_entropy, "factored")(x[:B].float(), y[:B])
+    dense = DenseRows(torch.cat(factored.parts(), dim=1))
     d = dense.matrix.shape[1]
     acc = torch.randn(3, d)
     coef = torch.randn(B, 3)
@@ -176,11 +185,11 @@ def test_float32_quantities_agree_to_rounding(model_name):
         assert ((got - want).abs().max() / want.abs().max()) <= 1e-4
 
 
-def as_factors(z: torch.Tensor) -> FactoredGrads:
+def as_factors(z: torch.Tensor) -> BatchGrads:
     """Rows ``z (B, 16)`` as sequence factors: ``g = sum_t e_t z[t]ᵀ`` (T = 4, out = in = 4)."""
     a = z.reshape(-1, 4, 4)  # (B, T, in): step t carries row t of the 4 x 4 gradient
     delta = torch.eye(4, dtype=z.dtype).expand(len(z), 4, 4)  # (B, T, out): e_t
-    return FactoredGrads({"w": LinearFactors(a, delta)}, {"w": torch.Size([4, 4])})
+    return BatchGrads([LinearFactors(a, delta)], {"w": torch.Size([4, 4])})
 
 
 @pytest.mark.parametrize("name", BALANCES)
@@ -206,7 +215,7 @@ def test_three_line_api_and_mean_gradient_on_the_factored_pipeline():
     for method in ("factored", "hooks"):
         torch.manual_seed(0)
         model = LeNet().double()  # the same weights for both
-        psg = FunctionalPipeline(model, F.cross_entropy, method=method)
+        psg = PerSamplePipeline(model, F.cross_entropy, method=method)
         sampler = GraBSampler(N, model.parameters(), balance="mean", dtype=torch.float64)
         _, grads = psg(x[:B], y[:B])
         sampler.step(grads)

@@ -19,7 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 from grab_exp.balance.projection import KINDS, PROJECTION_SEED_OFFSET, BlockProjection
 from grab_exp.distributed import CoordinatedGraB, SimulatedComm, split_shards
 from grab_exp.models import LeNet
-from grab_exp.per_sample import FunctionalPipeline
+from grab_exp.per_sample import PerSamplePipeline
 from grab_exp.runner.config_check import ConfigError, validate_config
 from grab_exp.sampler import GraBSampler
 
@@ -241,8 +241,8 @@ def lenet_gradients(n: int) -> torch.Tensor:
         torch.manual_seed(0)
         model = LeNet()
     x, y = torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
-    _, grads = FunctionalPipeline(model, F.cross_entropy)(x, y)
-    return torch.cat([v.reshape(n, -1) for v in grads.values()], dim=1)
+    _, grads = PerSamplePipeline(model, F.cross_entropy)(x, y)
+    return grads.dense().matrix
 
 
 def discrepancy(gram: torch.Tensor, order: torch.Tensor) -> float:

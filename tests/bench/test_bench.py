@@ -16,7 +16,7 @@ from grab_exp.bench import conv, epoch, sorters, sweep
 from grab_exp.bench.epoch import GSNR_ROWS, ROWS, STAGES, row_name
 from grab_exp.bench.memory import CPU_METHOD, peak_step_bytes
 from grab_exp.models import MLP
-from grab_exp.per_sample import FunctionalPipeline
+from grab_exp.per_sample import PerSamplePipeline
 from grab_exp.runner.step import StepParts, train_step
 from grab_exp.sampler import GraBSampler
 
@@ -225,7 +225,7 @@ def test_a_factored_step_allocates_far_less_than_the_per_sample_matrix(balance):
     torch.manual_seed(0)
     model, batch = MLP(hidden=(256,)), 16
     d = sum(p.numel() for p in model.parameters())  # 789,258
-    pipeline = FunctionalPipeline(model, F.cross_entropy, method="factored")
+    pipeline = PerSamplePipeline(model, F.cross_entropy, method="factored")
     sampler = GraBSampler(64, d, balance=balance)
     parts = StepParts(model, torch.optim.SGD(model.parameters(), lr=0.1), pipeline, sampler)
     x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
@@ -235,4 +235,4 @@ def test_a_factored_step_allocates_far_less_than_the_per_sample_matrix(balance):
         train_step(parts, x, y, sampler.order[start : start + batch])
 
     assert peak_step_bytes(step, CPU) < batch * d * 4 / 8
-    assert pipeline.per_sample._buffer is None
+    assert pipeline.per_sample.grad_buffer.buffer is None

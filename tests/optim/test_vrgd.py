@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grab_exp.balance.tensors import flatten_grads
+from grab_exp.grads import flatten_grads
 from grab_exp.optim import VRSGD, VRAdam, VRMomentum, gsnr_ratios
-from grab_exp.per_sample import PerSampleGradients
+from grab_exp.per_sample import FuncPerSample
 
 F64 = torch.float64
 OPTIMIZERS = [VRSGD, VRMomentum, VRAdam]
@@ -70,7 +70,7 @@ def test_gsnr_matches_per_example_loop(k):
     model, (x, y) = small_net(), batches(1)[0]
     expected, low, high = brute_force_gsnr(model, x, y, k, gamma=0.1, eps=1e-8)
     assert low > 0 and high > 0  # both clips are exercised
-    _, grads = PerSampleGradients(model, F.cross_entropy)(x, y)
+    _, grads = FuncPerSample(model, F.cross_entropy)(x, y)
     stats = gsnr_ratios(grads, groups=None if k == 8 else k, gamma=0.1, eps=1e-8)
     assert stats.names == tuple(n for n, _ in model.named_parameters())
     for got, want in zip(stats.ratios, expected, strict=True):
@@ -122,13 +122,12 @@ def _train_pair(vr, reference, steps=5):
     """Step a VR optimizer (observe + step) and a torch one on identical copies; both models."""
     models = [small_net(), small_net()]
     opts = [vr(models[0].parameters()), reference(models[1].parameters())]
-    engines = [PerSampleGradients(m, F.cross_entropy) for m in models]
+    engines = [FuncPerSample(m, F.cross_entropy) for m in models]
     start = [p.detach().clone() for p in models[0].parameters()]
     for x, y in batches(steps):
         for i, (opt, psg) in enumerate(zip(opts, engines, strict=True)):
             opt.zero_grad(set_to_none=True)
             _, grads = psg(x, y)
-            psg.accumulate_mean(grads)
             if i == 0:
                 opt.observe(grads)
             opt.step()
@@ -240,9 +239,8 @@ def test_frozen_parameters_are_skipped():
     model.conv.bias.requires_grad_(False)
     frozen = model.conv.bias.detach().clone()
     opt = VRMomentum(model.parameters(), lr=0.1)
-    psg = PerSampleGradients(model, F.cross_entropy)
+    psg = FuncPerSample(model, F.cross_entropy)
     _, grads = psg(x, y)  # three trainable tensors, in parameter order
-    psg.accumulate_mean(grads)
     opt.observe(grads)
     opt.step()
     assert torch.equal(model.conv.bias, frozen)
@@ -253,7 +251,7 @@ def test_frozen_parameters_are_skipped():
 def test_observe_and_step_are_sync_free_on_cuda(cls):
     model = small_net().float().cuda()
     opt = cls(model.parameters(), lr=0.01, groups=4)
-    psg = PerSampleGradients(model, F.cross_entropy)
+    psg = FuncPerSample(model, F.cross_entropy)
     data = [(x.float().cuda(), y.cuda()) for x, y in batches(3)]
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -261,7 +259,6 @@ def test_observe_and_step_are_sync_free_on_cuda(cls):
         for x, y in data:
             opt.zero_grad(set_to_none=True)
             _, grads = psg(x, y)
-            psg.accumulate_mean(grads)
             opt.observe(grads)
             opt.step()
     finally:
@@ -280,7 +277,7 @@ def _toy_losses(optimizer_cls, lr, seed, steps=100):
     def loss_fn(out, y):
         return F.mse_loss(out.squeeze(-1), y)
 
-    psg = PerSampleGradients(model, loss_fn)
+    psg = FuncPerSample(model, loss_fn)
     opt = optimizer_cls(model.parameters(), lr=lr)
     g = torch.Generator().manual_seed(seed)
     losses = []
@@ -289,7 +286,6 @@ def _toy_losses(optimizer_cls, lr, seed, steps=100):
         y = x @ true_w + torch.randn(2048, generator=g, dtype=F64)  # (B,)
         opt.zero_grad(set_to_none=True)
         _, grads = psg(x, y)
-        psg.accumulate_mean(grads)
         if isinstance(opt, VRSGD):
             opt.observe(grads)
         opt.step()

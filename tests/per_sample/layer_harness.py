@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from grab_exp.per_sample import HookedPerSampleGradients
+from grab_exp.per_sample import HookedPerSample
 
 ATOL, RTOL = 1e-12, 1e-10
 
@@ -69,14 +69,15 @@ def build(case: LayerCase) -> nn.Module:
     return model
 
 
-def check_layer(case: LayerCase, rows: int = 5) -> HookedPerSampleGradients:
+def check_layer(case: LayerCase, rows: int = 5) -> HookedPerSample:
     """Assert the hook path equals the per-example loop; return the hooked object (no buffer)."""
     model = build(case)
     x, y = make_input(case, rows, seed=1)
     expected = per_example_loop(model, x, y)
-    hooked = HookedPerSampleGradients(model, F.cross_entropy)
+    hooked = HookedPerSample(model, F.cross_entropy)
     assert set(hooked.fallbacks) == case.fallback
     loss, grads = hooked(x, y)
+    grads = grads.as_dict()
     assert list(grads) == list(expected)
     for name, want in expected.items():
         got = grads[name]
@@ -94,8 +95,8 @@ def _check_buffer(case: LayerCase, state: dict, x: torch.Tensor, y: torch.Tensor
     """The reused buffer gives the fresh tensors exactly; when it is used, as one (B, d)."""
     model = build(case)
     model.load_state_dict(state)
-    reused = HookedPerSampleGradients(model, F.cross_entropy, reuse_buffer=True)
+    reused = HookedPerSample(model, F.cross_entropy, reuse_buffer=True)
     _, grads = reused(x, y)
-    assert all(torch.equal(g, fresh[n]) for n, g in grads.items())
-    if reused._buffer is not None:
-        assert reused.flat(grads).data_ptr() == reused._buffer.data_ptr()
+    assert all(torch.equal(g, fresh[n]) for n, g in grads.as_dict().items())
+    if reused.grad_buffer.buffer is not None:
+        assert grads.dense().matrix.data_ptr() == reused.grad_buffer.buffer.data_ptr()

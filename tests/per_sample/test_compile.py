@@ -20,8 +20,8 @@ from hydra.errors import ConfigCompositionException
 from torch.nn import functional as F
 
 from grab_exp.models import LeNet
-from grab_exp.per_sample import FunctionalPipeline
-from grab_exp.per_sample.compiled import COMPILE_MODES, CompiledPerSampleGradients
+from grab_exp.per_sample import FuncPerSample, PerSamplePipeline, make_per_sample
+from grab_exp.per_sample.compiled import COMPILE_MODES
 from grab_exp.runner.checkpoint import CHECKPOINT_NAME
 from grab_exp.runner.config_check import ConfigError, validate_config
 from grab_exp.runner.resolvers import settings_hash
@@ -98,13 +98,16 @@ def test_compile_settings_accepted(pipeline, mode):
 
 
 def test_compile_resolves_auto_to_the_func_method():
-    eager = FunctionalPipeline(LeNet(), F.cross_entropy, method="auto")
-    compiled = FunctionalPipeline(LeNet(), F.cross_entropy, method="auto", compile_mode="default")
+    eager = PerSamplePipeline(LeNet(), F.cross_entropy, method="auto")
+    compiled = PerSamplePipeline(LeNet(), F.cross_entropy, method="auto", compile_mode="default")
     assert eager.method == "factored"
     assert compiled.method == "func"
-    assert isinstance(compiled.per_sample, CompiledPerSampleGradients)
+    assert isinstance(compiled.per_sample, FuncPerSample)
+    # compiling wraps the func path's vmap(grad), so its options hold compiled too
+    dropout = make_per_sample(LeNet(), F.cross_entropy, compile_mode="default", randomness="same")
+    assert dropout.method == "func" and dropout.randomness == "same"
     with pytest.raises(ValueError, match=r"^pipeline\.method: got 'hooks' with trainer\.compile"):
-        FunctionalPipeline(LeNet(), F.cross_entropy, method="hooks", compile_mode="default")
+        PerSamplePipeline(LeNet(), F.cross_entropy, method="hooks", compile_mode="default")
 
 
 def test_compile_off_keeps_the_run_directory():

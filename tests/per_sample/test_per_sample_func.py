@@ -1,4 +1,4 @@
-"""The torch.func path (grab_exp.per_sample.functional) against per-example loops of backward()."""
+"""The torch.func path (grab_exp.per_sample.func) against per-example loops of backward()."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grab_exp.balance.tensors import flatten_grads
-from grab_exp.per_sample import PerSampleGradients, accumulate_mean, per_sample_grads
+from grab_exp.grads import flatten_grads
+from grab_exp.per_sample import FuncPerSample
 
 ATOL = 1e-10
 
@@ -83,6 +83,13 @@ def assert_grads_close(got: dict, want: dict, atol: float = ATOL) -> None:
         torch.testing.assert_close(got[name], want[name], atol=atol, rtol=0, msg=name)
 
 
+def func_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor, **options) -> tuple:
+    """``(loss, name -> (B, *shape))`` of ``method=func`` (``param.grad`` reset afterwards)."""
+    loss, grads = FuncPerSample(model, F.cross_entropy, **options)(x, y)
+    model.zero_grad(set_to_none=True)
+    return loss, grads.as_dict()
+
+
 def seeded(factory, *args):
     torch.manual_seed(0)
     return factory(*args).double()
@@ -93,7 +100,7 @@ def test_small_models_match_per_example_loop(name):
     factory, shape = SMALL[name]
     model = seeded(factory)
     x, y = make_batch(shape)
-    loss, grads = PerSampleGradients(model, F.cross_entropy)(x, y)
+    loss, grads = func_grads(model, x, y)
     assert_grads_close(grads, loop_grads(model, x, y))
     torch.testing.assert_close(loss, F.cross_entropy(model(x), y), atol=ATOL, rtol=0)
     assert loss.shape == () and not loss.requires_grad
@@ -105,7 +112,7 @@ def test_project_models_match_per_example_loop(name):
 
     model = seeded(getattr(models, name))
     x, y = make_batch((3, 32, 32), n=4, classes=10)
-    _, grads = per_sample_grads(model, F.cross_entropy, x, y)
+    _, grads = func_grads(model, x, y)
     assert_grads_close(grads, loop_grads(model, x, y))
 
 
@@ -117,19 +124,17 @@ def test_mean_equals_batched_backward(name):
     F.cross_entropy(model(x), y).backward()
     want = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
-    psg = PerSampleGradients(model, F.cross_entropy)
-    _, grads = psg(x, y)
-    psg.accumulate_mean(grads)
+    FuncPerSample(model, F.cross_entropy)(x, y)  # the same call writes the mean
     assert_grads_close({n: p.grad for n, p in model.named_parameters()}, want)
 
 
-def test_accumulate_mean_adds_like_backward_and_drives_an_optimizer():
+def test_the_mean_adds_to_grad_like_backward_and_drives_an_optimizer():
     model = seeded(linear_net)
     x, y = make_batch((6,))
-    _, grads = per_sample_grads(model, F.cross_entropy, x, y)
-    accumulate_mean(model, grads)
+    psg = FuncPerSample(model, F.cross_entropy)
+    psg(x, y)
     first = {n: p.grad.clone() for n, p in model.named_parameters()}
-    accumulate_mean(model, grads)
+    psg(x, y)
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, 2 * first[n], atol=ATOL, rtol=0)
     before = [p.detach().clone() for p in model.parameters()]
@@ -140,10 +145,10 @@ def test_accumulate_mean_adds_like_backward_and_drives_an_optimizer():
 def test_chunk_size_gives_identical_results():
     model = seeded(conv_net)
     x, y = make_batch((2, 5, 5), n=8)
-    loss_full, full = per_sample_grads(model, F.cross_entropy, x, y)
+    loss_full, full = func_grads(model, x, y)
     # Chunks smaller than the batch change only the batched kernels' float64 rounding (~1e-17).
     for chunk, atol in ((1, 1e-14), (3, 1e-14), (8, 0.0), (100, 0.0)):
-        loss_c, chunked = PerSampleGradients(model, F.cross_entropy, chunk_size=chunk)(x, y)
+        loss_c, chunked = func_grads(model, x, y, chunk_size=chunk)
         assert_grads_close(chunked, full, atol=atol)
         torch.testing.assert_close(loss_c, loss_full, atol=atol, rtol=0)
 
@@ -151,19 +156,19 @@ def test_chunk_size_gives_identical_results():
 @pytest.mark.parametrize("bad", [0, -2, 1.5])
 def test_invalid_chunk_size_is_rejected(bad):
     with pytest.raises(ValueError, match="chunk_size"):
-        PerSampleGradients(linear_net(), F.cross_entropy, chunk_size=bad)
+        FuncPerSample(linear_net(), F.cross_entropy, chunk_size=bad)
 
 
 def test_batchnorm_in_training_mode_is_an_error_naming_the_module():
     model = nn.Sequential()
     model.add_module("features", bn_net()[0])
     with pytest.raises(ValueError, match=r"features\.3 \(BatchNorm2d\) in training mode"):
-        PerSampleGradients(model, F.cross_entropy)
+        FuncPerSample(model, F.cross_entropy)
 
 
 def test_batchnorm_switched_to_training_after_construction_is_caught():
     model = seeded(bn_net).eval()
-    psg = PerSampleGradients(model, F.cross_entropy)
+    psg = FuncPerSample(model, F.cross_entropy)
     model.train()
     with pytest.raises(ValueError, match=r"0\.3 \(BatchNorm2d\)"):
         psg(*make_batch((2, 5, 5)))
@@ -172,7 +177,7 @@ def test_batchnorm_switched_to_training_after_construction_is_caught():
 def test_batchnorm_without_running_stats_is_an_error_even_in_eval():
     model = nn.Sequential(nn.Linear(6, 4), nn.BatchNorm1d(4, track_running_stats=False)).eval()
     with pytest.raises(ValueError, match=r"1 \(BatchNorm1d\) without running statistics"):
-        PerSampleGradients(model, F.cross_entropy)
+        FuncPerSample(model, F.cross_entropy)
 
 
 def test_batchnorm_in_eval_mode_uses_buffers_and_matches_loop():
@@ -183,7 +188,7 @@ def test_batchnorm_in_eval_mode_uses_buffers_and_matches_loop():
         bn.running_var.uniform_(0.5, 2.0)
     model.eval()
     x, y = make_batch((2, 5, 5))
-    _, grads = PerSampleGradients(model, F.cross_entropy)(x, y)
+    _, grads = func_grads(model, x, y)
     assert_grads_close(grads, loop_grads(model, x, y))
 
 
@@ -193,48 +198,46 @@ def test_batchnorm_in_eval_mode_uses_buffers_and_matches_loop():
 def test_dropout_without_randomness_is_an_error_naming_the_module(cls):
     model = nn.Sequential(nn.Linear(6, 5), cls(0.3), nn.Linear(5, 3))
     with pytest.raises(ValueError, match=rf"1 \({cls.__name__}\) with p=0.3 .*randomness"):
-        PerSampleGradients(model, F.cross_entropy)
+        FuncPerSample(model, F.cross_entropy)
 
 
 def test_dropout_is_allowed_in_eval_mode_or_with_p_zero():
     x, y = make_batch((6,))
-    PerSampleGradients(seeded(dropout_net).eval(), F.cross_entropy)(x, y)
-    PerSampleGradients(seeded(dropout_net, 0.0), F.cross_entropy)(x, y)
+    FuncPerSample(seeded(dropout_net).eval(), F.cross_entropy)(x, y)
+    FuncPerSample(seeded(dropout_net, 0.0), F.cross_entropy)(x, y)
 
 
 @pytest.mark.parametrize("randomness", ["different", "same"])
 def test_dropout_with_explicit_randomness_works(randomness):
     model = seeded(dropout_net)
     x, y = make_batch((6,), n=64)
-    psg = PerSampleGradients(model, F.cross_entropy, randomness=randomness)
-    loss, grads = psg(x, y)
-    flat = psg.flat(grads)
+    loss, grads = FuncPerSample(model, F.cross_entropy, randomness=randomness)(x, y)
+    flat = grads.dense().matrix
     assert flat.shape == (64, sum(p.numel() for p in model.parameters()))
     assert torch.isfinite(flat).all() and torch.isfinite(loss)
     # With "same" every example sees one mask: the first layer's bias gradients share a zero pattern
-    zero_rows = grads["0.bias"] == 0  # (B, 5)
+    zero_rows = grads.as_dict()["0.bias"] == 0  # (B, 5)
     assert (zero_rows.all(dim=0) == zero_rows.any(dim=0)).all().item() is (randomness == "same")
 
 
 @pytest.mark.parametrize("bad", ["error", "Different", "random", ""])
 def test_invalid_randomness_names_setting_and_allowed_values(bad):
     with pytest.raises(ValueError, match=r"randomness=.*allowed values.*'different', 'same'"):
-        PerSampleGradients(linear_net(), F.cross_entropy, randomness=bad)
+        FuncPerSample(linear_net(), F.cross_entropy, randomness=bad)
 
 
 def test_flatten_is_b_by_d_in_named_parameters_order():
     model = seeded(conv_net)
     x, y = make_batch((2, 5, 5), n=5)
-    psg = PerSampleGradients(model, F.cross_entropy)
-    _, grads = psg(x, y)
-    flat = psg.flat(grads)
+    _, grads = FuncPerSample(model, F.cross_entropy)(x, y)
+    flat = grads.dense().matrix
     d = sum(p.numel() for p in model.parameters())
     assert flat.shape == (5, d)
-    assert torch.equal(flat, flatten_grads(grads, d))
+    assert torch.equal(flat, flatten_grads(grads.as_dict(), d))
     start = 0
     for name, p in model.named_parameters():
         block = flat[:, start : start + p.numel()].reshape(5, *p.shape)
-        assert torch.equal(block, grads[name]), name
+        assert torch.equal(block, grads.as_dict()[name]), name
         start += p.numel()
     assert start == d
 
@@ -243,12 +246,11 @@ def test_frozen_parameters_are_excluded():
     model = seeded(linear_net)
     model[0].weight.requires_grad_(False)
     x, y = make_batch((6,))
-    _, grads = per_sample_grads(model, F.cross_entropy, x, y)
-    assert list(grads) == ["0.bias", "2.weight", "2.bias"]
-    assert_grads_close(grads, loop_grads(model, x, y))
-    accumulate_mean(model, grads)
+    _, grads = FuncPerSample(model, F.cross_entropy)(x, y)
     assert model[0].weight.grad is None and model[0].bias.grad is not None
-    assert PerSampleGradients.flat(grads).shape == (7, 5 + 15 + 3)
+    assert list(grads.shapes) == ["0.bias", "2.weight", "2.bias"]
+    assert grads.dense().matrix.shape == (7, 5 + 15 + 3)
+    assert_grads_close(grads.as_dict(), loop_grads(model, x, y))
 
 
 @pytest.mark.gpu
@@ -257,7 +259,7 @@ def test_cuda_step_is_sync_free():
     model = seeded(conv_net).float().cuda()
     x, y = (t.cuda() for t in make_batch((2, 5, 5), n=16))
     x = x.float()
-    psg = PerSampleGradients(model, F.cross_entropy, chunk_size=8)
+    psg = FuncPerSample(model, F.cross_entropy, chunk_size=8)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     psg(x, y)  # warm-up outside the check (lazy CUDA initialization may synchronize)
     torch.cuda.synchronize()
@@ -266,8 +268,7 @@ def test_cuda_step_is_sync_free():
         for _ in range(2):
             opt.zero_grad()
             loss, grads = psg(x, y)
-            psg.accumulate_mean(grads)
-            psg.flat(grads)
+            grads.dense()
             opt.step()
     finally:
         torch.cuda.set_sync_debug_mode("default")

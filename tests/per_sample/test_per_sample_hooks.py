@@ -14,14 +14,20 @@ from torch import nn
 from torch.nn import functional as F
 
 from grab_exp.balance import make_ordering
-from grab_exp.balance.tensors import flatten_grads
+from grab_exp.grads import flatten_grads
 from grab_exp.models import MLP, LeNet, LogReg
 from grab_exp.per_sample import (
-    FunctionalPipeline,
-    HookedPerSampleGradients,
+    HookedPerSample,
+    PerSamplePipeline,
     UnsupportedModelError,
     check_supported,
 )
+
+
+def call(psg, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """``psg(x, y)`` with the gradients as name -> ``(B, *shape)`` (views of a reused buffer)."""
+    loss, grads = psg(x, y)
+    return loss, grads.as_dict()
 
 
 def per_example_loop(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict:
@@ -75,7 +81,7 @@ def test_hooks_equal_the_per_example_loop(make_model):
     y = torch.randint(0, 10, (6,))
     expected = per_example_loop(model, x, y)
     model.zero_grad(set_to_none=True)
-    loss, grads = HookedPerSampleGradients(model, F.cross_entropy)(x, y)
+    loss, grads = call(HookedPerSample(model, F.cross_entropy), x, y)
     assert list(grads) == [n for n, _ in model.named_parameters()]
     for name, p in model.named_parameters():
         torch.testing.assert_close(grads[name], expected[name], atol=1e-12, rtol=1e-10)
@@ -100,31 +106,31 @@ def test_unsupported_layer_is_named_and_auto_falls_back():
     # the Linear layers, 99% of the weights, factored)
     for norm in (nn.LayerNorm(8), nn.GroupNorm(2, 8)):
         model = nn.Sequential(nn.Flatten(), nn.Linear(3072, 8), norm, nn.Linear(8, 10))
-        assert FunctionalPipeline(model, F.cross_entropy, method="auto").method == "factored"
+        assert PerSamplePipeline(model, F.cross_entropy, method="auto").method == "factored"
     with pytest.raises(UnsupportedModelError, match=r"^scales \(ParameterList without a forward"):
-        HookedPerSampleGradients(ListNet(), F.cross_entropy)
-    assert FunctionalPipeline(ListNet(), F.cross_entropy, method="auto").method == "func"
-    assert FunctionalPipeline(LeNet(), F.cross_entropy, method="auto").method == "factored"
+        HookedPerSample(ListNet(), F.cross_entropy)
+    assert PerSamplePipeline(ListNet(), F.cross_entropy, method="auto").method == "func"
+    assert PerSamplePipeline(LeNet(), F.cross_entropy, method="auto").method == "factored"
     # an ordering that materializes factors anyway (recursive): auto keeps the hook path's rows
-    unread = FunctionalPipeline(LeNet(), F.cross_entropy, method="auto", factors=False)
+    unread = PerSamplePipeline(LeNet(), F.cross_entropy, method="auto", factors=False)
     assert unread.method == "hooks"
 
 
 def test_auto_materializes_when_layers_without_factors_hold_many_weights():
     # the convolution holds 896 of 1,922 weights (> 1/8): per-sample blocks, no factors
     model = nn.Sequential(nn.Conv2d(3, 32, 3, stride=8), nn.Flatten(), nn.Linear(512, 2))
-    assert FunctionalPipeline(model, F.cross_entropy, method="auto").method == "hooks"
+    assert PerSamplePipeline(model, F.cross_entropy, method="auto").method == "hooks"
 
 
 def test_batchnorm_in_training_mode_is_refused_by_name():
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.LazyLinear(10))
     with pytest.raises(ValueError, match=r"1 \(BatchNorm2d\)"):
-        HookedPerSampleGradients(model, F.cross_entropy)
+        HookedPerSample(model, F.cross_entropy)
 
 
 def test_pipeline_method_is_validated():
     with pytest.raises(ValueError, match=r"^pipeline.method: got 'fast'; allowed: auto, factored"):
-        FunctionalPipeline(LeNet(), F.cross_entropy, method="fast")
+        PerSamplePipeline(LeNet(), F.cross_entropy, method="fast")
 
 
 def test_hook_and_func_pipelines_train_the_same():
@@ -135,7 +141,7 @@ def test_hook_and_func_pipelines_train_the_same():
         torch.manual_seed(2)
         model = LeNet().double()
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        pipeline = FunctionalPipeline(model, F.cross_entropy, method=method)
+        pipeline = PerSamplePipeline(model, F.cross_entropy, method=method)
         for _ in range(3):
             opt.zero_grad(set_to_none=True)
             pipeline(x, y)
@@ -160,7 +166,7 @@ class InPlaceNet(nn.Module):
         return self.twice(h) if self.training else self.twice(self.twice(h))
 
 
-def spy_backward(hooked: HookedPerSampleGradients) -> list[bool]:
+def spy_backward(hooked: HookedPerSample) -> list[bool]:
     """Record whether each call computed only the output gradients."""
     calls, backward = [], hooked._backward
     hooked._backward = lambda loss, x: calls.append(backward(loss, x)) or calls[-1]
@@ -184,8 +190,8 @@ def hooked_pair(make_model):
     buffered = make_model().double()
     buffered.load_state_dict(plain.state_dict())
     return (
-        (plain, HookedPerSampleGradients(plain, F.cross_entropy)),
-        (buffered, HookedPerSampleGradients(buffered, F.cross_entropy, reuse_buffer=True)),
+        (plain, HookedPerSample(plain, F.cross_entropy)),
+        (buffered, HookedPerSample(buffered, F.cross_entropy, reuse_buffer=True)),
     )
 
 
@@ -193,13 +199,15 @@ def hooked_pair(make_model):
 def test_buffer_views_equal_the_fresh_tensors_exactly(make_model):
     (plain, fresh), (buffered, reused) = hooked_pair(make_model)
     x, y = batch(6, seed=1)
-    loss_a, expected = fresh(x, y)
-    loss_b, grads = reused(x, y)
+    loss_a, expected = call(fresh, x, y)
+    loss_b, grads = call(reused, x, y)
     assert list(grads) == list(expected) == [n for n, _ in buffered.named_parameters()]
     assert torch.equal(loss_a, loss_b)
     for name, g in grads.items():
         assert torch.equal(g, expected[name]), name
-        assert g.untyped_storage().data_ptr() == reused._buffer.untyped_storage().data_ptr()
+        assert (
+            g.untyped_storage().data_ptr() == reused.grad_buffer.buffer.untyped_storage().data_ptr()
+        )
     for p, q in zip(plain.parameters(), buffered.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-14, atol=1e-16)  # sums' order
 
@@ -207,22 +215,22 @@ def test_buffer_views_equal_the_fresh_tensors_exactly(make_model):
 @pytest.mark.parametrize("make_model", [LeNet, LogReg])
 def test_flatten_returns_the_buffer_without_a_copy(make_model):
     _, (model, reused) = hooked_pair(make_model)
-    _, grads = reused(*batch(5, seed=2))
+    _, grads = call(reused, *batch(5, seed=2))
     flat = flatten_grads(grads, width(model))  # (B, d)
-    assert flat.data_ptr() == reused._buffer.data_ptr()
+    assert flat.data_ptr() == reused.grad_buffer.buffer.data_ptr()
     assert flat.shape == (5, width(model)) and flat.is_contiguous()
-    assert reused.flat(grads).data_ptr() == flat.data_ptr()
+    assert reused(*batch(5, seed=2))[1].dense().matrix.data_ptr() == flat.data_ptr()
     expected = torch.cat([g.reshape(5, -1) for g in grads.values()], dim=1)
     assert torch.equal(flat, expected)
 
 
 def test_a_second_call_overwrites_the_first_ones_tensors():
     (_, fresh), (_, reused) = hooked_pair(LeNet)
-    _, first = reused(*batch(8, seed=3))
+    _, first = call(reused, *batch(8, seed=3))
     pointers = {n: g.data_ptr() for n, g in first.items()}
     x, y = batch(8, seed=4)
-    _, second = reused(x, y)
-    _, expected = fresh(x, y)
+    _, second = call(reused, x, y)
+    _, expected = call(fresh, x, y)
     for name, g in second.items():
         assert g.data_ptr() == pointers[name]
         assert torch.equal(g, expected[name]) and torch.equal(first[name], expected[name])
@@ -231,42 +239,42 @@ def test_a_second_call_overwrites_the_first_ones_tensors():
 def test_a_smaller_last_batch_uses_the_first_rows():
     (_, fresh), (model, reused) = hooked_pair(MLP)
     reused(*batch(8, seed=5))
-    buffer = reused._buffer
+    buffer = reused.grad_buffer.buffer
     x, y = batch(3, seed=6)
-    _, grads = reused(x, y)
-    _, expected = fresh(x, y)
-    assert reused._buffer is buffer
+    _, grads = call(reused, x, y)
+    _, expected = call(fresh, x, y)
+    assert reused.grad_buffer.buffer is buffer
     assert all(torch.equal(g, expected[n]) for n, g in grads.items())
     assert flatten_grads(grads, width(model)).data_ptr() == buffer.data_ptr()
     _, grads = reused(*batch(12, seed=7))  # a larger batch: a new buffer
-    assert reused._buffer.shape == (12, width(model))
+    assert reused.grad_buffer.buffer.shape == (12, width(model))
 
 
 def test_frozen_parameters_are_left_out_of_the_buffer():
     _, (model, _) = hooked_pair(LeNet)
     model.conv1.bias.requires_grad_(False)
     model.fc3.weight.requires_grad_(False)
-    reused = HookedPerSampleGradients(model, F.cross_entropy, reuse_buffer=True)
-    fresh = HookedPerSampleGradients(model, F.cross_entropy)
+    reused = HookedPerSample(model, F.cross_entropy, reuse_buffer=True)
+    fresh = HookedPerSample(model, F.cross_entropy)
     x, y = batch(4, seed=8)
-    _, grads = reused(x, y)
+    _, grads = call(reused, x, y)
     model.zero_grad(set_to_none=True)
-    _, expected = fresh(x, y)
+    _, expected = call(fresh, x, y)
     assert list(grads) == list(expected) and "conv1.bias" not in grads
     assert all(torch.equal(g, expected[n]) for n, g in grads.items())
-    assert flatten_grads(grads, width(model)).data_ptr() == reused._buffer.data_ptr()
+    assert flatten_grads(grads, width(model)).data_ptr() == reused.grad_buffer.buffer.data_ptr()
     model.conv1.bias.requires_grad_(True)  # unfrozen after construction: a new layout
-    _, grads = reused(x, y)
-    assert "conv1.bias" in grads and reused._buffer.shape == (4, width(model))
-    assert flatten_grads(grads, width(model)).data_ptr() == reused._buffer.data_ptr()
+    _, grads = call(reused, x, y)
+    assert "conv1.bias" in grads and reused.grad_buffer.buffer.shape == (4, width(model))
+    assert flatten_grads(grads, width(model)).data_ptr() == reused.grad_buffer.buffer.data_ptr()
 
 
 def test_other_layouts_are_concatenated():
     _, (model, reused) = hooked_pair(LogReg)
-    _, grads = reused(*batch(4, seed=9))
+    _, grads = call(reused, *batch(4, seed=9))
     swapped = dict(reversed(list(grads.items())))  # blocks out of order: a copy, in dict order
     flat = flatten_grads(swapped, width(model))
-    assert flat.data_ptr() != reused._buffer.data_ptr()
+    assert flat.data_ptr() != reused.grad_buffer.buffer.data_ptr()
     assert torch.equal(flat, torch.cat([g.reshape(4, -1) for g in swapped.values()], dim=1))
     matrix = torch.zeros(4, 10)  # (B, d): blocks of a matrix wider than d are not one
     parts = {"a": matrix[:, :3], "b": matrix[:, 3:5]}
@@ -277,7 +285,7 @@ def test_the_ordering_steps_on_the_buffer_as_on_a_copy():
     _, (model, reused) = hooked_pair(LeNet)
     sorters = [make_ordering("mean", 12, width(model), dtype=torch.float64) for _ in range(2)]
     for step in range(3):
-        _, grads = reused(*batch(4, seed=10 + step))
+        _, grads = call(reused, *batch(4, seed=10 + step))
         sorters[0].step(grads)
         sorters[1].step({n: g.clone() for n, g in grads.items()})
     assert torch.equal(sorters[0].acc, sorters[1].acc)
@@ -285,8 +293,8 @@ def test_the_ordering_steps_on_the_buffer_as_on_a_copy():
 
 
 def test_the_functional_pipeline_reuses_the_buffer_by_default():
-    assert FunctionalPipeline(LeNet(), F.cross_entropy, method="hooks").per_sample.reuse_buffer
-    pipeline = FunctionalPipeline(LeNet(), F.cross_entropy, method="hooks", reuse_buffer=False)
+    assert PerSamplePipeline(LeNet(), F.cross_entropy, method="hooks").per_sample.reuse_buffer
+    pipeline = PerSamplePipeline(LeNet(), F.cross_entropy, method="hooks", reuse_buffer=False)
     assert not pipeline.per_sample.reuse_buffer
 
 
@@ -296,9 +304,9 @@ def test_outputs_changed_in_place_fall_back_to_a_plain_backward():
     x, y = batch(5, seed=11)
     expected = per_example_loop(model, x, y)
     model.zero_grad(set_to_none=True)
-    hooked = HookedPerSampleGradients(model, F.cross_entropy, reuse_buffer=True)
+    hooked = HookedPerSample(model, F.cross_entropy, reuse_buffer=True)
     calls = spy_backward(hooked)
-    _, grads = hooked(x, y)
+    _, grads = call(hooked, x, y)
     assert calls == [False]
     for name, p in model.named_parameters():
         torch.testing.assert_close(grads[name], expected[name], rtol=1e-10, atol=1e-12)
@@ -312,7 +320,7 @@ def test_a_layer_called_twice_gets_its_whole_mean_gradient():
     F.cross_entropy(model(x), y).backward()
     expected = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
-    hooked = HookedPerSampleGradients(model, F.cross_entropy)
+    hooked = HookedPerSample(model, F.cross_entropy)
     calls = spy_backward(hooked)
     hooked(x, y)
     assert calls == [False]
@@ -327,7 +335,7 @@ def test_mean_gradients_add_to_grad_like_backward(make_model):
     x, y = batch(6, seed=13)
     F.cross_entropy(model(x), y).backward()
     expected = {n: 2 * p.grad for n, p in model.named_parameters()}
-    hooked = HookedPerSampleGradients(model, F.cross_entropy, reuse_buffer=True)
+    hooked = HookedPerSample(model, F.cross_entropy, reuse_buffer=True)
     calls = spy_backward(hooked)
     hooked(x, y)  # adds the same mean gradient again
     for name, p in model.named_parameters():
@@ -344,4 +352,4 @@ def test_tied_weights_are_left_to_the_func_path():
     model = torch.nn.Sequential(first, torch.nn.ReLU(), second)
     with pytest.raises(UnsupportedModelError, match="shares a parameter with 0"):
         check_supported(model)
-    assert FunctionalPipeline(model, torch.nn.functional.cross_entropy).method == "func"
+    assert PerSamplePipeline(model, torch.nn.functional.cross_entropy).method == "func"

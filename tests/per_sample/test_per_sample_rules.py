@@ -8,7 +8,7 @@ from layer_harness import LayerCase, build, check_layer, make_input
 from torch import nn
 from torch.nn import functional as F
 
-from grab_exp.per_sample import FunctionalPipeline, HookedPerSampleGradients, UnsupportedModelError
+from grab_exp.per_sample import HookedPerSample, PerSamplePipeline, UnsupportedModelError
 from grab_exp.per_sample.fallback import FuncFallback
 from grab_exp.per_sample.rules import RULES, LayerRule, rule_for
 from grab_exp.per_sample.rules.linear import LinearRule
@@ -163,7 +163,8 @@ def test_frozen_parameters_of_a_fallback_layer_are_skipped():
     model = build(case)
     model[1].weight.requires_grad_(False)
     x, y = make_input(case, 4, seed=4)
-    _, grads = HookedPerSampleGradients(model, F.cross_entropy, reuse_buffer=True)(x, y)
+    _, grads = HookedPerSample(model, F.cross_entropy, reuse_buffer=True)(x, y)
+    grads = grads.as_dict()
     assert "1.weight" not in grads and grads["1.bias"].shape == (4, 8)
     assert model[1].weight.grad is None and model[1].bias.grad is not None
 
@@ -176,9 +177,9 @@ def test_rule_for_follows_subclasses_and_refuses_unsupported_configs():
 
 def test_auto_picks_hooks_with_fallback_layers_but_not_for_a_root_parameter():
     for name in ("groupnorm", "custom", "embedding", "batchnorm_eval"):
-        pipeline = FunctionalPipeline(build(FALLBACK_CASES[name]), F.cross_entropy)
+        pipeline = PerSamplePipeline(build(FALLBACK_CASES[name]), F.cross_entropy)
         assert pipeline.method in ("hooks", "factored"), name
-    assert FunctionalPipeline(RootScale(), F.cross_entropy).method == "func"
+    assert PerSamplePipeline(RootScale(), F.cross_entropy).method == "func"
 
 
 class TupleOut(nn.Module):
@@ -218,6 +219,6 @@ class DirectUse(nn.Module):
     [(TupleOut, r"^pair \(Pair\) returned tuple"), (DirectUse, r"^fc \(Linear\) did not run")],
 )
 def test_layers_the_hooks_cannot_handle_are_named_at_the_first_call(model, message):
-    hooked = HookedPerSampleGradients(model().double(), F.cross_entropy)
+    hooked = HookedPerSample(model().double(), F.cross_entropy)
     with pytest.raises(UnsupportedModelError, match=message):
         hooked(*make_input(FALLBACK_CASES["groupnorm"], 3, seed=5))

@@ -43,7 +43,7 @@ class LayerRule:
         """Per-sample gradients with the weight as factors, or ``None`` (materialize instead).
 
         Same arguments as :meth:`per_sample`; the result's blocks are ``(B, *p.shape)`` tensors
-        or :class:`~grab_exp.balance.factored.LinearFactors`. :meth:`mean` must not read them.
+        or :class:`~grab_exp.grads.linear.LinearFactors`. :meth:`mean` must not read them.
         """
         return None
 

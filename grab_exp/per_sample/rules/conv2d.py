@@ -9,8 +9,8 @@ from torch import nn
 from grab_exp.per_sample.rules.base import LayerRule, Outs, register_rule
 
 #: On the CPU, layers with fewer input channels than this run the grouped weight gradient in
-#: channels-last layout: 1.6-2.7x faster at LeNet's 3 and 6 input channels (oneDNN, B = 16), but
-#: slower at every measured shape from 8 channels on (``results/bench/conv.json``).
+#: channels-last layout: faster at LeNet's 3 and 6 input channels (oneDNN, B = 16), slower from 8
+#: channels on, as measured in ``results/bench/conv.json``.
 CHANNELS_LAST_BELOW = 8
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from grab_exp.balance.linear_factors import FactorBias, LinearFactors, factor_pays
+from grab_exp.grads.linear import FactorBias, LinearFactors, factor_pays
 from grab_exp.per_sample.rules.base import LayerRule, Outs, register_rule
 
 

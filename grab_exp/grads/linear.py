@@ -7,8 +7,8 @@ without one). Then
 * ``<g_i, Acc> = sum_t delta_itᵀ Acc a_it``: one ``(BT, in) x (in, out)`` GEMM and a row dot;
 * ``sum_i s_i g_i = Δᵀ diag(s) A``: one GEMM the size of a weight gradient,
 
-the identity behind "ghost clipping". :class:`~grab_exp.balance.factored.FactoredGrads` joins
-them with the layers that stay materialized.
+the identity behind "ghost clipping". :class:`~grab_exp.grads.batch.BatchGrads` joins them
+with the layers that stay materialized.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from grab_exp.grads.rows import GradRows
 
 
 def factor_pays(steps: int, fan_in: int, fan_out: int) -> bool:
@@ -27,8 +29,8 @@ def factor_pays(steps: int, fan_in: int, fan_out: int) -> bool:
     return steps * steps * (fan_in + fan_out) <= fan_in * fan_out
 
 
-@dataclass(frozen=True)
-class LinearFactors:
+@dataclass(frozen=True, eq=False)
+class LinearFactors(GradRows):
     """``g_i = sum_t delta[i, t] ⊗ a[i, t]``: ``a (B, T, in)``, ``delta (B, T, out)``.
 
     With ``bias``, the block's columns are the weight's ``out * in`` then the bias's ``out``
@@ -40,6 +42,15 @@ class LinearFactors:
     a: torch.Tensor  # (B, T, in)
     delta: torch.Tensor  # (B, T, out)
     bias: bool = False
+    factored = True
+
+    @property
+    def rows(self) -> int:
+        return self.a.shape[0]
+
+    @property
+    def like(self) -> torch.Tensor:
+        return self.a
 
     @property
     def width(self) -> int:
@@ -61,13 +72,23 @@ class LinearFactors:
     def to(self, device, dtype) -> LinearFactors:
         return LinearFactors(self.a.to(device, dtype), self.delta.to(device, dtype), self.bias)
 
-    def materialize(self) -> torch.Tensor:
+    def weight_grads(self) -> torch.Tensor:
         """The weight's ``(B, out, in)``."""
         return torch.bmm(self.delta.transpose(1, 2), self.a)
 
     def bias_grads(self) -> torch.Tensor:
         """The bias's ``(B, out)``."""
         return self.delta.sum(dim=1)
+
+    def write(self, out: torch.Tensor) -> None:
+        weight, bias = self._split(out)  # (B, out, in), (B, out)
+        weight.copy_(self.weight_grads())
+        if bias is not None:
+            bias.copy_(self.bias_grads())
+
+    def row(self, i: int) -> torch.Tensor:
+        weight = (self.delta[i].T @ self.a[i]).reshape(-1)  # (out * in,)
+        return torch.cat([weight, self.delta[i].sum(0)]) if self.bias else weight  # (width,)
 
     def _split(self, acc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The weight ``(..., out, in)`` and bias ``(..., out)`` views of ``acc (..., width)``."""
@@ -117,9 +138,7 @@ class LinearFactors:
 
 @dataclass(frozen=True)
 class FactorBias:
-    """The bias block of a Linear layer whose weight is :class:`LinearFactors` ``factors``."""
+    """The bias of a Linear layer whose weight is :class:`LinearFactors` ``factors``: what a
+    rule returns for it (:class:`~grab_exp.grads.batch.BatchGrads` folds it into ``factors``)."""
 
     factors: LinearFactors
-
-    def to(self, device, dtype) -> FactorBias:
-        return FactorBias(self.factors.to(device, dtype))

@@ -1,15 +1,16 @@
-"""What the balance variants read from a step's per-sample gradients: the ``GradRows`` interface.
+"""The ``GradRows`` interface: ``B`` gradient rows, read only through a few operations.
 
-Every variant needs only inner products with its accumulator(s), the Gram matrix of the batch and
-signed sums into an accumulator. Two representations provide them:
+Every balance variant needs only inner products with its accumulator(s), the Gram matrix of the
+batch and signed sums into an accumulator. Three kinds of rows provide them:
 
-* :class:`DenseRows`: the materialized ``(B, d)`` matrix;
-* :class:`~grab_exp.balance.factored.FactoredRows`: per layer either materialized blocks or the
-  factors of ``g_i = sum_t delta_it a_itᵀ`` (no ``(B, d)`` matrix).
+* :class:`DenseRows`: a materialized ``(B, w)`` matrix;
+* :class:`~grab_exp.grads.linear.LinearFactors`: a Linear layer's ``g_i = sum_t delta_it a_itᵀ``;
+* :class:`~grab_exp.grads.batch.BatchGrads`: a batch's gradients, a concatenation of column
+  blocks of the first two kinds.
 
 The vectors a variant balances (centered gradients, pair differences, unit-norm rows) are linear
-combinations of the rows. The dense matrix forms them in a scratch buffer; the factored one keeps
-them lazy (:class:`Combination`) and derives their dots and Gram matrix from the rows'.
+combinations of the rows. The dense matrix forms them in a scratch buffer; the others keep them
+lazy (:class:`Combination`) and derive their dots and Gram matrix from the rows'.
 """
 
 from __future__ import annotations
@@ -18,10 +19,14 @@ from collections.abc import Callable
 
 import torch
 
-from grab_exp.balance.signs import normalize_rows
-
 #: ``rows -> (rows, d)`` reusable buffer, asked for only by representations that fill one
 Scratch = Callable[[int], torch.Tensor]
+
+
+def normalize_rows(vectors: torch.Tensor) -> torch.Tensor:
+    """Scale every row of a ``(B, d)`` matrix, in place, to unit norm (zero rows stay 0)."""
+    norms = torch.linalg.vector_norm(vectors, dim=1, keepdim=True)  # (B, 1)
+    return vectors.div_(norms.clamp_min_(torch.finfo(vectors.dtype).tiny))
 
 
 class GradRows:
@@ -29,11 +34,14 @@ class GradRows:
 
     Attributes:
         rows: ``B``.
+        width: ``d`` (of a block or a whole batch; not kept by a :class:`Combination`).
         like: a tensor with the rows' dtype and device.
+        factored: whether the rows are kept as factors (reading them as such saves work).
     """
 
     rows: int
     like: torch.Tensor
+    factored = False
 
     def dots(self, acc: torch.Tensor) -> torch.Tensor:
         """``<g_i, acc>``: ``acc (d,)`` gives ``(B,)``; ``acc (K, d)`` gives ``(B, K)``."""
@@ -48,9 +56,18 @@ class GradRows:
         (``coef (B, K)``)."""
         raise NotImplementedError
 
-    def dense(self, out: torch.Tensor) -> DenseRows:
-        """The rows written into ``out (B, d)``."""
+    def write(self, out: torch.Tensor) -> None:
+        """Write the rows into ``out (B, d)``."""
         raise NotImplementedError
+
+    def dense(self, out: torch.Tensor) -> DenseRows:
+        """The rows as a matrix: written into ``out (B, d)``, or their own one if they have it."""
+        self.write(out)
+        return DenseRows(out)
+
+    def materialize(self) -> torch.Tensor:
+        """The rows as a ``(B, d)`` matrix (their own, or a new one)."""
+        return self.dense(self.like.new_empty(self.rows, self.width)).matrix
 
     def row(self, i: int) -> torch.Tensor:
         """Row ``i`` ``(d,)`` (a view or a fresh tensor)."""
@@ -72,12 +89,13 @@ class GradRows:
         lead = int(first is not None)
         pairs = (self.rows + lead) // 2
         dtype, device = self.like.dtype, self.like.device
-        index = torch.arange(pairs, device=device)  # (P,)
-        weights = torch.zeros(pairs, self.rows, dtype=dtype, device=device)  # (P, B)
-        weights[index, 2 * index + 1 - lead] = -1.0
-        weights[index[lead:], 2 * index[lead:] - lead] = 1.0
-        shift = torch.zeros(pairs, dtype=dtype, device=device)  # (P,)
-        shift[:lead] = 1.0
+        index = torch.arange(pairs, device=device)[:, None]  # (P, 1)
+        columns = torch.arange(self.rows, device=device)  # (B,)
+        # elementwise, not written through an index: a scalar put on CUDA syncs with the host
+        weights = (columns == 2 * index - lead).to(dtype) - (columns == 2 * index + 1 - lead).to(
+            dtype
+        )  # (P, B): +1 at the pair's first row (none for the lead), -1 at its second
+        shift = (index[:, 0] < lead).to(dtype)  # (P,)
         return Combination(self, weights, shift, first if lead else None)
 
     def normalized(self) -> GradRows:
@@ -89,8 +107,11 @@ class DenseRows(GradRows):
     """The materialized ``(B, d)`` matrix ``matrix``."""
 
     def __init__(self, matrix: torch.Tensor) -> None:
-        self.matrix = matrix  # (B, d)
-        self.rows = matrix.shape[0]
+        self.matrix = self.like = matrix  # (B, d)
+        self.rows, self.width = matrix.shape
+
+    def to(self, device: torch.device, dtype: torch.dtype) -> DenseRows:
+        return DenseRows(self.matrix.to(device, dtype))
 
     def dots(self, acc):
         if acc.dim() == 1:
@@ -106,8 +127,14 @@ class DenseRows(GradRows):
         else:
             acc.addmm_(coef.T, self.matrix)
 
+    def write(self, out):
+        out.copy_(self.matrix)
+
     def dense(self, out):
         return self
+
+    def materialize(self):
+        return self.matrix
 
     def row(self, i):
         return self.matrix[i]  # (d,)
@@ -180,12 +207,11 @@ class Combination(GradRows):
             else:
                 acc.addr_(coef.T @ self.shift, self.base)
 
-    def dense(self, out):
+    def write(self, out):
         grads = self.grads.dense(out.new_empty(self.grads.rows, out.shape[1])).matrix
         out.copy_(self._mix(grads))  # (P, d)
         if self.base is not None:
             out.addr_(self.shift, self.base)
-        return DenseRows(out)
 
     def normalized(self):
         gram = self.gram()

@@ -1,0 +1,122 @@
+"""``method=func``: whole-model per-sample gradients with ``torch.func`` (``vmap(grad)``).
+
+``functional_call`` evaluates one example at a time under ``vmap``, so any model works (tied
+weights, parameters used outside their module), at the cost of a forward and backward that are
+batched by ``vmap`` rather than written for the batch. Nothing here calls ``.item()``/
+``.tolist()`` or loops over examples in Python, so a step stays free of host synchronization on
+CUDA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from grab_exp.grads import BatchGrads, as_batch_grads
+from grab_exp.per_sample.base import LossFn, PerSampleGradients
+from grab_exp.per_sample.compiled import compile_step
+
+__all__ = ["RANDOMNESS_CHOICES", "FuncPerSample"]
+
+Grads = dict[str, torch.Tensor]
+
+#: Explicit values of vmap's ``randomness`` that allow random layers (dropout).
+RANDOMNESS_CHOICES = ("different", "same")
+
+
+def _check_randomness(randomness: str | None) -> None:
+    if randomness is not None and randomness not in RANDOMNESS_CHOICES:
+        raise ValueError(
+            f"randomness={randomness!r} is not valid; allowed values: None (no random layers), "
+            + ", ".join(repr(c) for c in RANDOMNESS_CHOICES)
+        )
+
+
+def _check_chunk_size(chunk_size: int | None) -> None:
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size={chunk_size!r} is not valid; use None or an integer >= 1")
+
+
+def _split_state(model: nn.Module) -> tuple[Grads, Grads]:
+    """Split the model's tensors into trainable parameters and everything else.
+
+    Returns:
+        ``(trainable, fixed)``: detached trainable parameters in ``named_parameters`` order, and
+        the frozen parameters plus buffers (passed to ``functional_call``, never differentiated).
+    """
+    trainable, fixed = {}, {}
+    for name, p in model.named_parameters():
+        (trainable if p.requires_grad else fixed)[name] = p.detach()
+    fixed.update((name, b.detach()) for name, b in model.named_buffers())
+    return trainable, fixed
+
+
+def _make_grad_fn(
+    model: nn.Module, loss_fn: LossFn, chunk_size: int | None, randomness: str | None
+) -> Callable[[Grads, Grads, torch.Tensor, torch.Tensor], tuple[Grads, torch.Tensor]]:
+    """Build ``vmap(grad(loss of one example))`` over the batch dimension of ``x`` and ``y``."""
+
+    def one_example(trainable: Grads, fixed: Grads, xi: torch.Tensor, yi: torch.Tensor):
+        out = functional_call(model, (trainable, fixed), (xi.unsqueeze(0),))  # (1, ...)
+        loss = loss_fn(out, yi.unsqueeze(0)).sum()  # () whatever the loss's reduction
+        return loss, loss.detach()
+
+    return vmap(
+        grad(one_example, has_aux=True),
+        in_dims=(None, None, 0, 0),
+        chunk_size=chunk_size,
+        randomness=randomness or "error",
+    )
+
+
+class FuncPerSample(PerSampleGradients):
+    """Per-sample gradients of the whole model with ``vmap(grad(loss of one example))``.
+
+    Args:
+        model: The module to differentiate; its buffers (e.g. BatchNorm running statistics in
+            eval mode) and frozen parameters are passed in but not differentiated.
+        loss_fn: Per-example loss, called as ``loss_fn(model(x_i[None]), y_i[None])`` (batch dim
+            of 1, e.g. ``F.cross_entropy``); its output is summed, so any reduction works.
+        chunk_size: Examples per ``vmap`` chunk (bounds memory), or ``None`` for the whole batch.
+        randomness: ``None`` (dropout with ``p > 0`` in training mode is an error),
+            ``"different"`` or ``"same"`` (vmap's randomness; allows dropout).
+        compile_mode: ``None`` (eager) or a ``torch.compile`` mode: ``vmap(grad)`` runs as one
+            compiled graph (:func:`~grab_exp.per_sample.compiled.compile_step`; equal up to
+            float32 rounding: inductor may reorder reductions).
+
+    Raises:
+        ValueError: an invalid ``randomness``/``chunk_size``, or the model check of
+            :class:`~grab_exp.per_sample.base.PerSampleGradients`.
+    """
+
+    method = "func"
+
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: LossFn,
+        chunk_size: int | None = None,
+        *,
+        randomness: str | None = None,
+        compile_mode: str | None = None,
+    ) -> None:
+        _check_chunk_size(chunk_size)
+        _check_randomness(randomness)
+        self.chunk_size, self.randomness = chunk_size, randomness
+        super().__init__(model, loss_fn)
+        self._grad_fn = _make_grad_fn(model, loss_fn, chunk_size, randomness)
+        if compile_mode is not None:
+            self._grad_fn = compile_step(self._grad_fn, compile_mode)
+
+    def _compute(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
+        trainable, fixed = _split_state(self.model)
+        grads, losses = self._grad_fn(trainable, fixed, x, y)  # {name: (B, *shape)}, (B,)
+        for name, p in self.model.named_parameters():
+            g = grads.get(name)
+            if g is not None:
+                mean = g.mean(dim=0).to(p.dtype)  # (*param.shape)
+                p.grad = mean if p.grad is None else p.grad.add_(mean)
+        return losses.mean(), as_batch_grads(grads)

@@ -1,0 +1,114 @@
+"""``BatchGrads`` (grab_exp.grads): every block's operations against the materialized matrix.
+
+A batch's gradients are column blocks, dense or a Linear layer's factors; each block answers the
+``GradRows`` operations on its own columns. float64, so every comparison is to rounding.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grab_exp.grads import (
+    BatchGrads,
+    DenseRows,
+    FactorBias,
+    LinearFactors,
+    as_batch_grads,
+    flatten_grads,
+)
+
+B = 6
+F64 = torch.float64
+
+
+def mixed_grads() -> BatchGrads:
+    """A conv-like dense block, a Linear with bias (factors over T = 2), a dense one, a Linear
+    without bias: the parts a factored hook path returns."""
+    g = torch.Generator().manual_seed(0)
+    linear = LinearFactors(
+        torch.randn(B, 2, 4, generator=g, dtype=F64), torch.randn(B, 2, 3, generator=g, dtype=F64)
+    )
+    last = LinearFactors(
+        torch.randn(B, 1, 3, generator=g, dtype=F64), torch.randn(B, 1, 2, generator=g, dtype=F64)
+    )
+    parts = {
+        "conv.weight": torch.randn(B, 2, 1, 2, generator=g, dtype=F64),
+        "fc.weight": linear,
+        "fc.bias": FactorBias(linear),
+        "norm.weight": torch.randn(B, 3, generator=g, dtype=F64),
+        "head.weight": last,
+    }
+    shapes = {"conv.weight": (2, 1, 2), "fc.weight": (3, 4), "fc.bias": (3,)}
+    shapes |= {"norm.weight": (3,), "head.weight": (2, 3)}
+    return BatchGrads.from_parts(parts, {n: torch.Size(s) for n, s in shapes.items()})
+
+
+def test_blocks_answer_like_the_materialized_matrix():
+    grads = mixed_grads()
+    # the bias joins its layer's factors; the narrow dense neighbours stay apart (a factor block
+    # between them)
+    assert [type(b).__name__ for b in grads.blocks] == [
+        "DenseRows",
+        "LinearFactors",
+        "DenseRows",
+        "LinearFactors",
+    ]
+    assert grads.blocks[1].bias and grads.factored and grads.width == 4 + 15 + 3 + 6
+    dense = DenseRows(grads.dense().matrix)  # (B, d)
+    parts = grads.as_dict()
+    assert list(parts) == list(grads.shapes)
+    torch.testing.assert_close(
+        torch.cat([p.reshape(B, -1) for p in parts.values()], 1), dense.matrix
+    )
+    torch.testing.assert_close(parts["fc.bias"], grads.blocks[1].delta.sum(1))
+    g = torch.Generator().manual_seed(1)
+    acc = torch.randn(3, grads.width, generator=g, dtype=F64)
+    coef = torch.randn(B, 3, generator=g, dtype=F64)
+    torch.testing.assert_close(grads.dots(acc), dense.dots(acc))
+    torch.testing.assert_close(grads.dots(acc[0]), dense.dots(acc[0]))
+    torch.testing.assert_close(grads.gram(), dense.gram())
+    got, want = acc.clone(), acc.clone()
+    grads.accumulate(got, coef)
+    dense.accumulate(want, coef)
+    torch.testing.assert_close(got, want)
+    for i in range(B):
+        torch.testing.assert_close(grads.row(i), dense.matrix[i])
+
+
+@pytest.mark.parametrize("lead", [False, True])
+def test_pair_differences_of_blocks_equal_the_dense_ones(lead):
+    grads = mixed_grads()
+    dense = DenseRows(grads.dense().matrix)
+    first = torch.randn(grads.width, dtype=F64) if lead else None
+    buffer = torch.empty(B + 1, grads.width, dtype=F64)
+    want = dense.pair_diffs(first, lambda rows: buffer[:rows]).matrix  # (P, d)
+    got = grads.pair_diffs(first, None)
+    assert got.rows == want.shape[0] == (B + lead) // 2
+    torch.testing.assert_close(got.dense(torch.empty_like(want)).matrix, want)
+    torch.testing.assert_close(got.gram(), want @ want.T)
+
+
+def test_a_dict_and_a_matrix_become_batch_grads_without_copies():
+    matrix = torch.randn(B, 7, dtype=F64)  # (B, d)
+    views = {"a": matrix[:, :3].view(B, 3), "b": matrix[:, 3:].view(B, 2, 2)}
+    joined = as_batch_grads(views)
+    assert len(joined.blocks) == 1 and joined.dense().matrix.data_ptr() == matrix.data_ptr()
+    assert flatten_grads(matrix, 7).data_ptr() == matrix.data_ptr()
+    apart = {n: v.clone() for n, v in views.items()}  # what vmap(grad) returns: one block each
+    batch = as_batch_grads(apart)
+    assert len(batch.blocks) == 2 and torch.equal(batch.dense().matrix, matrix)
+    assert all(torch.equal(batch.as_dict()[n], v) for n, v in views.items())
+    with pytest.raises(ValueError, match="different row counts"):
+        as_batch_grads({"a": matrix, "b": matrix[:3]})
+    with pytest.raises(ValueError, match="expected d=8"):
+        flatten_grads(views, 8)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_to_an_unindexed_cuda_device_keeps_the_blocks():
+    grads = mixed_grads().to(torch.device("cuda"), F64)
+    assert grads.like.device == torch.device("cuda", torch.cuda.current_device())
+    assert grads.to(torch.device("cuda"), F64) is grads  # cuda == cuda:<current>: no rebuild
+    assert grads.blocks[1].bias  # the bias stays in its layer's factors on CUDA too
