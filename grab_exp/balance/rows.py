@@ -72,10 +72,11 @@ class GradRows:
         lead = int(first is not None)
         pairs = (self.rows + lead) // 2
         dtype, device = self.like.dtype, self.like.device
-        index = torch.arange(pairs, device=device)  # (P,)
-        weights = torch.zeros(pairs, self.rows, dtype=dtype, device=device)  # (P, B)
-        weights[index, 2 * index + 1 - lead] = -1.0
-        weights[index[lead:], 2 * index[lead:] - lead] = 1.0
+        # pair p is rows 2p - lead (the +1; -1 means `first`) and 2p + 1 - lead (the -1): built
+        # by comparison, as an indexed write of a Python number would copy it to the device
+        starts = 2 * torch.arange(pairs, device=device)[:, None] - lead  # (P, 1)
+        columns = torch.arange(self.rows, device=device)  # (B,)
+        weights = (columns == starts).to(dtype) - (columns == starts + 1).to(dtype)  # (P, B)
         shift = torch.zeros(pairs, dtype=dtype, device=device)  # (P,)
         shift[:lead] = 1.0
         return Combination(self, weights, shift, first if lead else None)
