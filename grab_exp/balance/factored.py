@@ -15,6 +15,7 @@ import torch
 
 from grab_exp.balance.linear_factors import FactorBias, LinearFactors
 from grab_exp.balance.rows import DenseRows, GradRows
+from grab_exp.devices import same_device
 
 Block = torch.Tensor | LinearFactors | FactorBias
 #: dense blocks narrower than this are joined with their dense neighbours into one matrix
@@ -68,7 +69,7 @@ class FactoredGrads(GradRows, Mapping):
 
     def to(self, device: torch.device, dtype: torch.dtype) -> FactoredGrads:
         """The blocks on ``device`` in ``dtype`` (``self`` when they are there already)."""
-        if self.like.device == torch.device(device) and self.like.dtype == dtype:
+        if same_device(self.like.device, device) and self.like.dtype == dtype:
             return self
         moved = {n: b.to(device, dtype) for n, b in self.blocks.items()}
         return FactoredGrads(moved, self.shapes)
