@@ -29,10 +29,13 @@ def set_cuda_policy(device: torch.device, tf32: bool) -> None:
         return
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
+    # Both APIs agree: from torch 2.9 on, reading a legacy flag (Dynamo, Inductor and
+    # get_float32_matmul_precision do) raises once it disagrees with the new settings. The
+    # legacy setters first: they write the new settings too, cuDNN's as "none".
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
     if hasattr(torch.backends.cudnn, "conv"):  # torch >= 2.9: the fp32_precision settings
         precision = "tf32" if tf32 else "ieee"
         torch.backends.cuda.matmul.fp32_precision = precision
         torch.backends.cudnn.conv.fp32_precision = precision
-    else:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cudnn.rnn.fp32_precision = precision

@@ -2,7 +2,7 @@
 
 The layers, lowest first (README "How the code is organised"):
 
-0. ``validation``, ``data``, ``models``: no other part of grab_exp;
+0. ``validation``, ``devices``, ``data``, ``models``: no other part of grab_exp;
 1. ``grads``: a batch's per-sample gradients;
 2. ``balance`` (the orderings), ``sampler``, ``per_sample``, ``optim``, ``logging``;
 3. ``distributed``: orderings and collectives over workers;
@@ -21,6 +21,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "grab_exp"
 LAYERS = {
     "validation": 0,
+    "devices": 0,
     "data": 0,
     "models": 0,
     "grads": 1,

@@ -63,13 +63,17 @@ def test_cuda_k_becomes_the_current_device():
         validate_config(compose_config([*SMALL_RUN, f"device=cuda:{last + 1}"]))
 
 
-def test_cuda_jobs_run_deterministic_cudnn_without_tf32_unless_asked():
-    connect(compose_config([*SMALL_RUN, "device=cuda"]))
+@pytest.mark.parametrize("tf32", ["true", "false"])  # the default policy last: it stays
+def test_cuda_jobs_run_deterministic_cudnn_without_tf32_unless_asked(tf32):
+    connect(compose_config([*SMALL_RUN, "device=cuda", f"trainer.tf32={tf32}"]))
     assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
-    assert torch.backends.cudnn.conv.fp32_precision == "ieee"
-    connect(compose_config([*SMALL_RUN, "device=cuda", "trainer.tf32=true"]))
-    assert torch.backends.cudnn.conv.fp32_precision == "tf32"
-    connect(compose_config([*SMALL_RUN, "device=cuda"]))  # back to the default policy
+    precision = "tf32" if tf32 == "true" else "ieee"
+    assert torch.backends.cudnn.conv.fp32_precision == precision
+    assert torch.backends.cuda.matmul.fp32_precision == precision
+    a = torch.randn(256, 256, device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    torch._dynamo.reset()
+    compiled = torch.compile(torch.mm)(a, a)  # Dynamo and Inductor read the legacy flags
+    torch.testing.assert_close(compiled, a @ a, rtol=1e-2, atol=1e-2)
 
 
 def test_recursive_orders_and_sums_are_bit_identical_run_to_run():
