@@ -53,8 +53,9 @@ def writing(path: str | os.PathLike[str]) -> Iterator[None]:
         cause = _os_error_in(error)
         if cause is None:
             raise
-        text = os.strerror(cause.errno)
-        raise WriteError(cause.errno, f"could not write {path}: {text}") from None
+        failure = WriteError(f"could not write {path}: {os.strerror(cause.errno)}")
+        failure.errno = cause.errno
+        raise failure from None
 
 
 def umask_mode(mode: int = 0o666) -> int:

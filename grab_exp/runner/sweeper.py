@@ -60,10 +60,14 @@ class SweepStop:
     reason: str = ""
     relayed: list[int] = field(default_factory=list)
 
-    def request(self, signum: int, reason: str) -> None:
-        """Stop the sweep: remember why, relay ``signum`` to every worker process."""
+    def note(self, signum: int, reason: str = "") -> None:
+        """Remember that the sweep stops, on ``signum`` (for ``reason``: its name by default)."""
         if self.signum is None:
-            self.signum, self.reason = signum, reason
+            self.signum, self.reason = signum, reason or signal.Signals(signum).name
+
+    def request(self, signum: int, reason: str = "") -> None:
+        """Stop the sweep: remember why, relay ``signum`` to every worker process."""
+        self.note(signum, reason)
         for child in multiprocessing.active_children():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child.pid, signum)
@@ -79,7 +83,7 @@ def relay_stop_signals() -> Iterator[SweepStop]:
     STOP.__init__()
 
     def relay(signum: int, frame: object) -> None:
-        STOP.request(signum, signal.Signals(signum).name)
+        STOP.request(signum)
 
     previous = {signum: signal.signal(signum, relay) for signum in STOP_SIGNALS}
     try:
@@ -177,7 +181,8 @@ class Sweeper(BasicSweeper):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         runnable = [k for k in range(len(jobs)) if k not in problems]
-        with relay_stop_signals() as stop:
+        relays = runs_in_process(self.launcher) or getattr(self.launcher, "stops_with_sweep", 0)
+        with relay_stop_signals() if relays else contextlib.nullcontext(SweepStop()) as stop:
             returns = self._launch([jobs[k] for k in runnable], runnable, stop)
         outcomes = [Outcome(k, jobs[k], dirs[k], "failed", line) for k, line in problems.items()]
         for number, ret in zip(runnable, returns, strict=True):
@@ -199,7 +204,7 @@ class Sweeper(BasicSweeper):
             returns.append(ret)
             kind, _ = outcome_of(ret)
             if kind == "interrupted":
-                stop.signum = ret._return_value.signum
+                stop.note(ret._return_value.signum)
             elif kind == "failed" and self.fail_fast:
                 stop.request(signal.SIGTERM, "fail_fast")
         return returns
