@@ -24,6 +24,7 @@ SHORTHANDS = {
     "distributed=false": "distributed.enabled=false",
 }
 
+
 def sweep_size(params: dict[str, str]) -> int:
     """How many jobs ``hydra.sweeper.params`` (override -> comma-separated values) describe."""
     size = 1
