@@ -4,61 +4,25 @@ from __future__ import annotations
 
 import logging
 import sys
-from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import InstantiationException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from grab_exp.logging.files import DamagedFileError
-from grab_exp.runner.lock import RunDirInUseError
+from grab_exp.runner.errors import JobEndError, error_record, user_error_line
 from grab_exp.runner.resolvers import register_resolvers
-from grab_exp.runner.schema import ConfigError, register_schema
+from grab_exp.runner.schema import register_schema
 from grab_exp.runner.signals import JobInterrupted, hand_over
 
 register_resolvers()
 register_schema()
-#: errors whose message is written for users: one ``error: ...`` line, no traceback
-USER_ERRORS = (ConfigError, DamagedFileError, RunDirInUseError)
+__all__ = ["main", "user_error_line"]
 #: command-line shorthands -> the override they stand for
 SHORTHANDS = {
     "distributed=true": "distributed.enabled=true",
     "distributed=false": "distributed.enabled=false",
 }
-
-PACKAGE_DIR = Path(__file__).resolve().parent
-
-
-def _raised_by_grab_exp(error: BaseException) -> bool:
-    """Whether ``error`` was raised by this package's own code (a message written for users)."""
-    tb = error.__traceback__
-    if tb is None:
-        return False
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(PACKAGE_DIR)
-
-
-def user_error_line(error: BaseException) -> str | None:
-    """The one-line message of a user error, or ``None`` for anything else (keeps its traceback).
-
-    User errors are the :data:`USER_ERRORS` (a bad config, a damaged run file, a run directory
-    in use) and an error that a ``_target_`` of this package (e.g. a dataset loader) raised
-    itself, which Hydra's ``instantiate`` wraps in an ``InstantiationException``.
-    """
-    if isinstance(error, USER_ERRORS):
-        return str(error)
-    cause = error.__cause__
-    if (
-        isinstance(error, InstantiationException)
-        and cause is not None
-        and _raised_by_grab_exp(cause)
-        and str(cause).strip()
-    ):
-        return str(cause).strip().splitlines()[0]
-    return None
 
 
 def sweep_size(params: dict[str, str]) -> int:
@@ -99,15 +63,23 @@ def main(cfg: DictConfig) -> float | None:
     from grab_exp.runner.lifecycle import run_job  # after Hydra set up logging
 
     warn_if_sweep_preset_runs_once()
+    in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN  # the sweeper reports, not the job
     try:
         final = run_job(cfg)
     except JobInterrupted as stop:
         run_dir = HydraConfig.get().runtime.output_dir
+        if in_sweep:
+            hand_over(stop)
+            raise JobEndError("interrupted", run_dir, stop.signum) from None
         print(f"interrupted: {run_dir}; the same command resumes it", file=sys.stderr)
         hand_over(stop)  # submitit's preemption: it requeues the job (and exits)
         end_process(stop.exit_code)
     except Exception as error:
         line = user_error_line(error)
+        if in_sweep:
+            if line is None:
+                logging.getLogger("grab_exp").exception("the job failed")
+            raise JobEndError("failed", error_record(error)["message"]) from None
         if line is None:
             raise
         print(f"error: {line}", file=sys.stderr)

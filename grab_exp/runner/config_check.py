@@ -8,6 +8,8 @@ declared there too. What is left here are the rules that tie keys together, or a
 
 from __future__ import annotations
 
+import os
+
 import torch
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -22,8 +24,9 @@ from grab_exp.validation import check_power_of_two
 __all__ = ["ConfigError", "validate_config"]
 #: the most memory an ordering's balancing state may take (``balance.depth``'s bound)
 MAX_BALANCE_BYTES = 16 * 2**30
-#: training examples of CIFAR-10 (a dataset config without ``num_train`` or ``subset``)
+#: training and test examples of CIFAR-10 (a dataset config without ``num_train``/``num_test``)
 CIFAR10_TRAIN = 50_000
+CIFAR10_TEST = 10_000
 
 
 def _options(node: DictConfig) -> dict:
@@ -60,11 +63,50 @@ def _check_vrgd(cfg: DictConfig) -> None:
         )
 
 
-def _model_size(cfg: DictConfig) -> int:
-    """Trainable values of the configured model, built on the meta device (no memory, no data)."""
+def _meta_model(cfg: DictConfig) -> torch.nn.Module:
+    """The configured model built on the meta device: its shapes, no memory, no data."""
     with torch.device("meta"):
-        model = instantiate(cfg.model)
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+        return instantiate(cfg.model)
+
+
+def _model_size(cfg: DictConfig) -> int:
+    """Trainable values of the configured model."""
+    return sum(p.numel() for p in _meta_model(cfg).parameters() if p.requires_grad)
+
+
+def _memory_bytes(device: str) -> int:
+    """The memory of the device a job with ``device`` trains on (a GPU's, else this machine's)."""
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        return torch.cuda.mem_get_info(torch.device(device).index if ":" in device else None)[1]
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _check_model_memory(cfg: DictConfig) -> None:
+    """The model's weights and their gradients (the least any step holds) fit the device."""
+    parameters = list(_meta_model(cfg).parameters())
+    count = sum(p.numel() for p in parameters)
+    need = 2 * sum(p.numel() * p.element_size() for p in parameters)
+    memory = _memory_bytes(cfg.device)
+    if need > memory:
+        raise config_error(
+            "model",
+            _short(cfg, "model"),
+            f"a model that fits in memory: this one has {count:,} parameters, {need:,} bytes "
+            f"for its weights and their gradients; the device has {memory:,} bytes",
+        )
+
+
+def _check_dataset_sizes(cfg: DictConfig) -> None:
+    """``dataset.subset`` and ``dataset.test_subset`` are at most the examples there are."""
+    data = cfg.dataset
+    available = {
+        "subset": data.get("num_train") or CIFAR10_TRAIN,
+        "test_subset": data.get("num_test") or CIFAR10_TEST,
+    }
+    for key, size in available.items():
+        value = data.get(key)
+        if value is not None and value > size:
+            raise config_error(f"dataset.{key}", value, f"null or an integer in 1..{size}")
 
 
 def _check_depth(cfg: DictConfig, depth: object, projection_dim: int | None) -> None:
@@ -171,8 +213,8 @@ def _check_device(cfg: DictConfig) -> None:
         raise config_error("device", cfg.device, f"cuda, cuda:0 .. cuda:{count - 1}")
 
 
-CHECKS = (check_values, _check_batch_size, _check_vrgd, _check_balance, _check_dataset)
-CHECKS += (_check_compile, _check_device)
+CHECKS = (check_values, _check_dataset_sizes, _check_batch_size, _check_vrgd, _check_balance)
+CHECKS += (_check_dataset, _check_compile, _check_device, _check_model_memory)
 
 
 def validate_config(cfg: DictConfig) -> None:
