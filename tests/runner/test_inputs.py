@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from run_files import run_artifacts
 
 from grab_exp.__main__ import user_error_line
 from grab_exp.balance import Balance
+from grab_exp.data import load_cifar10
 from grab_exp.runner import lifecycle as run_module
 from grab_exp.runner.config_check import ConfigError, validate_config
 
@@ -271,18 +273,35 @@ def test_cli_prints_one_error_line_and_writes_no_run(run_id, cli_results):
 # ---------------------------------------------------------------- loader errors (Hydra-wrapped)
 
 
-def test_cli_cifar10_offline_is_one_line_naming_cifar10_jpeg(tmp_path):
-    """The loader's error reaches the user as one line, not as Hydra's InstantiationException."""
-    data_dir = tmp_path / "cifar10"
-    args = ["dataset=cifar10", f"dataset.data_dir={data_dir}", "dataset.download_timeout_s=5"]
-    result = run_cli(
-        [*args, "epochs=1", "progress=none"], tmp_path, timeout=CLI_TIMEOUT_S, **OFFLINE_ENV
-    )
+def test_plain_command_offline_stops_fast_in_one_line_and_writes_nothing(tmp_path):
+    """``python -m grab_exp`` with no CIFAR-10 on disk and no network (every connection goes
+    to a closed port): one line naming both ways forward, in under 10 s, nothing on disk."""
+    clone, cache = tmp_path / "clone", tmp_path / "cache"
+    clone.mkdir()
+    started = time.perf_counter()
+    result = run_cli([], clone, timeout=CLI_TIMEOUT_S, XDG_CACHE_HOME=str(cache), **OFFLINE_ENV)
+    seconds = time.perf_counter() - started
     case = Case(
-        "cifar10_offline", args, "dataset=cifar10: could not download", "dataset=cifar10_jpeg"
+        "cifar10_offline",
+        [],
+        f"dataset=cifar10: CIFAR-10 is not in {cache / 'grab_exp' / 'cifar10'}",
+        "use dataset=cifar10_jpeg dataset.archive=PATH for an offline archive",
     )
-    assert_cli_one_line(result, tmp_path, case, validated=False)
-    assert "InstantiationException" not in result.stderr and "full_key" not in result.stderr
+    assert_cli_one_line(result, clone, case)
+    assert "or experiment=smoke for a synthetic run" in result.stderr
+    assert seconds < 10, f"took {seconds:.1f} s"
+    assert list(clone.iterdir()) == [] and not cache.exists(), "the command wrote files"
+
+
+def test_cifar10_download_failure_in_the_loader_is_the_same_one_line(tmp_path, monkeypatch):
+    """Past the startup check (the server answered), a failed download says the same."""
+    for name, value in OFFLINE_ENV.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(RuntimeError) as error:
+        load_cifar10(data_dir=tmp_path / "cifar10", download_timeout_s=5)
+    assert str(error.value).startswith(f"dataset=cifar10: CIFAR-10 is not in {tmp_path}")
+    assert "dataset=cifar10_jpeg dataset.archive=PATH" in str(error.value)
+    assert "\n" not in str(error.value)
 
 
 def test_cli_loader_range_error_is_one_line(tmp_path):
