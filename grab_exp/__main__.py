@@ -61,6 +61,16 @@ def user_error_line(error: BaseException) -> str | None:
     return None
 
 
+def rerun_effect(run_dir: Path) -> str:
+    """What the same command does next: resume from the last whole epoch's checkpoint, or
+    start over when no epoch had finished (nothing to resume)."""
+    from grab_exp.runner.checkpoint import CHECKPOINT_NAME
+
+    if (run_dir / CHECKPOINT_NAME).is_file():
+        return "the same command resumes it"
+    return "no epoch had finished: the same command starts it over"
+
+
 def sweep_size(params: dict[str, str]) -> int:
     """How many jobs ``hydra.sweeper.params`` (override -> comma-separated values) describe."""
     size = 1
@@ -91,7 +101,8 @@ def main(cfg: DictConfig) -> float | None:
     A user error ends the process with one ``error: ...`` line on stderr and exit status 1,
     with or without ``HYDRA_FULL_ERROR``; any other exception keeps Hydra's traceback. SIGTERM
     or SIGINT end it with ``interrupted: <dir>; the same command resumes it`` and status 143
-    or 130.
+    or 130 (``...; no epoch had finished: the same command starts it over`` when there is no
+    checkpoint yet).
     """
     from hydra.core.hydra_config import HydraConfig
 
@@ -103,7 +114,7 @@ def main(cfg: DictConfig) -> float | None:
         final = run_job(cfg)
     except JobInterrupted as stop:
         run_dir = HydraConfig.get().runtime.output_dir
-        print(f"interrupted: {run_dir}; the same command resumes it", file=sys.stderr)
+        print(f"interrupted: {run_dir}; {rerun_effect(Path(run_dir))}", file=sys.stderr)
         hand_over(stop)  # submitit's preemption: it requeues the job (and exits)
         end_process(stop.exit_code)
     except Exception as error:
