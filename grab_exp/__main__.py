@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from grab_exp.logging.files import DamagedFileError
 from grab_exp.runner.lock import RunDirInUseError
+from grab_exp.runner.override_keys import unknown_key_error
 from grab_exp.runner.resolvers import register_resolvers
 from grab_exp.runner.schema import ConfigError, register_schema
 from grab_exp.runner.signals import JobInterrupted, hand_over
@@ -133,4 +134,6 @@ def expand_shorthands(argv: list[str]) -> list[str]:
 
 if __name__ == "__main__":
     sys.argv = expand_shorthands(sys.argv)
+    if unknown_key := unknown_key_error(sys.argv[1:]):  # before Hydra's "+key=" advice
+        sys.exit(f"error: {unknown_key}")
     main()

@@ -76,12 +76,12 @@ def compose_config(overrides: Iterable[str] = (), *, hydra: bool = False) -> Dic
 def group_options() -> list[tuple[str, str]]:
     """``(group, option)`` for every ``conf/<group>/<option>.yaml`` (nested groups included).
 
-    Shared option files (``conf/<group>/shared/``) are parts of options, not options.
+    Files at the top of ``conf/`` (the root config, shared option files) are no group's.
     """
     options = []
     for path in sorted(CONF_DIR.rglob("*.yaml")):
         group = path.parent.relative_to(CONF_DIR).as_posix()
-        if group != "." and not group.endswith("/shared"):
+        if group != ".":
             options.append((group, path.stem))
     return options
 

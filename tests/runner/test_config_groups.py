@@ -99,8 +99,7 @@ def test_every_group_folder_is_globbed_with_its_required_options():
     for group, required in REQUIRED_OPTIONS.items():
         assert required <= found.get(group, set()), f"conf/{group}: missing {required}"
     folders = {p.parent.relative_to(CONF_DIR).as_posix() for p in CONF_DIR.rglob("*.yaml")}
-    shared = {f for f in folders if f.endswith("/shared")}  # parts of options, not options
-    assert folders - {"."} - shared == set(found)
+    assert folders - {"."} == set(found)
 
 
 # ---------------------------------------------------------------- composition

@@ -27,6 +27,7 @@ from grab_exp.balance import Balance
 from grab_exp.data import load_cifar10
 from grab_exp.runner import lifecycle as run_module
 from grab_exp.runner.config_check import ConfigError, validate_config
+from grab_exp.runner.override_keys import unknown_key_error
 
 # a tiny synthetic run: if validation ever let a bad case through, it would end in seconds
 TINY = ["dataset=synthetic", "dataset.num_train=64", "dataset.num_test=32", "epochs=1"]
@@ -195,6 +196,43 @@ def test_cli_refuses_a_wrong_type_before_anything_runs(tmp_path):
     assert "Error merging override epochs=two" in result.stderr
     assert "full_key: epochs" in result.stderr and "Traceback" not in result.stderr
     assert run_artifacts(tmp_path) == [] and not (tmp_path / "run" / "outputs").exists()
+
+
+UNKNOWN_KEYS = [
+    (["balance.kernal=probabilistic"], "balance.kernal: no such key; did you mean balance.kernel?"),
+    (
+        ["balance=recursive", "balance.dept=3"],
+        "balance.dept: no such key; did you mean balance.depth?",
+    ),
+    (["epoch=3"], "epoch: no such key; did you mean epochs?"),
+    (
+        ["-m", "seed=0,1", "trainer.compiled=true"],
+        "trainer.compiled: no such key; did you mean trainer.compile?",
+    ),
+    (["model.zzzz=1"], "model.zzzz: no such key; allowed: model.num_classes"),
+]
+
+
+@pytest.mark.parametrize(("args", "line"), UNKNOWN_KEYS, ids=lambda v: str(v))
+def test_an_unknown_key_names_the_closest_key(args, line):
+    assert unknown_key_error([*TINY, *args]) == line
+
+
+def test_known_keys_and_group_choices_pass_the_key_check():
+    assert (
+        unknown_key_error([*TINY, "balance=recursive", "balance.depth=3", "-m", "seed=0,1"]) is None
+    )
+    assert unknown_key_error(["--cfg", "job", "experiment=smoke"]) is None  # no key set: no compose
+
+
+def test_cli_unknown_key_is_our_one_line_not_hydras_plus_advice(tmp_path):
+    result = _run([*TINY, "balance.kernal=probabilistic"], tmp_path / "run")
+    assert result.returncode == 1
+    assert (
+        result.stderr.strip() == "error: balance.kernal: no such key; did you mean balance.kernel?"
+    )
+    assert "+balance.kernal" not in result.stdout + result.stderr
+    assert not (tmp_path / "run" / "outputs").exists()
 
 
 def test_a_good_config_passes_validation():

@@ -95,7 +95,8 @@ def test_help_describes_the_tool_its_groups_and_examples(tmp_path):
     assert done.returncode == 0, done.stderr
     text = done.stdout
     assert text.startswith("python -m grab_exp: train") and "powered by Hydra" not in text
-    groups = dict(re.findall(r"^([a-z_]+): (.+)$", text, flags=re.M))
+    groups = dict(re.findall(r"^([a-z_/]+): (.+)$", text, flags=re.M))
+    assert not [g for g in groups if "/" in g], "an internal (nested) group is listed"
     for group in ("model", "dataset", "optimizer", "balance", "pipeline", "logger", "row"):
         options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
         assert groups[group].split(", ") == options, group
