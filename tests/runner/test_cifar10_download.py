@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import http.server
+import importlib.util
 import io
 import pickle
 import tarfile
@@ -27,6 +28,7 @@ from torchvision.datasets import CIFAR10
 
 from grab_exp.data import load_cifar10
 from grab_exp.data.cifar10 import check_cifar10, on_disk, unreachable
+from grab_exp.data.jpeg_archive import class_names, decode_split, read_encoded_images
 
 CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 PER_BATCH = 20  # examples in each of the 5 training batches and the test batch (2 per class)
@@ -68,6 +70,13 @@ def make_cifar10_archive(path: Path) -> dict[str, object]:
     }
 
 
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves files without a log line per request."""
+
+    def log_message(self, *args: object) -> None:
+        """Log nothing."""
+
+
 @pytest.fixture
 def local_cifar10(tmp_path: Path, monkeypatch) -> Iterator[Path]:
     """A local HTTP server of a small CIFAR-10 archive, with torchvision pointed at it;
@@ -75,8 +84,7 @@ def local_cifar10(tmp_path: Path, monkeypatch) -> Iterator[Path]:
     served = tmp_path / "served"
     served.mkdir()
     sums = make_cifar10_archive(served / CIFAR10.filename)
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
-    handler.log_message = lambda *args: None
+    handler = functools.partial(QuietHandler, directory=str(served))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -124,3 +132,28 @@ def test_a_two_epoch_run_trains_on_the_downloaded_data(local_cifar10, tmp_path):
     assert on_disk(local_cifar10)
     assert final["epoch"] == 2 and np.isfinite(final["train/loss"])
     assert (tmp_path / "run" / "metrics.csv").read_text().count("\n") == 3  # header + 2 epochs
+
+
+def _script(name: str):
+    path = Path(__file__).resolve().parents[2] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_shipped_script_makes_a_jpeg_archive_of_the_binary_cifar10(local_cifar10, tmp_path):
+    """scripts/make_cifar10_jpeg.py: the ImageFolder layout our offline loader reads, with the
+    binary release's pixels up to JPEG's loss."""
+    binary = load_cifar10(data_dir=local_cifar10, download_timeout_s=10)
+    out = tmp_path / "cifar10-jpeg.tar.gz"
+    counts = _script("make_cifar10_jpeg").write_archive(out, local_cifar10)
+    assert counts == {"train": 5 * PER_BATCH, "test": PER_BATCH}
+    encoded = read_encoded_images(out)
+    assert class_names(encoded, out) == CLASSES
+    train = decode_split(encoded, "train", CLASSES)
+    assert torch.bincount(train.labels).tolist() == [5 * PER_BATCH // 10] * 10
+    first_airplane = torch.nonzero(binary.train_y == 0)[0, 0]
+    original = (binary.train_x[first_airplane] + 1) / 2 * 255  # back to 0..255
+    # the images are noise around a colour: JPEG keeps the colour, not the noise
+    assert abs(train.images[0].float().mean() - original.mean()) < 2
