@@ -23,7 +23,7 @@ from pathlib import Path
 from PIL import Image
 from torchvision.datasets import CIFAR10
 
-from grab_exp.data.cifar10 import data_root
+from grab_exp.data.cifar10 import DOWNLOAD_ERRORS, data_root
 
 JPEG_QUALITY = 75
 
@@ -64,7 +64,16 @@ def main(argv: list[str] | None = None) -> int:
         help="folder with the binary CIFAR-10 (downloaded there when absent; default: %(default)s)",
     )
     args = cli.parse_args(argv)
-    counts = write_archive(Path(args.out), Path(args.data_dir))
+    try:
+        counts = write_archive(Path(args.out), Path(args.data_dir))
+    except DOWNLOAD_ERRORS as error:
+        reason = " ".join(str(error).split()) or type(error).__name__
+        print(
+            f"error: --data-dir: no CIFAR-10 in {args.data_dir} and it could not be downloaded "
+            f"({reason}); copy cifar-10-python.tar.gz (or cifar-10-batches-py/) there",
+            file=sys.stderr,
+        )
+        return 1
     print(f"wrote {args.out}: {counts['train']:,} train and {counts['test']:,} test images")
     return 0
 
