@@ -39,18 +39,27 @@ def _add_jpeg(archive: tarfile.TarFile, name: str, pixels) -> None:
 
 
 def write_archive(out: Path, data_dir: Path) -> dict[str, int]:
-    """Write the JPEG archive of the CIFAR-10 in ``data_dir``; return the images per split."""
+    """Write the JPEG archive of the CIFAR-10 in ``data_dir``; return the images per split.
+
+    Both splits are read before anything is written, and the archive appears under its name
+    only when complete (written beside it, then renamed).
+    """
+    splits = {
+        split: CIFAR10(root=data_dir, train=split == "train", download=True)
+        for split in ("train", "test")
+    }
     counts = {}
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(out, "w:gz") as archive:
-        for split in ("train", "test"):
-            dataset = CIFAR10(root=data_dir, train=split == "train", download=True)
+    partial = out.with_name(out.name + ".partial")
+    with tarfile.open(partial, "w:gz") as archive:
+        for split, dataset in splits.items():
             numbers = [0] * len(dataset.classes)
             for pixels, label in zip(dataset.data, dataset.targets, strict=True):
                 name = f"{split}/{dataset.classes[label]}/{numbers[label]:04d}.jpg"
                 _add_jpeg(archive, name, pixels)
                 numbers[label] += 1
             counts[split] = sum(numbers)
+    partial.replace(out)
     return counts
 
 

@@ -104,13 +104,13 @@ def option_override(group: str, option: str) -> str:
 def cifar10_in_place(cfg: DictConfig, folder: Path) -> None:
     """Point ``cfg``'s ``dataset=cifar10`` at ``folder`` holding CIFAR-10's file names (empty
     files): the startup check, which reads no data, then passes without the 170 MB download."""
-    from torchvision.datasets import CIFAR10
+    from grab_exp.data.cifar10 import BATCH_FILES, BATCHES_FOLDER
 
     if cfg.dataset._target_ != "grab_exp.data.load_cifar10":
         return
-    batches = folder / CIFAR10.base_folder
+    batches = folder / BATCHES_FOLDER
     batches.mkdir(parents=True, exist_ok=True)
-    for name, _ in CIFAR10.train_list + CIFAR10.test_list:
+    for name in BATCH_FILES:
         (batches / name).touch()
     cfg.dataset.data_dir = str(folder)
 

@@ -26,6 +26,7 @@ import torch
 from grab_run import run_job_here
 from torchvision.datasets import CIFAR10
 
+from grab_exp.data import cifar10 as ours
 from grab_exp.data import load_cifar10
 from grab_exp.data.cifar10 import check_cifar10, on_disk, unreachable
 from grab_exp.data.jpeg_archive import class_names, decode_split, read_encoded_images
@@ -93,6 +94,7 @@ def local_cifar10(tmp_path: Path, monkeypatch) -> Iterator[Path]:
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     url = f"http://127.0.0.1:{server.server_address[1]}/{CIFAR10.filename}"
     monkeypatch.setattr(CIFAR10, "url", url)
+    monkeypatch.setattr(ours, "CIFAR10_URL", url)  # the startup check's copy (no torchvision)
     for name, value in sums.items():
         monkeypatch.setattr(CIFAR10, name, value)
     unreachable.cache_clear()
@@ -102,6 +104,11 @@ def local_cifar10(tmp_path: Path, monkeypatch) -> Iterator[Path]:
         server.shutdown()
         server.server_close()
         unreachable.cache_clear()
+
+
+def test_the_startup_checks_copy_of_the_release_is_torchvisions():
+    assert CIFAR10.url == ours.CIFAR10_URL and CIFAR10.base_folder == ours.BATCHES_FOLDER
+    assert list(ours.BATCH_FILES) == [name for name, _ in CIFAR10.train_list + CIFAR10.test_list]
 
 
 def test_torchvision_downloads_checks_and_extracts_and_we_load_it(local_cifar10):
