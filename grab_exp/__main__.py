@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -11,6 +12,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from grab_exp.runner.errors import JobEndError, error_record, user_error_line
+from grab_exp.runner.override_keys import unknown_key_error
 from grab_exp.runner.resolvers import register_resolvers
 from grab_exp.runner.schema import register_schema
 from grab_exp.runner.signals import JobInterrupted, hand_over
@@ -23,6 +25,16 @@ SHORTHANDS = {
     "distributed=true": "distributed.enabled=true",
     "distributed=false": "distributed.enabled=false",
 }
+
+
+def rerun_effect(run_dir: Path) -> str:
+    """What the same command does next: resume from the last whole epoch's checkpoint, or
+    start over when no epoch had finished (nothing to resume)."""
+    from grab_exp.runner.checkpoint import CHECKPOINT_NAME
+
+    if (run_dir / CHECKPOINT_NAME).is_file():
+        return "the same command resumes it"
+    return "no epoch had finished: the same command starts it over"
 
 
 def sweep_size(params: dict[str, str]) -> int:
@@ -55,7 +67,8 @@ def main(cfg: DictConfig) -> float | None:
     A user error ends the process with one ``error: ...`` line on stderr and exit status 1,
     with or without ``HYDRA_FULL_ERROR``; any other exception keeps Hydra's traceback. SIGTERM
     or SIGINT end it with ``interrupted: <dir>; the same command resumes it`` and status 143
-    or 130.
+    or 130 (``...; no epoch had finished: the same command starts it over`` when there is no
+    checkpoint yet).
     """
     from hydra.core.hydra_config import HydraConfig
 
@@ -71,7 +84,7 @@ def main(cfg: DictConfig) -> float | None:
         if in_sweep:
             hand_over(stop)
             raise JobEndError("interrupted", run_dir, stop.signum) from None
-        print(f"interrupted: {run_dir}; the same command resumes it", file=sys.stderr)
+        print(f"interrupted: {run_dir}; {rerun_effect(Path(run_dir))}", file=sys.stderr)
         hand_over(stop)  # submitit's preemption: it requeues the job (and exits)
         end_process(stop.exit_code)
     except Exception as error:
@@ -94,4 +107,6 @@ def expand_shorthands(argv: list[str]) -> list[str]:
 
 if __name__ == "__main__":
     sys.argv = expand_shorthands(sys.argv)
+    if unknown_key := unknown_key_error(sys.argv[1:]):  # before Hydra's "+key=" advice
+        sys.exit(f"error: {unknown_key}")
     main()

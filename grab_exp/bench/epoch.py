@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from torch.nn import functional as F
 
 from grab_exp.balance import Ordering, make_ordering
-from grab_exp.bench.machine import describe_machine, write_report
+from grab_exp.bench.machine import add_device_option, bench_parser, describe_machine, write_report
 from grab_exp.bench.memory import memory_method, peak_step_bytes
 from grab_exp.bench.timing import synchronize
 from grab_exp.models import LeNet
@@ -224,18 +224,24 @@ def print_table(report: dict) -> None:
     print(f"peak: {report['memory_method']}")
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``python -m grab_exp.bench epoch``."""
+    parser = bench_parser("epoch", __doc__)
+    parser.add_argument("--batch", type=int, default=16, help="examples per step (B)")
+    parser.add_argument("--steps", type=int, default=20, help="steps per timed repeat")
+    parser.add_argument("--repeats", type=int, default=15, help="interleaved timed repeats")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed steps per row first")
+    parser.add_argument(
+        "--method", default="auto", help="per-sample gradients: func|hooks|factored|auto"
+    )
+    parser.add_argument("--compare", default="hooks", help="method of the @ rows ('': none)")
+    add_device_option(parser)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark, print the table, write the JSON."""
-    parser = argparse.ArgumentParser(prog="python -m grab_exp.bench epoch")
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=20, help="steps per timed repeat")
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--method", default="auto", help="func|hooks|factored|auto")
-    parser.add_argument("--compare", default="hooks", help="method of the @ rows ('': none)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", default="results/bench/epoch.json")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     device = torch.device(args.device)
     set_cuda_policy(device, tf32=False)  # the numerics of a training run (trainer.tf32=false)
     rows = build_rows(args, device)

@@ -20,7 +20,7 @@ import torch
 from torch.nn import functional as F
 
 from grab_exp.balance import make_ordering
-from grab_exp.bench.machine import describe_machine, write_report
+from grab_exp.bench.machine import add_device_option, bench_parser, describe_machine, write_report
 from grab_exp.bench.memory import memory_method, peak_step_bytes
 from grab_exp.bench.timing import median_seconds
 from grab_exp.models import MLP
@@ -120,18 +120,22 @@ def print_table(report: dict) -> None:
         )
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``python -m grab_exp.bench projection``."""
+    parser = bench_parser("projection", __doc__)
+    parser.add_argument("--k", type=int, default=256, help="projection_dim of the sketches")
+    parser.add_argument("--batch", type=int, default=16, help="examples per step (B)")
+    parser.add_argument("--n", type=int, default=50_000, help="examples per epoch")
+    parser.add_argument("--repeats", type=int, default=15, help="timed steps per row")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per row first")
+    parser.add_argument("--quick", action="store_true", help="small MLP, 2 repeats (a smoke run)")
+    add_device_option(parser)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark, print the table, write the JSON."""
-    parser = argparse.ArgumentParser(prog="python -m grab_exp.bench projection")
-    parser.add_argument("--k", type=int, default=256, help="projection_dim")
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--n", type=int, default=50_000, help="examples per epoch")
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--quick", action="store_true", help="small MLP, 2 repeats (a smoke run)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", default="results/bench/projection.json")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.quick:
         args.repeats, args.warmup, args.n = 2, 1, 64
     hidden = QUICK_HIDDEN if args.quick else HIDDEN

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 import torch
-from hydra.utils import get_class, instantiate
+from hydra.utils import get_class, get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from grab_exp.balance import Ordering
@@ -175,10 +175,18 @@ def _check_balance(cfg: DictConfig) -> None:
 
 
 def _check_dataset(cfg: DictConfig) -> None:
-    if cfg.dataset.get("archive") is not None:
-        from grab_exp.data import resolve_archive
+    """The data can be had: on disk, or (``dataset=cifar10``) from its server; nothing is read.
 
-        resolve_archive(cfg.dataset.archive)  # one line naming dataset.archive if missing
+    The loader's own check (:data:`grab_exp.data.AVAILABILITY_CHECKS`) names the ways forward.
+    """
+    from grab_exp.data import AVAILABILITY_CHECKS
+
+    check = AVAILABILITY_CHECKS.get(get_method(cfg.dataset._target_))
+    if check is not None:
+        try:
+            check(**_options(cfg.dataset))
+        except RuntimeError as error:  # CIFAR-10 neither on disk nor downloadable
+            raise ConfigError(str(error)) from error
 
 
 def _check_compile(cfg: DictConfig) -> None:
@@ -213,8 +221,9 @@ def _check_device(cfg: DictConfig) -> None:
         raise config_error("device", cfg.device, f"cuda, cuda:0 .. cuda:{count - 1}")
 
 
+#: the dataset last: its check may ask the download server (a few seconds when offline)
 CHECKS = (check_values, _check_dataset_sizes, _check_batch_size, _check_vrgd, _check_balance)
-CHECKS += (_check_dataset, _check_compile, _check_device, _check_model_memory)
+CHECKS += (_check_compile, _check_device, _check_model_memory, _check_dataset)
 
 
 def validate_config(cfg: DictConfig) -> None:

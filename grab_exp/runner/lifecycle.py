@@ -126,6 +126,29 @@ def _train(
     return metrics[-1] if metrics else {}
 
 
+def job_line(cfg: DictConfig, job: TrainingJob, identity: dict[str, Any]) -> str:
+    """The job in words, logged when it starts: ordering, model, dataset, epochs, device."""
+    choices = HydraConfig.get().runtime.choices
+    data, model = job.data, job.parts.model
+    parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return (
+        f"job: ordering {identity['variant']} ({identity['pipeline']} pipeline), model "
+        f"{choices.get('model')} ({parameters:,} parameters), dataset {choices.get('dataset')} "
+        f"({len(data.train_y):,} train / {len(data.test_y):,} test), {cfg.epochs} epochs of "
+        f"batch {cfg.batch_size}, seed {cfg.seed}, device {job.strategy.device}"
+    )
+
+
+def end_line(final: dict[str, Any], seconds: float, run_dir: Path) -> str:
+    """The job's last line: its final ``train/loss`` and ``test/acc``, wall time, directory."""
+    minutes, rest = divmod(round(seconds), 60)
+    wall = f"{minutes}m {rest:02d}s" if minutes else f"{seconds:.1f}s"
+    return (
+        f"finished after epoch {final['epoch']}: train/loss {final['train/loss']:.4f}  "
+        f"test/acc {final['test/acc']:.4f}  wall time {wall}; results in {shown(run_dir)}"
+    )
+
+
 def _prepare_run_dir(run_dir: Path, cfg: DictConfig, strategy: Strategy) -> None:
     if strategy.is_writer:
         if cfg.overwrite and has_artifacts(run_dir):
@@ -172,10 +195,14 @@ def _run(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> dict[str, Any]:
             **strategy.summary_fields(),
         )
     strategy.log_start(job.parts.ordering)
+    if strategy.is_writer:
+        log.info("%s", job_line(cfg, job, identity))
     status, final, failure = "failed", {}, {}
     try:
         final = _train(cfg, job, run_dir, store, wandb, identity, fingerprint["config"])
         status = "finished"
+        if strategy.is_writer and final:
+            log.info("%s", end_line(final, time.time() - started, run_dir))
         return final
     except BaseException as error:
         status = "interrupted" if stop_requested() else "failed"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +24,10 @@ from run_files import run_artifacts
 
 from grab_exp.__main__ import user_error_line
 from grab_exp.balance import Ordering
+from grab_exp.data import load_cifar10
 from grab_exp.runner import lifecycle as run_module
 from grab_exp.runner.config_check import ConfigError, validate_config
+from grab_exp.runner.override_keys import unknown_key_error
 
 # a tiny synthetic run: if validation ever let a bad case through, it would end in seconds
 TINY = ["dataset=synthetic", "dataset.num_train=64", "dataset.num_test=32", "epochs=1"]
@@ -197,6 +200,43 @@ def test_cli_refuses_a_wrong_type_before_anything_runs(tmp_path):
     assert run_artifacts(tmp_path) == [] and not (tmp_path / "run" / "outputs").exists()
 
 
+UNKNOWN_KEYS = [
+    (["balance.kernal=probabilistic"], "balance.kernal: no such key; did you mean balance.kernel?"),
+    (
+        ["balance=recursive", "balance.dept=3"],
+        "balance.dept: no such key; did you mean balance.depth?",
+    ),
+    (["epoch=3"], "epoch: no such key; did you mean epochs?"),
+    (
+        ["-m", "seed=0,1", "trainer.compiled=true"],
+        "trainer.compiled: no such key; did you mean trainer.compile?",
+    ),
+    (["model.zzzz=1"], "model.zzzz: no such key; allowed: model.num_classes"),
+]
+
+
+@pytest.mark.parametrize(("args", "line"), UNKNOWN_KEYS, ids=lambda v: str(v))
+def test_an_unknown_key_names_the_closest_key(args, line):
+    assert unknown_key_error([*TINY, *args]) == line
+
+
+def test_known_keys_and_group_choices_pass_the_key_check():
+    assert (
+        unknown_key_error([*TINY, "balance=recursive", "balance.depth=3", "-m", "seed=0,1"]) is None
+    )
+    assert unknown_key_error(["--cfg", "job", "experiment=smoke"]) is None  # no key set: no compose
+
+
+def test_cli_unknown_key_is_our_one_line_not_hydras_plus_advice(tmp_path):
+    result = _run([*TINY, "balance.kernal=probabilistic"], tmp_path / "run")
+    assert result.returncode == 1
+    assert (
+        result.stderr.strip() == "error: balance.kernal: no such key; did you mean balance.kernel?"
+    )
+    assert "+balance.kernal" not in result.stdout + result.stderr
+    assert not (tmp_path / "run" / "outputs").exists()
+
+
 def test_a_good_config_passes_validation():
     validate_config(compose_config([*TINY, "balance=recursive_pair", "batch_size=8"]))
 
@@ -273,18 +313,35 @@ def test_cli_prints_one_error_line_and_writes_no_run(run_id, cli_results):
 # ---------------------------------------------------------------- loader errors (Hydra-wrapped)
 
 
-def test_cli_cifar10_offline_is_one_line_naming_cifar10_jpeg(tmp_path):
-    """The loader's error reaches the user as one line, not as Hydra's InstantiationException."""
-    data_dir = tmp_path / "cifar10"
-    args = ["dataset=cifar10", f"dataset.data_dir={data_dir}", "dataset.download_timeout_s=5"]
-    result = run_cli(
-        [*args, "epochs=1", "progress=none"], tmp_path, timeout=CLI_TIMEOUT_S, **OFFLINE_ENV
-    )
+def test_plain_command_offline_stops_fast_in_one_line_and_writes_nothing(tmp_path):
+    """``python -m grab_exp`` with no CIFAR-10 on disk and no network (every connection goes
+    to a closed port): one line naming both ways forward, in under 10 s, nothing on disk."""
+    clone, cache = tmp_path / "clone", tmp_path / "cache"
+    clone.mkdir()
+    started = time.perf_counter()
+    result = run_cli([], clone, timeout=CLI_TIMEOUT_S, XDG_CACHE_HOME=str(cache), **OFFLINE_ENV)
+    seconds = time.perf_counter() - started
     case = Case(
-        "cifar10_offline", args, "dataset=cifar10: could not download", "dataset=cifar10_jpeg"
+        "cifar10_offline",
+        [],
+        f"dataset=cifar10: CIFAR-10 is not in {cache / 'grab_exp' / 'cifar10'}",
+        "use dataset=cifar10_jpeg dataset.archive=PATH for an offline archive",
     )
-    assert_cli_one_line(result, tmp_path, case, validated=False)
-    assert "InstantiationException" not in result.stderr and "full_key" not in result.stderr
+    assert_cli_one_line(result, clone, case)
+    assert "or experiment=smoke for a synthetic run" in result.stderr
+    assert seconds < 10, f"took {seconds:.1f} s"
+    assert list(clone.iterdir()) == [] and not cache.exists(), "the command wrote files"
+
+
+def test_cifar10_download_failure_in_the_loader_is_the_same_one_line(tmp_path, monkeypatch):
+    """Past the startup check (the server answered), a failed download says the same."""
+    for name, value in OFFLINE_ENV.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(RuntimeError) as error:
+        load_cifar10(data_dir=tmp_path / "cifar10", download_timeout_s=5)
+    assert str(error.value).startswith(f"dataset=cifar10: CIFAR-10 is not in {tmp_path}")
+    assert "dataset=cifar10_jpeg dataset.archive=PATH" in str(error.value)
+    assert "\n" not in str(error.value)
 
 
 def test_cli_loader_range_error_is_one_line(tmp_path):
