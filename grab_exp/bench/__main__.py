@@ -5,11 +5,11 @@ from __future__ import annotations
 import sys
 from types import ModuleType
 
-from grab_exp.bench import conv, epoch, projection, rss, sorters, sweep, vrgd
+from grab_exp.bench import conv, epoch, orderings, projection, rss, sweep, vrgd
 
 #: name -> module; each module has ``build_parser()`` and ``main(argv)``
 BENCHMARKS: dict[str, ModuleType] = {
-    "sorters": sorters,
+    "orderings": orderings,
     "epoch": epoch,
     "sweep": sweep,
     "projection": projection,

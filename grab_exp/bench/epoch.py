@@ -3,7 +3,7 @@
 LeNet on CIFAR-10-shaped data, batch 16, all rows in one process: warm-up, then interleaved
 repeats (row 1, row 2, ..., row 1, row 2, ...) so that drifts of the machine hit every row alike.
 Each repeat times ``--steps`` whole training steps; a separately timed step gives the breakdown
-(per-sample gradients, GSNR, sorter step, optimizer). Medians are extrapolated to an epoch of
+(per-sample gradients, GSNR, ordering step, optimizer). Medians are extrapolated to an epoch of
 50,000. Last, the peak memory of one step per row (:mod:`grab_exp.bench.memory`), outside the
 timed steps. The method is written down in ``results/bench/README.md``.
 """
@@ -190,7 +190,7 @@ def summarize(rows: list[Row], args, device: torch.device) -> dict:
                 "epoch_s": step * steps_per_epoch,
                 "ratio_to_classic_rr": step / base,
                 "breakdown_ms": {k: _median_ms(v) for k, v in row.parts.items()},
-                "sorter_state_bytes": row.ordering.state_bytes(),
+                "ordering_state_bytes": row.ordering.state_bytes(),
                 "peak_step_bytes": row.peak_step_bytes,
             }
         )
@@ -211,14 +211,14 @@ def print_table(report: dict) -> None:
     """A readable table of the report's rows (``-``: a stage the row does not run)."""
     print(
         f"{'row':<18}{'step ms':>9}{'epoch s':>9}{'x classic':>10}{'grads':>8}{'gsnr':>7}"
-        f"{'sorter':>8}{'opt':>7}{'state MB':>10}{'peak MB':>9}"
+        f"{'ordering':>9}{'opt':>7}{'state MB':>10}{'peak MB':>9}"
     )
     for r in report["rows"]:
         b = r["breakdown_ms"]
         print(
             f"{r['row']:<18}{r['step_ms']:>9.2f}{r['epoch_s']:>9.1f}"
             f"{r['ratio_to_classic_rr']:>10.2f}{_ms(b['grads'], 8)}{_ms(b['gsnr'], 7)}"
-            f"{_ms(b['sorter'], 8)}{_ms(b['opt'], 7)}{r['sorter_state_bytes'] / 2**20:>10.2f}"
+            f"{_ms(b['ordering'], 9)}{_ms(b['opt'], 7)}{r['ordering_state_bytes'] / 2**20:>10.2f}"
             f"{r['peak_step_bytes'] / 2**20:>9.2f}"
         )
     print(f"peak: {report['memory_method']}")

@@ -3,8 +3,8 @@
 The model is an MLP 3072 -> 512 -> 256 -> 10 with ReLU (1,707,274 parameters, no BatchNorm);
 its per-sample gradients of one batch of CIFAR-shaped random data come from the runner's
 ``PerSamplePipeline``. For mean and recursive (D = 5) balance, unprojected and sketched to
-``k`` values (each projection kind), the benchmark measures the median time of one sorter
-``step`` on those gradients (the dict, as in training), the sorter's state bytes, the scratch
+``k`` values (each projection kind), the benchmark measures the median time of one ordering
+``step`` on those gradients (the dict, as in training), the ordering's state bytes, the scratch
 buffers it keeps between steps, and the peak bytes one step allocates above what lives before
 it (:mod:`grab_exp.bench.memory`). Each row gets the gradients ``pipeline.method=auto`` would
 give it: factors where the ordering reads them (``takes_factors``), else the hook path's
@@ -54,21 +54,21 @@ def materialize_seconds(grads, device: torch.device, repeats: int) -> float:
     return median_seconds(grads.as_dict, device, repeats)
 
 
-def bench_sorter(name: str, kind: str | None, made: dict, d: int, args, device) -> dict:
+def bench_ordering(name: str, kind: str | None, made: dict, d: int, args, device) -> dict:
     """Median step time, state bytes and step peak bytes of one configuration, on the
     gradients ``pipeline.method=auto`` gives it (``made``: ``takes_factors`` ->
     :func:`gradients`)."""
     options = dict(VARIANTS[name])
     if kind is not None:
         options.update(projection_dim=args.k, projection_kind=kind)
-    sorter = make_ordering(name, args.n, d, device=device, **options)
-    grads, _, _, method = made[sorter.takes_factors]
+    ordering = make_ordering(name, args.n, d, device=device, **options)
+    grads, _, _, method = made[ordering.takes_factors]
     batch = grads.rows
 
     def one_step() -> None:
-        if sorter.pos + batch > sorter.n:
-            sorter.set_epoch(sorter.epoch + 1)
-        sorter.step(grads)
+        if ordering.pos + batch > ordering.n:
+            ordering.set_epoch(ordering.epoch + 1)
+        ordering.step(grads)
 
     seconds = median_seconds(one_step, device, args.repeats, warmup=args.warmup)
     return {
@@ -77,12 +77,12 @@ def bench_sorter(name: str, kind: str | None, made: dict, d: int, args, device) 
         "projection_kind": kind,
         "method": method,
         "step_ms": seconds * 1e3,
-        "state_bytes": sorter.state_bytes(),
+        "state_bytes": ordering.state_bytes(),
         "step_peak_bytes": peak_step_bytes(one_step, device),
-        # buffers the sorter keeps between steps besides its state (the (B, d) concatenation
+        # buffers the ordering keeps between steps besides its state (the (B, d) concatenation
         # of a gradient dict without projection; only (B, k) ones with it)
         "scratch_bytes": sum(
-            t.numel() * t.element_size() for t in sorter._scratch_buffers.values()
+            t.numel() * t.element_size() for t in ordering._scratch_buffers.values()
         ),
     }
 
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> dict:
     device = torch.device(args.device)
     made = {factors: gradients(hidden, args.batch, device, factors) for factors in (True, False)}
     d = made[False][1]
-    rows = [bench_sorter(v, k, made, d, args, device) for v in VARIANTS for k in PROJECTIONS]
+    rows = [bench_ordering(v, k, made, d, args, device) for v in VARIANTS for k in PROJECTIONS]
     report = {
         "benchmark": "projection",
         "settings": {**vars(args), "hidden": list(hidden), "d": d, "device": str(device)},

@@ -16,7 +16,7 @@ from run_files import computed, read_rows, run_dirs
 from torch.nn import functional as F
 
 from grab_exp.balance import Ordering
-from grab_exp.bench import conv, epoch, sorters, sweep
+from grab_exp.bench import conv, epoch, orderings, sweep
 from grab_exp.bench.__main__ import BENCHMARKS
 from grab_exp.bench.epoch import GSNR_ROWS, ROWS, STAGES, row_name
 from grab_exp.bench.memory import CPU_METHOD, peak_step_bytes
@@ -29,12 +29,12 @@ CPU = torch.device("cpu")
 LENET_FLOATS = 62_006
 
 
-def test_sorters_bench_reports_every_ordering(tmp_path, capsys):
-    out = tmp_path / "sorters.json"
-    rows = sorters.main(["--n", "64", "--d", "100", "--repeats", "3", "--out", str(out)])
+def test_orderings_bench_reports_every_ordering(tmp_path, capsys):
+    out = tmp_path / "orderings.json"
+    rows = orderings.main(["--n", "64", "--d", "100", "--repeats", "3", "--out", str(out)])
     assert [r["variant"] for r in rows] == list(Ordering.choices())
     written = json.loads(out.read_text())
-    assert written["rows"] == rows and written["benchmark"] == "sorters"
+    assert written["rows"] == rows and written["benchmark"] == "orderings"
     assert written["settings"]["repeats"] == 3 and written["settings"]["d"] == 100
     assert {"cpu", "cpu_count", "torch", "torch_threads", "device"} <= set(written["machine"])
     assert all(r["step_ms"] > 0 and r["state_bytes"] > 0 for r in rows)
@@ -107,7 +107,7 @@ def test_epoch_bench_short_mode_writes_json(epoch_report):
             "epoch_s",
             "ratio_to_classic_rr",
             "breakdown_ms",
-            "sorter_state_bytes",
+            "ordering_state_bytes",
             "peak_step_bytes",
         }
         assert set(row["breakdown_ms"]) == set(STAGES)

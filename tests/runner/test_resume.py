@@ -261,7 +261,7 @@ def test_resumed_run_equals_an_uninterrupted_one(jobs):
     ref_header, ref_rows = read_rows(reference)
     header, rows = read_rows(resumed)
     assert header == ref_header and [r["epoch"] for r in rows] == [1, 2, 3]
-    assert computed(rows) == computed(ref_rows)  # losses, accuracies, sorter bytes: exact
+    assert computed(rows) == computed(ref_rows)  # losses, accuracies, ordering bytes: exact
     for run_dir in (reference, resumed):
         assert json.loads((run_dir / "summary.json").read_text())["status"] == "finished"
     ref_state, state = _checkpoint(reference), _checkpoint(resumed)

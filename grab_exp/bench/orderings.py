@@ -21,23 +21,23 @@ def bench_variant(name: str, n: int, d: int, batch: int, repeats: int, device) -
     options = OPTIONS.get(name, {})
     if name == "recursive_pair":
         options = {"batch_size": batch}
-    sorter = make_ordering(name, n, d, device=device, **options)
+    ordering = make_ordering(name, n, d, device=device, **options)
     generator = torch.Generator(device=device).manual_seed(0)
     grads = torch.randn(batch, d, generator=generator, device=device)  # (B, d)
     steps_per_epoch = n // batch
 
     def one_step() -> None:
-        if sorter.pos + batch > steps_per_epoch * batch:
-            sorter.set_epoch(sorter.epoch + 1)
-        sorter.step(grads)
+        if ordering.pos + batch > steps_per_epoch * batch:
+            ordering.set_epoch(ordering.epoch + 1)
+        ordering.step(grads)
 
     seconds = median_seconds(one_step, torch.device(device), repeats)
-    return {"variant": name, "step_ms": seconds * 1e3, "state_bytes": sorter.state_bytes()}
+    return {"variant": name, "step_ms": seconds * 1e3, "state_bytes": ordering.state_bytes()}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The options of ``python -m grab_exp.bench sorters``."""
-    parser = bench_parser("sorters", __doc__)
+    """The options of ``python -m grab_exp.bench orderings``."""
+    parser = bench_parser("orderings", __doc__)
     parser.add_argument("--n", type=int, default=50_000, help="examples per epoch")
     parser.add_argument("--d", type=int, default=62_006, help="values per gradient")
     parser.add_argument("--batch", type=int, default=16, help="examples per step (B)")
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for row in rows:
         print(f"{row['variant']:<16}{row['step_ms']:>12.3f}{row['state_bytes']:>16,}")
     report = {
-        "benchmark": "sorters",
+        "benchmark": "orderings",
         "settings": vars(args),
         "machine": describe_machine(torch.device(args.device)),
         "rows": rows,
