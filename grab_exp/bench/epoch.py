@@ -26,10 +26,10 @@ from grab_exp.balance import Ordering, make_ordering
 from grab_exp.bench.machine import add_device_option, bench_parser, describe_machine, write_report
 from grab_exp.bench.memory import memory_method, peak_step_bytes
 from grab_exp.bench.timing import synchronize
+from grab_exp.devices import set_cuda_policy
 from grab_exp.models import LeNet
 from grab_exp.per_sample import ClassicPipeline, PerSamplePipeline
 from grab_exp.report.table1_table import ROW_ORDER
-from grab_exp.runner.device import set_cuda_policy
 from grab_exp.runner.step import STAGES as STEP_STAGES
 from grab_exp.runner.step import StepParts, train_step, untimed
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from grab_exp.devices import resolve_device, set_cuda_policy
 from grab_exp.runner.data_parallel import connect_data_parallel
-from grab_exp.runner.device import resolve_device, set_cuda_policy
 from grab_exp.runner.strategy import SingleProcess, Strategy
 
 

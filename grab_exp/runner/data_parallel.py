@@ -18,12 +18,12 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from grab_exp.devices import resolve_device
 from grab_exp.distributed.comm import Communicator, SimulatedComm
 from grab_exp.distributed.join import init_distributed
 from grab_exp.distributed.orderings import DistributedOrdering
 from grab_exp.distributed.shards import split_shards
 from grab_exp.distributed.sync import average_gradients_, check_identical_models, evaluate_shared
-from grab_exp.runner.device import resolve_device
 from grab_exp.runner.schema import ConfigError
 from grab_exp.runner.strategy import OrderingFactory, Strategy, restore_ordering
 

@@ -14,6 +14,7 @@ from grab_run import SMALL_RUN, compose_config, run_job_here
 from helpers import make
 
 from grab_exp.balance.projection import describe
+from grab_exp.devices import resolve_device, set_cuda_policy
 from grab_exp.distributed.comm import cpu_tensors
 from grab_exp.distributed.join import init_distributed, local_cuda_index
 from grab_exp.runner.checkpoint import (
@@ -23,7 +24,6 @@ from grab_exp.runner.checkpoint import (
     upgrade,
 )
 from grab_exp.runner.config_check import validate_config
-from grab_exp.runner.device import resolve_device, set_cuda_policy
 from grab_exp.runner.schema import ConfigError
 
 CUDA_GENERATOR_STATE = torch.zeros(16, dtype=torch.uint8)  # a CUDA generator's state: 16 bytes

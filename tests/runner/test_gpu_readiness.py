@@ -12,11 +12,11 @@ from run_files import computed, read_rows
 
 from grab_exp.balance import make_ordering
 from grab_exp.balance.signs import sequential_signs
+from grab_exp.devices import resolve_device
 from grab_exp.distributed.comm import cpu_tensors
 from grab_exp.runner.checkpoint import CHECKPOINT_NAME, restore_rng_states
 from grab_exp.runner.config_check import validate_config
 from grab_exp.runner.connect import connect
-from grab_exp.runner.device import resolve_device
 from grab_exp.runner.schema import ConfigError
 from grab_exp.sampler import GraBSampler
 
