@@ -377,3 +377,19 @@ def test_distributed_true_shorthand_composes_with_its_keys_and_bad_options_are_r
         validate_config(bad)
     with pytest.raises(ConfigCompositionException, match="workerz"):
         compose_config(["distributed.workerz=2"])  # Hydra itself: not in the schema
+
+
+def test_a_cd_grab_state_from_before_the_one_ordering_base_is_refused_in_one_line():
+    """cd_grab's state gained n, d and its projection (its sketch now has its own random
+    stream, so an older sketched state could not continue); the checkpoint says so."""
+    from grab_exp.runner.schema import ConfigError
+    from grab_exp.runner.strategy import restore_ordering
+
+    ordering = build_ordering("cd_grab", torch.arange(20).reshape(2, 10), 3, SimulatedComm(2))
+    state = ordering.state_dict()
+    old = {k: v for k, v in state.items() if k not in ("n", "d", "projection", "ranks")}
+    old["lanes"] = state["ranks"]
+    with pytest.raises(ConfigError, match=r"^checkpoint.pt: state_dict: has no 'n' .*start") as e:
+        restore_ordering(ordering, old)
+    assert "\n" not in str(e.value)
+    restore_ordering(ordering, state)  # today's state loads
