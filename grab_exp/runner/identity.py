@@ -135,13 +135,19 @@ def _choice(group: str, choices: Mapping, config: Mapping) -> str | None:
     return _options_by_class(group).get(str(target).rsplit(".", 1)[-1]) if target else None
 
 
+#: classes renamed since runs were logged: old name -> the name their ``conf/`` file has now
+RENAMED_CLASSES = {"FunctionalPipeline": "PerSamplePipeline"}
+
+
 def _options_by_class(group: str) -> dict[str, str]:
-    """``_target_`` class name -> option name of every file of ``conf/<group>/`` with one."""
+    """``_target_`` class name -> option name of every file of ``conf/<group>/`` with one (old
+    names of :data:`RENAMED_CLASSES` too)."""
     named = {}
     for path in sorted((CONF_DIR / group).glob("*.yaml")):
         target = OmegaConf.load(path).get("_target_")
         if target:
             named.setdefault(str(target).rsplit(".", 1)[-1], path.stem)
+    named.update({old: named[new] for old, new in RENAMED_CLASSES.items() if new in named})
     return named
 
 

@@ -190,11 +190,19 @@ def _floats(node: object, prefix: str):
         yield from _floats(value, f"{prefix}.{key}" if prefix else str(key))
 
 
+@dataclass
+class SweeperConfig:
+    """``hydra/sweeper=grab``: the basic sweeper's settings plus ``fail_fast``."""
+
+    _target_: str = "hydra_plugins.grab_exp_plugins.sweeper.GrabSweeper"
+    max_batch_size: int | None = None
+    params: dict[str, str] | None = None
+    fail_fast: bool = False  # true: a job that cannot run starts none; a failure stops the rest
+
+
 def register_schema() -> None:
     """Store :class:`RunConfig` as ``run_schema`` and the sweeper as ``hydra/sweeper=grab``
     (idempotent)."""
-    from grab_exp.runner.sweeper import SweeperConfig
-
     store = ConfigStore.instance()
     store.store(name=SCHEMA_NAME, node=RunConfig)
     store.store(group="hydra/sweeper", name="grab", node=SweeperConfig, provider="grab_exp")

@@ -43,16 +43,6 @@ log = logging.getLogger("grab_exp")
 
 
 @dataclass
-class SweeperConfig:
-    """``hydra/sweeper=grab``: the basic sweeper's settings plus ``fail_fast``."""
-
-    _target_: str = "hydra_plugins.grab_exp_plugins.sweeper.GrabSweeper"
-    max_batch_size: int | None = None
-    params: dict[str, str] | None = None
-    fail_fast: bool = False  # true: a job that cannot run starts none; a failure stops the rest
-
-
-@dataclass
 class SweepStop:
     """Whether the sweep was told to stop (the first signal's number), shared with the launcher."""
 

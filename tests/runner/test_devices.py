@@ -39,7 +39,7 @@ def test_a_checkpoint_written_on_another_device_type_is_refused_in_one_line(tmp_
     torch.save(state, tmp_path / CHECKPOINT_NAME)
     (tmp_path / "summary.json").unlink()  # an interrupted run: resumed, not skipped
     with pytest.raises(ConfigError) as refused:
-        run_job_here([*run, "epochs=2"], tmp_path)
+        run_job_here([*run, "epochs=1"], tmp_path)
     message = str(refused.value)
     assert message == (
         "device: the checkpoint was written on cuda, this job runs on cpu; resume with "
