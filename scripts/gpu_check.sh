@@ -16,6 +16,8 @@ fi
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 cd "$(dirname "$0")/.."
+# the offline CIFAR-10 JPEG archive every real-data check reads (README: "Getting CIFAR-10")
+archive="${ARCHIVE:-../shared/data/cifar10-jpeg.tar.gz}"
 failed=0
 
 check() {  # check NAME SECONDS COMMAND...
@@ -37,11 +39,11 @@ python -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda
 # every test marked gpu (sync-free steps and epochs, device handling, determinism)
 check gpu_tests 230 python -m pytest -m gpu -q -p no:cacheprovider --junitxml="$out/gpu_tests.xml"
 # decode the CIFAR-10 archive once into its tensor cache, so the 7 jobs below only read it
-check cifar10_cache 40 python -c "from grab_exp.data import load_cifar10_jpeg; load_cifar10_jpeg()"
+check cifar10_cache 40 python -c "from grab_exp.data import load_cifar10_jpeg; load_cifar10_jpeg('$archive')"
 # Table 1's 7 rows, 1 epoch of real CIFAR-10, device=cuda, the rows in parallel on the one GPU
-check table1 140 python -m grab_exp -m experiment=table1 epochs=1 seed=0 device=cuda \
-    progress=none hydra/launcher=joblib_local hydra.launcher.n_jobs=7 \
-    hydra.sweep.dir="$out/table1"
+check table1 140 python -m grab_exp -m experiment=table1 dataset=cifar10_jpeg \
+    dataset.archive="$archive" epochs=1 seed=0 device=cuda progress=none \
+    hydra/launcher=joblib_local hydra.launcher.n_jobs=7 hydra.sweep.dir="$out/table1"
 check table1_report 30 python -m grab_exp.report table1 "$out/table1" --out "$out/report"
 # the GPU epoch bench: every row's step time, stage breakdown and peak step memory
 check epoch_bench 30 python -m grab_exp.bench epoch --device cuda --repeats 5 --steps 10 \

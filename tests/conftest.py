@@ -2,7 +2,8 @@
 
 The support modules beside this file (on ``sys.path`` for every test folder) are
 ``grab_run`` (compose the config, run ``python -m grab_exp``, build its jobs), ``run_files``
-(read what a run wrote), ``helpers`` and ``reference_orderings`` (the orderings' tests).
+(read what a run wrote), ``wandb_reader`` (read an offline W&B run back), ``helpers`` and
+``reference_orderings`` (the orderings' tests).
 """
 
 from __future__ import annotations

@@ -3,24 +3,43 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
-BALANCES = ["mean", "pair", "batch", "recursive", "recursive_pair"]
-GRADIENT_FREE = ["rr", "so", "fixed"]
+CONF_BALANCE = Path(__file__).resolve().parents[1] / "conf" / "balance"
+
+
+def single_process_orderings(reads_gradients: bool) -> list[str]:
+    """The single-process orderings of ``conf/balance/`` (not ``grab_exp.distributed``'s) that
+    read gradients (those composing ``shared/gradient``) or, with ``False``, those that do not."""
+    names = []
+    for path in sorted(CONF_BALANCE.glob("*.yaml")):
+        conf = OmegaConf.load(path)
+        if str(conf.get("_target_", "")).startswith("grab_exp.distributed."):
+            continue
+        defaults = [str(entry) for entry in conf.get("defaults", [])]
+        if any(entry.startswith("shared/gradient") for entry in defaults) == reads_gradients:
+            names.append(path.stem)
+    return names
+
+
+BALANCES = single_process_orderings(reads_gradients=True)
+GRADIENT_FREE = single_process_orderings(reads_gradients=False)
 ALL_ORDERINGS = GRADIENT_FREE + BALANCES
 KERNELS = ["deterministic", "probabilistic"]
 
 
 def make(name: str, n: int, d: int, *, batch_size: int = 4, depth: int | None = None, **kw):
-    """make_balance; passes ``batch_size`` only to recursive_pair, ``depth`` only to recursive."""
-    from grab_exp.balance import make_balance
+    """make_ordering; passes ``batch_size`` only to recursive_pair, ``depth`` only to recursive."""
+    from grab_exp.balance import make_ordering
 
     if name == "recursive_pair":
         kw["batch_size"] = batch_size
     if name == "recursive" and depth is not None:
         kw["depth"] = depth
-    return make_balance(name, n, d, **kw)
+    return make_ordering(name, n, d, **kw)
 
 
 def random_grads(n: int, d: int, epochs: int, seed: int = 0) -> list[torch.Tensor]:

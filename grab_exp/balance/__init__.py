@@ -1,8 +1,8 @@
-"""GraB orderings: one module per variant, all built on :class:`Balance`."""
+"""GraB orderings: one module per ordering, all built on :class:`Ordering`."""
 
 from __future__ import annotations
 
-from grab_exp.balance.base import Balance
+from grab_exp.balance.base import Ordering
 from grab_exp.balance.batch import BatchBalance
 from grab_exp.balance.centered import CenteredBalance
 from grab_exp.balance.fixed import FixedOrder
@@ -16,19 +16,20 @@ from grab_exp.balance.so import ShuffleOnce
 from grab_exp.validation import check_choice
 
 
-def make_balance(name: str, n: int, d: int, **kwargs) -> Balance:
-    """Build an ordering by its name (``Balance.registry``: rr, so, fixed, mean, ...)."""
-    check_choice("balance", name, Balance.registry)
-    return Balance.registry[name](n, d, **kwargs)
+def make_ordering(name: str, n: int, d: int, **kwargs) -> Ordering:
+    """Build a single-process ordering by its name (rr, so, fixed, mean, pair, ...)."""
+    choices = Ordering.choices()
+    check_choice("balance", name, choices)
+    return choices[name](n, d, **kwargs)
 
 
 __all__ = [
-    "Balance",
     "BatchBalance",
     "CenteredBalance",
     "DeterministicKernel",
     "FixedOrder",
     "MeanBalance",
+    "Ordering",
     "PairBalance",
     "ProbabilisticKernel",
     "RandomReshuffle",
@@ -36,5 +37,5 @@ __all__ = [
     "RecursivePairBalance",
     "ShuffleOnce",
     "SignKernel",
-    "make_balance",
+    "make_ordering",
 ]

@@ -1,18 +1,24 @@
-"""The ``Balance`` base class: epochs, positions, next orders, checkpoints.
+"""The ``Ordering`` base class: epochs, positions, keys, next orders, projection, checkpoints.
 
-A balance variant ("sorter") owns the order of the current epoch. Training steps
-hand it the per-sample gradients of the next ``B`` examples of that order; the
-variant records one sort key per visit position, and at the end of the epoch the
-next order is the current one sorted by those keys.
+An ordering owns the order of the current epoch and is the ``torch.utils.data.Sampler`` over
+it. Training steps hand it the per-sample gradients of the next ``B`` examples of that order;
+the ordering records one sort key per visit position, and at the end of the epoch the next
+order is the current one sorted by those keys.
+
+An ordering that serves several data-parallel workers (:mod:`grab_exp.distributed`) keeps one
+order per worker: ``order`` and ``keys`` are ``(*lanes, n)``, with ``lanes = ()`` for one
+worker and ``(L,)`` for the ``L`` workers of a process. Everything here works on the last
+dimension, so both share this code.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 import torch
+from torch.utils.data import Sampler
 
 from grab_exp.balance.kernels import make_kernel
 from grab_exp.balance.projection import balance_projection, describe
@@ -25,35 +31,44 @@ from grab_exp.validation import check_choice, check_int_at_least
 FIRST_EPOCH = ("random", "identity")
 
 
-class Balance:
-    """Base class of every ordering (balance variant or gradient-free baseline).
+class Ordering(Sampler[int]):
+    """Base class of every ordering: balance variants, gradient-free baselines, data-parallel.
 
     Args:
-        n: number of examples.
+        n: number of examples (per worker, with lanes).
         d: length of one flattened per-sample gradient.
         kernel: sign kernel, ``deterministic`` or ``probabilistic``.
         c: the probabilistic kernel's scale (> 0).
         normalize: scale every balanced vector to unit norm first.
-        seed: seed of the ordering's ``torch.Generator``.
+        seed: seed of the ordering's ``torch.Generator`` (first order, kernel draws).
         first_epoch: order of epoch 0, ``random`` (seeded) or ``identity``.
         dtype: dtype of the balancing state (``torch.float32`` or a name).
         device: device of the balancing state and of the orders.
         projection_dim: ``None``, or ``k < d``: balance seeded ``k``-dim sketches ``g R``
-            (see :func:`~grab_exp.balance.projection.balance_projection`).
+            (see :func:`~grab_exp.balance.projection.balance_projection`; ``R`` has its own
+            random stream, independent of the generator's).
         projection_kind, projection_block_rows: ``R``'s entries and rows generated at once.
+        lanes: the leading shape of ``order`` and ``keys``: ``()`` or ``(L,)`` workers.
     """
 
     name: ClassVar[str] = ""
     needs_grads: ClassVar[bool] = True
-    #: reads factored gradients as factors (False: the variant materializes them anyway)
+    #: reads factored gradients as factors (False: the ordering materializes them anyway)
     reads_factors: ClassVar[bool] = True
-    registry: ClassVar[dict[str, type[Balance]]] = {}
+    #: serves data-parallel workers (``balance=`` with ``distributed=true``)
+    distributed: ClassVar[bool] = False
+    registry: ClassVar[dict[str, type[Ordering]]] = {}
     state_tensors: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if cls.name:
-            Balance.registry[cls.name] = cls
+            Ordering.registry[cls.name] = cls
+
+    @classmethod
+    def choices(cls, distributed: bool = False) -> dict[str, type[Ordering]]:
+        """The registered orderings by name: single-process ones, or data-parallel ones."""
+        return {n: c for n, c in Ordering.registry.items() if c.distributed == distributed}
 
     def __init__(
         self,
@@ -70,17 +85,26 @@ class Balance:
         projection_dim: int | None = None,
         projection_kind: str = "rademacher",
         projection_block_rows: int = 4096,
+        lanes: tuple[int, ...] = (),
     ) -> None:
         check_int_at_least("n", n, 1)
         check_int_at_least("d", d, 1)
         check_choice("balance.first_epoch", first_epoch, FIRST_EPOCH)
-        self.n, self.d = n, d
+        self.n, self.d, self.lanes = n, d, tuple(lanes)
         self.kernel = make_kernel(kernel, c)
         self.normalize = bool(normalize)
         self.dtype = as_dtype(dtype)
         self.device = torch.device(device)
         self.projection = balance_projection(
-            self, projection_dim, projection_kind, projection_block_rows, seed
+            self.name,
+            self.needs_grads,
+            d,
+            projection_dim,
+            kind=projection_kind,
+            block_rows=projection_block_rows,
+            seed=seed,
+            dtype=self.dtype,
+            device=self.device,
         )
         self.dim = d if self.projection is None else self.projection.k  # balanced length
         self.generator = torch.Generator(device=self.device)
@@ -88,37 +112,76 @@ class Balance:
         self.epoch = 0
         self.pos = 0
         self._index_check = IndexCheck(self.device)
-        self.order = self._first_order(first_epoch)  # (n,)
-        self.keys = self._fresh_keys()  # (n,)
+        self.order = self._first_order(first_epoch)  # (*lanes, n)
+        self.keys = self._fresh_keys()  # (*lanes, n)
         self._scratch_buffers: dict[str, torch.Tensor] = {}
         self._init_state()
 
-    # --- hooks for the variants -------------------------------------------------
+    # --- hooks for the orderings ----------------------------------------------------------
     def _init_state(self) -> None:
-        """Allocate the variant's state tensors (named in ``state_tensors``)."""
+        """Allocate the ordering's state tensors (named in ``state_tensors``)."""
 
-    def _balance(self, grads: GradRows, start: int) -> None:
-        """Balance the ``B`` rows ``grads`` (length ``dim``) of visit positions ``start ..``.
+    def _balance(self, grads: Any, start: int) -> None:
+        """Balance the gradients of visit positions ``start ..`` (what :meth:`_grad_rows` gave).
 
-        ``dim`` is ``d``, or ``projection_dim`` when the gradients are sketched. The rows are a
-        materialized ``(B, dim)`` matrix or factors (:mod:`grab_exp.grads`); a variant
-        reads them only through the ``GradRows`` operations.
+        For one worker they are ``B`` rows of length ``dim`` (``d``, or ``projection_dim`` when
+        sketched): a materialized ``(B, dim)`` matrix or factors (:mod:`grab_exp.grads`), read
+        only through the ``GradRows`` operations.
         """
         raise NotImplementedError
+
+    def _grad_rows(self, grads: torch.Tensor | Mapping[str, torch.Tensor]) -> GradRows:
+        """One step's gradients as :meth:`_balance` reads them, on the ordering's device."""
+        matrix = {
+            "projection": self.projection,
+            "out": self._flat_buffer,
+            "keep_factors": self.reads_factors,
+        }
+        return grad_rows(grads, self.d, self.device, self.dtype, **matrix)
 
     def _end_epoch(self) -> None:
         """Finish the epoch's keys and reset per-epoch state (before the reorder)."""
 
     def _next_order(self) -> torch.Tensor:
-        """The next epoch's order ``(n,)``: the current order sorted by the keys."""
-        return self.order[torch.argsort(self.keys, stable=True)]
+        """The next epoch's order ``(*lanes, n)``: the current order sorted by the keys."""
+        return self.order.gather(-1, torch.argsort(self.keys, dim=-1, stable=True))
 
     def _first_order(self, first_epoch: str) -> torch.Tensor:
         if first_epoch == "identity":
             return torch.arange(self.n, device=self.device)
         return self._random_order()
 
-    # --- public API ---------------------------------------------------------------
+    def _dataset_indices(self, positions: torch.Tensor) -> torch.Tensor:
+        """Dataset indices of ``order`` entries ``(*lanes, k)`` (the entries themselves here)."""
+        return positions
+
+    def _rows_per_lane(self, rows: int) -> int:
+        """Rows of a step that belong to each lane (all of them without lanes)."""
+        return rows
+
+    # --- public API ---------------------------------------------------------------------
+    def __iter__(self) -> Iterator[int]:
+        """This epoch's dataset indices in visit order (worker after worker, with lanes)."""
+        return iter(self.visit_order.reshape(-1).tolist())
+
+    def __len__(self) -> int:
+        """Examples per epoch (per worker, with lanes)."""
+        return self.n
+
+    @property
+    def visit_order(self) -> torch.Tensor:
+        """``(*lanes, n)`` dataset indices in this epoch's visit order."""
+        return self._dataset_indices(self.order)
+
+    def index_batches(self, batch_size: int, drop_last: bool = False) -> Iterator[torch.Tensor]:
+        """The current order as ``(*lanes, batch_size)`` index tensors on the ordering's device
+        (the last may be shorter unless ``drop_last``)."""
+        check_int_at_least("batch_size", batch_size, 1)
+        order = self.visit_order
+        stop = self.n - self.n % batch_size if drop_last else self.n
+        for start in range(0, stop, batch_size):
+            yield order[..., start : start + batch_size]
+
     def step(
         self,
         grads: torch.Tensor | Mapping[str, torch.Tensor] | None = None,
@@ -128,23 +191,19 @@ class Balance:
 
         Args:
             grads: ``(B, d)`` (or ``(B, ...)``) tensor, or a dict of ``(B, ...)``
-                tensors as returned by ``torch.func.vmap(grad(...))``. Optional for
-                gradient-free orderings.
+                tensors as returned by ``torch.func.vmap(grad(...))``, or the factored
+                gradients of :mod:`grab_exp.per_sample`. With lanes, ``B = L * b`` rows,
+                worker-major. Optional for gradient-free orderings.
             indices: optional ``(B,)`` dataset indices of these examples; they must
                 be the next ones of the current order.
 
         Raises:
             ValueError: on a wrong row count or indices that are not the next ones.
         """
-        rows = rows_of(grads, indices, self.needs_grads)
+        rows = self._rows_per_lane(rows_of(grads, indices, self.needs_grads))
         self._check_rows(rows, indices)
         if self.needs_grads:
-            matrix = {
-                "projection": self.projection,
-                "out": self._flat_buffer,
-                "keep_factors": self.reads_factors,
-            }
-            self._balance(grad_rows(grads, self.d, self.device, self.dtype, **matrix), self.pos)
+            self._balance(self._grad_rows(grads), self.pos)
         self.pos += rows
 
     def set_epoch(self, epoch: int) -> None:
@@ -155,7 +214,7 @@ class Balance:
 
     @property
     def takes_factors(self) -> bool:
-        """Whether factored per-sample gradients save work here: the variant reads them as
+        """Whether factored per-sample gradients save work here: the ordering reads them as
         factors and no sketch materializes them."""
         return self.reads_factors and self.projection is None
 
@@ -180,12 +239,19 @@ class Balance:
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a ``state_dict()`` of the same variant, ``n``, ``d`` and projection."""
+        """Restore a ``state_dict()`` of the same ordering, ``n``, ``d`` and projection.
+
+        Raises:
+            ValueError: one line naming what differs (or is missing from an older state).
+        """
         for key, mine in self._identity().items():
-            if state.get(key) != mine:
+            if key not in state:
                 raise ValueError(
-                    f"state_dict: {key} is {state.get(key)!r}, this sampler has {mine!r}"
+                    f"state_dict: has no {key!r} (written by an older grab-exp, whose "
+                    f"{self.name} cannot continue here); start the run over"
                 )
+            if state[key] != mine:
+                raise ValueError(f"state_dict: {key} is {state[key]!r}, this ordering has {mine!r}")
         self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
         self.order = state["order"].to(self.device)
         self.keys = state["keys"].to(self.device)
@@ -194,13 +260,13 @@ class Balance:
             mine = getattr(self, k)
             if state[k].shape != mine.shape:
                 raise ValueError(
-                    f"state_dict: {k} has shape {tuple(state[k].shape)}, this sampler's has "
+                    f"state_dict: {k} has shape {tuple(state[k].shape)}, this ordering's has "
                     f"{tuple(mine.shape)}"
                 )
-            mine.copy_(state[k])  # in place: keeps the tensor's layout (see _node_accumulators)
+            mine.copy_(state[k])  # in place: keeps the tensor's layout (recursive's node-minor)
         self._load_extra_state(state)
 
-    # --- internals ------------------------------------------------------------------
+    # --- internals ------------------------------------------------------------------------
     def _identity(self) -> dict[str, Any]:
         """What a state_dict must match to load (the projection; the generator's device type)."""
         return {
@@ -221,20 +287,12 @@ class Balance:
         return torch.randperm(self.n, generator=self.generator, device=self.device)
 
     def _fresh_keys(self) -> torch.Tensor:
-        return UNVISITED_KEY + torch.arange(self.n, device=self.device)
+        keys = UNVISITED_KEY + torch.arange(self.n, device=self.device)  # (n,)
+        return keys.expand(*self.lanes, self.n).clone()  # (*lanes, n)
 
     def _prepare(self, vectors: GradRows) -> GradRows:
         """Apply the ``normalize`` option (in place where the vectors are scratch)."""
         return vectors.normalized() if self.normalize else vectors
-
-    def _node_accumulators(self, nodes: int) -> torch.Tensor:
-        """``(nodes, dim)`` zeros stored as the transpose of ``(dim, nodes)``.
-
-        The all-node products (``<v_i, acc_k>`` for every node, ``acc += coefᵀ V``) then run as
-        GEMMs over long ``dim`` rows: on the CPU about twice as fast as with ``(nodes, dim)``
-        rows at LeNet's ``d`` and 63 nodes.
-        """
-        return torch.zeros(self.dim, nodes, dtype=self.dtype, device=self.device).T
 
     def _scratch(self, slot: str, rows: int, width: int | None = None) -> torch.Tensor:
         """A reusable ``(rows, width or dim)`` buffer (per-step allocations fault pages on CPU)."""
@@ -254,19 +312,22 @@ class Balance:
     def _check_rows(self, rows: int, indices: torch.Tensor | None) -> None:
         left = self.n - self.pos
         if rows > left:
+            per = " per worker" if self.lanes else ""
             raise ValueError(
-                f"step: got {rows} rows but only {left} examples are left in epoch "
+                f"step: got {rows} rows{per} but only {left} examples are left in epoch "
                 f"{self.epoch}; call set_epoch({self.epoch + 1}) first"
             )
         if indices is not None:
-            self._index_check.add(indices, self.order[self.pos : self.pos + rows])
+            expected = self._dataset_indices(self.order[..., self.pos : self.pos + rows])
+            self._index_check.add(indices, expected.reshape(-1))
 
     def _advance(self) -> None:
         self._index_check.raise_if_bad()
         unstepped = self.n - self.pos
         if self.needs_grads and unstepped:
+            per = " per worker" if self.lanes else ""
             warnings.warn(
-                f"{self.name}: {unstepped} of {self.n} examples were not stepped in epoch "
+                f"{self.name}: {unstepped} of {self.n} examples{per} were not stepped in epoch "
                 f"{self.epoch}; they keep their relative order after the balanced ones",
                 UserWarning,
                 stacklevel=3,

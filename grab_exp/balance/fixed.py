@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from grab_exp.balance.base import Balance
+from grab_exp.balance.base import Ordering
 
 
-class FixedOrder(Balance):
+class FixedOrder(Ordering):
     """``fixed``: ``0, 1, ..., n-1`` every epoch (no gradients)."""
 
     name = "fixed"

@@ -7,12 +7,12 @@ from typing import Any
 
 import torch
 
-from grab_exp.balance.base import Balance
-from grab_exp.balance.signs import sequential_signs, sign_keys
+from grab_exp.balance.base import Ordering
+from grab_exp.balance.signs import pair_keys, sequential_signs
 from grab_exp.grads.rows import GradRows
 
 
-class PairBalance(Balance):
+class PairBalance(Ordering):
     """``pair``: consecutive visited examples form pairs; their difference is balanced.
 
     ``v = g_first - g_second``, ``s = sign(v, acc)``, ``acc += s v``; on ``+`` the
@@ -44,9 +44,7 @@ class PairBalance(Balance):
         dots = diffs.dots(self.acc)  # (P,)
         signs = sequential_signs(dots, diffs.gram(), self._thresholds(len(dots)))  # (P,)
         diffs.accumulate(self.acc, signs)
-        member_signs = torch.stack([signs, -signs], dim=1).reshape(-1)  # (2P,)
-        positions = torch.arange(start, start + len(member_signs), device=self.device)
-        self.keys[start : start + len(member_signs)] = sign_keys(positions, member_signs, self.n)
+        self.keys[start : start + 2 * len(signs)] = pair_keys(start, signs, self.n)
 
     def _end_epoch(self) -> None:
         if self.has_pending:  # the unpaired last example joins the positives

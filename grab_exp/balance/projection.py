@@ -187,24 +187,35 @@ PROJECTION_SEED_OFFSET = 0x9E3779B9  # the projection's seed: (balance seed + th
 
 
 def balance_projection(
-    balance, dim: int | None, kind: str, block_rows: int, seed: int
+    ordering: str,
+    needs_grads: bool,
+    d: int,
+    dim: int | None,
+    *,
+    kind: str,
+    block_rows: int,
+    seed: int,
+    dtype: torch.dtype,
+    device: torch.device,
 ) -> BlockProjection | None:
-    """The sketch ``g -> g R`` a :class:`~grab_exp.balance.Balance` runs on, or ``None``.
+    """The sketch ``g -> g R`` an ordering balances with, or ``None``: built here for all.
 
-    With ``dim = k`` the variant balances ``(B, k)`` sketches of its ``(B, d)`` gradients
-    and allocates its state with ``k`` values per vector; centering and ``normalize``
-    act on the sketches (centering commutes with ``R``). ``R``'s seed is
-    ``(seed + PROJECTION_SEED_OFFSET) mod 2^63``, so the same balance seed gives the same
-    ``R`` (also after ``load_state_dict``, which checks it).
+    With ``dim = k`` the ordering balances ``(B, k)`` sketches of its ``(B, d)`` gradients
+    and allocates its state with ``k`` values per vector. ``R``'s seed is
+    ``(seed + PROJECTION_SEED_OFFSET) mod 2^63``: the same ordering seed gives the same ``R``
+    (also after ``load_state_dict``, which checks it), and ``R``'s stream is independent of
+    the ordering's generator (first order, kernel thresholds).
 
     Args:
-        balance: the variant being built (its ``name``, ``d``, ``dtype``, ``device``,
-            ``needs_grads``).
+        ordering: the ordering's name (for messages).
+        needs_grads: whether it reads gradients (gradient-free ones accept only ``None``).
+        d: gradient values per example.
         dim: ``projection_dim``: ``None``, or an integer in ``[1, d)`` (a sketch as long
-            as the gradient saves nothing); gradient-free orderings accept only ``None``.
+            as the gradient saves nothing).
         kind: ``projection_kind``, one of ``KINDS``.
         block_rows: ``projection_block_rows`` (>= 1).
-        seed: the balance seed.
+        seed: the ordering's seed.
+        dtype, device: of ``R``.
 
     Raises:
         ValueError: one line naming the setting and the allowed values.
@@ -213,25 +224,18 @@ def balance_projection(
     check_int_at_least("balance.projection_block_rows", block_rows, 1)
     if dim is None:
         return None
-    if not balance.needs_grads:
+    if not needs_grads:
         raise ValueError(
-            f"balance.projection_dim: got {dim!r} but {balance.name} uses no gradients; "
-            "allowed: null"
+            f"balance.projection_dim: got {dim!r} but {ordering} uses no gradients; allowed: null"
         )
-    if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim < balance.d:
+    if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim < d:
         raise ValueError(
-            f"balance.projection_dim: got {dim!r} with d={balance.d} gradient values per "
+            f"balance.projection_dim: got {dim!r} with d={d} gradient values per "
             "example; allowed: null or an integer >= 1 and < d"
         )
     seed = (seed + PROJECTION_SEED_OFFSET) % 2**63
     return BlockProjection(
-        balance.d,
-        dim,
-        seed=seed,
-        block_rows=block_rows,
-        kind=kind,
-        dtype=balance.dtype,
-        device=balance.device,
+        d, dim, seed=seed, block_rows=block_rows, kind=kind, dtype=dtype, device=device
     )
 
 

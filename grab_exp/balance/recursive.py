@@ -10,6 +10,13 @@ from grab_exp.grads.rows import GradRows
 from grab_exp.validation import check_int_at_least
 
 
+def node_accumulators(nodes: int, dim: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """``(nodes, dim)`` zeros stored as the transpose of ``(dim, nodes)``: the all-node products
+    (``<v_i, acc_k>`` for every node, ``acc += coefᵀ V``) then run as GEMMs over long ``dim``
+    rows."""
+    return torch.zeros(dim, nodes, dtype=dtype, device=device).T
+
+
 class RecursiveBalance(CenteredBalance):
     """``recursive``: a complete binary tree of depth ``D`` with one accumulator per node.
 
@@ -40,7 +47,8 @@ class RecursiveBalance(CenteredBalance):
         super().__init__(n, d, **kwargs)
 
     def _new_acc(self) -> torch.Tensor:
-        return self._node_accumulators(2 ** (self.depth + 1) - 1)  # (nodes, dim)
+        nodes = 2 ** (self.depth + 1) - 1
+        return node_accumulators(nodes, self.dim, self.dtype, self.device)  # (nodes, dim)
 
     def _balance(self, grads: GradRows, start: int) -> None:
         centered = self._center(grads)  # B rows

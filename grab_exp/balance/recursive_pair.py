@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from grab_exp.balance.base import Balance
+from grab_exp.balance.base import Ordering
 from grab_exp.balance.kernels import signs_from
+from grab_exp.balance.recursive import node_accumulators
 from grab_exp.balance.signs import UNBALANCED_KEY
 from grab_exp.grads.rows import GradRows
 from grab_exp.validation import check_power_of_two
 
 
-class RecursivePairBalance(Balance):
+class RecursivePairBalance(Ordering):
     """``recursive_pair``: per mini-batch of ``b`` (a power of two), recursively pair.
 
     At a node, a group's consecutive members are paired, every pair difference is
@@ -36,7 +37,8 @@ class RecursivePairBalance(Balance):
         super().__init__(n, d, **kwargs)
 
     def _init_state(self) -> None:
-        self.acc = self._node_accumulators(self.batch_size - 1)  # heap-ordered, log2(b) levels
+        nodes = self.batch_size - 1  # heap-ordered, log2(b) levels
+        self.acc = node_accumulators(nodes, self.dim, self.dtype, self.device)  # (nodes, dim)
 
     def _balance(self, grads: GradRows, start: int) -> None:
         rows = grads.rows

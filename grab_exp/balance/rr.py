@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from grab_exp.balance.base import Balance
+from grab_exp.balance.base import Ordering
 
 
-class RandomReshuffle(Balance):
+class RandomReshuffle(Ordering):
     """``rr``: every epoch a new permutation from the seeded generator (no gradients)."""
 
     name = "rr"

@@ -82,3 +82,20 @@ def sign_keys(positions: torch.Tensor, signs: torch.Tensor, n: int) -> torch.Ten
         ``(B,)`` int64 keys in ``[0, 2n)``.
     """
     return torch.where(signs > 0, positions, 2 * n - 1 - positions)
+
+
+def pair_keys(start: int, signs: torch.Tensor, n: int) -> torch.Tensor:
+    """Sort keys of consecutive pairs visited from position ``start``: a pair's first member
+    takes its sign ``s``, its second ``-s``.
+
+    Args:
+        start: visit position of the first pair's first member.
+        signs: ``(..., P)`` the pairs' signs.
+        n: number of examples.
+
+    Returns:
+        ``(..., 2P)`` int64 keys (see :func:`sign_keys`).
+    """
+    members = torch.stack([signs, -signs], dim=-1).flatten(-2)  # (..., 2P)
+    positions = torch.arange(start, start + members.shape[-1], device=signs.device)  # (2P,)
+    return sign_keys(positions, members, n)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from grab_exp.balance.base import Balance
+from grab_exp.balance.base import Ordering
 
 
-class ShuffleOnce(Balance):
+class ShuffleOnce(Ordering):
     """``so``: a seeded random permutation drawn once, then fixed (no gradients)."""
 
     name = "so"

@@ -1,1 +1,1 @@
-"""Benchmarks: ``python -m grab_exp.bench sorters``."""
+"""Benchmarks: ``python -m grab_exp.bench <name>``."""

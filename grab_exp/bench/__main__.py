@@ -1,27 +1,54 @@
-"""``python -m grab_exp.bench <benchmark> [options]``."""
+"""``python -m grab_exp.bench <benchmark> [options]``; ``--help`` lists the benchmarks."""
 
 from __future__ import annotations
 
 import sys
+from types import ModuleType
 
-from grab_exp.bench import conv, epoch, projection, rss, sorters, sweep, vrgd
+from grab_exp.bench import conv, epoch, orderings, projection, rss, sweep, vrgd
 
-BENCHMARKS = {
-    "sorters": sorters.main,
-    "epoch": epoch.main,
-    "sweep": sweep.main,
-    "projection": projection.main,
-    "vrgd": vrgd.main,
-    "rss": rss.main,
-    "conv": conv.main,
+#: name -> module; each module has ``build_parser()`` and ``main(argv)``
+BENCHMARKS: dict[str, ModuleType] = {
+    "orderings": orderings,
+    "epoch": epoch,
+    "sweep": sweep,
+    "projection": projection,
+    "vrgd": vrgd,
+    "rss": rss,
+    "conv": conv,
 }
 
 
-def main() -> None:
-    """Dispatch to the named benchmark."""
-    if len(sys.argv) < 2 or sys.argv[1] not in BENCHMARKS:
-        raise SystemExit(f"usage: python -m grab_exp.bench {{{','.join(BENCHMARKS)}}} [options]")
-    BENCHMARKS[sys.argv[1]](sys.argv[2:])
+def usage() -> str:
+    """The command's usage and every benchmark with its one-line description."""
+    width = max(map(len, BENCHMARKS))
+    lines = [
+        "usage: python -m grab_exp.bench <benchmark> [options]",
+        "",
+        "Each benchmark prints a table and writes a JSON report (default: report/bench/"
+        "<benchmark>.json; --out results/bench/<benchmark>.json replaces the committed one).",
+        "python -m grab_exp.bench <benchmark> --help lists its options. Benchmarks:",
+    ]
+    for name, module in BENCHMARKS.items():
+        lines.append(f"  {name:<{width}}  {build_description(module)}")
+    return "\n".join(lines)
+
+
+def build_description(module: ModuleType) -> str:
+    """A benchmark's one-line description: its parser's (the module docstring's first line)."""
+    return module.build_parser().description or ""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Dispatch to the named benchmark; ``--help`` (or ``-h``) prints :func:`usage`, exit 0."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("-h", "--help"):
+        print(usage())
+        return
+    if not argv or argv[0] not in BENCHMARKS:
+        got = repr(argv[0]) if argv else "nothing"
+        raise SystemExit(f"error: benchmark: got {got}; allowed: {', '.join(BENCHMARKS)}")
+    BENCHMARKS[argv[0]].main(argv[1:])
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from grab_exp.bench.machine import describe_machine, write_report
+from grab_exp.bench.machine import add_device_option, bench_parser, describe_machine, write_report
 from grab_exp.bench.timing import synchronize
 from grab_exp.per_sample.rules.conv2d import conv2d_grads
 
@@ -101,13 +101,18 @@ def bench_shape(shape: tuple, batch: int, repeats: int, device: torch.device) ->
     return {"C": channels, "O": out_channels, "kernel": kernel, "H": height, "ms": medians}
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``python -m grab_exp.bench conv``."""
+    parser = bench_parser("conv", __doc__)
+    parser.add_argument("--batch", type=int, default=16, help="examples per batch (B)")
+    parser.add_argument("--repeats", type=int, default=100, help="timed calls per formulation")
+    add_device_option(parser)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(prog="python -m grab_exp.bench conv", description=__doc__)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=100)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", default=None, help="also write the JSON to this file")
-    args = parser.parse_args(argv)
+    """Time every formulation at every shape; print the table, write the JSON."""
+    args = build_parser().parse_args(argv)
     device = torch.device(args.device)
     rows = [bench_shape(shape, args.batch, args.repeats, device) for shape in SHAPES]
     names = list(rows[0]["ms"])
@@ -115,12 +120,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for row in rows:
         label = f"{row['C']} -> {row['O']}, {row['kernel']}, {row['H']}"
         print(label.ljust(18) + "".join(f"{row['ms'][n]:>23.3f}" for n in names))
-    if args.out:
-        report = {
-            "benchmark": "conv",
-            "settings": vars(args),
-            "machine": describe_machine(device),
-            "rows": rows,
-        }
-        write_report(args.out, report)
+    report = {
+        "benchmark": "conv",
+        "settings": vars(args),
+        "machine": describe_machine(device),
+        "rows": rows,
+    }
+    write_report(args.out, report)
     return rows

@@ -3,7 +3,7 @@
 LeNet on CIFAR-10-shaped data, batch 16, all rows in one process: warm-up, then interleaved
 repeats (row 1, row 2, ..., row 1, row 2, ...) so that drifts of the machine hit every row alike.
 Each repeat times ``--steps`` whole training steps; a separately timed step gives the breakdown
-(per-sample gradients, GSNR, sorter step, optimizer). Medians are extrapolated to an epoch of
+(per-sample gradients, GSNR, ordering step, optimizer). Medians are extrapolated to an epoch of
 50,000. Last, the peak memory of one step per row (:mod:`grab_exp.bench.memory`), outside the
 timed steps. The method is written down in ``results/bench/README.md``.
 """
@@ -22,17 +22,16 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch.nn import functional as F
 
-from grab_exp.balance import make_balance
-from grab_exp.bench.machine import describe_machine, write_report
+from grab_exp.balance import Ordering, make_ordering
+from grab_exp.bench.machine import add_device_option, bench_parser, describe_machine, write_report
 from grab_exp.bench.memory import memory_method, peak_step_bytes
 from grab_exp.bench.timing import synchronize
+from grab_exp.devices import set_cuda_policy
 from grab_exp.models import LeNet
 from grab_exp.per_sample import ClassicPipeline, PerSamplePipeline
-from grab_exp.report.variants import ROW_ORDER
+from grab_exp.report.table1_table import ROW_ORDER
 from grab_exp.runner.step import STAGES as STEP_STAGES
 from grab_exp.runner.step import StepParts, train_step, untimed
-from grab_exp.runner.strategy import set_cuda_policy
-from grab_exp.sampler import GraBSampler
 
 ROWS = ROW_ORDER  # Table 1's rows, in the report's order
 #: VRGD rows ``(variant, pipeline, optimizer)``: every VR optimizer with RR, VR-Momentum with mean
@@ -50,7 +49,7 @@ STAGES = tuple(s for s in STEP_STAGES if s != "reduce")  # one process: nothing 
 @dataclass
 class Row:
     """One benchmark row ready to train: the training step's parts (model, optimizer,
-    pipeline, and a :class:`~grab_exp.sampler.GraBSampler` as the ordering)."""
+    pipeline, and the ordering)."""
 
     name: str
     step: StepParts
@@ -59,7 +58,7 @@ class Row:
     peak_step_bytes: int = 0
 
     @property
-    def sorter(self) -> GraBSampler:
+    def ordering(self) -> Ordering:
         """The row's ordering."""
         return self.step.ordering
 
@@ -88,15 +87,14 @@ def build_row(
     if variant == "recursive_pair":
         options = {"batch_size": args.batch}
     d = sum(p.numel() for p in model.parameters())
-    balance = make_balance(variant, EPOCH_EXAMPLES, d, device=device, **options)
-    sampler = GraBSampler(EPOCH_EXAMPLES, balance=balance)
+    ordering = make_ordering(variant, EPOCH_EXAMPLES, d, device=device, **options)
     if pipeline == "classic":
         runner = ClassicPipeline(model, F.cross_entropy)
     else:  # as the runner builds it: auto reads the ordering's takes_factors
         runner = PerSamplePipeline(
-            model, F.cross_entropy, method=method or args.method, factors=sampler.takes_factors
+            model, F.cross_entropy, method=method or args.method, factors=ordering.takes_factors
         )
-    step = StepParts(model, make_optimizer(optimizer, model), runner, sampler)
+    step = StepParts(model, make_optimizer(optimizer, model), runner, ordering)
     suffix = f"@{method}" if method else ""
     return Row(row_name(variant, pipeline, optimizer) + suffix, step)
 
@@ -133,10 +131,10 @@ def bench_step(row: Row, x: torch.Tensor, y: torch.Tensor, stage=untimed) -> Non
     ``stage(name, fn)`` runs (and may time) each part. The fixed batch ``x``, ``y`` stands in
     for the examples at the ordering's next positions; past the end a new epoch starts.
     """
-    balance = row.sorter.balance
-    if balance.pos + len(x) > balance.n:
-        row.sorter.set_epoch(balance.epoch + 1)
-    indices = balance.order[balance.pos : balance.pos + len(x)]  # (B,)
+    ordering = row.ordering
+    if ordering.pos + len(x) > ordering.n:
+        ordering.set_epoch(ordering.epoch + 1)
+    indices = ordering.order[ordering.pos : ordering.pos + len(x)]  # (B,)
     train_step(row.step, x, y, indices, stage)
 
 
@@ -192,7 +190,7 @@ def summarize(rows: list[Row], args, device: torch.device) -> dict:
                 "epoch_s": step * steps_per_epoch,
                 "ratio_to_classic_rr": step / base,
                 "breakdown_ms": {k: _median_ms(v) for k, v in row.parts.items()},
-                "sorter_state_bytes": row.sorter.state_bytes(),
+                "ordering_state_bytes": row.ordering.state_bytes(),
                 "peak_step_bytes": row.peak_step_bytes,
             }
         )
@@ -213,31 +211,37 @@ def print_table(report: dict) -> None:
     """A readable table of the report's rows (``-``: a stage the row does not run)."""
     print(
         f"{'row':<18}{'step ms':>9}{'epoch s':>9}{'x classic':>10}{'grads':>8}{'gsnr':>7}"
-        f"{'sorter':>8}{'opt':>7}{'state MB':>10}{'peak MB':>9}"
+        f"{'ordering':>9}{'opt':>7}{'state MB':>10}{'peak MB':>9}"
     )
     for r in report["rows"]:
         b = r["breakdown_ms"]
         print(
             f"{r['row']:<18}{r['step_ms']:>9.2f}{r['epoch_s']:>9.1f}"
             f"{r['ratio_to_classic_rr']:>10.2f}{_ms(b['grads'], 8)}{_ms(b['gsnr'], 7)}"
-            f"{_ms(b['sorter'], 8)}{_ms(b['opt'], 7)}{r['sorter_state_bytes'] / 2**20:>10.2f}"
+            f"{_ms(b['ordering'], 9)}{_ms(b['opt'], 7)}{r['ordering_state_bytes'] / 2**20:>10.2f}"
             f"{r['peak_step_bytes'] / 2**20:>9.2f}"
         )
     print(f"peak: {report['memory_method']}")
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``python -m grab_exp.bench epoch``."""
+    parser = bench_parser("epoch", __doc__)
+    parser.add_argument("--batch", type=int, default=16, help="examples per step (B)")
+    parser.add_argument("--steps", type=int, default=20, help="steps per timed repeat")
+    parser.add_argument("--repeats", type=int, default=15, help="interleaved timed repeats")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed steps per row first")
+    parser.add_argument(
+        "--method", default="auto", help="per-sample gradients: func|hooks|factored|auto"
+    )
+    parser.add_argument("--compare", default="hooks", help="method of the @ rows ('': none)")
+    add_device_option(parser)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark, print the table, write the JSON."""
-    parser = argparse.ArgumentParser(prog="python -m grab_exp.bench epoch")
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=20, help="steps per timed repeat")
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--method", default="auto", help="func|hooks|factored|auto")
-    parser.add_argument("--compare", default="hooks", help="method of the @ rows ('': none)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", default="results/bench/epoch.json")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     device = torch.device(args.device)
     set_cuda_policy(device, tf32=False)  # the numerics of a training run (trainer.tf32=false)
     rows = build_rows(args, device)

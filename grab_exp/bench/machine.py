@@ -1,7 +1,9 @@
-"""A description of the machine a benchmark ran on, and the benchmarks' JSON files."""
+"""A description of the machine a benchmark ran on, the benchmarks' JSON files, and the
+options every benchmark's command line shares."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -41,6 +43,51 @@ def describe_machine(device: torch.device) -> dict:
     if hasattr(os, "getloadavg"):
         info["load_avg_1m"] = round(os.getloadavg()[0], 2)
     return info
+
+
+#: where a benchmark writes its JSON unless ``--out`` names another file (``/report/`` is
+#: ignored by git; the committed reports in ``results/bench/`` are only written when named)
+DEFAULT_OUT_DIR = Path("report") / "bench"
+
+
+class _HelpWithDefaults(argparse.HelpFormatter):
+    """Each option's help ends with its default, where it has one worth showing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        help_text = action.help or ""
+        if action.default in (None, False, [], "", argparse.SUPPRESS) or "%(default" in help_text:
+            return help_text
+        return f"{help_text} (default: %(default)s)"
+
+
+def bench_parser(name: str, doc: str | None) -> argparse.ArgumentParser:
+    """The parser of ``python -m grab_exp.bench <name>``, with the ``--out`` every one has.
+
+    Args:
+        name: The benchmark's name (its JSON is ``report/bench/<name>.json`` by default).
+        doc: The benchmark module's docstring (its first line is the description).
+    """
+    parser = argparse.ArgumentParser(
+        prog=f"python -m grab_exp.bench {name}",
+        description=(doc or "").strip().splitlines()[0] if doc else None,
+        formatter_class=_HelpWithDefaults,
+    )
+    parser.add_argument(
+        "--out",
+        default=str(DEFAULT_OUT_DIR / f"{name}.json"),
+        help=f"file the JSON report is written to (results/bench/{name}.json replaces the "
+        "committed one)",
+    )
+    return parser
+
+
+def add_device_option(parser: argparse.ArgumentParser) -> None:
+    """``--device``: where the benchmark runs (CUDA when there is one)."""
+    parser.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="torch device to run on: cpu, cuda, cuda:<k>",
+    )
 
 
 def write_report(path: str | Path, report: dict) -> None:

@@ -9,7 +9,7 @@ the peak. (The profiler cannot size the free of a block allocated before it star
 first step only makes the blocks that the second one frees known.) Buffers that libraries
 allocate outside torch's allocator (oneDNN or BLAS scratch space) are not counted on the CPU.
 Both methods measure the same quantity, the step's working memory over what persists between
-steps (model, optimizer and sorter state, last gradients).
+steps (model, optimizer and ordering state, last gradients).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 The model is an MLP 3072 -> 512 -> 256 -> 10 with ReLU (1,707,274 parameters, no BatchNorm);
 its per-sample gradients of one batch of CIFAR-shaped random data come from the runner's
 ``PerSamplePipeline``. For mean and recursive (D = 5) balance, unprojected and sketched to
-``k`` values (each projection kind), the benchmark measures the median time of one sorter
-``step`` on those gradients (the dict, as in training), the sorter's state bytes, the scratch
+``k`` values (each projection kind), the benchmark measures the median time of one ordering
+``step`` on those gradients (the dict, as in training), the ordering's state bytes, the scratch
 buffers it keeps between steps, and the peak bytes one step allocates above what lives before
 it (:mod:`grab_exp.bench.memory`). Each row gets the gradients ``pipeline.method=auto`` would
 give it: factors where the ordering reads them (``takes_factors``), else the hook path's
@@ -19,8 +19,8 @@ import argparse
 import torch
 from torch.nn import functional as F
 
-from grab_exp.balance import make_balance
-from grab_exp.bench.machine import describe_machine, write_report
+from grab_exp.balance import make_ordering
+from grab_exp.bench.machine import add_device_option, bench_parser, describe_machine, write_report
 from grab_exp.bench.memory import memory_method, peak_step_bytes
 from grab_exp.bench.timing import median_seconds
 from grab_exp.models import MLP
@@ -54,21 +54,21 @@ def materialize_seconds(grads, device: torch.device, repeats: int) -> float:
     return median_seconds(grads.as_dict, device, repeats)
 
 
-def bench_sorter(name: str, kind: str | None, made: dict, d: int, args, device) -> dict:
+def bench_ordering(name: str, kind: str | None, made: dict, d: int, args, device) -> dict:
     """Median step time, state bytes and step peak bytes of one configuration, on the
     gradients ``pipeline.method=auto`` gives it (``made``: ``takes_factors`` ->
     :func:`gradients`)."""
     options = dict(VARIANTS[name])
     if kind is not None:
         options.update(projection_dim=args.k, projection_kind=kind)
-    sorter = make_balance(name, args.n, d, device=device, **options)
-    grads, _, _, method = made[sorter.takes_factors]
+    ordering = make_ordering(name, args.n, d, device=device, **options)
+    grads, _, _, method = made[ordering.takes_factors]
     batch = grads.rows
 
     def one_step() -> None:
-        if sorter.pos + batch > sorter.n:
-            sorter.set_epoch(sorter.epoch + 1)
-        sorter.step(grads)
+        if ordering.pos + batch > ordering.n:
+            ordering.set_epoch(ordering.epoch + 1)
+        ordering.step(grads)
 
     seconds = median_seconds(one_step, device, args.repeats, warmup=args.warmup)
     return {
@@ -77,12 +77,12 @@ def bench_sorter(name: str, kind: str | None, made: dict, d: int, args, device) 
         "projection_kind": kind,
         "method": method,
         "step_ms": seconds * 1e3,
-        "state_bytes": sorter.state_bytes(),
+        "state_bytes": ordering.state_bytes(),
         "step_peak_bytes": peak_step_bytes(one_step, device),
-        # buffers the sorter keeps between steps besides its state (the (B, d) concatenation
+        # buffers the ordering keeps between steps besides its state (the (B, d) concatenation
         # of a gradient dict without projection; only (B, k) ones with it)
         "scratch_bytes": sum(
-            t.numel() * t.element_size() for t in sorter._scratch_buffers.values()
+            t.numel() * t.element_size() for t in ordering._scratch_buffers.values()
         ),
     }
 
@@ -120,25 +120,29 @@ def print_table(report: dict) -> None:
         )
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``python -m grab_exp.bench projection``."""
+    parser = bench_parser("projection", __doc__)
+    parser.add_argument("--k", type=int, default=256, help="projection_dim of the sketches")
+    parser.add_argument("--batch", type=int, default=16, help="examples per step (B)")
+    parser.add_argument("--n", type=int, default=50_000, help="examples per epoch")
+    parser.add_argument("--repeats", type=int, default=15, help="timed steps per row")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per row first")
+    parser.add_argument("--quick", action="store_true", help="small MLP, 2 repeats (a smoke run)")
+    add_device_option(parser)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark, print the table, write the JSON."""
-    parser = argparse.ArgumentParser(prog="python -m grab_exp.bench projection")
-    parser.add_argument("--k", type=int, default=256, help="projection_dim")
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--n", type=int, default=50_000, help="examples per epoch")
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--quick", action="store_true", help="small MLP, 2 repeats (a smoke run)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", default="results/bench/projection.json")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.quick:
         args.repeats, args.warmup, args.n = 2, 1, 64
     hidden = QUICK_HIDDEN if args.quick else HIDDEN
     device = torch.device(args.device)
     made = {factors: gradients(hidden, args.batch, device, factors) for factors in (True, False)}
     d = made[False][1]
-    rows = [bench_sorter(v, k, made, d, args, device) for v in VARIANTS for k in PROJECTIONS]
+    rows = [bench_ordering(v, k, made, d, args, device) for v in VARIANTS for k in PROJECTIONS]
     report = {
         "benchmark": "projection",
         "settings": {**vars(args), "hidden": list(hidden), "d": d, "device": str(device)},

@@ -20,7 +20,7 @@ import sys
 import torch
 from torch.nn import functional as F
 
-from grab_exp.bench.machine import describe_machine, write_report
+from grab_exp.bench.machine import bench_parser, describe_machine, write_report
 from grab_exp.models import MLP
 from grab_exp.per_sample import ClassicPipeline, PerSamplePipeline
 from grab_exp.runner.step import StepParts, train_step
@@ -52,19 +52,23 @@ def run_arm(arm: str, batch: int, steps: int) -> dict:
     x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
     for step in range(steps):
         start = step * batch % (N - N % batch)
-        train_step(parts, x, y, sampler.balance.order[start : start + batch])
+        train_step(parts, x, y, sampler.order[start : start + batch])
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     return {"arm": arm, "d": d, "peak_rss_bytes": peak_kib * 1024, "state": sampler.state_bytes()}
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``python -m grab_exp.bench rss``."""
+    parser = bench_parser("rss", __doc__)
+    parser.add_argument("--batch", type=int, default=16, help="examples per step (B)")
+    parser.add_argument("--steps", type=int, default=3, help="training steps per arm")
+    parser.add_argument("--arm", help=argparse.SUPPRESS)  # the child process's one arm
+    return parser
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Run every arm in its own process; print and write the peaks and their excess."""
-    parser = argparse.ArgumentParser(prog="python -m grab_exp.bench rss")
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--arm", help=argparse.SUPPRESS)  # the child process's one arm
-    parser.add_argument("--out", default="results/bench/rss.json")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.arm:
         print(json.dumps(run_arm(args.arm, args.batch, args.steps)))
         return {}

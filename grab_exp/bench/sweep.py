@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from hydra.experimental.callback import Callback
 
-from grab_exp.bench.machine import describe_machine, write_report
+from grab_exp.bench.machine import bench_parser, describe_machine, write_report
 from grab_exp.report.collect import METRICS_FILE, read_metrics
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -201,18 +201,22 @@ def print_table(report: dict) -> None:
         )
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """Options; ``--quick`` fills the unset ones from :data:`QUICK` (synthetic data)."""
-    parser = argparse.ArgumentParser(prog="python -m grab_exp.bench sweep")
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``python -m grab_exp.bench sweep``."""
+    parser = bench_parser("sweep", __doc__)
     parser.add_argument("--settings", help=f"JOBSxTHREADS,... (default {FULL['settings']})")
     parser.add_argument("--rows", help=f"table1 rows (default {FULL['rows']})")
     parser.add_argument("--seeds", help=f"seeds (default {FULL['seeds']})")
-    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--epochs", type=int, default=1, help="epochs of every job")
     parser.add_argument("--override", action="append", default=[], help="extra Hydra override")
     parser.add_argument("--quick", action="store_true", help="synthetic data, 4 tiny jobs")
     parser.add_argument("--keep", help="keep each setting's run folders in KEEP/<setting>")
-    parser.add_argument("--out", default="results/bench/sweep.json")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Options; ``--quick`` fills the unset ones from :data:`QUICK` (synthetic data)."""
+    args = build_parser().parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)

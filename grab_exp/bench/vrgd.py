@@ -15,7 +15,7 @@ import argparse
 import torch
 
 from grab_exp.bench.epoch import EPOCH_EXAMPLES, build_row, summarize, time_rows
-from grab_exp.bench.machine import describe_machine, write_report
+from grab_exp.bench.machine import add_device_option, bench_parser, describe_machine, write_report
 
 #: arm -> (pipeline, optimizer option), as conf/arm/<arm>.yaml composes it (ordering: rr)
 ARMS = {
@@ -45,17 +45,21 @@ def time_batch(batch: int, args, device: torch.device) -> list[dict]:
     ]
 
 
-def main(argv: list[str] | None = None) -> dict:
-    """Time every arm at every batch size, print a table, write the JSON."""
-    parser = argparse.ArgumentParser(prog="python -m grab_exp.bench vrgd", description=__doc__)
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``python -m grab_exp.bench vrgd``."""
+    parser = bench_parser("vrgd", __doc__)
     parser.add_argument("--batches", default="256,1024,4096", help="comma-separated batch sizes")
     parser.add_argument("--steps", type=int, default=2, help="steps per timed repeat")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved timed repeats")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per arm first")
     parser.add_argument("--method", default="auto", help="per-sample gradients: func|hooks|auto")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", default="results/bench/vrgd.json")
-    args = parser.parse_args(argv)
+    add_device_option(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Time every arm at every batch size, print a table, write the JSON."""
+    args = build_parser().parse_args(argv)
     device = torch.device(args.device)
     batches = [int(b) for b in args.batches.split(",")]
     rows = [row for batch in batches for row in time_batch(batch, args, device)]

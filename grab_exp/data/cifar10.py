@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
+import threading
 import urllib.error
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -15,6 +19,20 @@ from grab_exp.data.paths import resolve_cache_dir
 from grab_exp.data.subset import take_subsets
 
 DOWNLOAD_ERRORS = (urllib.error.URLError, OSError, RuntimeError)
+#: the folder under the cache directory that ``data_dir: null`` means
+DEFAULT_FOLDER = "cifar10"
+#: CIFAR-10's own release, as torchvision's ``CIFAR10`` downloads and extracts it; the startup
+#: check reads these, not torchvision (whose import alone takes seconds); a test keeps them equal
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+BATCHES_FOLDER = "cifar-10-batches-py"
+BATCH_FILES = (*(f"data_batch_{k}" for k in range(1, 6)), "test_batch")
+#: seconds the startup check waits for the download server (DNS included) before giving up
+REACH_TIMEOUT_S = 5.0
+#: the ways forward when CIFAR-10 can be neither read nor downloaded
+ALTERNATIVES = (
+    "use dataset=cifar10_jpeg dataset.archive=PATH for an offline archive "
+    '(README: "Getting CIFAR-10"), or experiment=smoke for a synthetic run'
+)
 
 
 @contextlib.contextmanager
@@ -28,18 +46,83 @@ def socket_timeout(seconds: float) -> Iterator[None]:
         socket.setdefaulttimeout(previous)
 
 
+def data_root(data_dir: str | os.PathLike[str] | None) -> Path:
+    """The folder torchvision downloads into: ``data_dir`` from the repository root, or
+    ``~/.cache/grab_exp/cifar10`` for ``None``."""
+    if data_dir is None:
+        return resolve_cache_dir(None) / DEFAULT_FOLDER
+    return resolve_cache_dir(data_dir)
+
+
+def on_disk(root: Path) -> bool:
+    """Whether every extracted CIFAR-10 batch file is in ``root`` (checksums: torchvision's,
+    when it loads them)."""
+    return all((root / BATCHES_FOLDER / name).is_file() for name in BATCH_FILES)
+
+
+def unavailable_error(root: Path, reason: str) -> RuntimeError:
+    """The one line of a CIFAR-10 that is not in ``root`` and cannot be downloaded."""
+    reason = " ".join(reason.split())
+    return RuntimeError(
+        f"dataset=cifar10: CIFAR-10 is not in {root} and could not be downloaded ({reason}); "
+        + ALTERNATIVES
+    )
+
+
+def _reason(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+@functools.lru_cache(maxsize=8)
+def unreachable(url: str, timeout_s: float) -> str | None:
+    """Why ``url`` cannot be fetched (a HEAD request), or ``None`` when it answers.
+
+    The request runs in a daemon thread joined for ``timeout_s``, so a name lookup that hangs
+    counts as unreachable too. Cached: the startup check runs once per process and URL.
+    """
+    outcome: list[str | None] = [f"no answer within {timeout_s:g} s"]
+
+    def probe() -> None:
+        try:
+            with urllib.request.urlopen(
+                urllib.request.Request(url, method="HEAD"), timeout=timeout_s
+            ):
+                outcome[0] = None
+        except DOWNLOAD_ERRORS as error:
+            outcome[0] = _reason(error)
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return outcome[0]
+
+
+def check_cifar10(
+    data_dir: str | os.PathLike[str] | None = None,
+    download_timeout_s: float = 30.0,
+    **_loader_options: object,
+) -> None:
+    """Startup check of ``dataset=cifar10``: the data is on disk, or its server answers.
+
+    Takes :func:`load_cifar10`'s options; reads no data, downloads nothing and does not import
+    torchvision.
+
+    Raises:
+        RuntimeError: One line naming ``dataset=cifar10_jpeg dataset.archive=PATH`` and
+            ``experiment=smoke`` (:func:`unavailable_error`).
+    """
+    root = data_root(data_dir)
+    if on_disk(root):
+        return
+    reason = unreachable(CIFAR10_URL, min(download_timeout_s, REACH_TIMEOUT_S))
+    if reason is not None:
+        raise unavailable_error(root, reason)
+
+
 def _split_tensors(split) -> tuple[torch.Tensor, torch.Tensor]:
     """Turn a torchvision CIFAR10 split into ``(N, 3, 32, 32)`` uint8 images and ``(N,)`` labels."""
     images = torch.from_numpy(split.data).permute(0, 3, 1, 2).contiguous()
     return images, torch.tensor(split.targets, dtype=torch.int64)
-
-
-def _download_error(data_dir: os.PathLike[str], error: Exception) -> RuntimeError:
-    reason = " ".join(str(error).split()) or type(error).__name__
-    return RuntimeError(
-        f"dataset=cifar10: could not download CIFAR-10 into {data_dir} ({reason}); offline, use "
-        "dataset=cifar10_jpeg, which reads ../shared/data/cifar10-jpeg.tar.gz"
-    )
 
 
 def load_cifar10(
@@ -66,17 +149,17 @@ def load_cifar10(
         and the same for the test split.
 
     Raises:
-        RuntimeError: One line naming the ``cifar10_jpeg`` alternative when the download fails.
+        RuntimeError: One line naming the alternatives when the download fails.
     """
     from torchvision.datasets import CIFAR10
 
-    root = resolve_cache_dir(None) / "cifar10" if data_dir is None else resolve_cache_dir(data_dir)
+    root = data_root(data_dir)
     try:
         with socket_timeout(download_timeout_s):
             train = CIFAR10(root=root, train=True, download=True)
             test = CIFAR10(root=root, train=False, download=True)
     except DOWNLOAD_ERRORS as error:
-        raise _download_error(root, error) from error
+        raise unavailable_error(root, _reason(error)) from error
     train_arrays, test_arrays = _split_tensors(train), _split_tensors(test)
     data = array_data_from_uint8(*train_arrays, *test_arrays, classes=train.classes)
     return take_subsets(data, subset, test_subset, subset_seed)

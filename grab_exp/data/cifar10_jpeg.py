@@ -43,9 +43,24 @@ def resolve_archive(archive: str | os.PathLike[str] = DEFAULT_ARCHIVE) -> Path:
     if not path.exists():
         raise FileNotFoundError(
             f"{ARCHIVE_SETTING}: no CIFAR-10 JPEG archive at {path} "
-            "(expected a .tar.gz or a folder with train/<class>/*.jpg and test/<class>/*.jpg)"
+            "(expected a .tar.gz or a folder with train/<class>/*.jpg and test/<class>/*.jpg); "
+            'give dataset.archive=PATH (README: "Getting CIFAR-10"), or use dataset=cifar10 '
+            "(downloaded on first use) or experiment=smoke (synthetic)"
         )
     return path
+
+
+def check_cifar10_jpeg(
+    archive: str | os.PathLike[str] = DEFAULT_ARCHIVE, **_loader_options: object
+) -> None:
+    """Startup check of ``dataset=cifar10_jpeg``: the archive exists (nothing is read).
+
+    Takes :func:`load_cifar10_jpeg`'s options.
+
+    Raises:
+        FileNotFoundError: One line naming ``dataset.archive`` (:func:`resolve_archive`).
+    """
+    resolve_archive(archive)
 
 
 def decode_source(source: Path) -> dict[str, object]:

@@ -18,7 +18,6 @@ from grab_exp.distributed.orderings import (
     DistributedOrdering,
     DistributedRandomReshuffle,
     IndependentGraB,
-    make_distributed_ordering,
 )
 from grab_exp.distributed.shards import ShardSplit, rank_seeds, split_shards
 
@@ -34,7 +33,6 @@ __all__ = [
     "ShardSplit",
     "SimulatedComm",
     "init_distributed",
-    "make_distributed_ordering",
     "rank_seeds",
     "split_shards",
 ]

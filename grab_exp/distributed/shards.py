@@ -31,11 +31,6 @@ class ShardSplit:
         return self.shards.shape[0]
 
     @property
-    def shard_size(self) -> int:
-        """Examples per worker ``m``."""
-        return self.shards.shape[1]
-
-    @property
     def num_dropped(self) -> int:
         """How many examples were dropped so that every shard has ``m`` examples."""
         return self.dropped.numel()

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from grab_exp.distributed.comm import Communicator
-from grab_exp.runner.evaluate import evaluate
+from grab_exp.models.evaluate import evaluate
 
 
 class ModelDivergenceError(RuntimeError):

@@ -11,6 +11,7 @@ from itertools import accumulate, pairwise
 
 import torch
 
+from grab_exp.devices import same_device
 from grab_exp.grads.linear import FactorBias, LinearFactors
 from grab_exp.grads.rows import DenseRows, GradRows
 
@@ -18,14 +19,6 @@ from grab_exp.grads.rows import DenseRows, GradRows
 Part = torch.Tensor | LinearFactors | FactorBias
 #: dense blocks narrower than this are joined with their dense neighbours into one matrix
 JOIN_WIDTH = 1 << 16
-
-
-def on_device(tensor: torch.Tensor, device: torch.device | str) -> bool:
-    """Whether ``tensor`` is on ``device``; ``cuda`` (no index) is the current one, as in ``to``."""
-    device = torch.device(device)
-    if device.index is None and device.type != "cpu":
-        device = torch.device(device.type, torch.accelerator.current_device_index())
-    return tensor.device == device
 
 
 class BatchGrads(GradRows):
@@ -80,7 +73,7 @@ class BatchGrads(GradRows):
 
     def to(self, device: torch.device, dtype: torch.dtype) -> BatchGrads:
         """The blocks on ``device`` in ``dtype`` (``self`` when they are there already)."""
-        if on_device(self.like, device) and self.like.dtype == dtype:
+        if same_device(self.like.device, device) and self.like.dtype == dtype:
             return self
         return BatchGrads([block.to(device, dtype) for block in self.blocks], self.shapes)
 

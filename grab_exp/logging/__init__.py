@@ -1,4 +1,4 @@
-"""Run logging: the local store (always on) and a fail-soft W&B mirror, plus an offline W&B reader.
+"""Run logging: the local store (always on) and a fail-soft W&B mirror.
 
 Importing this package is cheap: ``torch`` and ``wandb`` are imported only when used.
 """
@@ -11,7 +11,6 @@ from grab_exp.logging.wandb_logger import (
     build_wandb_logger,
 )
 from grab_exp.logging.wandb_mode import resolve_mode
-from grab_exp.logging.wandb_reader import read_offline_run, read_offline_runs
 
 __all__ = [
     "LocalStore",
@@ -23,8 +22,6 @@ __all__ = [
     "git_commit",
     "library_versions",
     "read_json",
-    "read_offline_run",
-    "read_offline_runs",
     "resolve_mode",
     "write_json",
 ]

@@ -25,6 +25,46 @@ class DamagedFileError(ValueError):
     """A run file that cannot be read; the message names it, what is wrong and what to do."""
 
 
+class WriteError(OSError):
+    """A run file could not be written: ``could not write <path>: <errno text>``."""
+
+
+def _os_error_in(error: BaseException) -> OSError | None:
+    """The first ``OSError`` with an errno in ``error``'s chain (torch wraps a failed write
+    in ``RuntimeError``s), or ``None``."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno is not None:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Turn a failed write to ``path`` (disk full, quota, permissions) into one
+    :class:`WriteError` line that names the file and the errno's text."""
+    try:
+        yield
+    except WriteError:
+        raise
+    except (OSError, RuntimeError) as error:
+        cause = _os_error_in(error)
+        if cause is None:
+            raise
+        failure = WriteError(f"could not write {path}: {os.strerror(cause.errno)}")
+        failure.errno = cause.errno
+        raise failure from None
+
+
+def umask_mode(mode: int = 0o666) -> int:
+    """``mode`` less the process's umask: the mode a plain ``open`` would create a file with."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mode & ~mask
+
+
 def damaged(path: str | os.PathLike[str], problem: str, remedy: str) -> DamagedFileError:
     """The one message style of a damaged file: ``<path> is damaged (<problem>); <remedy>``."""
     return DamagedFileError(f"{path} is damaged ({problem}); {remedy}")
@@ -86,20 +126,24 @@ def read_json(path: str | os.PathLike[str], remedy: str = "delete it") -> Any | 
 def _atomic_target(path: str | os.PathLike[str], *, binary: bool) -> Iterator[IO[Any]]:
     """Yield a temporary file next to ``path``; on success make it ``path``, else delete it."""
     target = Path(path)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=TMP_SUFFIX, dir=target.parent)
-    try:
-        mode = "wb" if binary else "w"
-        encoding = None if binary else "utf-8"
-        with os.fdopen(fd, mode, encoding=encoding, newline=None if binary else "") as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
-    fsync_dir(target.parent)
+    with writing(target):
+        fd, tmp_name = tempfile.mkstemp(
+            prefix=f".{target.name}.", suffix=TMP_SUFFIX, dir=target.parent
+        )
+        try:
+            os.fchmod(fd, umask_mode())  # mkstemp's file is private (0600); others' are not
+            mode = "wb" if binary else "w"
+            encoding = None if binary else "utf-8"
+            with os.fdopen(fd, mode, encoding=encoding, newline=None if binary else "") as handle:
+                yield handle
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp_name, target)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp_name)
+            raise
+        fsync_dir(target.parent)
 
 
 def remove_stale_temp_files(directory: str | os.PathLike[str]) -> list[Path]:

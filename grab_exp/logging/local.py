@@ -22,7 +22,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from grab_exp.logging.files import atomic_write_text, damaged, fsync_dir, read_json, write_json
+from grab_exp.logging.files import (
+    atomic_write_text,
+    damaged,
+    fsync_dir,
+    read_json,
+    write_json,
+    writing,
+)
 from grab_exp.logging.provenance import git_commit, library_versions
 from grab_exp.validation import check_choice
 
@@ -75,7 +82,8 @@ class LocalStore:
                 f"{self.metrics_path}: refusing to append epoch {row['epoch']} after epoch "
                 f"{last}; is another job writing this run directory?"
             )
-        with open(self.metrics_path, "a", encoding="utf-8", newline="") as handle:
+        path = self.metrics_path
+        with writing(path), open(path, "a", encoding="utf-8", newline="") as handle:
             handle.write(self._header() + line if is_new else line)
             handle.flush()
             os.fsync(handle.fileno())

@@ -1,49 +1,51 @@
-"""The report: Table 1, the paper side by side, and Figures 1-2 from logged runs.
+"""The reports: Table 1 (with the paper side by side and Figures 1-2), VRGD, data-parallel.
 
-Typical use::
+A shared core: :mod:`~grab_exp.report.collect` (the one reader of runs, local or W&B, into
+``(frame, identity)`` records), :mod:`~grab_exp.report.frames` (the tidy frame and its checks) and
+:mod:`~grab_exp.report.render` (cells, Markdown/LaTeX, figure style and files). Then one module
+per report, :mod:`~grab_exp.report.table1` (its parts: ``table1_table``, ``table1_figures``),
+:mod:`~grab_exp.report.vrgd` and :mod:`~grab_exp.report.distributed`, each with
+``load(args)``, ``compute(frame, args)``, ``write(report, args)`` and ``run(args)``.
 
-    frame = load_runs(["outputs/table1"])          # or frame_from_wandb("entity/project/group")
-    table = build_table1(frame)                     # numbers: table.data
-    make_report(frame, "report/", DEFAULT_PAPER_CSV)
-    frame, identity = read_run("outputs/table1/mean/seed0")  # identity: see run_identity
+Table 1 from Python (what ``notebooks/reproduce_figures.ipynb`` does)::
+
+    frame = runs_frame(read_runs(["outputs/table1"]))  # or read_wandb_runs("entity/project/group")
+    table = build_table1(frame, bench=read_epoch_bench("results/bench/epoch.json"))
+    to_markdown(display_frame(table)); versus_rr(table)  # GraB minus RR, in means
+    figure1(frame); figure2(table)
 
 Command line: ``python -m grab_exp.report {table1,vrgd,distributed} ...`` (see ``--help``),
 e.g. ``python -m grab_exp.report table1 outputs/table1 --out report/``.
 """
 
-from grab_exp.report.bench_epoch import EpochBench, read_epoch_bench
-from grab_exp.report.build import Report, make_report
-from grab_exp.report.collect import (
-    IDENTITY_KEYS,
-    find_run_dirs,
-    load_run,
-    load_runs,
-    read_run,
-    read_runs,
-    run_identity,
-)
-from grab_exp.report.figures import figure1, figure2, save_figure
+from grab_exp.report import distributed, table1, vrgd
+from grab_exp.report.collect import find_run_dirs, read_api_runs, read_runs, read_wandb_runs
 from grab_exp.report.frames import ReportWarning, RunLoadError
-from grab_exp.report.paper import (
+from grab_exp.report.render import save_figure, to_markdown
+from grab_exp.report.table1_figures import figure1, figure2
+from grab_exp.report.table1_table import (
     DEFAULT_PAPER_CSV,
+    ROW_ORDER,
+    EpochBench,
+    Table1,
+    build_table1,
+    color_of,
     default_paper_csv,
+    display_frame,
     hardware_note,
     merge_paper,
+    read_epoch_bench,
     read_paper,
+    row_label,
+    runs_frame,
     side_by_side_frame,
+    versus_rr,
 )
-from grab_exp.report.render import display_frame, to_markdown
-from grab_exp.report.table import Table1, build_table1, versus_rr
-from grab_exp.report.variants import PALETTE, ROW_ORDER, color_of, row_label
-from grab_exp.report.wandb_source import frame_from_api_runs, frame_from_wandb
 
 __all__ = [
     "DEFAULT_PAPER_CSV",
-    "IDENTITY_KEYS",
-    "PALETTE",
     "ROW_ORDER",
     "EpochBench",
-    "Report",
     "ReportWarning",
     "RunLoadError",
     "Table1",
@@ -51,24 +53,23 @@ __all__ = [
     "color_of",
     "default_paper_csv",
     "display_frame",
+    "distributed",
     "figure1",
     "figure2",
     "find_run_dirs",
-    "frame_from_api_runs",
-    "frame_from_wandb",
     "hardware_note",
-    "load_run",
-    "load_runs",
-    "make_report",
     "merge_paper",
+    "read_api_runs",
     "read_epoch_bench",
     "read_paper",
-    "read_run",
     "read_runs",
+    "read_wandb_runs",
     "row_label",
-    "run_identity",
+    "runs_frame",
     "save_figure",
     "side_by_side_frame",
+    "table1",
     "to_markdown",
     "versus_rr",
+    "vrgd",
 ]

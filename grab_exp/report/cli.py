@@ -1,5 +1,9 @@
 """``python -m grab_exp.report COMMAND ...``: every report of the project, one entry point.
 
+Each command is a module with the same functions: ``add_arguments(cli)``, ``load(args)`` (the
+runs, through :mod:`grab_exp.report.collect`), ``compute(frame, args)``, ``write(report, args)``
+(the written files) and ``run(args)`` (the exit status).
+
 Commands:
   table1       Table 1, the paper side by side and Figures 1-2, from runs or W&B
   vrgd         the VRGD large-batch table and figure (``experiment=vrgd_large_batch``)
@@ -16,10 +20,10 @@ import sys
 import warnings
 from collections.abc import Sequence
 
-from grab_exp.report import distributed, table1_report, vrgd_report
+from grab_exp.report import distributed, table1, vrgd
 from grab_exp.report.frames import ReportWarning
 
-COMMANDS = {"table1": table1_report, "vrgd": vrgd_report, "distributed": distributed}
+COMMANDS = {"table1": table1, "vrgd": vrgd, "distributed": distributed}
 _HELP = {
     "table1": "Table 1, the paper side by side and Figures 1-2",
     "vrgd": "the VRGD large-batch table and figure",
@@ -49,7 +53,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run a command; returns the exit status (2: bad arguments; 1: no runs, or a failure).
+    """Run a command; returns the exit status (2: bad arguments; 1: no usable run, a bad input
+    file, or a failure, in one ``error:`` line).
 
     Args:
         argv: The arguments (default: ``sys.argv[1:]``); when the first is neither a command
@@ -64,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings.showwarning = _show_warning
         try:
             return args.run(args)
-        except FileNotFoundError as error:
+        except (FileNotFoundError, ValueError, RuntimeError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 1
 

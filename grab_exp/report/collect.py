@@ -1,8 +1,11 @@
-"""The one reader of runs: run directories (``metrics.csv``, ``summary.json``, ``.hydra/``)
-into the tidy frame of :mod:`grab_exp.report.frames`, and every run's identity, local or W&B.
+"""The one reader of runs: run directories (``metrics.csv``, ``summary.json``, ``.hydra/``) and W&B
+runs, each into a record ``(frame, identity)``: its tidy frame (:mod:`grab_exp.report.frames`) and
+its identity (:func:`grab_exp.runner.identity.read_identity`).
 
-Runs that cannot be used (unfinished, missing or corrupt files, kept-aside ``*.old<k>``
-copies) are skipped with a :class:`ReportWarning` that names their directory.
+Runs that cannot be used (unfinished, missing or corrupt files, kept-aside ``*.old<k>`` copies)
+are skipped with a :class:`ReportWarning` that names them. W&B runs come from the public API
+(``wandb.Api().runs(...)``: ``id``, ``state``, ``job_type``, ``config``, ``path`` and
+``scan_history()``, as documented for ``wandb.apis.public.Run``); fetching needs the network.
 """
 
 from __future__ import annotations
@@ -10,12 +13,11 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from omegaconf import OmegaConf
 
 from grab_exp.logging.files import shown
 from grab_exp.report.frames import (
@@ -23,134 +25,34 @@ from grab_exp.report.frames import (
     RunLoadError,
     check_complete,
     check_metrics,
-    concat_runs,
-    drop_duplicate_runs,
     metric_columns,
     warn_skip,
 )
+from grab_exp.runner.identity import read_identity
 
 METRICS_FILE = "metrics.csv"
 SUMMARY_FILE = "summary.json"
-#: The keys of a run's identity block, in order (see :func:`run_identity`).
-IDENTITY_KEYS = ("experiment", "variant", "pipeline", "optimizer", "arm", "row", "batch_size")
-IDENTITY_KEYS += ("world_size", "seed", "overrides_hash")
 _KEPT_ASIDE = re.compile(r"\.old\d+$")
-_RUN_DIR = re.compile(r"^seed\d+(?:-(?P<hash>[0-9a-f]+))?$")
-_PIPELINES = {"ClassicPipeline": "classic", "FunctionalPipeline": "functional"}
-_OPTIMIZERS = {"SGD": "sgd", "Adam": "adam", "VRSGD": "vr_sgd", "VRMomentum": "vr_momentum"}
-_OPTIMIZERS |= {"VRAdam": "vr_adam"}
+Record = tuple[pd.DataFrame, dict[str, Any]]
 
 
-def run_identity(
-    summary: Mapping[str, Any],
-    config: Mapping[str, Any] | None = None,
-    run_dir: str | os.PathLike[str] | None = None,
-    where: str | None = None,
-) -> dict[str, Any]:
-    """A run's identity: the ``identity`` block of its summary (or W&B config), else derived.
-
-    Runs written before the block existed get the same dict from the summary's ``variant``,
-    ``pipeline``, ``seed``, ``world_size``; the resolved config's ``name``, ``batch_size``,
-    ``seed`` and ``_target_`` classes; and, with ``run_dir``, its ``.hydra/`` choices
-    (``arm``, ``row``, ``optimizer``), ``[+]row=``/``arm=`` overrides and the directory's hash
-    suffix. What an old run did not record is ``None``.
-
-    Args:
-        summary: The run's ``summary.json`` (``{}`` for a W&B run).
-        config: The run's resolved config (a W&B run's ``config``); default with ``run_dir``:
-            its ``.hydra/config.yaml``.
-        run_dir: The local run directory.
-        where: The run in error messages (default: ``run_dir``, else ``a W&B run``).
+def read_runs(paths: Iterable[str | os.PathLike[str]]) -> list[Record]:
+    """Every usable run at or under ``paths``, in directory order.
 
     Returns:
-        ``{key: value for key in IDENTITY_KEYS}``.
+        ``(frame, identity)`` per run: its rows (:data:`ID_COLUMNS` then ``metrics.csv``'s
+        columns) and its identity.
 
     Raises:
-        RunLoadError: an old run whose variant or seed cannot be told, or unreadable Hydra files.
+        FileNotFoundError: a path does not exist.
     """
-    block = summary.get("identity") or (config or {}).get("identity")
-    if isinstance(block, Mapping):
-        return {key: block.get(key) for key in IDENTITY_KEYS}
-    where = where or ("a W&B run" if run_dir is None else str(run_dir))
-    try:
-        config = read_config(run_dir) if config is None and run_dir is not None else config
-        identity = _derive_identity(summary, config or {}, run_dir)
-    except (OSError, ValueError) as error:
-        raise RunLoadError(f"skipping {where}: unreadable Hydra files ({error})") from None
-    missing = [key for key in ("variant", "seed") if identity[key] is None]
-    if missing:
-        raise RunLoadError(f"skipping {where}: cannot tell its {'/'.join(missing)}")
-    return identity
-
-
-def _derive_identity(summary: Mapping, config: Mapping, run_dir: Any) -> dict[str, Any]:
-    """The identity of a run written before the identity block (see :func:`run_identity`)."""
-    choices, overrides = _hydra_choices(Path(run_dir, ".hydra")) if run_dir else ({}, {})
-    seed, batch_size = summary.get("seed", config.get("seed")), config.get("batch_size")
-    match = _RUN_DIR.match(Path(run_dir).name) if run_dir is not None else None
-    return {
-        "experiment": config.get("name"),
-        "variant": summary.get("variant") or _choice("balance", choices, config, _balances()),
-        "pipeline": summary.get("pipeline") or _choice("pipeline", choices, config, _PIPELINES),
-        "optimizer": _choice("optimizer", choices, config, _OPTIMIZERS),
-        "arm": choices.get("arm") or overrides.get("arm"),
-        "row": choices.get("row") or overrides.get("row"),
-        "batch_size": None if batch_size is None else int(batch_size),
-        "world_size": _world_size(summary, config),
-        "seed": None if seed is None else int(seed),
-        "overrides_hash": (match["hash"] or "") if match else None,
-    }
-
-
-def _hydra_choices(hydra_dir: Path) -> tuple[dict[str, Any], dict[str, str]]:
-    """Hydra's group choices (``hydra.yaml``) and the overrides (``overrides.yaml``)."""
-    choices, overrides = {}, []
-    if (hydra_dir / "hydra.yaml").is_file():
-        hydra = OmegaConf.load(hydra_dir / "hydra.yaml")
-        choices = OmegaConf.to_container(hydra.hydra.runtime.choices)
-    if (hydra_dir / "overrides.yaml").is_file():
-        overrides = OmegaConf.to_container(OmegaConf.load(hydra_dir / "overrides.yaml"))
-    pairs = (str(o).split("=", 1) for o in overrides if "=" in str(o))
-    return choices, {key.lstrip("+~"): value for key, value in pairs}
-
-
-def _choice(group: str, choices: Mapping, config: Mapping, names: Mapping) -> str | None:
-    """A config group's option: Hydra's choice, else named after the config's ``_target_``."""
-    if choices.get(group):
-        return str(choices[group])
-    target = (config.get(group) or {}).get("_target_")
-    return names.get(str(target).rsplit(".", 1)[-1]) if target else None
-
-
-def _balances() -> dict[str, str]:
-    """Ordering class name -> registry name (e.g. ``MeanBalance`` -> ``mean``)."""
-    from grab_exp.balance import Balance
-    from grab_exp.distributed.orderings import DistributedOrdering
-
-    registry = {**Balance.registry, **DistributedOrdering.registry}
-    return {cls.__name__: name for name, cls in registry.items()}
-
-
-def _world_size(summary: Mapping, config: Mapping) -> int | None:
-    """Data-parallel runs record it; a single process is 1; unknown is ``None``."""
-    if summary.get("world_size"):
-        return int(summary["world_size"])
-    distributed = config.get("distributed") or {}
-    workers = distributed.get("simulate_workers") or distributed.get("workers")
-    if workers:
-        return int(workers)
-    return None if distributed.get("enabled") else 1
-
-
-def read_config(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The run's resolved config (``.hydra/config.yaml``), ``None`` when it has none."""
-    path = Path(run_dir, ".hydra", "config.yaml")
-    if not path.is_file():
-        return None
-    from grab_exp.runner.resolvers import register_resolvers
-
-    register_resolvers()  # e.g. the lr of the square-root rule
-    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    runs = []
+    for run_dir in find_run_dirs(paths):
+        try:
+            runs.append(_read_run(run_dir))
+        except RunLoadError as error:
+            warn_skip(str(error))
+    return runs
 
 
 def find_run_dirs(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
@@ -184,14 +86,13 @@ def find_run_dirs(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     return kept
 
 
-def read_run(run_dir: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """One finished run: its tidy frame and its identity (:func:`run_identity`).
+def _read_run(run_dir: Path) -> Record:
+    """One finished run directory (see :func:`read_runs`).
 
     Raises:
         RunLoadError: the run is unfinished (e.g. ``interrupted``), its identity cannot be told,
             or its ``summary.json`` / ``metrics.csv`` is missing, corrupt or incomplete.
     """
-    run_dir = Path(run_dir)
     try:
         summary = json.loads((run_dir / SUMMARY_FILE).read_text())
     except (OSError, ValueError) as error:
@@ -200,16 +101,9 @@ def read_run(run_dir: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, A
         raise RunLoadError(f"skipping {run_dir}: {SUMMARY_FILE} is not a JSON object")
     if (status := summary.get("status")) != "finished":
         raise RunLoadError(f"skipping unfinished run {run_dir} (status {status!r})")
-    identity = run_identity(summary, run_dir=run_dir)
+    identity = _identity(summary, None, run_dir, str(run_dir))
     metrics = check_complete(read_metrics(run_dir), summary.get("final") or {}, run_dir)
-    ids = {"run": shown(run_dir), **{key: identity[key] for key in ("variant", "pipeline", "seed")}}
-    ids["device"] = str(summary.get("device", "unknown"))
-    return metrics.assign(**ids)[[*ID_COLUMNS, *metric_columns(metrics)]], identity
-
-
-def load_run(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
-    """One finished run's tidy frame (:func:`read_run` without the identity)."""
-    return read_run(run_dir)[0]
+    return _record(metrics, identity, shown(run_dir), str(summary.get("device", "unknown")))
 
 
 def read_metrics(run_dir: Path) -> pd.DataFrame:
@@ -224,26 +118,95 @@ def read_metrics(run_dir: Path) -> pd.DataFrame:
     return check_metrics(metrics, run_dir, METRICS_FILE)
 
 
-def read_runs(paths: Iterable[str | os.PathLike[str]]) -> list[tuple[pd.DataFrame, dict]]:
-    """:func:`read_run` of every usable run at or under ``paths``, in directory order.
+def _identity(summary: dict, config: dict | None, run_dir: Path | None, where: str) -> dict:
+    try:
+        return read_identity(summary, config, run_dir)
+    except ValueError as error:
+        raise RunLoadError(f"skipping {where}: {error}") from None
+
+
+def _record(metrics: pd.DataFrame, identity: dict, run: str, device: str) -> Record:
+    """The run's rows: ``run``, its variant, pipeline and seed, ``device``, then ``metrics``."""
+    ids = {"run": run, **{key: identity[key] for key in ("variant", "pipeline", "seed")}}
+    ids["device"] = device
+    return metrics.assign(**ids)[[*ID_COLUMNS, *metric_columns(metrics)]], identity
+
+
+# ------------------------------------------------------------------ W&B
+
+
+def read_wandb_runs(path: str, api: Any = None) -> list[Record]:
+    """The finished training runs of ``ENTITY/PROJECT[/GROUP]`` (see :func:`read_api_runs`)."""
+    if api is None:
+        import wandb
+
+        api = wandb.Api()
+    project, group = parse_wandb_path(path)
+    return read_api_runs(api.runs(project, filters={"group": group} if group else None))
+
+
+def parse_wandb_path(path: str) -> tuple[str, str | None]:
+    """``ENTITY/PROJECT[/GROUP]`` -> ``("ENTITY/PROJECT", GROUP or None)``.
 
     Raises:
-        FileNotFoundError: a path does not exist.
+        ValueError: fewer than two non-empty parts.
     """
-    runs = []
-    for run_dir in find_run_dirs(paths):
+    parts = path.strip("/").split("/", 2)
+    if len(parts) < 2 or not all(parts[:2]):
+        raise ValueError(f"--wandb wants ENTITY/PROJECT[/GROUP], got {path!r}")
+    return "/".join(parts[:2]), (parts[2] if len(parts) == 3 and parts[2] else None)
+
+
+def read_api_runs(runs: Iterable[Any]) -> list[Record]:
+    """Public-API runs as records (see :func:`read_runs`); a run's identity is its config's.
+
+    Report runs (``job_type == "report"``) are ignored; unfinished runs and runs whose
+    identity or history cannot be read are skipped with a warning naming them.
+    """
+    records = []
+    for run in runs:
+        if getattr(run, "job_type", None) == "report":
+            continue
         try:
-            runs.append(read_run(run_dir))
+            records.append(_read_api_run(run))
         except RunLoadError as error:
             warn_skip(str(error))
-    return runs
+    return records
 
 
-def load_runs(paths: Iterable[str | os.PathLike[str]]) -> pd.DataFrame:
-    """The tidy frame of the usable runs at or under ``paths``; of two runs sharing variant,
-    pipeline and seed, the later one is dropped with a warning (pass one sweep's runs).
+def _read_api_run(run: Any) -> Record:
+    """One public-API run (:func:`read_api_runs`); raises :class:`RunLoadError` naming it."""
+    path = getattr(run, "path", None)
+    ref = "wandb:" + ("/".join(map(str, path)) if path else str(run.id))
+    if run.state != "finished":
+        raise RunLoadError(f"skipping unfinished W&B run {ref} (state {run.state!r})")
+    config = dict(run.config or {})
+    identity = _identity({}, config, None, f"W&B run {ref}")
+    history = _history_frame(run.scan_history(), ref)
+    return _record(history, identity, ref, _device(history, config))
 
-    Raises:
-        FileNotFoundError: a path does not exist.
-    """
-    return drop_duplicate_runs(concat_runs([frame for frame, _ in read_runs(paths)]))
+
+def _history_frame(rows: Iterable[dict[str, Any]], ref: str) -> pd.DataFrame:
+    """The run's epoch rows (``epoch`` from the logged key, else ``_step``), checked; an
+    epoch logged twice (a resumed run) keeps its later row."""
+    kept = []
+    for row in rows:
+        if row.get("train/loss") is None:
+            continue
+        epoch = row.get("epoch", row.get("_step"))
+        kept.append({"epoch": epoch, **{k: v for k, v in row.items() if not k.startswith("_")}})
+    frame = pd.DataFrame(kept)
+    if frame.empty:
+        frame = pd.DataFrame(columns=["epoch"])
+    else:
+        frame = frame.drop_duplicates("epoch", keep="last")
+    return check_metrics(frame, f"W&B run {ref}", "history")
+
+
+def _device(history: pd.DataFrame, config: dict[str, Any]) -> str:
+    """``cuda`` when CUDA memory was logged, else the configured device (``cpu`` for auto)."""
+    cuda = history.get("mem/peak_cuda_mb")
+    if cuda is not None and cuda.notna().any():
+        return "cuda"
+    device = str(config.get("device", "auto"))
+    return "cpu" if device == "auto" else device

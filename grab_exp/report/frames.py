@@ -1,9 +1,8 @@
-"""The tidy run frame: its columns, the check of a metrics table, stacking and order.
+"""The tidy run frame: its columns, the check of a metrics table, stacking; the report's errors.
 
 One row per (run, epoch): ``run`` (where it came from), ``variant``, ``pipeline``, ``seed``,
 ``device``, ``epoch`` and the metric columns (``train/loss``, ``test/acc``, ``time/epoch_s``,
-...). :mod:`grab_exp.report.collect` builds it from run directories, and
-:mod:`grab_exp.report.wandb_source` from W&B runs.
+...). :mod:`grab_exp.report.collect` builds it from run directories and from W&B runs.
 """
 
 from __future__ import annotations
@@ -14,8 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-
-from grab_exp.report.variants import row_rank
 
 ID_COLUMNS = ("run", "variant", "pipeline", "seed", "device", "epoch")
 REQUIRED_METRICS = ("train/loss", "test/acc", "time/epoch_s")
@@ -108,26 +105,3 @@ def concat_runs(frames: list[pd.DataFrame]) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame(columns=list(ID_COLUMNS))
     return pd.concat(frames, ignore_index=True)
-
-
-def drop_duplicate_runs(frame: pd.DataFrame) -> pd.DataFrame:
-    """Keep one run per (variant, pipeline, seed), warning about the others."""
-    runs = frame[["run", "variant", "pipeline", "seed"]].drop_duplicates()
-    duplicated = runs.duplicated(["variant", "pipeline", "seed"])
-    for _, row in runs[duplicated].iterrows():
-        warn_skip(
-            f"skipping {row['run']}: another run of {row['variant']}/{row['pipeline']} "
-            f"seed {row['seed']} was already collected (pass one sweep's directories)"
-        )
-    kept = frame[~frame["run"].isin(runs[duplicated]["run"])]
-    return sort_runs(kept)
-
-
-def sort_runs(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows in the report's order of variant/pipeline, then seed, then epoch."""
-    if frame.empty:
-        return frame.reset_index(drop=True)
-    pairs = zip(frame["variant"], frame["pipeline"].fillna(""), strict=True)
-    keyed = frame.assign(_rank=[row_rank(v, p) for v, p in pairs])
-    keyed = keyed.sort_values(["_rank", "seed", "run", "epoch"], kind="stable")
-    return keyed.drop(columns="_rank").reset_index(drop=True)

@@ -1,25 +1,31 @@
-"""Table 1 as text: display cells (mean ± std), Markdown and LaTeX writers, column headers."""
+"""What every report shares to show its numbers: cells, Markdown and LaTeX tables, and the style
+and file formats of its figures (a paper column: 3.4 in wide, 7 pt text; PNG and PDF)."""
 
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 
+import matplotlib as mpl
 import pandas as pd
+from matplotlib.ticker import MaxNLocator, NullLocator, ScalarFormatter
 
-from grab_exp.report.table import EARLY_EPOCH, Table1
-
-_DECIMALS = {"train_loss": 4, "test_acc": 4, "time_s": 2, "peak": 1}
-_MEMORY_NAMES = {
-    "cuda_step": "Step peak CUDA mem. (MB)",
-    "cuda": "Peak CUDA mem. (MB)",
-    "rss": "Peak RSS (MB)",
-    "mixed": "Peak mem. (MB)",
+COLUMN_WIDTH_IN = 3.4
+STYLE = {
+    "font.size": 7,
+    "axes.titlesize": 7,
+    "axes.labelsize": 7,
+    "xtick.labelsize": 6,
+    "ytick.labelsize": 6,
+    "legend.fontsize": 6,
+    "axes.linewidth": 0.6,
+    "lines.linewidth": 1.0,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.formatter.useoffset": False,
 }
-
-
-def decimals(metric: str) -> int:
-    """Decimals shown for ``metric`` (4 for losses and accuracies, 2 for s, 1 for MB)."""
-    return next((d for prefix, d in _DECIMALS.items() if metric.startswith(prefix)), 3)
+DPI = 300
 
 
 def cell(mean: float, std: float, places: int) -> str:
@@ -39,46 +45,6 @@ def percent(value: float) -> str:
 def seconds(value: float) -> str:
     """Seconds with two decimals; ``—`` when missing."""
     return "—" if value is None or math.isnan(value) else f"{value:.2f}"
-
-
-def epoch_note(table: Table1) -> tuple[str, str]:
-    """Header notes of the final and early columns, e.g. ``("final, ep. 100", "ep. 5")``;
-    the early one reads ``ep. 3, last`` when the runs stopped before epoch 5."""
-    finals = table.final_epochs
-    final = f"ep. {finals[0]}" if len(finals) == 1 else f"ep. {finals[0]}-{finals[-1]}"
-    early = f"ep. {table.early_epoch}"
-    if table.early_epoch < EARLY_EPOCH:
-        early += ", last"
-    return f"final, {final}", early
-
-
-def headers(table: Table1) -> dict[str, str]:
-    """Display header of each metric of ``table``."""
-    final, early = epoch_note(table)
-    names = [
-        f"Train loss ({final})",
-        f"Train loss ({early})",
-        f"Test acc. ({final})",
-        f"Test acc. ({early})",
-        "Time (s/epoch, during the runs)",
-        _MEMORY_NAMES[table.memory_source],
-    ]
-    return dict(zip(table.metrics, names, strict=True))
-
-
-def display_frame(table: Table1) -> pd.DataFrame:
-    """Table 1 as strings, one column per displayed quantity, ready for Markdown/LaTeX."""
-    data, names = table.data, headers(table)
-    shown = pd.DataFrame({"Row": data["label"], "Seeds": data["n_seeds"].astype(str)})
-    for metric in table.metrics:
-        shown[names[metric]] = [
-            cell(m, s, decimals(metric))
-            for m, s in zip(data[f"{metric}_mean"], data[f"{metric}_std"], strict=True)
-        ]
-    shown["Time, idle bench (s/epoch)"] = data["bench_epoch_s"].map(seconds)
-    shown["Time overhead (idle bench)"] = data["time_overhead_pct"].map(percent)
-    shown["Mem. overhead"] = data["mem_overhead_pct"].map(percent)
-    return shown
 
 
 def to_markdown(frame: pd.DataFrame) -> str:
@@ -126,27 +92,20 @@ def to_latex(frame: pd.DataFrame, caption: str, label: str) -> str:
     )
 
 
-def caption(table: Table1) -> str:
-    """Table 1's caption: what the cells are, the epochs and the memory measure."""
-    final, early = epoch_note(table)
-    memory = {
-        "cuda_step": "peak CUDA memory allocated above the epoch start (dataset on the GPU "
-        "excluded)",
-        "cuda": "peak CUDA memory allocated (the dataset on the GPU included)",
-        "rss": "peak process RSS (no CUDA device)",
-        "mixed": "peak CUDA memory where measured, else peak process RSS",
-    }[table.memory_source]
-    bench = (
-        f"idle bench = training seconds per epoch on an otherwise idle machine "
-        f"({table.time_source}: median step time x steps per epoch), the source of the time "
-        "overhead"
-        if table.time_source
-        else "no idle-machine benchmark given, so no time overhead"
-    )
-    return (
-        "Table 1 reproduced: mean ± std over seeds (Seeds = count); final columns at "
-        f"{final.removeprefix('final, ')}, early columns at {early}; time during the runs = "
-        "mean training seconds per epoch as the jobs measured them (machine load included; "
-        f"not comparable between rows); {bench}; memory = {memory}; "
-        f"overheads relative to RR (functional). Device: {', '.join(table.devices)}."
-    )
+def log_axis(ax) -> None:
+    """Log-scale y axis with a few plain-number ticks (readable over narrow ranges too)."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(MaxNLocator(5))
+    ax.yaxis.set_major_formatter(ScalarFormatter(useOffset=False))
+    ax.yaxis.set_minor_locator(NullLocator())
+
+
+def save_figure(fig, out_dir: str | os.PathLike[str], stem: str) -> list[Path]:
+    """Write ``<stem>.png`` and ``<stem>.pdf`` under ``out_dir``; returns their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{stem}.png", out / f"{stem}.pdf"]
+    with mpl.rc_context({"pdf.fonttype": 42}):  # TrueType fonts: editable, journal-friendly
+        for path in paths:
+            fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    return paths

@@ -66,7 +66,7 @@ def build_job(cfg: DictConfig, data: ArrayData, strategy: Strategy) -> TrainingJ
         except ValueError as error:
             raise ConfigError(str(error)) from error
     d = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    ordering = strategy.make_ordering(cfg, n, d)
+    ordering = strategy.make_ordering(instantiate(cfg.balance), n, d, cfg.seed)
     make_pipeline = instantiate(cfg.pipeline)
     per_sample = get_class(cfg.pipeline._target_).provides_per_sample
     options = {"factors": ordering.takes_factors} if per_sample else {}

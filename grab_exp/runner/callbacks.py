@@ -1,38 +1,71 @@
-"""Validation before Hydra creates anything: one job, or every job of a sweep at once.
+"""Checks before Hydra creates anything: one job, or each job of a sweep.
 
-:class:`ValidateFirst` is registered in ``conf/config.yaml`` (``hydra.callbacks``). Hydra calls
-``on_run_start`` / ``on_multirun_start`` after composing the config and before it creates a run
-directory or launches a job, so a rejected config leaves nothing on disk, and a sweep with one
-bad job trains none. The task's own :func:`~grab_exp.runner.lifecycle.run_job` validates again
-(cheap), for callers that do not go through Hydra's command line.
+:func:`job_problem` is every check a job passes before its run directory, its ``.hydra/``
+folder or its log exist: the config's values (:func:`validate_config`, the one validator), then
+its run directory (not held by a live job, no earlier run of another config). Hydra calls
+:class:`ValidateFirst` (registered in ``conf/config.yaml``, ``hydra.callbacks``) for a single
+run after composing its config and before it writes anything; a sweep's
+:class:`~grab_exp.runner.sweeper.Sweeper` runs :func:`job_problem` on each job before it
+launches any. The task's own :func:`~grab_exp.runner.lifecycle.run_job` validates again (cheap),
+for callers that do not go through Hydra's command line, and checks the directory under its lock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
+from grab_exp.logging.files import DamagedFileError
 from grab_exp.runner.config_check import validate_config
+from grab_exp.runner.fingerprint import config_fingerprint
 from grab_exp.runner.lock import RunDirInUseError, check_free
+from grab_exp.runner.rundir import check_run_dir_config
 from grab_exp.runner.schema import ConfigError
 
-BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
-
-def _problem(cfg: DictConfig) -> str | None:
-    """The one-line validation error of a composed config, or ``None`` when it can run."""
+@contextlib.contextmanager
+def hydra_config_of(config: DictConfig) -> Iterator[None]:
+    """``${hydra:...}`` resolves against ``config`` inside the block, as in Hydra's run_job."""
+    hydra = HydraConfig.instance()
+    previous = hydra.cfg
+    hydra.set_config(config)
     try:
-        validate_config(cfg)
-    except ConfigError as error:
+        yield
+    finally:
+        hydra.cfg = previous
+
+
+def run_dir_of(config: DictConfig) -> Path:
+    """The run directory Hydra will create for ``config`` (a single run's, or a sweep job's)."""
+    with hydra_config_of(config):
+        if config.hydra.mode == RunMode.MULTIRUN:
+            return Path(config.hydra.sweep.dir, str(config.hydra.sweep.subdir)).absolute()
+        return Path(config.hydra.run.dir).absolute()
+
+
+def job_problem(config: DictConfig) -> str | None:
+    """The one-line reason a composed job config cannot run, or ``None`` when it can.
+
+    Its values first, then its run directory: held by a live job, an unreadable summary, or an
+    earlier run of another config there.
+    """
+    run_dir = run_dir_of(config)
+    try:
+        with hydra_config_of(config):
+            validate_config(config)
+            current = config_fingerprint(config)["config"]
+        check_free(run_dir)
+        check_run_dir_config(run_dir, config.overwrite, current, say_unknown=False)
+    except (ConfigError, RunDirInUseError, DamagedFileError) as error:
         return str(error)
     return None
 
@@ -49,40 +82,10 @@ def sweep_jobs(config: DictConfig) -> list[list[str]]:
     return [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
 
 
-def sweep_problems(config: DictConfig) -> list[str]:
-    """``job <k> (<overrides>): <error>`` for every job of the sweep that cannot run."""
-    loader = GlobalHydra.instance().config_loader()
-    problems = []
-    for number, overrides in enumerate(sweep_jobs(config)):
-        try:
-            problem = _problem(loader.load_sweep_config(config, list(overrides)))
-        except (HydraException, OmegaConfBaseException) as error:
-            problem = "; ".join(str(error).strip().splitlines()[:2])
-        if problem:
-            problems.append(f"job {number} ({' '.join(overrides)}): {problem}")
-    return problems
-
-
 class ValidateFirst(Callback):
-    """Reject a bad run, or a sweep with any bad job, before anything is written or trained."""
+    """Reject a bad single run before anything is written or trained."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """One job: its error as the one ``error: ...`` line, exit status 1; also a run
-        directory in use, before Hydra writes its files there."""
-        if problem := _problem(config):
+        """One job: its problem as the one ``error: ...`` line, exit status 1."""
+        if problem := job_problem(config):
             sys.exit(f"error: {problem}")
-        HydraConfig.instance().set_config(config)  # as Hydra's run_job does, to resolve the dir
-        try:
-            check_free(Path(config.hydra.run.dir).absolute())
-        except RunDirInUseError as error:
-            sys.exit(f"error: {error}")
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """A sweep: compose and validate every job; list every error, exit 1 if any."""
-        if config.hydra.sweeper._target_ != BASIC_SWEEPER:
-            return  # other sweepers choose their jobs as they go: each job validates itself
-        problems = sweep_problems(config)
-        if problems:
-            total = len(sweep_jobs(config))
-            head = f"error: {len(problems)} of {total} jobs of this sweep cannot run; none started"
-            sys.exit("\n".join([head, *(f"  {line}" for line in problems)]))

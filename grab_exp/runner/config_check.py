@@ -8,11 +8,13 @@ declared there too. What is left here are the rules that tie keys together, or a
 
 from __future__ import annotations
 
+import os
+
 import torch
-from hydra.utils import get_class, instantiate
+from hydra.utils import get_class, get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from grab_exp.balance import Balance
+from grab_exp.balance import Ordering
 from grab_exp.distributed.orderings import DistributedOrdering
 from grab_exp.optim import GSNROptimizer
 from grab_exp.per_sample.compiled import COMPILABLE_METHODS
@@ -22,8 +24,9 @@ from grab_exp.validation import check_power_of_two
 __all__ = ["ConfigError", "validate_config"]
 #: the most memory an ordering's balancing state may take (``balance.depth``'s bound)
 MAX_BALANCE_BYTES = 16 * 2**30
-#: training examples of CIFAR-10 (a dataset config without ``num_train`` or ``subset``)
+#: training and test examples of CIFAR-10 (a dataset config without ``num_train``/``num_test``)
 CIFAR10_TRAIN = 50_000
+CIFAR10_TEST = 10_000
 
 
 def _options(node: DictConfig) -> dict:
@@ -60,11 +63,50 @@ def _check_vrgd(cfg: DictConfig) -> None:
         )
 
 
-def _model_size(cfg: DictConfig) -> int:
-    """Trainable values of the configured model, built on the meta device (no memory, no data)."""
+def _meta_model(cfg: DictConfig) -> torch.nn.Module:
+    """The configured model built on the meta device: its shapes, no memory, no data."""
     with torch.device("meta"):
-        model = instantiate(cfg.model)
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+        return instantiate(cfg.model)
+
+
+def _model_size(cfg: DictConfig) -> int:
+    """Trainable values of the configured model."""
+    return sum(p.numel() for p in _meta_model(cfg).parameters() if p.requires_grad)
+
+
+def _memory_bytes(device: str) -> int:
+    """The memory of the device a job with ``device`` trains on (a GPU's, else this machine's)."""
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        return torch.cuda.mem_get_info(torch.device(device).index if ":" in device else None)[1]
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _check_model_memory(cfg: DictConfig) -> None:
+    """The model's weights and their gradients (the least any step holds) fit the device."""
+    parameters = list(_meta_model(cfg).parameters())
+    count = sum(p.numel() for p in parameters)
+    need = 2 * sum(p.numel() * p.element_size() for p in parameters)
+    memory = _memory_bytes(cfg.device)
+    if need > memory:
+        raise config_error(
+            "model",
+            _short(cfg, "model"),
+            f"a model that fits in memory: this one has {count:,} parameters, {need:,} bytes "
+            f"for its weights and their gradients; the device has {memory:,} bytes",
+        )
+
+
+def _check_dataset_sizes(cfg: DictConfig) -> None:
+    """``dataset.subset`` and ``dataset.test_subset`` are at most the examples there are."""
+    data = cfg.dataset
+    available = {
+        "subset": data.get("num_train") or CIFAR10_TRAIN,
+        "test_subset": data.get("num_test") or CIFAR10_TEST,
+    }
+    for key, size in available.items():
+        value = data.get(key)
+        if value is not None and value > size:
+            raise config_error(f"dataset.{key}", value, f"null or an integer in 1..{size}")
 
 
 def _check_depth(cfg: DictConfig, depth: object, projection_dim: int | None) -> None:
@@ -87,7 +129,7 @@ def _check_depth(cfg: DictConfig, depth: object, projection_dim: int | None) -> 
         )
 
 
-def _check_single_balance(cfg: DictConfig, cls: type[Balance]) -> None:
+def _check_single_balance(cfg: DictConfig, cls: type[Ordering]) -> None:
     """Build the ordering on a tiny problem: its constructor checks every option.
 
     ``balance.projection_dim`` is checked against the model's real ``d`` (it must be < d), and
@@ -105,7 +147,7 @@ def _check_single_balance(cfg: DictConfig, cls: type[Balance]) -> None:
     d = 1 if options.get("projection_dim") is None or not cls.needs_grads else _model_size(cfg)
     cls(max(2, cfg.batch_size), d, **options)
     if cls.needs_grads:
-        free = ", ".join(sorted(n for n, c in Balance.registry.items() if not c.needs_grads))
+        free = ", ".join(sorted(n for n, c in Ordering.choices().items() if not c.needs_grads))
         _check_per_sample(cfg, f"balance {cls.name}", f"; or with it a balance of: {free}")
 
 
@@ -121,22 +163,30 @@ def _check_balance(cfg: DictConfig) -> None:
     cls = _class_of(cfg, "balance")
     if cfg.distributed.enabled or cfg.distributed.simulate_workers:
         if not (isinstance(cls, type) and issubclass(cls, DistributedOrdering)):
-            allowed = ", ".join(sorted(DistributedOrdering.registry))
+            allowed = ", ".join(sorted(Ordering.choices(distributed=True)))
             raise config_error("balance", _short(cfg, "balance"), f"{allowed} with distributed")
         _check_distributed_balance(cfg, cls)
         return
-    if not (isinstance(cls, type) and issubclass(cls, Balance)):
-        allowed = ", ".join(sorted(Balance.registry))
+    if not (isinstance(cls, type) and issubclass(cls, Ordering) and not cls.distributed):
+        allowed = ", ".join(sorted(Ordering.choices()))
         hint = " (or distributed=true for a data-parallel ordering)"
         raise config_error("balance", _short(cfg, "balance"), allowed + hint)
     _check_single_balance(cfg, cls)
 
 
 def _check_dataset(cfg: DictConfig) -> None:
-    if cfg.dataset.get("archive") is not None:
-        from grab_exp.data import resolve_archive
+    """The data can be had: on disk, or (``dataset=cifar10``) from its server; nothing is read.
 
-        resolve_archive(cfg.dataset.archive)  # one line naming dataset.archive if missing
+    The loader's own check (:data:`grab_exp.data.AVAILABILITY_CHECKS`) names the ways forward.
+    """
+    from grab_exp.data import AVAILABILITY_CHECKS
+
+    check = AVAILABILITY_CHECKS.get(get_method(cfg.dataset._target_))
+    if check is not None:
+        try:
+            check(**_options(cfg.dataset))
+        except RuntimeError as error:  # CIFAR-10 neither on disk nor downloadable
+            raise ConfigError(str(error)) from error
 
 
 def _check_compile(cfg: DictConfig) -> None:
@@ -171,8 +221,9 @@ def _check_device(cfg: DictConfig) -> None:
         raise config_error("device", cfg.device, f"cuda, cuda:0 .. cuda:{count - 1}")
 
 
-CHECKS = (check_values, _check_batch_size, _check_vrgd, _check_balance, _check_dataset)
-CHECKS += (_check_compile, _check_device)
+#: the dataset last: its check may ask the download server (a few seconds when offline)
+CHECKS = (check_values, _check_dataset_sizes, _check_batch_size, _check_vrgd, _check_balance)
+CHECKS += (_check_compile, _check_device, _check_model_memory, _check_dataset)
 
 
 def validate_config(cfg: DictConfig) -> None:

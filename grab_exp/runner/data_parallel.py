@@ -15,17 +15,17 @@ from functools import partial
 from typing import Any
 
 import torch
-from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import nn
 
+from grab_exp.devices import resolve_device
 from grab_exp.distributed.comm import Communicator, SimulatedComm
 from grab_exp.distributed.join import init_distributed
 from grab_exp.distributed.orderings import DistributedOrdering
 from grab_exp.distributed.shards import split_shards
 from grab_exp.distributed.sync import average_gradients_, check_identical_models, evaluate_shared
 from grab_exp.runner.schema import ConfigError
-from grab_exp.runner.strategy import Strategy, resolve_device
+from grab_exp.runner.strategy import OrderingFactory, Strategy, restore_ordering
 
 log = logging.getLogger("grab_exp")
 
@@ -43,19 +43,18 @@ class DataParallel(Strategy):
     extra_columns = ("comm/bytes_per_step", "comm/bytes_epoch", "check/param_checksum")
 
     def __init__(self, comm: Communicator, device: torch.device, simulated: bool) -> None:
-        super().__init__(device)
-        self.comm, self.simulated = comm, simulated
+        self.device, self.comm, self.simulated = device, comm, simulated
         self.world_size = comm.world_size
         self.is_writer = comm.rank == 0
         self.dropped = 0
         self._sent_before = 0
 
-    def make_ordering(self, cfg: DictConfig, n: int, d: int) -> DistributedOrdering:
-        split = split_shards(n, self.world_size, cfg.seed)
+    def make_ordering(
+        self, factory: OrderingFactory, n: int, d: int, seed: int
+    ) -> DistributedOrdering:
+        split = split_shards(n, self.world_size, seed)
         self.dropped = split.num_dropped
-        return instantiate(cfg.balance)(
-            shards=split.shards, d=d, comm=self.comm, seed=cfg.seed, device=self.device
-        )
+        return factory(shards=split.shards, d=d, comm=self.comm, seed=seed, device=self.device)
 
     def index_batches(
         self, ordering: DistributedOrdering, batch_size: int
@@ -94,7 +93,7 @@ class DataParallel(Strategy):
         return self.comm.gather_objects(ordering.state_dict(), name="ordering states")
 
     def load_ordering_state(self, ordering: DistributedOrdering, state: dict[str, Any]) -> None:
-        ordering.load_state_dict(state["ordering"][self.comm.rank])
+        restore_ordering(ordering, state["ordering"][self.comm.rank])
 
     def barrier(self, name: str) -> None:
         self.comm.barrier(name=name)

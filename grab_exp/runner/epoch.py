@@ -25,7 +25,7 @@ def _cuda_peaks_mb(device: torch.device, start_bytes: int) -> tuple[float | None
 
     The absolute peak holds what lived before the epoch (the dataset when it is on the GPU,
     the model, the optimizer's and the ordering's state); the step peak is what training
-    steps allocated on top of it (activations, per-sample gradients, the sorter's work).
+    steps allocated on top of it (activations, per-sample gradients, the ordering's work).
     """
     if device.type != "cuda":
         return None, None

@@ -20,32 +20,36 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from grab_exp.distributed.comm import CollectiveError, exit_after_collective_error
-from grab_exp.logging.files import remove_stale_temp_files, shown
+from grab_exp.logging.files import WriteError, remove_stale_temp_files, shown
 from grab_exp.logging.local import LocalStore
 from grab_exp.logging.wandb_logger import build_wandb_logger
 from grab_exp.runner.build import TrainingJob, build_job
 from grab_exp.runner.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from grab_exp.runner.config_check import validate_config
+from grab_exp.runner.connect import connect
 from grab_exp.runner.epoch import run_epoch
+from grab_exp.runner.errors import NonFiniteLossError, error_record
+from grab_exp.runner.fingerprint import check_same_config, config_fingerprint
 from grab_exp.runner.identity import run_identity
 from grab_exp.runner.lock import RunDirInUseError, RunLock, holder
 from grab_exp.runner.progress import Progress
 from grab_exp.runner.rundir import finished_run, has_artifacts, keep_aside
 from grab_exp.runner.signals import check_stop, stop_on_signals, stop_requested
-from grab_exp.runner.strategy import Strategy, check_checkpoint_kind, connect
+from grab_exp.runner.strategy import Strategy, check_checkpoint_kind
 
 log = logging.getLogger("grab_exp")
 
 
-class NonFiniteLossError(RuntimeError):
-    """The training loss became NaN or infinite."""
-
-
 def _check_finite(row: dict[str, Any], epoch: int) -> None:
     if not all(math.isfinite(row[k]) for k in ("train/running_loss", "train/loss")):
+        kept = (
+            f"its checkpoint of epoch {epoch} was kept"
+            if epoch
+            else "no epoch finished, so there is no checkpoint"
+        )
         raise NonFiniteLossError(
             f"epoch {epoch + 1}: the training loss is {row['train/running_loss']} (not finite); "
-            "the run stopped and the last good checkpoint was kept (try a smaller optimizer.lr)"
+            f"the run stopped and {kept} (try a smaller optimizer.lr)"
         )
 
 
@@ -70,11 +74,14 @@ def _relog_checkpointed(wandb, metrics: list[dict[str, Any]]) -> None:
             wandb.log(row, row["epoch"])
 
 
-def _save(run_dir: Path, job: TrainingJob, epoch: int, metrics: list, run_id: str | None) -> None:
+def _save(
+    run_dir: Path, job: TrainingJob, epoch: int, metrics: list, run_id: str | None, config: dict
+) -> None:
     ordering = job.strategy.ordering_state(job.parts.ordering)  # collective when data-parallel
     if job.strategy.is_writer:
         save_checkpoint(
             run_dir,
+            config=config,
             strategy=job.strategy.kind,
             world_size=job.strategy.world_size,
             device_type=job.strategy.device.type,
@@ -88,9 +95,11 @@ def _save(run_dir: Path, job: TrainingJob, epoch: int, metrics: list, run_id: st
 
 
 def _train(
-    cfg: DictConfig, job: TrainingJob, run_dir: Path, store, wandb, identity: dict
+    cfg: DictConfig, job: TrainingJob, run_dir: Path, store, wandb, identity: dict, config: dict
 ) -> dict[str, Any]:
     state = load_checkpoint(run_dir)
+    if state and "config" in state:  # one from before fingerprints: summary.json's check said so
+        check_same_config(run_dir, state["config"], config, CHECKPOINT_NAME)
     metrics = _restore(job, state) if state else []
     if state and store:
         log.info("resuming after epoch %d", state["epoch"] + 1)
@@ -108,13 +117,36 @@ def _train(
         row = run_epoch(job, epoch, progress)
         _check_finite(row, epoch)
         metrics.append(row)
-        _save(run_dir, job, epoch, metrics, run_id)
+        _save(run_dir, job, epoch, metrics, run_id, config)
         if store:
             store.append(row)
             store.write_summary("running", final=row)
         if wandb:
             wandb.log(row, row["epoch"])
     return metrics[-1] if metrics else {}
+
+
+def job_line(cfg: DictConfig, job: TrainingJob, identity: dict[str, Any]) -> str:
+    """The job in words, logged when it starts: ordering, model, dataset, epochs, device."""
+    choices = HydraConfig.get().runtime.choices
+    data, model = job.data, job.parts.model
+    parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return (
+        f"job: ordering {identity['variant']} ({identity['pipeline']} pipeline), model "
+        f"{choices.get('model')} ({parameters:,} parameters), dataset {choices.get('dataset')} "
+        f"({len(data.train_y):,} train / {len(data.test_y):,} test), {cfg.epochs} epochs of "
+        f"batch {cfg.batch_size}, seed {cfg.seed}, device {job.strategy.device}"
+    )
+
+
+def end_line(final: dict[str, Any], seconds: float, run_dir: Path) -> str:
+    """The job's last line: its final ``train/loss`` and ``test/acc``, wall time, directory."""
+    minutes, rest = divmod(round(seconds), 60)
+    wall = f"{minutes}m {rest:02d}s" if minutes else f"{seconds:.1f}s"
+    return (
+        f"finished after epoch {final['epoch']}: train/loss {final['train/loss']:.4f}  "
+        f"test/acc {final['test/acc']:.4f}  wall time {wall}; results in {shown(run_dir)}"
+    )
 
 
 def _prepare_run_dir(run_dir: Path, cfg: DictConfig, strategy: Strategy) -> None:
@@ -127,8 +159,20 @@ def _prepare_run_dir(run_dir: Path, cfg: DictConfig, strategy: Strategy) -> None
     strategy.barrier("run directory ready")
 
 
+def _end_summary(store: LocalStore, status: str, **fields: Any) -> None:
+    """The final summary; when it cannot be written (a full disk) only a finished run fails,
+    any other keeps the error that ended it."""
+    try:
+        store.write_summary(status, **fields)
+    except WriteError as error:
+        log.error("%s", error)
+        if status == "finished":
+            raise
+
+
 def _run(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> dict[str, Any]:
-    if (final := finished_run(run_dir, cfg.overwrite)) is not None:
+    fingerprint = config_fingerprint(cfg)
+    if (final := finished_run(run_dir, cfg.overwrite, fingerprint["config"])) is not None:
         return final
     _prepare_run_dir(run_dir, cfg, strategy)
     started = time.time()
@@ -146,23 +190,30 @@ def _run(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> dict[str, Any]:
             variant=identity["variant"],
             pipeline=identity["pipeline"],
             seed=cfg.seed,
+            config_fingerprint=fingerprint,
             **{key: holder()[key] for key in ("pid", "host")},
             **strategy.summary_fields(),
         )
     strategy.log_start(job.parts.ordering)
-    status, final = "failed", {}
+    if strategy.is_writer:
+        log.info("%s", job_line(cfg, job, identity))
+    status, final, failure = "failed", {}, {}
     try:
-        final = _train(cfg, job, run_dir, store, wandb, identity)
+        final = _train(cfg, job, run_dir, store, wandb, identity, fingerprint["config"])
         status = "finished"
+        if strategy.is_writer and final:
+            log.info("%s", end_line(final, time.time() - started, run_dir))
         return final
-    except BaseException:
+    except BaseException as error:
         status = "interrupted" if stop_requested() else "failed"
+        if status == "failed" and strategy.is_writer:
+            failure = {"error": error_record(error)}
+            log.error("failed: %s", failure["error"]["message"])
         raise
     finally:
         if store:
-            store.write_summary(
-                status, wall_time_s=time.time() - started, **({"final": final} if final else {})
-            )
+            ended = {"final": final} if final else {}
+            _end_summary(store, status, wall_time_s=time.time() - started, **ended, **failure)
         if wandb:
             wandb.finish(0 if status == "finished" else 1)
         if strategy.device.type == "cuda":

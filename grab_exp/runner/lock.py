@@ -90,6 +90,28 @@ def check_free(run_dir: Path) -> None:
         os.close(fd)  # also drops the probe's lock
 
 
+def _alive_here(pid: object) -> bool:
+    """Whether a process numbered ``pid`` exists on this host (any owner)."""
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _why_stale(record: dict[str, Any]) -> str:
+    """Why a lock whose file names ``record`` could be taken: its holder's end, in words."""
+    if record.get("host") != socket.gethostname():
+        return "that process no longer holds it"
+    if _alive_here(record.get("pid")):
+        return "that job ended; its pid now belongs to another process"
+    return "that process is gone"
+
+
 class RunLock:
     """The exclusive lock of ``run_dir`` (created when missing).
 
@@ -110,7 +132,7 @@ class RunLock:
             RunDirInUseError: a live process holds it (the message names its pid, host and time).
         """
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)  # less the umask, as open()
         try:
             _lock_or_refuse(fd, self.run_dir)
         except RunDirInUseError:
@@ -119,9 +141,10 @@ class RunLock:
         stale = _read_holder(fd)
         if stale:
             log.warning(
-                "%s: taking over the stale lock of %s (that process is gone)",
+                "%s: taking over the stale lock of %s (%s)",
                 self.run_dir,
                 _describe(stale),
+                _why_stale(stale),
             )
         self.info = holder()
         os.ftruncate(fd, 0)

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from grab_exp.logging.files import DamagedFileError, shown
-from grab_exp.logging.local import LocalStore
+from grab_exp.logging.local import SUMMARY_FILE, LocalStore
+from grab_exp.runner.fingerprint import check_same_config
 
 log = logging.getLogger("grab_exp")
 RUN_ARTIFACTS = ("metrics.csv", "summary.json", "checkpoint.pt", "wandb")
@@ -55,15 +56,48 @@ def will_skip(run_dir: str | Path, overwrite: bool) -> bool:
         return False
 
 
-def finished_run(run_dir: Path, overwrite: bool) -> dict[str, Any] | None:
-    """The final metrics of a run that already finished in ``run_dir`` (to skip it), else None.
+def recorded_config(run_dir: Path, overwrite: bool) -> tuple[dict[str, Any] | None, bool]:
+    """``(summary, known)``: the earlier run's summary and whether it recorded its config.
 
-    With ``overwrite`` a finished run is not skipped, and its summary is not even read (a
-    damaged one is kept aside with the rest).
+    With ``overwrite`` there is no earlier run to compare with (``(None, True)``).
 
     Raises:
         DamagedFileError: ``summary.json`` cannot be read (without ``overwrite``).
     """
+    if overwrite:
+        return None, True
+    summary = LocalStore(run_dir, ("epoch",)).read_summary()
+    return summary, bool(summary is None or "config_fingerprint" in summary)
+
+
+def check_run_dir_config(
+    run_dir: Path, overwrite: bool, config: dict[str, Any], say_unknown: bool = True
+) -> None:
+    """Refuse a run directory whose earlier run recorded another config (see
+    :mod:`grab_exp.runner.fingerprint`); with ``say_unknown``, log it when it recorded none.
+
+    Raises:
+        ConfigDriftError: the earlier run's config differs from ``config``.
+        DamagedFileError: ``summary.json`` cannot be read (without ``overwrite``).
+    """
+    summary, known = recorded_config(run_dir, overwrite)
+    if summary is not None and (known or say_unknown):
+        recorded = summary["config_fingerprint"]["config"] if known else None
+        check_same_config(run_dir, recorded, config, SUMMARY_FILE)
+
+
+def finished_run(run_dir: Path, overwrite: bool, config: dict[str, Any]) -> dict[str, Any] | None:
+    """The final metrics of a run that already finished in ``run_dir`` (to skip it), else None.
+
+    With ``overwrite`` a finished run is not skipped, and its summary is not even read (a
+    damaged one is kept aside with the rest). Without, the earlier run (finished or not) must
+    have run ``config`` (the flat composed config).
+
+    Raises:
+        DamagedFileError: ``summary.json`` cannot be read (without ``overwrite``).
+        ConfigDriftError: the earlier run recorded another config.
+    """
+    check_run_dir_config(run_dir, overwrite, config)
     if overwrite:
         return None
     summary = _finished_summary(run_dir)

@@ -112,7 +112,12 @@ RANGES: dict[str, tuple[str, str, float]] = {
     "optimizer.weight_decay": ("a number", ">=", 0),
     "optimizer.momentum": ("a number", ">=", 0),
     "dataset.subset": ("an integer", ">=", 1),
+    "dataset.test_subset": ("an integer", ">=", 1),
+    "dataset.num_train": ("an integer", ">=", 1),
+    "dataset.num_test": ("an integer", ">=", 1),
 }
+#: the largest seed: seeds are 32-bit (as NumPy's), so no two seeds ever alias one generator
+SEED_MAX = 2**32 - 1
 CHOICES: dict[str, tuple[str, ...]] = {
     "progress": PROGRESS_MODES,
     "trainer.compile_mode": COMPILE_MODES,
@@ -150,6 +155,8 @@ def check_values(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key)
         if value is not None and not _in_range(value, kind, comparison, bound):
             raise config_error(key, value, f"{kind} {comparison} {bound}")
+    if cfg.seed > SEED_MAX:
+        raise config_error("seed", cfg.seed, f"an integer in 0..{SEED_MAX} (a 32-bit seed)")
     for key, allowed in CHOICES.items():
         value = OmegaConf.select(cfg, key)
         if value not in allowed:
@@ -184,5 +191,10 @@ def _floats(node: object, prefix: str):
 
 
 def register_schema() -> None:
-    """Store :class:`RunConfig` as ``run_schema`` (idempotent)."""
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=RunConfig)
+    """Store :class:`RunConfig` as ``run_schema`` and the sweeper as ``hydra/sweeper=grab``
+    (idempotent)."""
+    from grab_exp.runner.sweeper import SweeperConfig
+
+    store = ConfigStore.instance()
+    store.store(name=SCHEMA_NAME, node=RunConfig)
+    store.store(group="hydra/sweeper", name="grab", node=SweeperConfig, provider="grab_exp")

@@ -18,11 +18,15 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _pending: list[int] = []
+#: every stop signal this process received, never cleared: a sweep's worker starts no job after one
+_received: list[int] = []
+_latched: list[bool] = []  # [True] once latch_stop_signals ran (a sweep's worker process)
 
 
 class JobInterrupted(BaseException):
@@ -36,11 +40,45 @@ class JobInterrupted(BaseException):
         self.signum = signum
         self.exit_code = 128 + signum
 
+    def __reduce__(self):
+        return type(self), (self.signum,)
+
 
 def _note(signum: int, frame: object) -> None:
+    _received.append(signum)
     if _pending:
         raise JobInterrupted(_pending[0])
     _pending.append(signum)
+
+
+def _latch(signum: int, frame: object) -> None:
+    _received.append(signum)
+
+
+def latch_stop_signals() -> None:
+    """From now on this process only notes stop signals between jobs (a sweep's worker):
+    :func:`stop_received` then tells the next job not to start."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _latch)
+    _latched[:] = [True]
+
+
+def stop_received() -> int | None:
+    """The first stop signal this process ever received, or ``None``."""
+    return _received[0] if _received else None
+
+
+def exit_on_further_signals(code: int) -> None:
+    """A stopping process: another SIGTERM or SIGINT during its last cleanup ends it at once
+    with ``code`` (the status it was going to exit with), not with the default -signal."""
+
+    def exit_now(signum: int, frame: object) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, exit_now)
 
 
 def stop_requested() -> bool:
@@ -76,13 +114,16 @@ def stop_on_signals() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    _pending.clear()
+    _pending[:] = _received[:1] if _latched else []  # a worker's job: a stop before it began
     preempt = preemption_signal()
     signums = STOP_SIGNALS if preempt is None else (*STOP_SIGNALS, preempt)
     previous = {signum: signal.signal(signum, _note) for signum in signums}
     try:
         yield
     finally:
+        stopping = _pending[:1]
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        if stopping and previous[signal.SIGTERM] == signal.SIG_DFL:  # a process about to end
+            exit_on_further_signals(128 + stopping[0])
         _pending.clear()

@@ -9,26 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
 
+from grab_exp.balance import Ordering
 from grab_exp.optim import GSNROptimizer
 
 #: the parts of a step, in order (``reduce`` only in data-parallel jobs)
-STAGES = ("grads", "gsnr", "sorter", "reduce", "opt")
+STAGES = ("grads", "gsnr", "ordering", "reduce", "opt")
 Stage = Callable[[str, Callable[[], Any]], Any]
-
-
-class Ordering(Protocol):
-    """What a step needs of an ordering (``GraBSampler`` or a ``DistributedOrdering``)."""
-
-    needs_grads: bool
-    takes_factors: bool  # factored per-sample gradients save work in ``step``
-
-    def step(self, grads: Any = None, indices: torch.Tensor | None = None) -> None:
-        """Take the per-sample gradients of the batch ``indices``."""
 
 
 def untimed(name: str, fn: Callable[[], Any]) -> Any:
@@ -75,7 +66,7 @@ def train_step(
     loss, grads = stage("grads", lambda: parts.pipeline(x, y))
     if parts.uses_gsnr:  # this batch's GSNR, before the ordering sees the gradients
         stage("gsnr", lambda: parts.optimizer.observe(grads))
-    stage("sorter", lambda: parts.ordering.step(grads if parts.needs_grads else None, indices))
+    stage("ordering", lambda: parts.ordering.step(grads if parts.needs_grads else None, indices))
     if parts.reduce_gradients is not None:
         stage("reduce", parts.reduce_gradients)
     stage("opt", parts.optimizer.step)

@@ -16,7 +16,8 @@ from helpers import BALANCES, GRADIENT_FREE, make, random_grads, run_epochs
 from torch.nn import functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from grab_exp.balance.projection import KINDS, BlockProjection
+from grab_exp.balance.projection import KINDS, PROJECTION_SEED_OFFSET, BlockProjection
+from grab_exp.distributed import CoordinatedGraB, SimulatedComm, split_shards
 from grab_exp.models import LeNet
 from grab_exp.per_sample import PerSamplePipeline
 from grab_exp.runner.config_check import ConfigError, validate_config
@@ -162,6 +163,31 @@ def test_mid_epoch_resume_with_projection_is_bit_identical(name):
 # --- options ------------------------------------------------------------------------------
 
 
+def sketched(name: str, seed: int, **options):
+    """A sketching ordering over 8 examples (per worker for cd_grab) with d = 10, k = 4."""
+    options = {"projection_dim": 4, "projection_block_rows": 3, "seed": seed, **options}
+    if name == "cd_grab":
+        return CoordinatedGraB(split_shards(16, 2, seed).shards, 10, SimulatedComm(2), **options)
+    return make(name, 8, 10, **options)
+
+
+@pytest.mark.parametrize("name", ["mean", "pair", "recursive", "cd_grab"])
+def test_sketch_and_kernel_draws_are_independent_streams(name):
+    """``R`` comes from its own seeded stream, built in one place for every ordering: the
+    kernel's draws do not move it, and it does not move them (cd_grab once drew both from one
+    stream)."""
+    plain = sketched(name, 5)
+    assert plain.projection.seed == (5 + PROJECTION_SEED_OFFSET) % 2**63
+    assert plain.generator.initial_seed() == 5 != plain.projection.seed
+    probabilistic = sketched(name, 5, kernel="probabilistic", c=0.5)
+    probabilistic._thresholds(7)  # the kernel draws; R was fixed before and stays
+    assert torch.equal(probabilistic.projection.dense(), plain.projection.dense())
+    other_sketch = sketched(name, 5, kernel="probabilistic", c=0.5, projection_kind="gaussian")
+    assert not torch.equal(other_sketch.projection.dense(), plain.projection.dense())
+    fresh = sketched(name, 5, kernel="probabilistic", c=0.5)
+    assert torch.equal(other_sketch._thresholds(7), fresh._thresholds(7))
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -190,10 +216,10 @@ def test_gradient_free_orderings_refuse_a_projection(name):
 def test_sampler_passes_the_projection_options_through():
     model = LeNet()
     sampler = GraBSampler(64, model.parameters(), balance="recursive", projection_dim=32)
-    assert (sampler.balance.d, sampler.balance.dim) == (62_006, 32)
+    assert (sampler.d, sampler.dim) == (62_006, 32)
     grads = {name: torch.randn(16, *p.shape) for name, p in model.named_parameters()}
     sampler.step(grads)  # the dict vmap(grad) returns
-    assert sampler.balance.acc.shape == (63, 32)
+    assert sampler.acc.shape == (63, 32)
     with pytest.raises(ValueError, match=r"balance\.projection_dim: got 32 but rr uses no"):
         GraBSampler(64, balance="rr", projection_dim=32)
 

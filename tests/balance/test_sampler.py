@@ -75,7 +75,7 @@ def test_balance_instance_and_parameters():
     with pytest.raises(ValueError, match=r"\bn\b"):
         GraBSampler(N + 1, balance=bal)
     model = torch.nn.Linear(3, 2)
-    assert GraBSampler(N, model.parameters(), balance="mean").balance.d == 8
+    assert GraBSampler(N, model.parameters(), balance="mean").d == 8
     for name in ("rr", "so", "fixed"):
         assert sorted(GraBSampler(N, balance=name)) == list(range(N))
 
@@ -104,7 +104,7 @@ def test_per_sample_gradients_from_vmap():
 def test_sampler_resume_mid_epoch():
     zs = random_grads(N, D, 3, seed=8)
     kw = {"balance": "recursive", "depth": 2, "kernel": "probabilistic", "seed": 4}
-    straight = run_epochs(GraBSampler(N, D, **kw).balance, zs, B)
+    straight = run_epochs(GraBSampler(N, D, **kw), zs, B)
     sampler = GraBSampler(N, D, **kw)
     for idx in list(sampler.index_batches(B))[:3]:
         sampler.step(zs[0][idx])
@@ -116,7 +116,7 @@ def test_sampler_resume_mid_epoch():
     for s in range(12, N, B):
         fresh.step(zs[0][order[s : s + B]], indices=order[s : s + B])
     fresh.set_epoch(1)
-    assert run_epochs(fresh.balance, zs[1:], B) == straight[1:]
+    assert run_epochs(fresh, zs[1:], B) == straight[1:]
 
 
 def test_default_device_follows_the_parameters():
@@ -129,8 +129,8 @@ def test_default_device_follows_the_parameters():
     assert parameters_device(frozen.parameters()) is None
     model = torch.nn.Linear(3, 2)
     sampler = GraBSampler(N, model.parameters(), balance="mean")  # a generator: read once
-    assert sampler.balance.device == torch.device("cpu") and sampler.balance.d == 8
+    assert sampler.device == torch.device("cpu") and sampler.d == 8
     with pytest.raises(RuntimeError, match=r"(?i)meta"):  # the meta device, not the CPU default
         GraBSampler(N, on_meta.parameters(), balance="mean")
     on_cpu = GraBSampler(N, on_meta.parameters(), balance="mean", device="cpu")  # explicit wins
-    assert on_cpu.balance.device == torch.device("cpu") and on_cpu.balance.d == 8
+    assert on_cpu.device == torch.device("cpu") and on_cpu.d == 8

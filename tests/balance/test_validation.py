@@ -16,9 +16,9 @@ def raises_one_line(match, fn, *args, **kwargs) -> str:
 
 
 def test_unknown_variant_lists_the_allowed_ones():
-    from grab_exp.balance import make_balance
+    from grab_exp.balance import make_ordering
 
-    message = raises_one_line("balance", make_balance, "meen", 10, 3)
+    message = raises_one_line("balance", make_ordering, "meen", 10, 3)
     assert "meen" in message
     for name in ALL_ORDERINGS:
         assert name in message

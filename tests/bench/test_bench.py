@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,8 +15,9 @@ from grab_run import grab_env, run_grab
 from run_files import computed, read_rows, run_dirs
 from torch.nn import functional as F
 
-from grab_exp.balance import Balance
-from grab_exp.bench import conv, epoch, sorters, sweep
+from grab_exp.balance import Ordering
+from grab_exp.bench import conv, epoch, orderings, sweep
+from grab_exp.bench.__main__ import BENCHMARKS
 from grab_exp.bench.epoch import GSNR_ROWS, ROWS, STAGES, row_name
 from grab_exp.bench.memory import CPU_METHOD, peak_step_bytes
 from grab_exp.models import MLP
@@ -24,12 +29,12 @@ CPU = torch.device("cpu")
 LENET_FLOATS = 62_006
 
 
-def test_sorters_bench_reports_every_ordering(tmp_path, capsys):
-    out = tmp_path / "sorters.json"
-    rows = sorters.main(["--n", "64", "--d", "100", "--repeats", "3", "--json", str(out)])
-    assert [r["variant"] for r in rows] == list(Balance.registry)
+def test_orderings_bench_reports_every_ordering(tmp_path, capsys):
+    out = tmp_path / "orderings.json"
+    rows = orderings.main(["--n", "64", "--d", "100", "--repeats", "3", "--out", str(out)])
+    assert [r["variant"] for r in rows] == list(Ordering.choices())
     written = json.loads(out.read_text())
-    assert written["rows"] == rows and written["benchmark"] == "sorters"
+    assert written["rows"] == rows and written["benchmark"] == "orderings"
     assert written["settings"]["repeats"] == 3 and written["settings"]["d"] == 100
     assert {"cpu", "cpu_count", "torch", "torch_threads", "device"} <= set(written["machine"])
     assert all(r["step_ms"] > 0 and r["state_bytes"] > 0 for r in rows)
@@ -102,7 +107,7 @@ def test_epoch_bench_short_mode_writes_json(epoch_report):
             "epoch_s",
             "ratio_to_classic_rr",
             "breakdown_ms",
-            "sorter_state_bytes",
+            "ordering_state_bytes",
             "peak_step_bytes",
         }
         assert set(row["breakdown_ms"]) == set(STAGES)
@@ -231,8 +236,39 @@ def test_a_factored_step_allocates_far_less_than_the_per_sample_matrix(balance):
     x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
 
     def step():
-        start = sampler.balance.pos
-        train_step(parts, x, y, sampler.balance.order[start : start + batch])
+        start = sampler.pos
+        train_step(parts, x, y, sampler.order[start : start + batch])
 
     assert peak_step_bytes(step, CPU) < batch * d * 4 / 8
     assert pipeline.per_sample.grad_buffer.buffer is None
+
+
+# ---------------------------------------------------------------- the command lines
+
+
+@pytest.mark.parametrize("name", list(BENCHMARKS))
+def test_every_bench_writes_under_report_bench_by_default_and_documents_its_options(name):
+    """Default output outside results/ (the committed reports), one ``--out``, help for all."""
+    parser = BENCHMARKS[name].build_parser()
+    defaults = parser.parse_args([])
+    out = Path(defaults.out)
+    assert out == Path("report") / "bench" / f"{name}.json"
+    assert "results" not in out.parts
+    options = [a for a in parser._actions if a.help != argparse.SUPPRESS]
+    assert "--json" not in {s for a in options for s in a.option_strings}
+    undocumented = [a.option_strings for a in options if not a.help]
+    assert not undocumented, f"{name}: options without help text: {undocumented}"
+    assert parser.description
+
+
+def test_bench_help_lists_every_benchmark_and_exits_0():
+    done = subprocess.run(
+        [sys.executable, "-m", "grab_exp.bench", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    listed = [line.split()[0] for line in done.stdout.splitlines() if line.startswith("  ")]
+    assert listed == list(BENCHMARKS)

@@ -57,14 +57,21 @@ def feed(ordering, grads: list[torch.Tensor], batch_size: int = BATCH) -> dict:
     return record
 
 
+def build_ordering(name: str, shards: torch.Tensor, d: int, comm, **options):
+    """The data-parallel ordering ``name`` (``d_rr``, ``d_grab``, ``cd_grab``)."""
+    from grab_exp.balance import Ordering
+
+    return Ordering.choices(distributed=True)[name](shards, d, comm, **options)
+
+
 def run_orderings(comm) -> dict:
     """Every configuration of ``CONFIGS`` fed with :func:`fixed_grads`."""
-    from grab_exp.distributed import make_distributed_ordering, split_shards
+    from grab_exp.distributed import split_shards
 
     split = split_shards(N, comm.world_size, SEED)
     results = {"shards": split.shards, "dropped": split.dropped}
     for key, (name, options) in CONFIGS.items():
-        ordering = make_distributed_ordering(name, split.shards, D, comm, seed=SEED, **options)
+        ordering = build_ordering(name, split.shards, D, comm, seed=SEED, **options)
         results[key] = feed(ordering, fixed_grads())
     return results
 

@@ -12,15 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from distributed_worker import BATCH, CONFIGS, SEED, D, N, feed, fixed_grads
+from distributed_worker import BATCH, CONFIGS, SEED, D, N, build_ordering, feed, fixed_grads
 from grab_run import compose_config, run_job_here
 
-from grab_exp.distributed import (
-    BlockProjection,
-    SimulatedComm,
-    make_distributed_ordering,
-    split_shards,
-)
+from grab_exp.distributed import BlockProjection, SimulatedComm, split_shards
 
 REPO = Path(__file__).resolve().parents[2]
 WORLD = 2
@@ -105,7 +100,7 @@ def simulated() -> dict:
     comm, split = SimulatedComm(WORLD), split_shards(N, WORLD, SEED)
     return {
         key: feed(
-            make_distributed_ordering(name, split.shards, D, comm, seed=SEED, **options),
+            build_ordering(name, split.shards, D, comm, seed=SEED, **options),
             fixed_grads(),
         )
         for key, (name, options) in CONFIGS.items()
@@ -234,7 +229,7 @@ def reference_cd_grab(orders: list[list[int]], z: torch.Tensor, batch_size: int)
 def test_simulator_matches_per_example_reference(workers, n, batch_size):
     g = torch.Generator().manual_seed(workers)
     split = split_shards(n, workers, seed=3)
-    ordering = make_distributed_ordering(
+    ordering = build_ordering(
         "cd_grab", split.shards, 5, SimulatedComm(workers), seed=3, dtype="float64"
     )
     expected = ordering.orders.tolist()
@@ -257,9 +252,7 @@ def test_split_counts_dropped_examples():
 
 
 def test_odd_batch_size_is_rejected_mid_epoch():
-    ordering = make_distributed_ordering(
-        "cd_grab", torch.arange(20).reshape(2, 10), 3, SimulatedComm(2)
-    )
+    ordering = build_ordering("cd_grab", torch.arange(20).reshape(2, 10), 3, SimulatedComm(2))
     with pytest.raises(ValueError, match="even"):
         ordering.step(torch.zeros(2 * 3, 3))
 
@@ -384,3 +377,19 @@ def test_distributed_true_shorthand_composes_with_its_keys_and_bad_options_are_r
         validate_config(bad)
     with pytest.raises(ConfigCompositionException, match="workerz"):
         compose_config(["distributed.workerz=2"])  # Hydra itself: not in the schema
+
+
+def test_a_cd_grab_state_from_before_the_one_ordering_base_is_refused_in_one_line():
+    """cd_grab's state gained n, d and its projection (its sketch now has its own random
+    stream, so an older sketched state could not continue); the checkpoint says so."""
+    from grab_exp.runner.schema import ConfigError
+    from grab_exp.runner.strategy import restore_ordering
+
+    ordering = build_ordering("cd_grab", torch.arange(20).reshape(2, 10), 3, SimulatedComm(2))
+    state = ordering.state_dict()
+    old = {k: v for k, v in state.items() if k not in ("n", "d", "projection", "ranks")}
+    old["lanes"] = state["ranks"]
+    with pytest.raises(ConfigError, match=r"^checkpoint.pt: state_dict: has no 'n' .*start") as e:
+        restore_ordering(ordering, old)
+    assert "\n" not in str(e.value)
+    restore_ordering(ordering, state)  # today's state loads

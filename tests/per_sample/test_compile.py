@@ -11,6 +11,7 @@ the bounds leave a 10x margin. A wrong gradient moves parameters by about ``lr *
 from __future__ import annotations
 
 import json
+from contextlib import AbstractContextManager, nullcontext
 
 import pytest
 import torch
@@ -36,17 +37,36 @@ CASES = {  # pipeline, ordering and optimizer
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
+def _compiled_graphs() -> tuple[int, int]:
+    """``(graphs Dynamo compiled, graph breaks)`` since the last reset."""
+    counters = torch._dynamo.utils.counters
+    return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+
+
+def _no_recompilation() -> AbstractContextManager:
+    """From torch 2.6 on, any compilation in the block raises (earlier: nothing is checked)."""
+    if hasattr(torch.compiler, "set_stance"):
+        return torch.compiler.set_stance("fail_on_recompile")
+    return nullcontext()
+
+
 def _train(overrides: list[str], device: str, epochs: int = 2):
-    """Every step's loss ``(steps,)``, the final parameters and order, and the graphs compiled."""
+    """Every step's loss ``(steps,)``, the final parameters and order, the graphs compiled in
+    the first epoch and the number of batch shapes; later epochs compile nothing."""
     torch._dynamo.reset()  # a fresh cache: earlier tests' models never count against its limit
     torch._dynamo.utils.counters.clear()
     job = compose_job(overrides, device)
     initial = [p.detach().clone() for p in job.parts.model.parameters()]
-    losses = train_epochs(job, epochs)
+    first = train_epochs(job, 1)
+    graphs = _compiled_graphs()
+    with _no_recompilation():  # every batch shape's graph is reused as it is
+        later = train_epochs(job, epochs - 1, start=1)
+    assert _compiled_graphs() == graphs
     final = [p.detach().clone() for p in job.parts.model.parameters()]
-    counters = torch._dynamo.utils.counters
-    graphs = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
-    return losses, initial, final, job.parts.ordering.balance.order.clone(), graphs
+    n = len(job.data.train_x)
+    shapes = len({min(job.batch_size, n - s) for s in range(0, n, job.batch_size)})
+    order = job.parts.ordering.order.clone()
+    return torch.cat([first, later]), initial, final, order, (graphs, shapes)
 
 
 @pytest.mark.slow
@@ -55,9 +75,12 @@ def _train(overrides: list[str], device: str, epochs: int = 2):
 def test_compiled_training_matches_eager(case, device):
     overrides = [*SMALL_MODEL, *CASES[case]]
     eager_losses, initial, eager_params, eager_order, eager_graphs = _train(overrides, device)
-    losses, _, params, order, graphs = _train([*overrides, "trainer.compile=true"], device)
-    assert eager_graphs == (0, 0)
-    assert graphs == (2, 0)  # one graph per batch shape (16 and the last 8), no graph break
+    losses, _, params, order, ((graphs, breaks), shapes) = _train(
+        [*overrides, "trainer.compile=true"], device
+    )
+    assert eager_graphs[0] == (0, 0)
+    assert shapes == 2  # batches of 16 and a last one of 8
+    assert (graphs, breaks) == (shapes, 0)  # one graph per batch shape, no graph break
     torch.testing.assert_close(losses, eager_losses, rtol=1e-5, atol=0)
     for p, q in zip(params, eager_params, strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
@@ -133,7 +156,7 @@ def test_runner_trains_compiled_and_an_eager_run_loads_its_checkpoint(tmp_path):
     model.load_state_dict(state["model"])  # strict
     eager.parts.optimizer.load_state_dict(state["optimizer"])
     ordering.load_state_dict(state["ordering"])
-    assert ordering.epoch == 0 and ordering.balance.pos == 64
+    assert ordering.epoch == 0 and ordering.pos == 64
     losses = train_epochs(eager, 1, start=1)  # the eager run continues the compiled one
     assert torch.isfinite(losses).all()
 

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from grab_exp.balance import make_balance
+from grab_exp.balance import make_ordering
 from grab_exp.grads import flatten_grads
 from grab_exp.models import MLP, LeNet, LogReg
 from grab_exp.per_sample import (
@@ -283,13 +283,13 @@ def test_other_layouts_are_concatenated():
 
 def test_the_ordering_steps_on_the_buffer_as_on_a_copy():
     _, (model, reused) = hooked_pair(LeNet)
-    sorters = [make_balance("mean", 12, width(model), dtype=torch.float64) for _ in range(2)]
+    orderings = [make_ordering("mean", 12, width(model), dtype=torch.float64) for _ in range(2)]
     for step in range(3):
         _, grads = call(reused, *batch(4, seed=10 + step))
-        sorters[0].step(grads)
-        sorters[1].step({n: g.clone() for n, g in grads.items()})
-    assert torch.equal(sorters[0].acc, sorters[1].acc)
-    assert torch.equal(sorters[0].keys, sorters[1].keys)
+        orderings[0].step(grads)
+        orderings[1].step({n: g.clone() for n, g in grads.items()})
+    assert torch.equal(orderings[0].acc, orderings[1].acc)
+    assert torch.equal(orderings[0].keys, orderings[1].keys)
 
 
 def test_the_functional_pipeline_reuses_the_buffer_by_default():

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pandas as pd
 
-from grab_exp.report.paper import hardware_note, read_paper, side_by_side_frame
-from grab_exp.report.table import build_table1
+from grab_exp.report.table1_table import build_table1, hardware_note, read_paper, side_by_side_frame
 
 
 def _frame(step_peak: bool) -> pd.DataFrame:
     rows = []
-    for variant, sorter_mb in (("rr", 0.0), ("mean", 1.0)):
+    for variant, ordering_mb in (("rr", 0.0), ("mean", 1.0)):
         for epoch in (1, 2):
             rows.append(
                 {
@@ -24,8 +23,8 @@ def _frame(step_peak: bool) -> pd.DataFrame:
                     "train/loss": 1.0,
                     "test/acc": 0.5,
                     "time/epoch_s": 2.0,
-                    "mem/peak_cuda_mb": 800.0 + sorter_mb,  # the dataset's 704 MiB included
-                    "mem/step_peak_cuda_mb": 10.0 + sorter_mb if step_peak else float("nan"),
+                    "mem/peak_cuda_mb": 800.0 + ordering_mb,  # the dataset's 704 MiB included
+                    "mem/step_peak_cuda_mb": 10.0 + ordering_mb if step_peak else float("nan"),
                     "mem/peak_rss_mb": 2000.0,
                 }
             )

@@ -17,21 +17,20 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+from wandb_reader import read_offline_runs
 
-from grab_exp.logging import read_offline_runs
 from grab_exp.report import (
-    PALETTE,
     ReportWarning,
     build_table1,
+    default_paper_csv,
     figure1,
-    frame_from_api_runs,
-    load_runs,
+    read_api_runs,
+    read_runs,
+    runs_frame,
 )
 from grab_exp.report.cli import main
-from grab_exp.report.figures import identical_rows
-from grab_exp.report.paper import default_paper_csv
-from grab_exp.report.variants import STYLES
-from grab_exp.report.wandb_source import fetch_runs, parse_wandb_path
+from grab_exp.report.collect import parse_wandb_path, read_wandb_runs
+from grab_exp.report.table1_figures import identical_rows
 
 REPO = Path(__file__).resolve().parents[2]
 EPOCH_BENCH = REPO / "results" / "bench" / "epoch.json"  # the committed idle-machine bench
@@ -84,6 +83,11 @@ def report(sweep, tmp_path_factory) -> Path:
     return out
 
 
+def table1_frame(paths) -> pd.DataFrame:
+    """Table 1's frame of the runs under ``paths``, as ``python -m grab_exp.report`` reads it."""
+    return runs_frame(read_runs(paths))
+
+
 def run_dirs(sweep: Path) -> list[Path]:
     return sorted(path.parent for path in sweep.rglob("summary.json"))
 
@@ -121,7 +125,7 @@ def expected_table(sweep: Path) -> dict[tuple[str, str], dict[str, tuple[float, 
 
 
 def test_frame_holds_every_run_and_epoch(sweep):
-    frame = load_runs([sweep])
+    frame = table1_frame([sweep])
     assert len(frame) == len(ROWS) * len(SEEDS) * EPOCHS
     assert list(frame.columns[:6]) == ["run", "variant", "pipeline", "seed", "device", "epoch"]
     for run_dir in run_dirs(sweep):
@@ -154,7 +158,7 @@ def test_table1_values_match_the_runs(sweep, report):
 
 
 def test_without_a_bench_there_is_no_time_overhead(sweep):
-    table = build_table1(load_runs([sweep])).data
+    table = build_table1(table1_frame([sweep])).data
     assert table["time_overhead_pct"].isna().all() and table["bench_epoch_s"].isna().all()
     assert table["mem_overhead_pct"].notna().all()
 
@@ -207,7 +211,7 @@ def test_figures_are_written_with_one_color_per_row(sweep, report):
         png, pdf = report / f"{stem}.png", report / f"{stem}.pdf"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
         assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > 5_000
-    frame = load_runs([sweep])
+    frame = table1_frame([sweep])
     figure = figure1(frame)
     same = identical_rows(frame, ROWS)
     functional_rr = "RR (functional)" + (": identical to RR (classic)" if same else "")
@@ -215,17 +219,17 @@ def test_figures_are_written_with_one_color_per_row(sweep, report):
         styles = {
             line.get_label(): (line.get_color(), line.get_marker()) for line in ax.get_lines()
         }
-        assert styles == {
-            "RR (classic)": (PALETTE["rr-classic"], STYLES["rr-classic"][1]),
-            functional_rr: (PALETTE["rr"], STYLES["rr"][1]),
-            "Mean": (PALETTE["mean"], STYLES["mean"][1]),
+        assert styles == {  # the first three of Okabe-Ito's colors (gray, black, blue)
+            "RR (classic)": ("#7f7f7f", "o"),
+            functional_rr: ("#000000", "x"),
+            "Mean": ("#0072B2", "s"),
         }
     labels = [text.get_text() for text in figure.legends[0].texts]
     assert labels[-1] == f"± 1 std over {len(SEEDS)} seeds (top panels)"
 
 
 def test_identical_rows_need_every_value_equal(sweep):
-    frame = load_runs([sweep])
+    frame = table1_frame([sweep])
     rr = frame[(frame["variant"] == "rr") & (frame["pipeline"] == "functional")]
     twin = rr.assign(variant="mean")  # RR's runs again, under another row
     rows = [("rr", "functional"), ("mean", "functional")]
@@ -252,7 +256,7 @@ def test_unfinished_run_is_skipped_with_a_warning(sweep, tmp_path):
     orphan = run_dirs(copy)[1]
     (orphan / "summary.json").unlink()  # a job that never wrote its summary
     with pytest.warns(ReportWarning) as caught:
-        frame = load_runs([copy])
+        frame = table1_frame([copy])
     messages = [str(warning.message) for warning in caught]
     assert f"skipping unfinished run {victim} (status 'running')" in messages
     assert (
@@ -284,7 +288,7 @@ def test_missing_or_corrupt_metrics_are_reported_by_name(sweep, tmp_path):
     for damage, victim in victims.items():
         damage_metrics(victim / "metrics.csv", damage)
     with pytest.warns(ReportWarning) as caught:
-        frame = load_runs([copy])
+        frame = table1_frame([copy])
     messages = sorted(str(warning.message) for warning in caught)
     assert len(messages) == len(victims)
     for damage, victim in victims.items():
@@ -357,8 +361,8 @@ def test_wandb_runs_give_the_same_frame_and_table(sweep):
     runs.append(api_run(offline[0], job_type="report"))  # a report run: ignored
     runs.append(api_run(offline[0] | {"run_id": "x"}, state="crashed"))
     with pytest.warns(ReportWarning, match="unfinished W&B run wandb:local/grab-exp/x"):
-        remote = frame_from_api_runs(runs)
-    local = load_runs([sweep])
+        remote = runs_frame(read_api_runs(runs))
+    local = table1_frame([sweep])
     keys = ["variant", "pipeline", "seed", "device", "epoch"]
     assert remote[keys].values.tolist() == local[keys].values.tolist()
     for column in ("train/loss", "test/acc", "time/epoch_s", "mem/peak_rss_mb"):
@@ -378,7 +382,7 @@ def test_wandb_api_calls_match_the_installed_public_api():
         parse_wandb_path("proj")
     calls = []
     api = SimpleNamespace(runs=lambda *args, **kwargs: calls.append((args, kwargs)) or [])
-    fetch_runs("me/proj/table1", api)
+    assert read_wandb_runs("me/proj/table1", api) == []
     args, kwargs = calls[0]
     assert (args, kwargs) == (("me/proj",), {"filters": {"group": "table1"}})
     inspect.signature(wandb.Api.runs).bind(None, *args, **kwargs)  # what we call exists

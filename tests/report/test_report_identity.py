@@ -1,5 +1,6 @@
-"""``collect.run_identity``: the runner's identity block, the same dict derived for runs written
-before it (the committed ``results/``), and W&B runs identified from their config."""
+"""``runner.identity.read_identity`` through the report's reader: the runner's identity block, the
+same dict derived for runs written before it (the committed ``results/``), and W&B runs identified
+from their config."""
 
 from __future__ import annotations
 
@@ -9,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from grab_exp.report import IDENTITY_KEYS, ReportWarning, frame_from_api_runs, read_run
-from grab_exp.report.collect import run_identity
-from grab_exp.report.frames import RunLoadError
+from grab_exp.report import ReportWarning, read_api_runs, read_runs, runs_frame
+from grab_exp.runner.identity import IDENTITY_KEYS, read_identity
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 BASE = {"arm": None, "row": None, "world_size": 1, "overrides_hash": ""}
@@ -50,13 +50,13 @@ def test_legacy_run_and_identity_block_give_the_same_identity(relative, tmp_path
     legacy = copy_run(relative, tmp_path / "legacy")
     summary = json.loads((legacy / "summary.json").read_text())
     assert "identity" not in summary  # written before the block existed
-    frame, identity = read_run(legacy)
+    ((frame, identity),) = read_runs([legacy])
     assert identity == LEGACY[relative] and list(identity) == list(IDENTITY_KEYS)
     # the same run as the runner writes it now: the block, and no Hydra files needed
     new = copy_run(relative, tmp_path / "new")
     (new / "summary.json").write_text(json.dumps({**summary, "identity": LEGACY[relative]}))
     shutil.rmtree(new / ".hydra")
-    new_frame, new_identity = read_run(new)
+    ((new_frame, new_identity),) = read_runs([new])
     assert new_identity == identity
     columns = ["variant", "pipeline", "seed", "epoch", "train/loss"]
     assert new_frame[columns].equals(frame[columns])
@@ -65,19 +65,21 @@ def test_legacy_run_and_identity_block_give_the_same_identity(relative, tmp_path
 def test_the_block_wins_over_the_old_summary_fields():
     block = LEGACY["vrgd/runs/vr_adam/batch4096/seed7"] | {"variant": "mean"}
     summary = {"variant": "rr", "pipeline": "classic", "seed": 3, "identity": block}
-    assert run_identity(summary) == block
+    assert read_identity(summary) == block
 
 
 def test_an_old_summary_without_hydra_files_leaves_the_unknown_keys_none(tmp_path):
     run_dir = tmp_path / "seed3"
     run_dir.mkdir()
-    identity = run_identity({"variant": "mean", "pipeline": "functional", "seed": 3}, None, run_dir)
+    identity = read_identity(
+        {"variant": "mean", "pipeline": "functional", "seed": 3}, None, run_dir
+    )
     assert identity == {key: None for key in IDENTITY_KEYS} | {
         "variant": "mean", "pipeline": "functional", "seed": 3, "world_size": 1,
         "overrides_hash": "",
     }  # fmt: skip
-    with pytest.raises(RunLoadError, match=f"skipping {run_dir}: cannot tell its variant"):
-        run_identity({"seed": 3}, None, run_dir)
+    with pytest.raises(ValueError, match=r"^cannot tell its variant$"):
+        read_identity({"seed": 3}, None, run_dir)
 
 
 # ------------------------------------------------------------------ W&B
@@ -125,8 +127,8 @@ def test_wandb_runs_take_their_identity_from_the_config_block():
         "row": "pair", "batch_size": 16, "world_size": 1, "seed": 42, "overrides_hash": "ab12cd34",
     }  # fmt: skip
     new = api_run("new", OLD_CONFIG | {"identity": block})  # targets say mean, seed 7
-    assert run_identity({}, dict(new.config)) == block
-    frame = frame_from_api_runs([new])
+    assert read_identity({}, dict(new.config)) == block
+    frame = runs_frame(read_api_runs([new]))
     assert frame[["variant", "pipeline", "seed"]].drop_duplicates().values.tolist() == [
         ["pair", "functional", 42]
     ]
@@ -135,12 +137,12 @@ def test_wandb_runs_take_their_identity_from_the_config_block():
 
 def test_old_wandb_runs_are_identified_from_their_config():
     old = api_run("old", OLD_CONFIG)
-    assert run_identity({}, dict(old.config)) == {key: None for key in IDENTITY_KEYS} | {
+    assert read_identity({}, dict(old.config)) == {key: None for key in IDENTITY_KEYS} | {
         "experiment": "table1", "variant": "mean", "pipeline": "functional", "optimizer": "sgd",
         "batch_size": 16, "world_size": 1, "seed": 7,
     }  # fmt: skip
     nameless = api_run("nameless", {"seed": 1})
     with pytest.warns(ReportWarning, match="skipping W&B run wandb:me/proj/nameless: cannot tell"):
-        frame = frame_from_api_runs([old, nameless])
+        frame = runs_frame(read_api_runs([old, nameless]))
     assert set(frame["run"]) == {"wandb:me/proj/old"}
     assert frame[["variant", "pipeline", "seed"]].iloc[0].tolist() == ["mean", "functional", 7]

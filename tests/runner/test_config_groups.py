@@ -16,7 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from grab_run import ARCHIVE, CONF_DIR, compose_config, group_options, option_override
+from grab_run import (
+    ARCHIVE,
+    CONF_DIR,
+    cifar10_in_place,
+    compose_config,
+    group_options,
+    option_override,
+)
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import InstantiationException
 from hydra.plugins.launcher import Launcher
@@ -26,7 +33,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from grab_exp.__main__ import user_error_line
-from grab_exp.balance import Balance
+from grab_exp.balance import Ordering
 from grab_exp.data import ArrayData
 from grab_exp.runner.config_check import validate_config
 
@@ -92,8 +99,7 @@ def test_every_group_folder_is_globbed_with_its_required_options():
     for group, required in REQUIRED_OPTIONS.items():
         assert required <= found.get(group, set()), f"conf/{group}: missing {required}"
     folders = {p.parent.relative_to(CONF_DIR).as_posix() for p in CONF_DIR.rglob("*.yaml")}
-    shared = {f for f in folders if f.endswith("/shared")}  # parts of options, not options
-    assert folders - {"."} - shared == set(found)
+    assert folders - {"."} == set(found)
 
 
 # ---------------------------------------------------------------- composition
@@ -137,6 +143,7 @@ def test_every_option_gives_a_valid_run_config(group_option, tmp_path):
         cfg = compose_config([option_override(group, option), *extra, "distributed=true"])
     if "archive" in cfg.dataset:
         cfg.dataset.archive = str(tmp_path)  # an existing path: validation only checks it exists
+    cifar10_in_place(cfg, tmp_path / "cifar10")
     validate_config(cfg)
 
 
@@ -159,7 +166,7 @@ def check_optimizer(factory) -> None:
 def check_balance(factory, cfg) -> None:
     n, d = 4 * cfg.batch_size, 6
     cls = get_class(cfg.balance._target_)
-    if issubclass(cls, Balance):
+    if issubclass(cls, Ordering) and not cls.distributed:
         ordering = factory(n=n, d=d, seed=0, device="cpu")
         assert sorted(ordering.order.tolist()) == list(range(n))
         grads = torch.randn(n, d)

@@ -14,6 +14,7 @@ from grab_run import SMALL_RUN, compose_config, run_job_here
 from helpers import make
 
 from grab_exp.balance.projection import describe
+from grab_exp.devices import resolve_device, set_cuda_policy
 from grab_exp.distributed.comm import cpu_tensors
 from grab_exp.distributed.join import init_distributed, local_cuda_index
 from grab_exp.runner.checkpoint import (
@@ -24,7 +25,6 @@ from grab_exp.runner.checkpoint import (
 )
 from grab_exp.runner.config_check import validate_config
 from grab_exp.runner.schema import ConfigError
-from grab_exp.runner.strategy import resolve_device, set_cuda_policy
 
 CUDA_GENERATOR_STATE = torch.zeros(16, dtype=torch.uint8)  # a CUDA generator's state: 16 bytes
 
@@ -54,7 +54,7 @@ def test_an_ordering_state_of_another_generator_device_type_is_refused():
     assert state["projection"] == describe(bal.projection)
     assert state["projection"]["device_type"] == "cpu"  # R depends on the generator's device
     make("recursive", 12, 5, depth=2, projection_dim=3).load_state_dict(state)  # same: loads
-    with pytest.raises(ValueError, match=r"generator_device is 'cuda', this sampler has 'cpu'"):
+    with pytest.raises(ValueError, match=r"generator_device is 'cuda', this ordering has 'cpu'"):
         bal.load_state_dict({**state, "generator_device": "cuda"})
 
 
@@ -110,26 +110,59 @@ def test_cuda_k_is_checked_against_the_gpus_present():
     assert resolve_device("cpu") == torch.device("cpu")
 
 
-def test_cuda_policy_sets_deterministic_cudnn_and_the_tf32_choice():
-    before = (
-        torch.backends.cudnn.deterministic,
-        torch.backends.cudnn.benchmark,
-        torch.backends.cuda.matmul.fp32_precision,
-        torch.backends.cudnn.conv.fp32_precision,
+def _numerics_settings() -> dict[str, object]:
+    """Every reader of the CUDA numerics flags, legacy and new (a mix of the two raises)."""
+    backends = torch.backends
+    return {
+        "deterministic": backends.cudnn.deterministic,
+        "benchmark": backends.cudnn.benchmark,
+        "matmul_precision": torch.get_float32_matmul_precision(),
+        "matmul_allow_tf32": backends.cuda.matmul.allow_tf32,
+        "cudnn_allow_tf32": backends.cudnn.allow_tf32,
+        "matmul": backends.cuda.matmul.fp32_precision,
+        "conv": backends.cudnn.conv.fp32_precision,
+        "rnn": backends.cudnn.rnn.fp32_precision,
+    }
+
+
+@pytest.fixture
+def restore_numerics():
+    """Put torch's numerics flags back as they were (legacy first, as set_cuda_policy does)."""
+    before = _numerics_settings()
+    yield
+    backends = torch.backends
+    backends.cudnn.deterministic, backends.cudnn.benchmark = (
+        before["deterministic"],
+        before["benchmark"],
     )
-    try:
-        set_cuda_policy(torch.device("cpu"), tf32=True)
-        assert (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark) == before[:2]
-        set_cuda_policy(torch.device("cuda"), tf32=False)
-        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
-        assert torch.backends.cuda.matmul.fp32_precision == "ieee"
-        assert torch.backends.cudnn.conv.fp32_precision == "ieee"
-        set_cuda_policy(torch.device("cuda"), tf32=True)
-        assert torch.backends.cudnn.conv.fp32_precision == "tf32"
-    finally:
-        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[:2]
-        torch.backends.cuda.matmul.fp32_precision = before[2]
-        torch.backends.cudnn.conv.fp32_precision = before[3]
+    torch.set_float32_matmul_precision(before["matmul_precision"])
+    backends.cuda.matmul.allow_tf32 = before["matmul_allow_tf32"]
+    backends.cudnn.allow_tf32 = before["cudnn_allow_tf32"]
+    backends.cuda.matmul.fp32_precision = before["matmul"]
+    backends.cudnn.conv.fp32_precision = before["conv"]
+    backends.cudnn.rnn.fp32_precision = before["rnn"]
+
+
+@pytest.mark.usefixtures("restore_numerics")
+@pytest.mark.parametrize("tf32", [False, True])
+def test_cuda_policy_sets_deterministic_cudnn_and_the_tf32_choice_through_both_apis(tf32):
+    before = _numerics_settings()
+    set_cuda_policy(torch.device("cpu"), tf32=True)
+    assert _numerics_settings() == before  # nothing changes on the CPU
+    set_cuda_policy(torch.device("cuda"), tf32=tf32)
+    precision = "tf32" if tf32 else "ieee"
+    assert _numerics_settings() == {  # every reader agrees (none raises a legacy/new mix)
+        "deterministic": True,
+        "benchmark": False,
+        "matmul_precision": "high" if tf32 else "highest",
+        "matmul_allow_tf32": tf32,
+        "cudnn_allow_tf32": tf32,
+        "matmul": precision,
+        "conv": precision,
+        "rnn": precision,
+    }
+    a = torch.arange(6.0).reshape(2, 3)
+    assert torch.equal(a @ a.T, torch.tensor([[5.0, 14.0], [14.0, 50.0]]))  # a matmul runs
 
 
 def test_gathered_objects_keep_their_structure_with_tensors_on_the_cpu():

@@ -10,13 +10,14 @@ import torch
 from grab_run import SMALL_RUN, compose_config, run_job_here
 from run_files import computed, read_rows
 
-from grab_exp.balance import make_balance
+from grab_exp.balance import make_ordering
 from grab_exp.balance.signs import sequential_signs
+from grab_exp.devices import resolve_device
 from grab_exp.distributed.comm import cpu_tensors
 from grab_exp.runner.checkpoint import CHECKPOINT_NAME, restore_rng_states
 from grab_exp.runner.config_check import validate_config
+from grab_exp.runner.connect import connect
 from grab_exp.runner.schema import ConfigError
-from grab_exp.runner.strategy import connect, resolve_device
 from grab_exp.sampler import GraBSampler
 
 pytestmark = pytest.mark.gpu
@@ -47,7 +48,7 @@ def test_rng_restore_with_more_saved_gpu_states_than_gpus():
 
 
 def test_gathered_state_holds_cpu_tensors():
-    state = make_balance("recursive", 20, 6, device="cuda").state_dict()
+    state = make_ordering("recursive", 20, 6, device="cuda").state_dict()
     moved = cpu_tensors({"ordering": [state]})
     tensors = [v for v in moved["ordering"][0].values() if isinstance(v, torch.Tensor)]
     assert tensors and all(t.device.type == "cpu" for t in tensors)
@@ -62,13 +63,17 @@ def test_cuda_k_becomes_the_current_device():
         validate_config(compose_config([*SMALL_RUN, f"device=cuda:{last + 1}"]))
 
 
-def test_cuda_jobs_run_deterministic_cudnn_without_tf32_unless_asked():
-    connect(compose_config([*SMALL_RUN, "device=cuda"]))
+@pytest.mark.parametrize("tf32", ["true", "false"])  # the default policy last: it stays
+def test_cuda_jobs_run_deterministic_cudnn_without_tf32_unless_asked(tf32):
+    connect(compose_config([*SMALL_RUN, "device=cuda", f"trainer.tf32={tf32}"]))
     assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
-    assert torch.backends.cudnn.conv.fp32_precision == "ieee"
-    connect(compose_config([*SMALL_RUN, "device=cuda", "trainer.tf32=true"]))
-    assert torch.backends.cudnn.conv.fp32_precision == "tf32"
-    connect(compose_config([*SMALL_RUN, "device=cuda"]))  # back to the default policy
+    precision = "tf32" if tf32 == "true" else "ieee"
+    assert torch.backends.cudnn.conv.fp32_precision == precision
+    assert torch.backends.cuda.matmul.fp32_precision == precision
+    a = torch.randn(256, 256, device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    torch._dynamo.reset()
+    compiled = torch.compile(torch.mm)(a, a)  # Dynamo and Inductor read the legacy flags
+    torch.testing.assert_close(compiled, a @ a, rtol=1e-2, atol=1e-2)
 
 
 def test_recursive_orders_and_sums_are_bit_identical_run_to_run():
@@ -77,7 +82,7 @@ def test_recursive_orders_and_sums_are_bit_identical_run_to_run():
     grads = torch.randn(n, d, device="cuda", generator=generator)
 
     def run():
-        bal = make_balance("recursive", n, d, depth=5, device="cuda", seed=3)
+        bal = make_ordering("recursive", n, d, depth=5, device="cuda", seed=3)
         for start in range(0, n, b):
             bal.step(grads[bal.order[start : start + b]])
         acc = bal.acc.clone()
@@ -98,7 +103,7 @@ def test_cuda_runs_log_the_absolute_and_the_step_peak(tmp_path):
 def test_the_sampler_lives_on_its_parameters_device():
     model = torch.nn.Linear(5, 3).cuda()
     sampler = GraBSampler(40, model.parameters(), balance="mean")
-    assert sampler.balance.device.type == "cuda" and sampler.balance.order.is_cuda
+    assert sampler.device.type == "cuda" and sampler.order.is_cuda
 
 
 @pytest.mark.parametrize("rows", [1, 16, 64])

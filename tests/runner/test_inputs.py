@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,9 +23,11 @@ from hydra.errors import ConfigCompositionException, InstantiationException
 from run_files import run_artifacts
 
 from grab_exp.__main__ import user_error_line
-from grab_exp.balance import Balance
+from grab_exp.balance import Ordering
+from grab_exp.data import load_cifar10
 from grab_exp.runner import lifecycle as run_module
 from grab_exp.runner.config_check import ConfigError, validate_config
+from grab_exp.runner.override_keys import unknown_key_error
 
 # a tiny synthetic run: if validation ever let a bad case through, it would end in seconds
 TINY = ["dataset=synthetic", "dataset.num_train=64", "dataset.num_test=32", "epochs=1"]
@@ -48,7 +51,7 @@ class Case:
         return [*self.base, *self.overrides, *quiet]
 
 
-GRAD_FREE = ", ".join(sorted(n for n, c in Balance.registry.items() if not c.needs_grads))
+GRAD_FREE = ", ".join(sorted(n for n, c in Ordering.choices().items() if not c.needs_grads))
 CASES = [
     # cross-field rules
     Case(
@@ -154,7 +157,9 @@ def test_bad_input_fails_validation_before_data_loads(case, booby_trapped):
     assert user_error_line(info.value) == str(info.value)
 
 
-@pytest.mark.parametrize("balance", sorted(n for n, c in Balance.registry.items() if c.needs_grads))
+@pytest.mark.parametrize(
+    "balance", sorted(n for n, c in Ordering.choices().items() if c.needs_grads)
+)
 def test_every_gradient_ordering_is_refused_with_the_classic_pipeline(balance):
     cfg = compose_config([*TINY, f"balance={balance}", "pipeline=classic"])
     with pytest.raises(ConfigError) as info:
@@ -164,7 +169,7 @@ def test_every_gradient_ordering_is_refused_with_the_classic_pipeline(balance):
 
 
 @pytest.mark.parametrize(
-    "balance", sorted(n for n, c in Balance.registry.items() if not c.needs_grads)
+    "balance", sorted(n for n, c in Ordering.choices().items() if not c.needs_grads)
 )
 def test_gradient_free_orderings_are_accepted_with_the_classic_pipeline(balance):
     validate_config(compose_config([*TINY, f"balance={balance}", "pipeline=classic"]))
@@ -193,6 +198,43 @@ def test_cli_refuses_a_wrong_type_before_anything_runs(tmp_path):
     assert "Error merging override epochs=two" in result.stderr
     assert "full_key: epochs" in result.stderr and "Traceback" not in result.stderr
     assert run_artifacts(tmp_path) == [] and not (tmp_path / "run" / "outputs").exists()
+
+
+UNKNOWN_KEYS = [
+    (["balance.kernal=probabilistic"], "balance.kernal: no such key; did you mean balance.kernel?"),
+    (
+        ["balance=recursive", "balance.dept=3"],
+        "balance.dept: no such key; did you mean balance.depth?",
+    ),
+    (["epoch=3"], "epoch: no such key; did you mean epochs?"),
+    (
+        ["-m", "seed=0,1", "trainer.compiled=true"],
+        "trainer.compiled: no such key; did you mean trainer.compile?",
+    ),
+    (["model.zzzz=1"], "model.zzzz: no such key; allowed: model.num_classes"),
+]
+
+
+@pytest.mark.parametrize(("args", "line"), UNKNOWN_KEYS, ids=lambda v: str(v))
+def test_an_unknown_key_names_the_closest_key(args, line):
+    assert unknown_key_error([*TINY, *args]) == line
+
+
+def test_known_keys_and_group_choices_pass_the_key_check():
+    assert (
+        unknown_key_error([*TINY, "balance=recursive", "balance.depth=3", "-m", "seed=0,1"]) is None
+    )
+    assert unknown_key_error(["--cfg", "job", "experiment=smoke"]) is None  # no key set: no compose
+
+
+def test_cli_unknown_key_is_our_one_line_not_hydras_plus_advice(tmp_path):
+    result = _run([*TINY, "balance.kernal=probabilistic"], tmp_path / "run")
+    assert result.returncode == 1
+    assert (
+        result.stderr.strip() == "error: balance.kernal: no such key; did you mean balance.kernel?"
+    )
+    assert "+balance.kernal" not in result.stdout + result.stderr
+    assert not (tmp_path / "run" / "outputs").exists()
 
 
 def test_a_good_config_passes_validation():
@@ -271,18 +313,35 @@ def test_cli_prints_one_error_line_and_writes_no_run(run_id, cli_results):
 # ---------------------------------------------------------------- loader errors (Hydra-wrapped)
 
 
-def test_cli_cifar10_offline_is_one_line_naming_cifar10_jpeg(tmp_path):
-    """The loader's error reaches the user as one line, not as Hydra's InstantiationException."""
-    data_dir = tmp_path / "cifar10"
-    args = ["dataset=cifar10", f"dataset.data_dir={data_dir}", "dataset.download_timeout_s=5"]
-    result = run_cli(
-        [*args, "epochs=1", "progress=none"], tmp_path, timeout=CLI_TIMEOUT_S, **OFFLINE_ENV
-    )
+def test_plain_command_offline_stops_fast_in_one_line_and_writes_nothing(tmp_path):
+    """``python -m grab_exp`` with no CIFAR-10 on disk and no network (every connection goes
+    to a closed port): one line naming both ways forward, in under 10 s, nothing on disk."""
+    clone, cache = tmp_path / "clone", tmp_path / "cache"
+    clone.mkdir()
+    started = time.perf_counter()
+    result = run_cli([], clone, timeout=CLI_TIMEOUT_S, XDG_CACHE_HOME=str(cache), **OFFLINE_ENV)
+    seconds = time.perf_counter() - started
     case = Case(
-        "cifar10_offline", args, "dataset=cifar10: could not download", "dataset=cifar10_jpeg"
+        "cifar10_offline",
+        [],
+        f"dataset=cifar10: CIFAR-10 is not in {cache / 'grab_exp' / 'cifar10'}",
+        "use dataset=cifar10_jpeg dataset.archive=PATH for an offline archive",
     )
-    assert_cli_one_line(result, tmp_path, case, validated=False)
-    assert "InstantiationException" not in result.stderr and "full_key" not in result.stderr
+    assert_cli_one_line(result, clone, case)
+    assert "or experiment=smoke for a synthetic run" in result.stderr
+    assert seconds < 10, f"took {seconds:.1f} s"
+    assert list(clone.iterdir()) == [] and not cache.exists(), "the command wrote files"
+
+
+def test_cifar10_download_failure_in_the_loader_is_the_same_one_line(tmp_path, monkeypatch):
+    """Past the startup check (the server answered), a failed download says the same."""
+    for name, value in OFFLINE_ENV.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(RuntimeError) as error:
+        load_cifar10(data_dir=tmp_path / "cifar10", download_timeout_s=5)
+    assert str(error.value).startswith(f"dataset=cifar10: CIFAR-10 is not in {tmp_path}")
+    assert "dataset=cifar10_jpeg dataset.archive=PATH" in str(error.value)
+    assert "\n" not in str(error.value)
 
 
 def test_cli_loader_range_error_is_one_line(tmp_path):
@@ -314,9 +373,11 @@ def test_only_errors_raised_by_grab_exp_become_one_line():
 # ---------------------------------------------------------------- a whole sweep, before any job
 
 
-def test_a_sweep_with_bad_jobs_lists_them_all_and_trains_nothing(tmp_path):
-    """Job 0 is good, jobs 1 and 2 are not: all errors at once, exit 1, nothing written."""
+def test_a_fail_fast_sweep_with_bad_jobs_lists_them_all_and_trains_nothing(tmp_path):
+    """Job 0 is good, jobs 1 and 2 are not; with ``fail_fast``: all errors at once, exit 1,
+    nothing written (without it, job 0 runs: test_sweeps_and_failures.py)."""
     args = ["-m", *TINY, "seed=13", "batch_size=16,0,1000", "progress=none"]
+    args.append("hydra.sweeper.fail_fast=true")
     result = run_cli(args, tmp_path, timeout=CLI_TIMEOUT_S)
     assert result.returncode == 1, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()

@@ -231,3 +231,23 @@ def test_a_submitit_preemption_requeues_the_job_and_it_resumes(runs, tmp_path):
     assert re.search(r"resuming after epoch [12]\b", text), text
     assert computed(read_rows(run_dir)[1]) == computed(read_rows(runs["reference"]["run_dir"])[1])
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "finished"
+
+
+@pytest.mark.slow
+def test_a_stop_before_the_first_epoch_ends_says_the_rerun_starts_over(tmp_path):
+    """SIGTERM inside epoch 1 (no checkpoint yet): the line says the rerun starts over."""
+    args = [*SMOKE, "epochs=1", "dataset.num_train=2048", "dataset.num_test=64"]
+    job = Job(args, tmp_path, cli_env(OMP_NUM_THREADS="1"))
+    try:
+        wait_for(lambda: "step 10/128" in job.log_path.read_text(), 120, "a step line", job)
+        os.kill(job.pid, signal.SIGTERM)
+        status, log = job.finish()
+    finally:
+        if job.process.poll() is None:
+            job.process.kill()
+    (run_dir,) = run_dirs(tmp_path)
+    assert status == 143, log
+    assert not (run_dir / CHECKPOINT_NAME).exists()
+    assert log.strip().splitlines()[-1] == (
+        f"interrupted: {run_dir}; no epoch had finished: the same command starts it over"
+    )

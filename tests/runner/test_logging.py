@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
+from wandb_reader import read_offline_run, read_offline_runs
 
 from grab_exp.logging import (
     LocalStore,
@@ -24,8 +25,6 @@ from grab_exp.logging import (
     build_wandb_logger,
     library_versions,
     read_json,
-    read_offline_run,
-    read_offline_runs,
     resolve_mode,
     write_json,
 )

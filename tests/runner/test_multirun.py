@@ -13,8 +13,7 @@ import pytest
 from grab_run import grab_env, run_grab
 from omegaconf import OmegaConf
 from run_files import METRIC_COLUMNS, read_rows, run_dirs, temp_files
-
-from grab_exp.logging import read_offline_runs
+from wandb_reader import read_offline_runs
 
 pytestmark = pytest.mark.slow
 

@@ -29,8 +29,8 @@ from helpers import ALL_ORDERINGS, KERNELS, current_order, make, random_grads, r
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from run_files import computed, parse_rows, read_rows, run_dirs, temp_files, wait_for
+from wandb_reader import read_offline_run
 
-from grab_exp.logging import read_offline_run
 from grab_exp.logging.files import DamagedFileError
 from grab_exp.runner.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from grab_exp.runner.resolvers import register_resolvers
@@ -261,7 +261,7 @@ def test_resumed_run_equals_an_uninterrupted_one(jobs):
     ref_header, ref_rows = read_rows(reference)
     header, rows = read_rows(resumed)
     assert header == ref_header and [r["epoch"] for r in rows] == [1, 2, 3]
-    assert computed(rows) == computed(ref_rows)  # losses, accuracies, sorter bytes: exact
+    assert computed(rows) == computed(ref_rows)  # losses, accuracies, ordering bytes: exact
     for run_dir in (reference, resumed):
         assert json.loads((run_dir / "summary.json").read_text())["status"] == "finished"
     ref_state, state = _checkpoint(reference), _checkpoint(resumed)

@@ -3,6 +3,7 @@ the sweep presets run without ``-m``, and ``--help``."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -33,6 +34,32 @@ def test_a_run_prints_its_directory_before_training(offline_wandb_run):
     assert match and match[2] == "new", out
     assert match.start() < out.index("epoch 1/")
     assert (offline_wandb_run["cwd"] / match[1] / "summary.json").is_file()
+
+
+def test_a_run_says_what_it_trains_shows_progress_early_and_ends_with_its_results(
+    offline_wandb_run,
+):
+    """Start line (ordering, model, dataset, epochs, device), a step line early in the first
+    epoch (no terminal: progress=line), and an end line with the final metrics and directory."""
+    out = offline_wandb_run["first"].stdout
+    run_dir = DIR_LINE.search(out)[1]
+    start = re.search(
+        r"job: ordering mean \(functional pipeline\), model lenet \(62,006 parameters\), "
+        r"dataset synthetic \(2,048 train / 16 test\), 2 epochs of batch 16, seed 0, device cpu",
+        out,
+    )
+    assert start, out
+    step = re.search(r"epoch 1/2  step 10/128  \d+\.\ds", out)
+    assert step and start.start() < step.start() < out.index("epoch 1/2  train/loss"), out
+    summary = json.loads(Path(offline_wandb_run["cwd"], run_dir, "summary.json").read_text())
+    final = summary["final"]
+    end = re.search(
+        rf"finished after epoch 2: train/loss {final['train/loss']:.4f}  "
+        rf"test/acc {final['test/acc']:.4f}  wall time (\d+m \d\ds|\d+\.\ds); "
+        rf"results in {re.escape(run_dir)}\n",
+        out,
+    )
+    assert end and end.start() > out.index("epoch 2/2  train/loss"), out
 
 
 def test_offline_wandb_says_so_once_and_prints_the_sync_command(offline_wandb_run):
@@ -68,7 +95,8 @@ def test_help_describes_the_tool_its_groups_and_examples(tmp_path):
     assert done.returncode == 0, done.stderr
     text = done.stdout
     assert text.startswith("python -m grab_exp: train") and "powered by Hydra" not in text
-    groups = dict(re.findall(r"^([a-z_]+): (.+)$", text, flags=re.M))
+    groups = dict(re.findall(r"^([a-z_/]+): (.+)$", text, flags=re.M))
+    assert not [g for g in groups if "/" in g], "an internal (nested) group is listed"
     for group in ("model", "dataset", "optimizer", "balance", "pipeline", "logger", "row"):
         options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
         assert groups[group].split(", ") == options, group

@@ -2,14 +2,18 @@
 training step, for every ordering, kernel and single-process config.
 
 The orderings' step() alone is checked with every kernel and option. Then the runner's real jobs
-(Hydra-composed config, LeNet, synthetic CIFAR-shaped data on the GPU) train one epoch to warm up
-(allocator, cuDNN, compilation), then a whole epoch of ``train_steps`` - batch indexing,
+(Hydra-composed config, LeNet, synthetic CIFAR-shaped data on the device) train one epoch to
+warm up (allocator, cuDNN, compilation), then a whole epoch of ``train_steps`` - batch indexing,
 per-sample gradients, the GSNR, the ordering's step, the optimizer step, the progress display -
-under ``torch.cuda.set_sync_debug_mode("error")``, which turns every host-device
-synchronization into an error.
+with every host-device synchronization an error: on CUDA under
+``torch.cuda.set_sync_debug_mode("error")``, on the CPU (so in CI) under
+:class:`~sync_guard.SyncGuard`, which refuses the operators that synchronize on CUDA.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -17,34 +21,57 @@ from grab_run import CONF_DIR, compose_job, train_epochs
 from helpers import ALL_ORDERINGS, KERNELS, make
 from hydra.utils import get_class
 from omegaconf import OmegaConf
+from sync_guard import SyncGuard
 
-from grab_exp.balance import Balance
+from grab_exp.balance import Ordering
 from grab_exp.runner.epoch import train_steps
 from grab_exp.runner.progress import Progress
 
-pytestmark = pytest.mark.gpu
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
+@contextmanager
+def no_host_sync(device: str, host_tensors: Iterable[torch.Tensor] = ()) -> Iterator[None]:
+    """Every host-device synchronization in the block raises: on CUDA the sync debug mode's
+    error, on the CPU :class:`~sync_guard.HostSyncError` (``host_tensors``: see SyncGuard)."""
+    if device == "cpu":
+        with SyncGuard(host_tensors):
+            yield
+        return
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def _host_tensors(balance: Ordering, optimizer: torch.optim.Optimizer | None = None) -> list:
+    """What a CPU run reads on the host by design: the balance's index check counter (checked
+    at once on the CPU, deferred on CUDA) and torch's optimizer step counts (host tensors on
+    every device)."""
+    states = optimizer.state.values() if optimizer is not None else ()
+    steps = [s["step"] for s in states if isinstance(s.get("step"), torch.Tensor)]
+    return [balance._index_check.bad, *steps]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("normalize", [False, True])
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("name", ALL_ORDERINGS)
-def test_step_is_sync_free_on_cuda(name, kernel, normalize):
+def test_step_is_sync_free(name, kernel, normalize, device):
     n, d, b = 70, 33, 8  # b does not divide n: the last step is a short one
     bal = make(name, n, d, batch_size=b, depth=3, kernel=kernel, normalize=normalize,
-               device="cuda")  # fmt: skip
-    g = torch.Generator(device="cuda").manual_seed(0)
-    z = torch.randn(n, d, device="cuda", generator=g)
+               device=device)  # fmt: skip
+    g = torch.Generator(device=device).manual_seed(0)
+    z = torch.randn(n, d, device=device, generator=g)
     for epoch in range(2):
         order = bal.order.clone()
         batches = [z[order[s : s + b]] for s in range(0, n, b)]  # indexing happens outside
         dicts = [{"w": x[:, :30].reshape(-1, 5, 6), "b": x[:, 30:]} for x in batches]
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
+        with no_host_sync(device, _host_tensors(bal)):
             for i, x in enumerate(batches):
                 bal.step(dicts[i] if epoch == 1 else x)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
         bal.set_epoch(epoch + 1)
         assert sorted(bal.order.tolist()) == list(range(n))
 
@@ -61,7 +88,7 @@ def _single_process_balances() -> list[tuple[str, bool]]:
     found = []
     for path in sorted((CONF_DIR / "balance").glob("*.yaml")):
         cls = get_class(OmegaConf.load(path)._target_)
-        if isinstance(cls, type) and issubclass(cls, Balance):  # not d_rr, d_grab, cd_grab
+        if isinstance(cls, type) and issubclass(cls, Ordering) and not cls.distributed:
             found.append((path.stem, cls.needs_grads))
     return found
 
@@ -88,27 +115,39 @@ def _cases() -> list[tuple[str, ...]]:
     return cases
 
 
-def test_sync_debug_mode_catches_a_sync():
-    value = torch.ones((), device="cuda")
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with pytest.raises(RuntimeError, match="synchroniz"):
-            value.item()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_check_catches_a_sync(device):
+    value = torch.ones((), device=device)
+    with pytest.raises(RuntimeError, match="synchroniz"), no_host_sync(device):
+        value.item()
 
 
-@pytest.mark.parametrize("overrides", _cases(), ids="-".join)
-def test_training_steps_are_sync_free(overrides):
-    job = compose_job([*RUN, *overrides], device="cuda")
+def _on_the_cpu(overrides: tuple[str, ...]) -> bool:
+    """The CPU (CI) cases: every ordering and method with SGD, every optimizer with pair (the
+    optimizer's step does not depend on the ordering); no compiled case (a dispatch mode sees
+    no operator inside a compiled kernel)."""
+    if "trainer.compile=true" in overrides:
+        return False
+    return "optimizer=sgd" in overrides or "balance=pair" in overrides
+
+
+def _device_cases() -> list:
+    cases = []
+    for overrides in _cases():
+        name = "-".join(overrides)
+        if _on_the_cpu(overrides):
+            cases.append(pytest.param(overrides, "cpu", id=f"cpu-{name}"))
+        cases.append(pytest.param(overrides, "cuda", id=f"cuda-{name}", marks=pytest.mark.gpu))
+    return cases
+
+
+@pytest.mark.parametrize(("overrides", "device"), _device_cases())
+def test_training_steps_are_sync_free(overrides, device):
+    job = compose_job([*RUN, *overrides], device=device)
     train_epochs(job, 1)  # warm-up: cuDNN plans, the caching allocator, compiled graphs
     job.parts.ordering.set_epoch(1)  # once per epoch: may read the deferred index check on the host
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        loss_sum = train_steps(job, Progress("none"))
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    with no_host_sync(device, _host_tensors(job.parts.ordering, job.parts.optimizer)):
+        loss_sum, _ = train_steps(job, Progress("none"))
     assert torch.isfinite(loss_sum).item()
     job.parts.ordering.set_epoch(2)  # the epoch's steps were all valid (the deferred index check)
-    assert sorted(job.parts.ordering.balance.order.tolist()) == list(range(100))
+    assert sorted(job.parts.ordering.order.tolist()) == list(range(100))

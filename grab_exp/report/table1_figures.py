@@ -1,46 +1,27 @@
-"""Figure 1 (train loss and test accuracy per epoch) and Figure 2 (time and memory bars).
-
-Both are sized for a paper column (3.4 in wide, 7 pt text) and colored per row from
-:data:`grab_exp.report.variants.PALETTE`.
-"""
+"""Table 1's Figure 1 (train loss and test accuracy per epoch) and Figure 2 (time and memory
+bars), one color, line style and marker per row (:func:`grab_exp.report.table1_table.color_of`)."""
 
 from __future__ import annotations
 
 import math
-import os
-from pathlib import Path
 
 import matplotlib as mpl
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
-from matplotlib.ticker import MaxNLocator, NullLocator, ScalarFormatter
+from matplotlib.ticker import MaxNLocator
 
-from grab_exp.report.table import Table1
-from grab_exp.report.variants import (
+from grab_exp.report.render import COLUMN_WIDTH_IN, STYLE, log_axis
+from grab_exp.report.table1_table import (
     BASELINE,
+    Table1,
     color_of,
     line_style,
     ordered_rows,
     row_label,
 )
 
-COLUMN_WIDTH_IN = 3.4
-STYLE = {
-    "font.size": 7,
-    "axes.titlesize": 7,
-    "axes.labelsize": 7,
-    "xtick.labelsize": 6,
-    "ytick.labelsize": 6,
-    "legend.fontsize": 6,
-    "axes.linewidth": 0.6,
-    "lines.linewidth": 1.0,
-    "axes.spines.top": False,
-    "axes.spines.right": False,
-    "axes.formatter.useoffset": False,
-}
-DPI = 300
 _PANELS = (("train/loss", "Train loss"), ("test/acc", "Test accuracy"))
 _MEMORY_AXIS = {
     "cuda_step": "Step peak CUDA memory (MB)",
@@ -127,14 +108,6 @@ def _epoch_axis(ax, limit: int) -> None:
         ax.set_xticks(range(1, limit + 1))
     else:
         ax.xaxis.set_major_locator(MaxNLocator(6, integer=True))
-
-
-def log_axis(ax) -> None:
-    """Log-scale y axis with a few plain-number ticks (readable over narrow ranges too)."""
-    ax.set_yscale("log")
-    ax.yaxis.set_major_locator(MaxNLocator(5))
-    ax.yaxis.set_major_formatter(ScalarFormatter(useOffset=False))
-    ax.yaxis.set_minor_locator(NullLocator())
 
 
 def _draw_curves(ax, curves: pd.DataFrame, rows, same, band: bool) -> None:
@@ -225,14 +198,3 @@ def _draw_bars(ax, data: pd.DataFrame, metric: str, overhead: str | None, colors
 def overhead_label(pct: float) -> str:
     """``+12%``, ``-35%``, or ``±0%`` for overheads under half a percent."""
     return "±0%" if abs(pct) < 0.5 else f"{pct:+.0f}%"
-
-
-def save_figure(fig, out_dir: str | os.PathLike[str], stem: str) -> list[Path]:
-    """Write ``<stem>.png`` and ``<stem>.pdf`` under ``out_dir``; returns their paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / f"{stem}.png", out / f"{stem}.pdf"]
-    with mpl.rc_context({"pdf.fonttype": 42}):  # TrueType fonts: editable, journal-friendly
-        for path in paths:
-            fig.savefig(path, dpi=DPI, bbox_inches="tight")
-    return paths

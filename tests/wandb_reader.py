@@ -1,4 +1,5 @@
-"""Read offline W&B runs back from their ``.wandb`` transaction logs with W&B's own reader.
+"""Test support: read offline W&B runs back from their ``.wandb`` transaction logs with W&B's own
+reader, to check what a job logged without the network.
 
 W&B 0.31 has no Python reader for ``.wandb`` files any more (``wandb.sdk.internal.datastore``
 was removed when the SDK moved to the ``wandb-core`` service). Its reader is the documented

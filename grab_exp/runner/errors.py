@@ -1,0 +1,83 @@
+"""What a failed job says: the one line of an error, and how a sweep's job reports its end.
+
+A user error (a bad config, a damaged or unwritable run file, a run directory in use, a loss
+that is no longer finite) has a message written for users: one line, no traceback. Any other
+error is named by its type and the first line of its message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra.errors import InstantiationException
+
+from grab_exp.logging.files import DamagedFileError, WriteError
+from grab_exp.runner.lock import RunDirInUseError
+from grab_exp.runner.schema import ConfigError
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite."""
+
+
+#: errors whose message is written for users: one ``error: ...`` line, no traceback
+USER_ERRORS = (ConfigError, DamagedFileError, RunDirInUseError, WriteError, NonFiniteLossError)
+
+
+def _raised_by_grab_exp(error: BaseException) -> bool:
+    """Whether ``error`` was raised by this package's own code (a message written for users)."""
+    tb = error.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(PACKAGE_DIR)
+
+
+def user_error_line(error: BaseException) -> str | None:
+    """The one-line message of a user error, or ``None`` for anything else (keeps its traceback).
+
+    User errors are the :data:`USER_ERRORS` and an error that a ``_target_`` of this package
+    (e.g. a dataset loader) raised itself, which Hydra's ``instantiate`` wraps in an
+    ``InstantiationException``.
+    """
+    if isinstance(error, USER_ERRORS):
+        return str(error)
+    cause = error.__cause__
+    if (
+        isinstance(error, InstantiationException)
+        and cause is not None
+        and _raised_by_grab_exp(cause)
+        and str(cause).strip()
+    ):
+        return str(cause).strip().splitlines()[0]
+    return None
+
+
+def error_record(error: BaseException) -> dict[str, str]:
+    """``{"type": ..., "message": <one line>}``: the ``error`` field of a failed run's summary."""
+    line = user_error_line(error)
+    if line is None:
+        lines = str(error).strip().splitlines()
+        line = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+    return {"type": type(error).__name__, "message": line}
+
+
+class JobEndError(Exception):
+    """How a job of a multirun ended other than ``finished``; Hydra records it as the job's
+    return, and :class:`~grab_exp.runner.sweeper.Sweeper` reads it (picklable: plain args).
+
+    Attributes:
+        kind: ``failed``, ``interrupted`` or ``not started``.
+        line: the job's one line (its error, or the signal's name).
+        signum: the stop signal (interrupted, not started), else 0.
+    """
+
+    def __init__(self, kind: str, line: str, signum: int = 0) -> None:
+        super().__init__(kind, line, signum)
+        self.kind, self.line, self.signum = kind, line, signum
+
+    def __str__(self) -> str:
+        return self.line

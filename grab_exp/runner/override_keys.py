@@ -1,0 +1,110 @@
+"""An override of a key the config does not have: one line naming the closest key that exists.
+
+Hydra itself refuses ``balance.kernal=x`` while composing (the schema makes the config strict,
+:mod:`grab_exp.runner.schema`), but its hint is ``+balance.kernal=x``, which would add the typo
+as a new key. :func:`unknown_key_error` composes the command's config once before Hydra does
+and, for an unknown key, returns ``<key>: no such key; did you mean <closest>?`` instead
+(``difflib`` over every key of the composed config).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override, OverrideType
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+from grab_exp.runner.resolvers import register_resolvers
+from grab_exp.runner.schema import register_schema
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def _overrides(argv: list[str]) -> list[Override]:
+    """The command line's overrides (options such as ``-m`` or ``--cfg job`` left out)."""
+    words = [a for a in argv if "=" in a and not a.startswith("-")]
+    try:
+        return OverridesParser.create().parse_overrides(words)
+    except HydraException:
+        return []  # Hydra reports a malformed override itself
+
+
+def _one_job(override: Override) -> str:
+    """The override with a sweep (``a,b``) replaced by its first value: one job's config."""
+    if override.is_sweep_override():
+        first = next(iter(override.sweep_string_iterator()))
+        return f"{override.get_key_element()}={first}"
+    return override.input_line
+
+
+def _groups() -> set[str]:
+    return {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
+
+
+def _compose(overrides: list[str]) -> DictConfig:
+    register_resolvers()
+    register_schema()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return compose("config", overrides=overrides)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def dotted_keys(node: object, prefix: str = "") -> Iterator[str]:
+    """Every key of a nested container as a dotted path (``_target_``-style keys left out)."""
+    for key, value in node.items() if isinstance(node, dict) else ():
+        if str(key).startswith("_"):
+            continue
+        path = f"{prefix}{key}"
+        yield path
+        yield from dotted_keys(value, path + ".")
+
+
+def closest_key_line(key: str, cfg: DictConfig) -> str:
+    """``<key>: no such key; did you mean <closest>?`` (or the keys of its parent node)."""
+    keys = list(dotted_keys(OmegaConf.to_container(cfg, resolve=False)))
+    parent = key.rpartition(".")[0]
+    siblings = [k for k in keys if k.rpartition(".")[0] == parent]
+    others = [k for k in keys if not key.startswith(k + ".")]  # not the key's own parents
+    for candidates in (siblings, others):
+        if close := difflib.get_close_matches(key, candidates, n=1, cutoff=0.6):
+            return f"{key}: no such key; did you mean {close[0]}?"
+    return f"{key}: no such key; allowed: {', '.join(siblings)}"
+
+
+def unknown_key_error(argv: list[str]) -> str | None:
+    """The one line for an override of a key that the composed config lacks, else ``None``.
+
+    Composes only when the command sets a key (not just group choices); any other problem is
+    left to Hydra and the validation.
+    """
+    overrides = _overrides(argv)
+    plain = [o for o in overrides if o.type == OverrideType.CHANGE and o.package is None]
+    groups = _groups()
+    if not any(o.key_or_group.split("/")[0] not in groups | {"hydra"} for o in plain):
+        return None
+    jobs = [_one_job(o) for o in overrides if not o.key_or_group.startswith("hydra")]
+    try:
+        _compose(jobs)
+        return None
+    except HydraException as error:
+        cause = error.__cause__
+        if not isinstance(cause, (ConfigAttributeError, ConfigKeyError)) or not cause.full_key:
+            return None
+        key = cause.full_key
+    except OmegaConfBaseException:
+        return None
+    rest = [j for j in jobs if j.split("=", 1)[0] != key]
+    try:
+        return closest_key_line(key, _compose(rest))
+    except (HydraException, OmegaConfBaseException):
+        return f"{key}: no such key"

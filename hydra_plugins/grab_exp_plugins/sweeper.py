@@ -1,0 +1,7 @@
+"""``hydra/sweeper=grab``: :class:`grab_exp.runner.sweeper.Sweeper` under Hydra's plugin package."""
+
+from grab_exp.runner.sweeper import Sweeper
+
+
+class GrabSweeper(Sweeper):
+    """See :class:`grab_exp.runner.sweeper.Sweeper`."""
