@@ -18,6 +18,7 @@ from torch.func import functional_call, grad, vmap
 from grab_exp.grads import BatchGrads, as_batch_grads
 from grab_exp.per_sample.base import LossFn, PerSampleGradients
 from grab_exp.per_sample.compiled import compile_step
+from grab_exp.validation import check_int_at_least
 
 __all__ = ["RANDOMNESS_CHOICES", "FuncPerSample"]
 
@@ -33,11 +34,6 @@ def _check_randomness(randomness: str | None) -> None:
             f"randomness={randomness!r} is not valid; allowed values: None (no random layers), "
             + ", ".join(repr(c) for c in RANDOMNESS_CHOICES)
         )
-
-
-def _check_chunk_size(chunk_size: int | None) -> None:
-    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
-        raise ValueError(f"chunk_size={chunk_size!r} is not valid; use None or an integer >= 1")
 
 
 def _split_state(model: nn.Module) -> tuple[Grads, Grads]:
@@ -103,7 +99,8 @@ class FuncPerSample(PerSampleGradients):
         randomness: str | None = None,
         compile_mode: str | None = None,
     ) -> None:
-        _check_chunk_size(chunk_size)
+        if chunk_size is not None:  # None: the whole batch at once
+            check_int_at_least("pipeline.chunk_size", chunk_size, 1)
         _check_randomness(randomness)
         self.chunk_size, self.randomness = chunk_size, randomness
         super().__init__(model, loss_fn)

@@ -85,11 +85,10 @@ class HookedPerSample(PerSampleGradients):
         rules: layer name -> its :class:`~grab_exp.per_sample.rules.LayerRule`.
         fallbacks: layer name -> its :class:`~grab_exp.per_sample.fallback.FuncFallback` (the
             layers without a rule).
+        grad_buffer: the reused buffer (its ``buffer`` ``(rows >= B, d)`` once a call made it).
 
-    Calling it runs forward + backward: ``param.grad`` receives the mean gradient (added to
-    what is there, like ``loss.backward()``) and the per-sample gradients come back. They (and
-    ``param.grad`` on the fast path) count each parameter's use by its own layer only: weights
-    tied to other uses are not supported. A layer called twice in one forward, an output changed
+    A call runs one forward and one backward. Gradients count each parameter's use by its own
+    layer only (tied weights are refused); a layer called twice in one forward, an output changed
     in place, or ``x`` that requires grad switch to a plain ``loss.backward()``.
     """
 
@@ -100,7 +99,7 @@ class HookedPerSample(PerSampleGradients):
         super().__init__(model, loss_fn)
         check_supported(model)
         self.reuse_buffer = reuse_buffer and not self.factored
-        self.grad_buffer = GradBuffer()  # .buffer: (rows >= B, d), once a call made it
+        self.grad_buffer = GradBuffer()
         self._layers: dict[str, nn.Module] = {}
         self._names: dict[str, list[str]] = {}  # layer -> its own parameters' model-level names
         self._own: dict[str, list[nn.Parameter]] = {}  # layer -> its own parameters

@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from grab_exp.balance.tensors import grad_rows
 from grab_exp.devices import same_device
+from grab_exp.grads.batch import grad_rows
 from grab_exp.models import LeNet
-from grab_exp.per_sample import HookedPerSampleGradients
+from grab_exp.per_sample import FactoredPerSample
 
 
 @pytest.mark.parametrize(
@@ -40,9 +40,9 @@ def test_factored_grads_on_the_balance_device_stay_as_they_are(device, asked):
     torch.manual_seed(0)
     x, y = torch.randn(8, 3, 32, 32, device=device), torch.randint(0, 10, (8,), device=device)
     model = LeNet().to(device)
-    _, grads = HookedPerSampleGradients(model, F.cross_entropy, factored=True)(x, y)
+    _, grads = FactoredPerSample(model, F.cross_entropy)(x, y)
     d = sum(p.numel() for p in model.parameters())
     rows = grad_rows(grads, d, asked, torch.float32)
     assert rows is grads  # not rebuilt: each Linear's bias stays with its factors
-    factored = [columns.stop - columns.start for columns, block in rows.segments()]
+    factored = [c.stop - c.start for c, b in zip(rows.columns, rows.blocks, strict=True)]
     assert factored[-3:] == [48000 + 120, 10080 + 84, 840 + 10]  # fc1, fc2, fc3 with biases

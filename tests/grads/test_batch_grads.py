@@ -103,12 +103,3 @@ def test_a_dict_and_a_matrix_become_batch_grads_without_copies():
         as_batch_grads({"a": matrix, "b": matrix[:3]})
     with pytest.raises(ValueError, match="expected d=8"):
         flatten_grads(views, 8)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_to_an_unindexed_cuda_device_keeps_the_blocks():
-    grads = mixed_grads().to(torch.device("cuda"), F64)
-    assert grads.like.device == torch.device("cuda", torch.cuda.current_device())
-    assert grads.to(torch.device("cuda"), F64) is grads  # cuda == cuda:<current>: no rebuild
-    assert grads.blocks[1].bias  # the bias stays in its layer's factors on CUDA too

@@ -192,6 +192,7 @@ def check_pipeline(factory) -> None:
     assert loss.dim() == 0 and torch.isfinite(loss)
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
     if type(pipeline).provides_per_sample:
+        grads = grads.as_dict()  # name -> (B, *shape)
         assert {name: g.shape for name, g in grads.items()} == {
             name: (8, *p.shape) for name, p in model.named_parameters()
         }
