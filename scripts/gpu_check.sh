@@ -1,52 +1,145 @@
 #!/usr/bin/env bash
-# The day a GPU is lent: every check that needs one, in under 8 minutes, into one folder.
+# The day a GPU is lent: every check that needs one, in about 5 minutes, on the GPU machine as
+# it is (python3 with torch, no hydra/omegaconf/wandb, no network).
 #
-#   scripts/gpu_check.sh OUTPUT_DIR      (or: OUT=OUTPUT_DIR scripts/gpu_check.sh)
+#   scripts/gpu_check.sh [OUTPUT_DIR]              on the GPU machine (default: $OUT)
+#   scripts/gpu_check.sh --rehearse OUTPUT_DIR     a dress rehearsal on a CPU machine
 #
-# Each check is one `check NAME SECONDS COMMAND...` line below: its output goes to
-# OUTPUT_DIR/NAME.log, its status to OUTPUT_DIR/checks.txt; a failed check does not stop the
-# others, and the script exits 1 when any failed. Add a check (say, another bench's rows) as
-# one more line; keep the time limits summing to under 480 s.
+# Needs, prepared on a networked machine by scripts/gpu_prepare.sh (ignored by git, carried):
+# .whl/ (hydra-core, omegaconf, hydra-joblib-launcher and antlr4 wheels, installed into the
+# scratch folder with --no-index when hydra is missing) and data/cifar10-jpeg.tar.gz.
+#
+# Environment: PYTHON (python3), GRAB_ARCHIVE (data/cifar10-jpeg.tar.gz), GPU_CHECK_SCRATCH
+# (a new folder under /tmp), GPU_CHECK_BUDGET_S (290: the checks' time limits are cut to fit
+# it), GPU_CHECK_TIME_SCALE (1: multiplies every limit and the budget; the rehearsal's 4),
+# TABLE1_SUBSET (10000 training examples for the Table 1 epoch).
+#
+# Checks run in order of value, each with its log, a time limit (SIGINT, then SIGKILL 20 s
+# later) and pytest's per-test timeout; a failed check does not stop the others. Everything is
+# written under the scratch folder (caches too); after every check OUTPUT_DIR gets 4 files:
+# checks.txt (each check, its verdict and time), junit.xml (all tests), bench_epoch.json and
+# gpu_check.tar.gz (logs, metrics, summaries and the report; no checkpoints). Exit 1 when a
+# check failed, 2 on bad input.
 set -uo pipefail
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+
+if [[ "${1:-}" == "--rehearse" ]]; then
+    shift
+    exec bash "$repo/scripts/gpu_rehearse.sh" "$@"
+fi
+
 out="${1:-${OUT:-}}"
 if [[ -z "$out" ]]; then
     echo "error: OUTPUT_DIR: got nothing; allowed: a folder, as the argument or in \$OUT" >&2
     exit 2
 fi
-mkdir -p "$out"
-out="$(cd "$out" && pwd)"
-cd "$(dirname "$0")/.."
-# the offline CIFAR-10 JPEG archive every real-data check reads (README: "Getting CIFAR-10")
-archive="${ARCHIVE:-../shared/data/cifar10-jpeg.tar.gz}"
-failed=0
+PYTHON="${PYTHON:-python3}"
+archive="${GRAB_ARCHIVE:-data/cifar10-jpeg.tar.gz}"
+[[ "$archive" == /* ]] || archive="$repo/$archive"
+if [[ ! -f "$archive" ]]; then
+    echo "error: GRAB_ARCHIVE: got '$archive' (no such file); allowed: the CIFAR-10 JPEG" \
+        ".tar.gz (scripts/gpu_prepare.sh copies it to data/)" >&2
+    exit 2
+fi
+device="${GPU_CHECK_DEVICE:-cuda}"
+for setting in GPU_CHECK_BUDGET_S GPU_CHECK_TIME_SCALE TABLE1_SUBSET; do
+    if [[ -n "${!setting:-}" && ! "${!setting}" =~ ^[1-9][0-9]*$ ]]; then
+        echo "error: $setting: got '${!setting}'; allowed: a positive integer" >&2
+        exit 2
+    fi
+done
+scale="${GPU_CHECK_TIME_SCALE:-1}"
+budget=$((${GPU_CHECK_BUDGET_S:-290} * scale))
+subset="${TABLE1_SUBSET:-10000}"
+mkdir -p "$out" && out="$(cd "$out" && pwd)"
+scratch="${GPU_CHECK_SCRATCH:-$(mktemp -d /tmp/gpu_check.XXXXXX)}"
+mkdir -p "$scratch"/{logs,junit,cache,config,runs} && cd "$repo" || exit 2
 
-check() {  # check NAME SECONDS COMMAND...
-    local name=$1 limit=$2
-    shift 2
-    local started=$SECONDS
-    timeout "$limit" "$@" >"$out/$name.log" 2>&1
-    local rc=$?
-    local verdict="ok"
-    ((rc == 0)) || { verdict="FAILED (exit $rc$( ((rc == 124)) && echo ", over ${limit} s"))"; failed=1; }
-    printf '%-14s %-28s %4d s  %s\n' "$name" "$verdict" $((SECONDS - started)) "$*" |
-        tee -a "$out/checks.txt"
+# every cache under the scratch folder: the decoded data, matplotlib, Triton, Inductor
+export XDG_CACHE_HOME="$scratch/cache" MPLCONFIGDIR="$scratch/config/matplotlib"
+export TRITON_CACHE_DIR="$scratch/cache/triton" TORCHINDUCTOR_CACHE_DIR="$scratch/cache/inductor"
+export WANDB_MODE=disabled PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+if ! "$PYTHON" -c "import hydra, omegaconf" 2>/dev/null; then
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --target "$scratch/site" .whl/*.whl >"$scratch/logs/wheels.log" 2>&1 ||
+        { echo "error: .whl/: the wheels did not install (see $scratch/logs/wheels.log)" >&2; exit 2; }
+    export PYTHONPATH="$PYTHONPATH:$scratch/site"
+fi
+
+pytest_args=(-p no:cacheprovider -rA -o junit_family=xunit2)
+"$PYTHON" -c "import pytest_timeout" 2>/dev/null && pytest_args+=(--timeout=120)
+"$PYTHON" -c "import xdist" 2>/dev/null && [[ "$device" == cuda ]] && pytest_args+=(-n 4)
+# the test files that hold gpu tests (other files need packages the GPU machine lacks)
+gpu_files=(tests/test_torch_apis.py tests/runner/test_sync_free.py
+    tests/runner/test_gpu_readiness.py tests/balance/test_device_identity.py
+    tests/per_sample/test_per_sample_func.py tests/optim/test_vrgd.py)
+
+started_all=$SECONDS
+failed=0
+{
+    echo "# scripts/gpu_check.sh $(date -u +%FT%TZ), device=$device, budget ${budget} s"
+    "$PYTHON" -c "import sys, torch; print('# python', sys.version.split()[0], '| torch', \
+torch.__version__, '| cuda', torch.version.cuda, '|', torch.cuda.get_device_name() \
+if torch.cuda.is_available() else 'no GPU')" 2>&1
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null |
+        sed 's/^/# /'
+} >"$scratch/checks.txt"
+
+collect() {  # refresh OUTPUT_DIR: checks.txt, junit.xml, bench_epoch.json, gpu_check.tar.gz
+    cp "$scratch/checks.txt" "$out/checks.txt"
+    "$PYTHON" "$repo/scripts/merge_junit.py" "$out/junit.xml" "$scratch"/junit/*.xml
+    [[ -f "$scratch/bench_epoch.json" ]] && cp "$scratch/bench_epoch.json" "$out/"
+    tar -czf "$out/gpu_check.tar.gz" -C "$scratch" --exclude='*.pt' --exclude='wandb' logs junit runs checks.txt 2>/dev/null
+    true
 }
 
-nvidia-smi >"$out/nvidia-smi.txt" 2>&1
-python -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())" \
-    >"$out/torch.txt" 2>&1
+check() {  # check NAME SECONDS COMMAND...: its output to logs/NAME.log, its line to checks.txt
+    local name=$1 limit=$(($2 * scale))
+    shift 2
+    local left=$((budget - (SECONDS - started_all)))
+    ((left < limit)) && limit=$left
+    local started=$SECONDS rc verdict="ok"
+    if ((limit < 5)); then
+        rc=124 verdict="NOT RUN (the ${budget} s budget is spent)"
+    else
+        timeout --signal=INT --kill-after=20 "$limit" "$@" >"$scratch/logs/$name.log" 2>&1
+        rc=$?
+        ((rc == 0)) || verdict="FAILED (exit $rc$( ((rc == 124 || rc == 137)) && echo ", over ${limit} s"))"
+    fi
+    ((rc == 0)) || failed=1
+    printf '%-14s %-34s %4d s (limit %3d s)  %s\n' "$name" "$verdict" $((SECONDS - started)) \
+        "$limit" "$*" >>"$scratch/checks.txt"
+    collect
+}
 
-# every test marked gpu (sync-free steps and epochs, device handling, determinism)
-check gpu_tests 230 python -m pytest -m gpu -q -p no:cacheprovider --junitxml="$out/gpu_tests.xml"
-# decode the CIFAR-10 archive once into its tensor cache, so the 7 jobs below only read it
-check cifar10_cache 40 python -c "from grab_exp.data import load_cifar10_jpeg; load_cifar10_jpeg('$archive')"
-# Table 1's 7 rows, 1 epoch of real CIFAR-10, device=cuda, the rows in parallel on the one GPU
-check table1 140 python -m grab_exp -m experiment=table1 dataset=cifar10_jpeg \
-    dataset.archive="$archive" epochs=1 seed=0 device=cuda progress=none \
-    hydra/launcher=joblib_local hydra.launcher.n_jobs=7 hydra.sweep.dir="$out/table1"
-check table1_report 30 python -m grab_exp.report table1 "$out/table1" --out "$out/report"
-# the GPU epoch bench: every row's step time, stage breakdown and peak step memory
-check epoch_bench 30 python -m grab_exp.bench epoch --device cuda --repeats 5 --steps 10 \
-    --warmup 3 --out "$out/bench_epoch.json"
+tests() {  # tests NAME SECONDS PYTEST_ARGS...: one pytest check with its junit XML
+    local name=$1 limit=$2
+    shift 2
+    check "$name" "$limit" "$PYTHON" -m pytest "${pytest_args[@]}" -o junit_suite_name="$name" \
+        --junitxml="$scratch/junit/$name.xml" "$@"
+}
 
+# 1. the APIs we call exist in this torch; the sync-free steps and the device handling
+tests torch_apis 15 tests/test_torch_apis.py
+tests gpu_tests 100 -m gpu -k "not compile" "${gpu_files[@]:1}"
+# 2. the GPU epoch bench: every row's step time, stage breakdown and peak step memory
+check epoch_bench 35 "$PYTHON" -m grab_exp.bench epoch --device "$device" \
+    ${GPU_CHECK_BENCH_ARGS:---repeats 5 --steps 10 --warmup 3} --out "$scratch/bench_epoch.json"
+# 3. Table 1's 7 rows, 1 epoch of real CIFAR-10 on the device (the archive decoded once first),
+#    the rows in parallel; then its report, with the bench's time columns
+check cifar10_cache 25 "$PYTHON" -c "from grab_exp.data import load_cifar10_jpeg; \
+load_cifar10_jpeg('$archive')"
+check table1 60 "$PYTHON" -m grab_exp -m experiment=table1 epochs=1 seed=0 device="$device" \
+    dataset=cifar10_jpeg dataset.archive="$archive" dataset.subset="$subset" progress=none \
+    hydra/launcher=joblib_local hydra.launcher.n_jobs="${TABLE1_JOBS:-7}" \
+    hydra.sweep.dir="$scratch/runs/table1" ${TABLE1_ARGS:-}
+check table1_report 20 "$PYTHON" -m grab_exp.report table1 "$scratch/runs/table1" \
+    --out "$scratch/runs/report" --bench "$scratch/bench_epoch.json"
+# 4. compiled steps: the cold torch.compile builds, last (the longest and the least needed)
+tests compile_tests 35 -m gpu -k compile "${gpu_files[@]:1}" tests/per_sample/test_compile.py
+
+echo "# total $((SECONDS - started_all)) s; scratch folder $scratch" >>"$scratch/checks.txt"
+collect
+cat "$out/checks.txt"
 exit $failed

@@ -1,0 +1,104 @@
+"""``scripts/gpu_check.sh``: its bad input, the device tool's limits on what it returns, and its
+CPU rehearsal (``--rehearse``) end to end: the GPU image's packages only, the bundle installed
+the way the GPU machine installs it, every check run with ``device=cpu``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from grab_run import REPO_ROOT
+
+SCRIPT = REPO_ROOT / "scripts" / "gpu_check.sh"
+LIMITS = [sys.executable, str(REPO_ROOT / "scripts" / "gpu_rehearsal.py"), "limits"]
+CHECKS = [
+    "torch_apis",
+    "gpu_tests",
+    "epoch_bench",
+    "cifar10_cache",
+    "table1",
+    "table1_report",
+    "compile_tests",
+]
+RETURNED = ["bench_epoch.json", "checks.txt", "gpu_check.tar.gz", "junit.xml"]
+MIB = 2**20
+
+
+def _run(args: list[str], timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        args, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env}
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        ([], {"OUT": ""}, "error: OUTPUT_DIR: got nothing; allowed: a folder"),
+        (["OUT_DIR"], {"GRAB_ARCHIVE": "/nonexistent.tar.gz"}, "error: GRAB_ARCHIVE: got '/non"),
+        (["OUT_DIR"], {"GPU_CHECK_TIME_SCALE": "fast"}, "error: GPU_CHECK_TIME_SCALE: got 'fast'"),
+    ],
+)
+def test_bad_input_is_one_line_before_any_work(tmp_path, args, env, message):
+    out = tmp_path / "out"
+    archive = {"GRAB_ARCHIVE": str(tmp_path / "archive.tar.gz")}
+    (tmp_path / "archive.tar.gz").write_bytes(b"")
+    argv = ["bash", str(SCRIPT), *[str(out) if a == "OUT_DIR" else a for a in args]]
+    result = _run(argv, **{**archive, **env})
+    assert result.returncode == 2
+    assert result.stderr.startswith(message) and result.stderr.count("\n") == 1
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("layout", "problem"),
+    [
+        ({f"f{i}.txt": 1 for i in range(9)}, "9 files (at most 8)"),
+        ({"big.bin": 16 * MIB + 1}, "big.bin: 16777217 bytes"),
+        ({"a/b/c/deep.txt": 1}, "a/b/c/deep.txt: over 2 folders down"),
+        ({"odd name.txt": 1}, "odd name.txt: a link or a name outside"),
+    ],
+)
+def test_the_limits_check_refuses_what_would_not_come_back(tmp_path, layout, problem):
+    for name, size in layout.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x" * size)
+    result = _run([*LIMITS, str(tmp_path)])
+    assert result.returncode == 1 and problem in result.stderr
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "ok" / "a").mkdir()
+    (tmp_path / "ok" / "a" / "fits.txt").write_text("x")
+    assert _run([*LIMITS, str(tmp_path / "ok")]).returncode == 0
+
+
+def _checks(out: Path) -> dict[str, str]:
+    lines = (out / "checks.txt").read_text().splitlines()
+    return {line.split()[0]: line for line in lines if not line.startswith("#")}
+
+
+@pytest.mark.slow
+def test_the_cpu_rehearsal_runs_every_check_and_returns_files_within_the_limits(tmp_path):
+    out = tmp_path / "out"
+    result = _run(["bash", str(SCRIPT), "--rehearse", str(out)], 900, PYTHON=sys.executable)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert sorted(p.name for p in out.iterdir()) == RETURNED
+    assert all(p.stat().st_size < 16 * MIB for p in out.iterdir())
+    checks = _checks(out)
+    assert list(checks) == CHECKS
+    assert all(line.split()[1] == "ok" for line in checks.values()), checks
+    assert "# total " in (out / "checks.txt").read_text()
+    suites = {s.get("name"): s for s in ET.parse(out / "junit.xml").getroot()}
+    assert sorted(suites) == ["compile_tests", "gpu_tests", "torch_apis"]
+    assert (
+        int(suites["torch_apis"].get("tests")) > 40 and suites["torch_apis"].get("failures") == "0"
+    )
+    with tarfile.open(out / "gpu_check.tar.gz") as archive:
+        names = archive.getnames()
+    assert not [n for n in names if n.endswith(".pt")]  # no checkpoints
+    assert {f"logs/{name}.log" for name in CHECKS} <= set(names)
+    assert len([n for n in names if n.endswith("metrics.csv")]) == 7  # Table 1's 7 rows
+    assert "runs/report/table1.md" in names
