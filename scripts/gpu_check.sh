@@ -108,8 +108,10 @@ check() {  # check NAME SECONDS COMMAND...: its output to logs/NAME.log, its lin
         ((rc == 0)) || verdict="FAILED (exit $rc$( ((rc == 124 || rc == 137)) && echo ", over ${limit} s"))"
     fi
     ((rc == 0)) || failed=1
+    local shown="${*//$PYTHON/python}"  # no machine's folders in checks.txt
+    shown="${shown//$scratch/\$SCRATCH}" && shown="${shown//$repo\//}"
     printf '%-14s %-34s %4d s (limit %3d s)  %s\n' "$name" "$verdict" $((SECONDS - started)) \
-        "$limit" "$*" >>"$scratch/checks.txt"
+        "$limit" "$shown" >>"$scratch/checks.txt"
     collect
 }
 
@@ -139,7 +141,8 @@ check table1_report 20 "$PYTHON" -m grab_exp.report table1 "$scratch/runs/table1
 # 4. compiled steps: the cold torch.compile builds, last (the longest and the least needed)
 tests compile_tests 35 -m gpu -k compile "${gpu_files[@]:1}" tests/per_sample/test_compile.py
 
-echo "# total $((SECONDS - started_all)) s; scratch folder $scratch" >>"$scratch/checks.txt"
+echo "# total $((SECONDS - started_all)) s" >>"$scratch/checks.txt"
 collect
 cat "$out/checks.txt"
+echo "scratch folder (SCRATCH): $scratch"
 exit $failed
