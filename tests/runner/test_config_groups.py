@@ -57,7 +57,7 @@ TABLE1_SEEDS = [0, 7, 42]
 LENET_PARAMETERS = 62_006
 PLUGIN_LAUNCHERS = {  # option -> (plugin module, launcher class)
     "joblib": ("hydra_plugins.hydra_joblib_launcher", "JoblibLauncher"),
-    "joblib_local": ("hydra_plugins.hydra_joblib_launcher", "JoblibLauncher"),
+    "joblib_local": ("hydra_plugins.hydra_joblib_launcher", "GrabJoblibLauncher"),  # stops
     "submitit_slurm": ("hydra_plugins.hydra_submitit_launcher", "SlurmLauncher"),
     "slurm": ("hydra_plugins.hydra_submitit_launcher", "SlurmLauncher"),
 }
@@ -237,6 +237,10 @@ def check_launcher(option: str, node) -> None:
     assert isinstance(launcher, Launcher)
     if option in PLUGIN_LAUNCHERS:
         assert type(launcher).__name__ == PLUGIN_LAUNCHERS[option][1]
+        plugin = PLUGIN_LAUNCHERS[option][0].rsplit(".", 1)[-1]
+        assert any(
+            c.__module__.startswith(f"hydra_plugins.{plugin}") for c in type(launcher).__mro__
+        )
 
 
 @pytest.mark.parametrize("group_option", target_options(), ids=option_id)
@@ -343,6 +347,8 @@ def test_launcher_configs_compose(option):
         pytest.skip(f"launcher plugin absent: pip install -e '.[launchers]' ({option})")
     cfg = compose_config([f"hydra/launcher={option}"], hydra=True)
     module, cls = PLUGIN_LAUNCHERS[option]
+    if option == "joblib_local":  # grab_exp's subclass of the plugin's launcher (it stops)
+        module = "hydra_plugins.grab_exp_plugins"
     assert cfg.hydra.launcher._target_.startswith(module) and cfg.hydra.launcher._target_.endswith(
         cls
     )
