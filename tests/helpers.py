@@ -6,21 +6,19 @@ import warnings
 from pathlib import Path
 
 import torch
+from hydra.utils import get_class
 from omegaconf import OmegaConf
 
 CONF_BALANCE = Path(__file__).resolve().parents[1] / "conf" / "balance"
 
 
 def single_process_orderings(reads_gradients: bool) -> list[str]:
-    """The single-process orderings of ``conf/balance/`` (not ``grab_exp.distributed``'s) that
-    read gradients (those composing ``shared/gradient``) or, with ``False``, those that do not."""
+    """The single-process orderings of ``conf/balance/`` (not the data-parallel ones) whose
+    class reads gradients (``needs_grads``) or, with ``False``, those that do not."""
     names = []
     for path in sorted(CONF_BALANCE.glob("*.yaml")):
-        conf = OmegaConf.load(path)
-        if str(conf.get("_target_", "")).startswith("grab_exp.distributed."):
-            continue
-        defaults = [str(entry) for entry in conf.get("defaults", [])]
-        if any(entry.startswith("shared/gradient") for entry in defaults) == reads_gradients:
+        cls = get_class(OmegaConf.load(path)._target_)
+        if not cls.distributed and cls.needs_grads == reads_gradients:
             names.append(path.stem)
     return names
 
