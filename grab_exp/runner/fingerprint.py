@@ -21,10 +21,12 @@ from grab_exp.runner.schema import ConfigError
 
 log = logging.getLogger("grab_exp")
 #: keys that do not change what a run computes: where it logs, how it shows progress, whether
-#: it starts over, how long a collective may wait, and the device request (``auto`` and
-#: ``cuda`` may name one device; the checkpoint records the device type its generators ran on,
-#: and a resume on another type is refused by that record)
+#: it starts over, how long a collective may wait, ``epochs`` (how far it goes: no schedule
+#: reads it, so a run extended by more epochs continues exactly), and the device request
+#: (``auto`` and ``cuda`` may name one device; the checkpoint records the device type its
+#: generators ran on, and a resume on another type is refused by that record)
 UNCHECKED = ("hydra", "logger", "progress", "overwrite", "device", "distributed.timeout_s")
+UNCHECKED += ("epochs",)
 
 
 class ConfigDriftError(ConfigError):
