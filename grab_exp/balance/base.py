@@ -252,18 +252,18 @@ class Ordering(Sampler[int]):
                 )
             if state[key] != mine:
                 raise ValueError(f"state_dict: {key} is {state[key]!r}, this ordering has {mine!r}")
+        for k in ("order", "keys", *self.state_tensors):  # all checked before anything changes
+            if state[k].shape != getattr(self, k).shape:
+                raise ValueError(
+                    f"state_dict: {k} has shape {tuple(state[k].shape)}, this ordering's has "
+                    f"{tuple(getattr(self, k).shape)}"
+                )
         self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
         self.order = state["order"].to(self.device)
         self.keys = state["keys"].to(self.device)
         self.generator.set_state(state["generator"].cpu())
         for k in self.state_tensors:
-            mine = getattr(self, k)
-            if state[k].shape != mine.shape:
-                raise ValueError(
-                    f"state_dict: {k} has shape {tuple(state[k].shape)}, this ordering's has "
-                    f"{tuple(mine.shape)}"
-                )
-            mine.copy_(state[k])  # in place: keeps the tensor's layout (recursive's node-minor)
+            getattr(self, k).copy_(state[k])  # in place: keeps the layout (recursive's node-minor)
         self._load_extra_state(state)
 
     # --- internals ------------------------------------------------------------------------

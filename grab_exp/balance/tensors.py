@@ -1,4 +1,4 @@
-"""What ``Balance.step`` checks beside the gradients (:mod:`grab_exp.grads`): dtypes, indices."""
+"""What ``Ordering.step`` checks beside the gradients (:mod:`grab_exp.grads`): dtypes, indices."""
 
 from __future__ import annotations
 

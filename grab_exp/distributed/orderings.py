@@ -68,6 +68,10 @@ class DistributedOrdering(Ordering):
         """``(L, m)`` global example indices in each local worker's visit order."""
         return self.visit_order
 
+    def _identity(self) -> dict[str, Any]:
+        """The base's, and the workers this process runs (a state is theirs alone)."""
+        return {**super()._identity(), "ranks": list(self.ranks)}
+
     def _dataset_indices(self, positions: torch.Tensor) -> torch.Tensor:
         return torch.gather(self.shards, 1, positions)  # (L, k)
 
@@ -97,21 +101,22 @@ class _PerWorkerOrdering(DistributedOrdering):
     """Every local worker runs its own single-process ordering on its shard, no coordination.
 
     Its ``order`` is the stack of the workers' orders; their keys, generators and balancing
-    state stay theirs (a checkpoint holds one ``state_dict`` per worker).
+    state stay theirs (a checkpoint holds one ``state_dict`` per worker), so ``keys`` is empty.
     """
 
     worker_ordering: ClassVar[str] = ""
 
     def __init__(self, shards, d, comm, *, seed=0, device="cpu", **options) -> None:
-        self.workers = [
-            make_ordering(
-                self.worker_ordering, shards.shape[1], d, seed=s, device=device, **options
-            )
-            for s in [rank_seeds(seed, comm.world_size)[r] for r in comm.local_ranks]
-        ]
+        self._worker_options = options
         super().__init__(shards, d, comm, seed=seed, device=device)
 
     def _first_order(self, first_epoch: str) -> torch.Tensor:
+        """Build each worker's ordering (seeded per rank); their first orders are the first."""
+        self.workers = [
+            make_ordering(self.worker_ordering, self.m, self.d, seed=seed, device=self.device,
+                          **self._worker_options)
+            for seed in self.seeds
+        ]  # fmt: skip
         return self._stacked_orders()
 
     def _stacked_orders(self) -> torch.Tensor:
@@ -124,7 +129,7 @@ class _PerWorkerOrdering(DistributedOrdering):
         for worker, rows in zip(self.workers, grads, strict=True):
             worker.step(rows)  # (B, d)
 
-    def _advance(self) -> None:
+    def _advance(self) -> None:  # the workers warn of examples they were not given
         self._index_check.raise_if_bad()
         for worker in self.workers:
             worker.set_epoch(self.epoch + 1)
@@ -137,17 +142,26 @@ class _PerWorkerOrdering(DistributedOrdering):
 
     def state_dict(self) -> dict[str, Any]:
         self._index_check.raise_if_bad()
-        return {"variant": self.name, "workers": [w.state_dict() for w in self.workers]}
+        workers = [worker.state_dict() for worker in self.workers]
+        return {"variant": self.name, "epoch": self.epoch, "pos": self.pos, "workers": workers}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a ``state_dict()`` (one written before ``epoch`` and ``pos`` were kept here
+        takes them from its first worker: it was written at an epoch boundary)."""
         if state.get("variant") != self.name:
             raise ValueError(
-                f"state_dict: variant is {state.get('variant')!r}, this ordering is {self.name!r}"
+                f"state_dict: variant is {state.get('variant')!r}, this ordering has {self.name!r}"
+            )
+        if len(state["workers"]) != len(self.workers):
+            raise ValueError(
+                f"state_dict: has {len(state['workers'])} workers, this process runs "
+                f"{len(self.workers)}"
             )
         for worker, saved in zip(self.workers, state["workers"], strict=True):
             worker.load_state_dict(saved)
         self.order = self._stacked_orders()
-        self.epoch, self.pos = self.workers[0].epoch, self.workers[0].pos
+        self.epoch = int(state.get("epoch", self.workers[0].epoch))
+        self.pos = int(state.get("pos", self.workers[0].pos))
 
 
 class DistributedRandomReshuffle(_PerWorkerOrdering):

@@ -78,7 +78,7 @@ class HookedPerSample(PerSampleGradients):
         reuse_buffer: write the per-sample gradients of every call into one reused
             ``(B, d)`` buffer (row-major, columns in ``named_parameters`` order); the returned
             gradients are that buffer, so **the next call overwrites them**: consume (or clone)
-            them before calling again. ``Balance.step`` then takes the buffer as its ``(B, d)``
+            them before calling again. ``Ordering.step`` then takes the buffer as its ``(B, d)``
             matrix without a copy, and no step allocates gradient-sized tensors.
 
     Attributes:

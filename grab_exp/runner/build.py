@@ -26,7 +26,7 @@ TRAINING_COLUMNS = (  # what every job logs per epoch
     "mem/peak_cuda_mb",
     "mem/step_peak_cuda_mb",
     "mem/peak_rss_mb",
-    "mem/sorter_bytes",
+    "mem/sorter_bytes",  # the ordering's state; the name committed runs and W&B projects use
 )
 GSNR_COLUMNS = (CLIP_LOW, CLIP_HIGH)  # only for VRGD optimizers
 

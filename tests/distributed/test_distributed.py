@@ -393,3 +393,36 @@ def test_a_cd_grab_state_from_before_the_one_ordering_base_is_refused_in_one_lin
         restore_ordering(ordering, old)
     assert "\n" not in str(e.value)
     restore_ordering(ordering, state)  # today's state loads
+
+
+@pytest.mark.parametrize("name", ["d_rr", "d_grab", "cd_grab"])
+def test_a_mid_epoch_state_of_a_data_parallel_ordering_resumes_exactly(name):
+    split, comm = split_shards(40, 2, seed=1), SimulatedComm(2)
+    z = torch.randn(40, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    options = {} if name == "d_rr" else {"dtype": "float64"}
+
+    def feed(ordering, batches):
+        for batch in batches:
+            flat = batch.reshape(-1)  # (L * B,) worker-major, as the runner passes them
+            ordering.step(z[flat] if ordering.needs_grads else None, flat)
+
+    straight = build_ordering(name, split.shards, 3, comm, seed=1, **options)
+    batches = list(straight.index_batches(4))  # 5 per epoch
+    feed(straight, batches[:2])
+    state = straight.state_dict()
+    resumed = build_ordering(name, split.shards, 3, comm, seed=1, **options)
+    resumed.load_state_dict(state)
+    assert resumed.pos == straight.pos == 8  # 2 batches of 4 per worker
+    for ordering in (straight, resumed):
+        feed(ordering, batches[2:])
+        ordering.set_epoch(1)
+    assert torch.equal(resumed.orders, straight.orders)
+
+
+def test_a_cd_grab_state_of_other_workers_is_refused_before_anything_changes():
+    ordering = build_ordering("cd_grab", torch.arange(20).reshape(2, 10), 3, SimulatedComm(2))
+    order = ordering.order.clone()
+    state = {**ordering.state_dict(), "ranks": [1], "order": order.flip(1)}
+    with pytest.raises(ValueError, match=r"state_dict: ranks is \[1\], this ordering has \[0, 1\]"):
+        ordering.load_state_dict(state)
+    assert torch.equal(ordering.order, order)
