@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 from pathlib import Path
 
 import torch
@@ -23,11 +24,32 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def _commit() -> dict:
+    """The git commit of the package's checkout and whether tracked files differ from it (both
+    ``None`` outside a git checkout)."""
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", *args], cwd=root, capture_output=True, text=True, check=True, timeout=10
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip()
+
+    commit = git("rev-parse", "HEAD")
+    changes = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"commit": commit, "dirty": None if changes is None else bool(changes)}
+
+
 def describe_machine(device: torch.device) -> dict:
-    """CPU, core count, torch threads and version, the GPU name when on CUDA, and the load.
+    """CPU, core count, torch threads and version, the GPU name when on CUDA, the load and the
+    commit.
 
     ``load_avg_1m`` (the 1-minute load average when the benchmark started, where the platform
-    has one) shows whether other work shared the machine: near 0 on an idle one.
+    has one) shows whether other work shared the machine: near 0 on an idle one. ``commit`` and
+    ``dirty`` name the code that ran (``dirty``: tracked files differed from the commit).
     """
     info = {
         "platform": platform.platform(),
@@ -42,6 +64,7 @@ def describe_machine(device: torch.device) -> dict:
         info["gpu"] = torch.cuda.get_device_name(device)
     if hasattr(os, "getloadavg"):
         info["load_avg_1m"] = round(os.getloadavg()[0], 2)
+    info.update(_commit())
     return info
 
 

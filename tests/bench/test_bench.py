@@ -37,6 +37,10 @@ def test_orderings_bench_reports_every_ordering(tmp_path, capsys):
     assert written["rows"] == rows and written["benchmark"] == "orderings"
     assert written["settings"]["repeats"] == 3 and written["settings"]["d"] == 100
     assert {"cpu", "cpu_count", "torch", "torch_threads", "device"} <= set(written["machine"])
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
+    commit = head.stdout.strip() if head.returncode == 0 else None  # None outside a checkout
+    assert written["machine"]["commit"] == commit  # the code that ran
+    assert isinstance(written["machine"]["dirty"], bool) == (commit is not None)
     assert all(r["step_ms"] > 0 and r["state_bytes"] > 0 for r in rows)
     assert "recursive_pair" in capsys.readouterr().out
 
