@@ -263,7 +263,7 @@ class Ordering(Sampler[int]):
         self.keys = state["keys"].to(self.device)
         self.generator.set_state(state["generator"].cpu())
         for k in self.state_tensors:
-            getattr(self, k).copy_(state[k])  # in place: keeps the layout (recursive's node-minor)
+            getattr(self, k).copy_(state[k])  # in place: views stay views
         self._load_extra_state(state)
 
     # --- internals ------------------------------------------------------------------------

@@ -5,32 +5,46 @@ from __future__ import annotations
 import torch
 
 from grab_exp.balance.base import Ordering
-from grab_exp.grads.rows import GradRows
+from grab_exp.grads.rows import DenseRows, GradRows
 
 
 class CenteredBalance(Ordering):
     """Balances ``v = g - m``, ``m`` the mean raw gradient of the previous epoch.
 
     In the first epoch ``m = 0``. If an epoch steps no example, ``m`` is kept.
-    Subclasses allocate their accumulator(s) as ``self.acc`` and call ``_center``.
+    Subclasses allocate their accumulator(s) as ``self.acc`` and call ``_center``. A vector
+    accumulator is the row after the stale mean (``self._mean_and_acc``), so that factored
+    gradients are read once for their dots with both (:meth:`GradRows.dots_after_base`).
     """
 
     state_tensors = ("acc", "stale_mean", "grad_sum")
 
     def _init_state(self) -> None:
-        self.stale_mean = torch.zeros(self.dim, dtype=self.dtype, device=self.device)  # (dim,)
-        self.grad_sum = torch.zeros(self.dim, dtype=self.dtype, device=self.device)  # (dim,)
-        self.acc = self._new_acc()
+        rows = torch.zeros(3, self.dim, dtype=self.dtype, device=self.device)  # (3, dim)
+        self._mean_and_acc = rows[:2]  # (2, dim)
+        self.stale_mean, vector, self.grad_sum = rows.unbind()  # (dim,) each
+        self.acc = self._new_acc(vector)
 
-    def _new_acc(self) -> torch.Tensor:
-        return torch.zeros(self.dim, dtype=self.dtype, device=self.device)  # (dim,)
+    def _new_acc(self, vector: torch.Tensor) -> torch.Tensor:
+        """The accumulator(s): ``vector``, the zero ``(dim,)`` row after the stale mean."""
+        return vector
 
-    def _center(self, grads: GradRows) -> GradRows:
-        """Record the raw ``B`` rows for the next mean; return the centered (prepared) rows."""
+    def _acc_dots(self, centered: GradRows) -> torch.Tensor:
+        """``<v_i, acc>`` ``(B,)`` of a vector accumulator."""
+        return centered.dots_after_base(self._mean_and_acc)
+
+    def _center(self, grads: GradRows, materialize: bool = False) -> GradRows:
+        """Record the raw ``B`` rows for the next mean; return the centered (prepared) rows,
+        written into a ``(B, dim)`` matrix if ``materialize`` (else lazy where they are)."""
         ones = torch.ones(grads.rows, dtype=self.dtype, device=self.device)  # (B,)
         grads.accumulate(self.grad_sum, ones)
-        centered = grads.centered(self.stale_mean, lambda rows: self._scratch("centered", rows))
-        return self._prepare(centered)
+        scratch = lambda rows: self._scratch("centered", rows)  # noqa: E731
+        if not materialize:
+            return self._prepare(grads.centered(self.stale_mean, scratch))
+        # factors give the centered Gram matrix cheaply (from G Gᵀ, lazily), the matrix does not
+        gram = grads.centered(self.stale_mean, scratch).gram() if grads.factored else None
+        matrix = grads.centered_into(self.stale_mean, scratch(grads.rows)).matrix  # (B, dim)
+        return self._prepare(DenseRows(matrix, gram))
 
     def _end_epoch(self) -> None:
         if self.pos:

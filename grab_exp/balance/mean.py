@@ -20,7 +20,7 @@ class MeanBalance(CenteredBalance):
 
     def _balance(self, grads: GradRows, start: int) -> None:
         centered = self._center(grads)  # B rows
-        dots = centered.dots(self.acc)  # (B,)
+        dots = self._acc_dots(centered)  # (B,)
         gram = centered.gram()  # (B, B)
         signs = sequential_signs(dots, gram, self._thresholds(len(dots)))  # (B,)
         centered.accumulate(self.acc, signs)

@@ -11,10 +11,9 @@ from grab_exp.validation import check_int_at_least
 
 
 def node_accumulators(nodes: int, dim: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """``(nodes, dim)`` zeros stored as the transpose of ``(dim, nodes)``: the all-node products
-    (``<v_i, acc_k>`` for every node, ``acc += coefᵀ V``) then run as GEMMs over long ``dim``
-    rows."""
-    return torch.zeros(dim, nodes, dtype=dtype, device=device).T
+    """``(nodes, dim)`` zeros, node-major: a level's nodes are consecutive rows (one GEMM reads
+    them), and a node's row is contiguous (a gather copies whole rows)."""
+    return torch.zeros(nodes, dim, dtype=dtype, device=device)
 
 
 class RecursiveBalance(CenteredBalance):
@@ -29,44 +28,79 @@ class RecursiveBalance(CenteredBalance):
     Nodes are stored in heap order: root 0, children of ``i`` at ``2i+1`` (left)
     and ``2i+2`` (right); ``self.acc`` has shape ``(2^(D+1) - 1, d)``.
 
-    A batch visits every node at most at one level, so each example's dot products with all
-    nodes come from one product before the batch, the examples sharing a node see each other
-    through the masked Gram matrix, and the nodes' updates are summed in one final product
-    (``coef``: each example's sign at each node it visited). No ``index_add_``: its repeated
-    indices add atomically on CUDA, in an order that varies between runs.
+    A batch visits every node at one level only, so each example is signed against its node's
+    accumulator as it stood before the batch plus the earlier same-node examples of the batch
+    (the masked Gram matrix). Two exact, deterministic ways to read and update the nodes:
+
+    * **block** (levels with at most ``B`` nodes): the dots with every node of those levels come
+      from one product before the batch, and their updates are summed in one product after it
+      (``coef``: each example's sign at the node it visited);
+    * **gather** (deeper levels): the ``B`` visited nodes' rows are gathered, each example's
+      dot is taken with its own node's row, the same-node sums come from one ``(B, B)``
+      product, and the rows are written back through unique targets (a node's first example
+      writes it; later ones of the same node write spare rows).
+
+    So a step costs about ``(2B + D + 1) B d`` rather than ``2^(D+1) B d``. Neither needs an
+    atomic scatter, whose repeated indices add in a varying order on CUDA, nor a host read.
     """
 
     name = "recursive"
-    # all-node dots and updates cost nodes x B x d in either form; as factors they are small
-    # products per node and layer plus a pass for the centering: slower than one dense GEMM
-    reads_factors = False
 
     def __init__(self, n: int, d: int, *, depth: int = 5, **kwargs) -> None:
         check_int_at_least("balance.depth", depth, 0)
         self.depth = depth
         super().__init__(n, d, **kwargs)
 
-    def _new_acc(self) -> torch.Tensor:
-        nodes = 2 ** (self.depth + 1) - 1
-        return node_accumulators(nodes, self.dim, self.dtype, self.device)  # (nodes, dim)
+    def _new_acc(self, vector: torch.Tensor) -> torch.Tensor:
+        self._tree = node_accumulators(2 ** (self.depth + 1) - 1, self.dim, self.dtype, self.device)
+        return self._tree  # (nodes, dim); spare rows are added below it when a level gathers
 
     def _balance(self, grads: GradRows, start: int) -> None:
-        centered = self._center(grads)  # B rows
+        centered = self._center(grads, materialize=True)  # (B, dim) rows
         rows = centered.rows
-        node_dots = centered.dots(self.acc)  # (B, nodes): <v_i, acc_k> before this batch
         gram = centered.gram()  # (B, B)
         # example-major draws: the same thresholds however an epoch is split into steps
         thresholds = self._thresholds(rows * (self.depth + 1)).view(rows, self.depth + 1).T
-        coef = torch.zeros_like(node_dots)  # (B, nodes): acc_k += sum_i coef_ik v_i
-        node = torch.zeros(rows, 1, dtype=torch.long, device=self.device)  # (B, 1) heap index
+        block_levels = min(self.depth + 1, rows.bit_length())  # levels of at most `rows` nodes
+        if block_levels <= self.depth:
+            self._add_spares(rows)
+        block = self.acc[: 2**block_levels - 1]  # (S, dim): the block levels' nodes
+        node_dots = centered.dots(block)  # (B, S) <v_i, acc_k> before this batch
+        coef = torch.zeros_like(node_dots)  # (B, S): acc_k += sum_i coef_ik v_i
+        node = torch.zeros(rows, dtype=torch.long, device=self.device)  # (B,) heap index
         for level in range(self.depth + 1):
-            dots = node_dots.gather(1, node)[:, 0]  # (B,) <v_i, acc_node(i)>
-            same_node = node == node.T  # (B, B)
-            signs = sequential_signs(dots, gram * same_node, thresholds[level])  # (B,)
-            coef.scatter_(1, node, signs[:, None])
+            same_node = node[:, None] == node[None, :]  # (B, B)
+            if level < block_levels:
+                dots = node_dots.gather(1, node[:, None])[:, 0]  # (B,) <v_i, acc_node(i)>
+                signs = sequential_signs(dots, gram * same_node, thresholds[level])  # (B,)
+                coef.scatter_(1, node[:, None], signs[:, None])
+            else:
+                signs = self._gathered_level(centered, gram, same_node, node, thresholds[level])
             if level < self.depth:
-                node = 2 * node + torch.where(signs[:, None] > 0, 1, 2)
-        centered.accumulate(self.acc, coef)  # one product: a fixed order of sums, any device
-        leaf = node[:, 0] - (2**self.depth - 1)  # (B,)
+                node = 2 * node + torch.where(signs > 0, 1, 2)
+        centered.accumulate(block, coef)  # one product: a fixed order of sums, any device
+        leaf = node - (2**self.depth - 1)  # (B,)
         positions = torch.arange(start, start + rows, device=self.device)
         self.keys[start : start + rows] = leaf * (2 * self.n) + sign_keys(positions, signs, self.n)
+
+    def _gathered_level(self, centered, gram, same_node, node, thresholds) -> torch.Tensor:
+        """Sign and apply one gather level: ``node (B,)`` the visited nodes; returns ``(B,)``."""
+        rows = centered.rows
+        tree = self._tree  # (nodes + spares, dim)
+        visited = self._scratch("visited", rows)  # (B, dim)
+        torch.index_select(tree, 0, node, out=visited)  # row i: acc of example i's node
+        dots = centered.dots(visited).diagonal()  # (B,) <v_i, acc_node(i)>
+        signs = sequential_signs(dots, gram * same_node, thresholds)  # (B,)
+        centered.accumulate(visited, same_node * signs[:, None])  # row i += its node's sum
+        later = torch.tril(same_node, diagonal=-1).any(dim=1)  # (B,) not its node's first
+        spares = len(self.acc) + torch.arange(rows, device=self.device)  # (B,) never read
+        tree.index_copy_(0, torch.where(later, spares, node), visited)
+        return signs
+
+    def _add_spares(self, rows: int) -> None:
+        """Keep ``rows`` spare rows below the accumulators (``self.acc`` a view of the tree)."""
+        nodes = len(self.acc)
+        if len(self._tree) < nodes + rows:
+            tree = self.acc.new_zeros(nodes + rows, self.dim)
+            tree[:nodes] = self.acc
+            self._tree, self.acc = tree, tree[:nodes]

@@ -26,7 +26,6 @@ class RecursivePairBalance(Ordering):
     """
 
     name = "recursive_pair"
-    reads_factors = False  # as RecursiveBalance: its all-node products run as dense GEMMs
     state_tensors = ("acc",)
 
     def __init__(self, n: int, d: int, *, batch_size: int, **kwargs) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy
 import torch
 
@@ -9,6 +12,19 @@ import torch
 # stepped at all; both keep visit order and come after every balanced position.
 UNBALANCED_KEY = 1 << 61
 UNVISITED_KEY = 1 << 62
+_DEVICE_LOOP_ON_CPU = False  # set by device_sign_loop()
+
+
+@contextmanager
+def device_sign_loop() -> Iterator[None]:
+    """Inside it, CPU tensors too are signed by :func:`device_signs` (the code CUDA runs), so
+    that its operators can be counted on the CPU; the signs are the same."""
+    global _DEVICE_LOOP_ON_CPU
+    before, _DEVICE_LOOP_ON_CPU = _DEVICE_LOOP_ON_CPU, True
+    try:
+        yield
+    finally:
+        _DEVICE_LOOP_ON_CPU = before
 
 
 def sequential_signs(
@@ -34,7 +50,7 @@ def sequential_signs(
     Returns:
         ``(B,)`` signs in ``{+1, -1}`` with the dtype of ``dots``.
     """
-    if dots.device.type != "cpu":
+    if dots.device.type != "cpu" or _DEVICE_LOOP_ON_CPU:
         return device_signs(dots, gram, thresholds)
     running = dots.detach().numpy().copy()  # (B,)
     columns = gram.detach().t().contiguous().numpy()  # (B, B): row j is column j of gram

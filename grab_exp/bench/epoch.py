@@ -11,6 +11,7 @@ timed steps. The method is written down in ``results/bench/README.md``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import statistics
 import time
@@ -23,8 +24,10 @@ from omegaconf import OmegaConf
 from torch.nn import functional as F
 
 from grab_exp.balance import Ordering, make_ordering
+from grab_exp.balance.signs import device_sign_loop
 from grab_exp.bench.machine import add_device_option, bench_parser, describe_machine, write_report
 from grab_exp.bench.memory import memory_method, peak_step_bytes
+from grab_exp.bench.operators import OperatorCount
 from grab_exp.bench.timing import synchronize
 from grab_exp.devices import set_cuda_policy
 from grab_exp.models import LeNet
@@ -56,6 +59,7 @@ class Row:
     step_times: list[float] = field(default_factory=list)
     parts: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in STAGES})
     peak_step_bytes: int = 0
+    operators: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def ordering(self) -> Ordering:
@@ -168,6 +172,35 @@ def measure_memory(rows: list[Row], args, device: torch.device) -> None:
         row.peak_step_bytes = peak_step_bytes(lambda row=row: bench_step(row, x, y), device)
 
 
+def step_operators(row: Row, x: torch.Tensor, y: torch.Tensor, cuda_path: bool) -> dict:
+    """The non-view aten operators of one training step of the row: ``total`` and per stage.
+
+    ``cuda_path``: the sign recursions run as on CUDA (:func:`device_sign_loop`), not as the
+    CPU's numpy loop (which dispatches no operators).
+    """
+    counts = {}
+
+    def stage(name: str, fn):
+        with OperatorCount() as counter:
+            out = fn()
+        counts[name] = counter.total
+        return out
+
+    with device_sign_loop() if cuda_path else contextlib.nullcontext():
+        bench_step(row, x, y, stage)
+    return {"total": sum(counts.values()), **counts}
+
+
+def count_operators(rows: list[Row], args, device: torch.device) -> None:
+    """Each row's operators per step (eager; and with the CUDA sign loop), outside the timing."""
+    x, y = make_batch(args.batch, device)
+    for row in rows:
+        row.operators = {
+            "eager": step_operators(row, x, y, cuda_path=False),
+            "cuda_path": step_operators(row, x, y, cuda_path=True),
+        }
+
+
 def _median_ms(times: list[float]) -> float | None:
     return statistics.median(times) * 1e3 if times else None
 
@@ -192,6 +225,7 @@ def summarize(rows: list[Row], args, device: torch.device) -> dict:
                 "breakdown_ms": {k: _median_ms(v) for k, v in row.parts.items()},
                 "ordering_state_bytes": row.ordering.state_bytes(),
                 "peak_step_bytes": row.peak_step_bytes,
+                "operators": row.operators,
             }
         )
     return {
@@ -211,7 +245,7 @@ def print_table(report: dict) -> None:
     """A readable table of the report's rows (``-``: a stage the row does not run)."""
     print(
         f"{'row':<18}{'step ms':>9}{'epoch s':>9}{'x classic':>10}{'grads':>8}{'gsnr':>7}"
-        f"{'ordering':>9}{'opt':>7}{'state MB':>10}{'peak MB':>9}"
+        f"{'ordering':>9}{'opt':>7}{'state MB':>10}{'peak MB':>9}{'ops':>6}{'ops cuda':>9}"
     )
     for r in report["rows"]:
         b = r["breakdown_ms"]
@@ -219,7 +253,8 @@ def print_table(report: dict) -> None:
             f"{r['row']:<18}{r['step_ms']:>9.2f}{r['epoch_s']:>9.1f}"
             f"{r['ratio_to_classic_rr']:>10.2f}{_ms(b['grads'], 8)}{_ms(b['gsnr'], 7)}"
             f"{_ms(b['ordering'], 9)}{_ms(b['opt'], 7)}{r['ordering_state_bytes'] / 2**20:>10.2f}"
-            f"{r['peak_step_bytes'] / 2**20:>9.2f}"
+            f"{r['peak_step_bytes'] / 2**20:>9.2f}{r['operators']['eager']['total']:>6}"
+            f"{r['operators']['cuda_path']['total']:>9}"
         )
     print(f"peak: {report['memory_method']}")
 
@@ -247,6 +282,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows = build_rows(args, device)
     time_rows(rows, args, device)
     measure_memory(rows, args, device)
+    count_operators(rows, args, device)
     report = summarize(rows, args, device)
     print_table(report)
     write_report(args.out, report)

@@ -130,6 +130,11 @@ class BatchGrads(GradRows):
         for columns, block in zip(self.columns, self.blocks, strict=True):
             block.write(out[:, columns])
 
+    def centered_into(self, base, out):
+        for columns, block in zip(self.columns, self.blocks, strict=True):
+            block.centered_into(base[columns], out[:, columns])
+        return DenseRows(out)
+
     def row(self, i):
         return torch.cat([block.row(i) for block in self.blocks])  # (d,)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grab_exp.grads.rows import GradRows
+from grab_exp.grads.rows import DenseRows, GradRows
 
 
 def factor_pays(steps: int, fan_in: int, fan_out: int) -> bool:
@@ -85,6 +85,18 @@ class LinearFactors(GradRows):
         weight.copy_(self.weight_grads())
         if bias is not None:
             bias.copy_(self.bias_grads())
+
+    def centered_into(self, base: torch.Tensor, out: torch.Tensor) -> DenseRows:
+        """``g_i - base`` written into ``out (B, width)`` in one pass (``-base + Δᵀ A``)."""
+        weight, bias = self._split(out)  # (B, out, in), (B, out)
+        base_weight, base_bias = self._split(base)  # (out, in), (out,)
+        if self.a.shape[1] == 1:  # one outer product per example: delta_i a_iᵀ - base
+            torch.addcmul(-base_weight, self.delta.transpose(1, 2), self.a, out=weight)
+        else:
+            torch.baddbmm(-base_weight, self.delta.transpose(1, 2), self.a, out=weight)
+        if bias is not None:
+            torch.sub(self.bias_grads(), base_bias, out=bias)
+        return DenseRows(out)
 
     def row(self, i: int) -> torch.Tensor:
         weight = (self.delta[i].T @ self.a[i]).reshape(-1)  # (out * in,)

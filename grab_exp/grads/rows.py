@@ -51,6 +51,12 @@ class GradRows:
         """The Gram matrix ``<g_i, g_j>`` ``(B, B)``."""
         raise NotImplementedError
 
+    def dots_after_base(self, rows: torch.Tensor) -> torch.Tensor:
+        """``<g_i, rows[1]>`` ``(B,)`` for ``rows (2, d)``: the centering base, then an
+        accumulator. A :class:`Combination` centered on ``rows[0]`` reads its rows once for both
+        (``<g_i, base>`` is part of its Gram matrix)."""
+        return self.dots(rows[1])
+
     def accumulate(self, acc: torch.Tensor, coef: torch.Tensor) -> None:
         """In place: ``acc (d,) += sum_i coef_i g_i`` (``coef (B,)``) or ``acc (K, d) += coefᵀ G``
         (``coef (B, K)``)."""
@@ -72,6 +78,11 @@ class GradRows:
     def row(self, i: int) -> torch.Tensor:
         """Row ``i`` ``(d,)`` (a view or a fresh tensor)."""
         raise NotImplementedError
+
+    def centered_into(self, base: torch.Tensor, out: torch.Tensor) -> DenseRows:
+        """``g_i - base`` (``base (d,)``) written into ``out (B, d)``."""
+        self.write(out)
+        return DenseRows(out.sub_(base))
 
     def centered(self, base: torch.Tensor, scratch: Scratch) -> GradRows:
         """``g_i - base`` (``base (d,)``); ``scratch(rows)`` gives a ``(rows, d)`` buffer the
@@ -106,9 +117,10 @@ class GradRows:
 class DenseRows(GradRows):
     """The materialized ``(B, d)`` matrix ``matrix``."""
 
-    def __init__(self, matrix: torch.Tensor) -> None:
+    def __init__(self, matrix: torch.Tensor, gram: torch.Tensor | None = None) -> None:
         self.matrix = self.like = matrix  # (B, d)
         self.rows, self.width = matrix.shape
+        self._gram = gram  # (B, B) when known already (from the factors the rows came from)
 
     def to(self, device: torch.device, dtype: torch.dtype) -> DenseRows:
         return DenseRows(self.matrix.to(device, dtype))
@@ -119,7 +131,9 @@ class DenseRows(GradRows):
         return (acc @ self.matrix.T).T  # (B, K) (this order: the faster GEMM)
 
     def gram(self):
-        return self.matrix @ self.matrix.T  # (B, B)
+        if self._gram is None:
+            self._gram = self.matrix @ self.matrix.T  # (B, B)
+        return self._gram
 
     def accumulate(self, acc, coef):
         if acc.dim() == 1:
@@ -139,8 +153,11 @@ class DenseRows(GradRows):
     def row(self, i):
         return self.matrix[i]  # (d,)
 
+    def centered_into(self, base, out):
+        return DenseRows(torch.sub(self.matrix, base, out=out))  # (B, d)
+
     def centered(self, base, scratch):
-        return DenseRows(torch.sub(self.matrix, base, out=scratch(self.rows)))  # (B, d)
+        return self.centered_into(base, scratch(self.rows))
 
     def pair_diffs(self, first, scratch):
         grads = self.matrix
@@ -151,7 +168,11 @@ class DenseRows(GradRows):
         return DenseRows(torch.sub(firsts, seconds, out=scratch(pairs)))
 
     def normalized(self):
-        return DenseRows(normalize_rows(self.matrix))
+        if self._gram is None:
+            return DenseRows(normalize_rows(self.matrix))
+        norms = self._gram.diagonal().clamp_min(0).sqrt()  # (B,)
+        scale = norms.clamp_min_(torch.finfo(norms.dtype).tiny).reciprocal_()  # (B,)
+        return DenseRows(self.matrix.mul_(scale[:, None]), self._gram * torch.outer(scale, scale))
 
 
 class Combination(GradRows):
@@ -173,6 +194,7 @@ class Combination(GradRows):
         self.grads, self.weights, self.shift, self.base = grads, weights, shift, base
         self.rows, self.like = shift.shape[0], grads.like
         self._gram: torch.Tensor | None = None
+        self._base_dots: torch.Tensor | None = None  # (P,) W <G, base>, once computed
 
     def _mix(self, values: torch.Tensor) -> torch.Tensor:
         """``W values`` for ``values (B, ...)``."""
@@ -187,11 +209,19 @@ class Combination(GradRows):
             self.shift * base_dots if acc.dim() == 1 else torch.outer(self.shift, base_dots)
         )
 
+    def dots_after_base(self, rows):
+        if self.base is None or rows[0].data_ptr() != self.base.data_ptr():
+            return self.dots(rows[1])
+        both = self._mix(self.grads.dots(rows))  # (P, 2): W <G, base>, W <G, acc>, one pass
+        self._base_dots = both[:, 0]
+        return both[:, 1] + self.shift * (rows[1] @ self.base)
+
     def gram(self):
         if self._gram is None:
             gram = self._mix(self._mix(self.grads.gram()).T)  # (P, P): W G Gᵀ Wᵀ, symmetric
             if self.base is not None:
-                c = self._mix(self.grads.dots(self.base))  # (P,)
+                c = self._base_dots
+                c = self._mix(self.grads.dots(self.base)) if c is None else c  # (P,)
                 cross = torch.outer(c, self.shift)  # (P, P)
                 gram = gram + cross + cross.T
                 gram += (self.base @ self.base) * torch.outer(self.shift, self.shift)

@@ -1,8 +1,8 @@
 """The rewrites for speed and determinism compute what the code before them computed:
 ``sequential_signs`` (numpy on the CPU, device kernels elsewhere) gives the same signs, and
-recursive balance's all-node products (deterministic on CUDA, unlike ``index_add_`` with repeated
-nodes) equal the old per-level ``index_add_`` accumulators to float64 rounding, with the same
-orders."""
+recursive balance's block and gather levels (deterministic on CUDA, unlike ``index_add_`` with
+repeated nodes) equal the old per-level ``index_add_`` accumulators to float64 rounding, with the
+same orders."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ class IndexAddRecursive(RecursiveBalance):
     """Recursive balance as it was before (commit ba11b1b): level by level, each example's node
     accumulator gathered, the nodes updated at once by ``index_add_``."""
 
-    def _new_acc(self):
+    def _new_acc(self, vector):
         return torch.zeros(2 ** (self.depth + 1) - 1, self.dim, dtype=self.dtype)
 
     def _balance(self, grads, start):
@@ -74,7 +74,7 @@ class IndexAddRecursive(RecursiveBalance):
 
 
 @pytest.mark.parametrize(("n", "b", "depth"), [(40, 8, 3), (37, 16, 5), (24, 4, 0)])
-def test_all_node_products_equal_index_add_to_float64_rounding(n, b, depth):
+def test_block_and_gather_levels_equal_index_add_to_float64_rounding(n, b, depth):
     d = 9
     zs = random_grads(n, d, epochs=2, seed=n)
     options = {"depth": depth, "dtype": "float64", "kernel": "probabilistic", "c": 3.0}

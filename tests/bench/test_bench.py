@@ -20,6 +20,7 @@ from grab_exp.bench import conv, epoch, orderings, sweep
 from grab_exp.bench.__main__ import BENCHMARKS
 from grab_exp.bench.epoch import GSNR_ROWS, ROWS, STAGES, row_name
 from grab_exp.bench.memory import CPU_METHOD, peak_step_bytes
+from grab_exp.bench.operators import OperatorCount
 from grab_exp.models import MLP
 from grab_exp.per_sample import PerSamplePipeline
 from grab_exp.runner.step import StepParts, train_step
@@ -43,6 +44,18 @@ def test_orderings_bench_reports_every_ordering(tmp_path, capsys):
     assert isinstance(written["machine"]["dirty"], bool) == (commit is not None)
     assert all(r["step_ms"] > 0 and r["state_bytes"] > 0 for r in rows)
     assert "recursive_pair" in capsys.readouterr().out
+
+
+def test_orderings_bench_runs_recursive_at_every_depth(tmp_path):
+    out = tmp_path / "orderings.json"
+    rows = orderings.main(
+        ["--n", "64", "--d", "50", "--repeats", "2", "--depths", "0,3,4", "--out", str(out)]
+    )
+    recursive = [r for r in rows if r["variant"] == "recursive"]
+    assert [r["depth"] for r in recursive] == [0, 3, 4]
+    floats = [r["state_bytes"] for r in recursive]  # 2^(D+1) - 1 nodes of 50 floats, and more
+    assert floats[1] - floats[0] == (15 - 1) * 50 * 4 and floats[2] - floats[1] == 16 * 50 * 4
+    assert all("depth" not in r for r in rows if r["variant"] != "recursive")
 
 
 def test_conv_bench_formulations_agree_and_are_reported(tmp_path):
@@ -102,7 +115,7 @@ def test_epoch_bench_short_mode_writes_json(epoch_report):
     methods = {r["row"]: r["method"] for r in report["rows"]}
     assert methods["rr-classic"] == "classic" and methods["mean@hooks"] == "hooks"
     assert methods["mean"] == "factored"  # auto: LeNet's Linear layers hold 95% of the weights
-    assert methods["recursive"] == "hooks"  # auto: it would materialize the factors
+    assert methods["recursive"] == "factored"  # it writes the centered rows from the factors
     for row in report["rows"]:
         assert set(row) == {
             "row",
@@ -113,10 +126,32 @@ def test_epoch_bench_short_mode_writes_json(epoch_report):
             "breakdown_ms",
             "ordering_state_bytes",
             "peak_step_bytes",
+            "operators",
         }
         assert set(row["breakdown_ms"]) == set(STAGES)
+        for counts in row["operators"].values():  # eager, cuda_path
+            assert counts["total"] == sum(v for k, v in counts.items() if k != "total") > 0
         assert row["epoch_s"] > 0
     assert report["rows"][0]["ratio_to_classic_rr"] == 1.0
+
+
+def test_epoch_bench_counts_the_operators_of_each_step(epoch_report):
+    ops = {row["row"]: row["operators"] for row in epoch_report["rows"]}
+    classic, mean = ops["rr-classic"], ops["mean"]
+    assert classic["eager"] == classic["cuda_path"]  # no sign recursion
+    assert classic["eager"]["opt"] == mean["eager"]["opt"]  # the same SGD
+    assert mean["eager"]["ordering"] > classic["eager"]["ordering"]
+    # CUDA signs 3 operators per example (16) where the CPU runs numpy, plus its 5 set-up ones
+    assert mean["cuda_path"]["ordering"] - mean["eager"]["ordering"] == 3 * 16 + 5
+    assert ops["batch"]["eager"] == ops["batch"]["cuda_path"]  # no sequential signs
+
+
+def test_operator_count_skips_views():
+    x = torch.randn(4, 5)
+    with OperatorCount() as counter:
+        y = x.T @ x[:, :3]  # permute and slice are views: only mm counts
+        y.view(-1).relu_()
+    assert counter.counts == {"mm": 1, "relu_": 1} and counter.total == 2
 
 
 def test_epoch_bench_times_the_gsnr_of_vrgd_rows_only(epoch_report):
