@@ -25,7 +25,7 @@ from grab_exp.balance.projection import balance_projection, describe
 from grab_exp.balance.signs import UNVISITED_KEY
 from grab_exp.balance.tensors import IndexCheck, as_dtype
 from grab_exp.grads.batch import grad_rows, rows_of
-from grab_exp.grads.rows import GradRows
+from grab_exp.grads.rows import GradRows, keep_views, kept_view
 from grab_exp.validation import check_choice, check_int_at_least
 
 FIRST_EPOCH = ("random", "identity")
@@ -62,7 +62,7 @@ class Ordering(Sampler[int]):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if cls.name:
+        if cls.__dict__.get("name"):  # its own name: a subclass (a test's variant) keeps out
             Ordering.registry[cls.name] = cls
 
     @classmethod
@@ -116,6 +116,8 @@ class Ordering(Sampler[int]):
         self.keys = self._fresh_keys()  # (*lanes, n)
         self._scratch_buffers: dict[str, torch.Tensor] = {}
         self._init_state()
+        for k in self.state_tensors:  # long-lived: their views are made once (see keep_views)
+            keep_views(getattr(self, k))
 
     # --- hooks for the orderings ----------------------------------------------------------
     def _init_state(self) -> None:
@@ -299,8 +301,8 @@ class Ordering(Sampler[int]):
         buffer = self._scratch_buffers.get(slot)
         if buffer is None or buffer.shape[0] < rows:
             buffer = torch.empty(rows, width or self.dim, dtype=self.dtype, device=self.device)
-            self._scratch_buffers[slot] = buffer
-        return buffer[:rows]
+            self._scratch_buffers[slot] = keep_views(buffer)
+        return kept_view(buffer, rows, lambda: buffer[:rows])
 
     def _flat_buffer(self, rows: int) -> torch.Tensor | None:
         """The scratch rows for a dict of gradients that lives on this device."""

@@ -20,6 +20,6 @@ class BatchBalance(CenteredBalance):
     def _balance(self, grads: GradRows, start: int) -> None:
         centered = self._center(grads)  # B rows
         signs = signs_from(centered.dots(self.acc), self._thresholds(centered.rows))  # (B,)
-        centered.accumulate(self.acc, signs)
+        self._accumulate(centered, signs, grads)
         positions = torch.arange(start, start + len(signs), device=self.device)
         self.keys[start : start + len(signs)] = sign_keys(positions, signs, self.n)

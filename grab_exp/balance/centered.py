@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from grab_exp.balance.base import Ordering
-from grab_exp.grads.rows import DenseRows, GradRows
+from grab_exp.grads.rows import DenseRows, GradRows, constant, keep_views
 
 
 class CenteredBalance(Ordering):
@@ -21,7 +21,8 @@ class CenteredBalance(Ordering):
 
     def _init_state(self) -> None:
         rows = torch.zeros(3, self.dim, dtype=self.dtype, device=self.device)  # (3, dim)
-        self._mean_and_acc = rows[:2]  # (2, dim)
+        self._mean_and_acc = keep_views(rows[:2])  # (2, dim)
+        self._acc_and_sum = keep_views(rows[1:])  # (2, dim)
         self.stale_mean, vector, self.grad_sum = rows.unbind()  # (dim,) each
         self.acc = self._new_acc(vector)
 
@@ -33,11 +34,18 @@ class CenteredBalance(Ordering):
         """``<v_i, acc>`` ``(B,)`` of a vector accumulator."""
         return centered.dots_after_base(self._mean_and_acc)
 
+    def _accumulate(self, centered: GradRows, signs: torch.Tensor, grads: GradRows) -> None:
+        """``acc += sum_i s_i v_i`` of a vector accumulator, and the raw rows into the next
+        mean's sum (one pass over factored rows for both)."""
+        centered.accumulate_and_sum(self._acc_and_sum, signs, grads)
+
+    def _sum_raw(self, grads: GradRows) -> None:
+        """Record the raw ``B`` rows for the next mean."""
+        grads.accumulate(self.grad_sum, constant(1.0, grads.rows, self.dtype, self.device))
+
     def _center(self, grads: GradRows, materialize: bool = False) -> GradRows:
-        """Record the raw ``B`` rows for the next mean; return the centered (prepared) rows,
-        written into a ``(B, dim)`` matrix if ``materialize`` (else lazy where they are)."""
-        ones = torch.ones(grads.rows, dtype=self.dtype, device=self.device)  # (B,)
-        grads.accumulate(self.grad_sum, ones)
+        """The centered (prepared) rows ``g_i - m``, written into a ``(B, dim)`` matrix if
+        ``materialize`` (else lazy where they are). The raw rows are not recorded here."""
         scratch = lambda rows: self._scratch("centered", rows)  # noqa: E731
         if not materialize:
             return self._prepare(grads.centered(self.stale_mean, scratch))

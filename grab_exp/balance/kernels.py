@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from grab_exp.grads.rows import constant
 from grab_exp.validation import check_choice, check_positive
 
 
@@ -50,7 +51,7 @@ class DeterministicKernel(SignKernel):
         check_positive("balance.c", c)
 
     def thresholds(self, count, generator, dtype, device):
-        return torch.zeros(count, dtype=dtype, device=device)
+        return constant(0.0, count, dtype, device)
 
 
 class ProbabilisticKernel(SignKernel):
@@ -80,4 +81,8 @@ def make_kernel(kernel: str | SignKernel, c: float = 30.0) -> SignKernel:
 
 def signs_from(dots: torch.Tensor, thresholds: torch.Tensor) -> torch.Tensor:
     """Vectorized signs ``+1`` where ``dots < thresholds`` else ``-1`` (same dtype)."""
-    return torch.where(dots < thresholds, 1.0, -1.0).to(dots.dtype)
+    plus, minus = (
+        constant(1.0, 1, dots.dtype, dots.device),
+        constant(-1.0, 1, dots.dtype, dots.device),
+    )
+    return torch.where(dots < thresholds, plus, minus)

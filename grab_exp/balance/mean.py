@@ -23,6 +23,6 @@ class MeanBalance(CenteredBalance):
         dots = self._acc_dots(centered)  # (B,)
         gram = centered.gram()  # (B, B)
         signs = sequential_signs(dots, gram, self._thresholds(len(dots)))  # (B,)
-        centered.accumulate(self.acc, signs)
+        self._accumulate(centered, signs, grads)
         positions = torch.arange(start, start + len(dots), device=self.device)
         self.keys[start : start + len(dots)] = sign_keys(positions, signs, self.n)

@@ -6,7 +6,7 @@ import torch
 
 from grab_exp.balance.centered import CenteredBalance
 from grab_exp.balance.signs import sequential_signs, sign_keys
-from grab_exp.grads.rows import GradRows
+from grab_exp.grads.rows import GradRows, constant, keep_views, kept_view
 from grab_exp.validation import check_int_at_least
 
 
@@ -56,6 +56,8 @@ class RecursiveBalance(CenteredBalance):
         return self._tree  # (nodes, dim); spare rows are added below it when a level gathers
 
     def _balance(self, grads: GradRows, start: int) -> None:
+        self._sum_raw(grads)
+        left, right = (constant(k, 1, torch.long, self.device) for k in (1, 2))  # child offsets
         centered = self._center(grads, materialize=True)  # (B, dim) rows
         rows = centered.rows
         gram = centered.gram()  # (B, B)
@@ -64,7 +66,8 @@ class RecursiveBalance(CenteredBalance):
         block_levels = min(self.depth + 1, rows.bit_length())  # levels of at most `rows` nodes
         if block_levels <= self.depth:
             self._add_spares(rows)
-        block = self.acc[: 2**block_levels - 1]  # (S, dim): the block levels' nodes
+        nodes = 2**block_levels - 1
+        block = kept_view(self.acc, nodes, lambda: self.acc[:nodes])  # (S, dim): block levels
         node_dots = centered.dots(block)  # (B, S) <v_i, acc_k> before this batch
         coef = torch.zeros_like(node_dots)  # (B, S): acc_k += sum_i coef_ik v_i
         node = torch.zeros(rows, dtype=torch.long, device=self.device)  # (B,) heap index
@@ -76,8 +79,8 @@ class RecursiveBalance(CenteredBalance):
                 coef.scatter_(1, node[:, None], signs[:, None])
             else:
                 signs = self._gathered_level(centered, gram, same_node, node, thresholds[level])
-            if level < self.depth:
-                node = 2 * node + torch.where(signs > 0, 1, 2)
+            if level < self.depth:  # the left child on +, the right one on -
+                node = 2 * node + torch.where(signs > 0, left, right)
         centered.accumulate(block, coef)  # one product: a fixed order of sums, any device
         leaf = node - (2**self.depth - 1)  # (B,)
         positions = torch.arange(start, start + rows, device=self.device)
@@ -103,4 +106,4 @@ class RecursiveBalance(CenteredBalance):
         if len(self._tree) < nodes + rows:
             tree = self.acc.new_zeros(nodes + rows, self.dim)
             tree[:nodes] = self.acc
-            self._tree, self.acc = tree, tree[:nodes]
+            self._tree, self.acc = tree, keep_views(tree[:nodes])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from grab_exp.balance.base import Ordering
@@ -72,19 +74,19 @@ class RecursivePairBalance(Ordering):
         groups = 2**level
         pairs = arrangement.view(groups, -1, 2)  # (groups, pairs per group, 2)
         first, second = pairs[..., 0].reshape(-1), pairs[..., 1].reshape(-1)  # (b/2,)
-        node = (groups - 1) + torch.arange(groups, device=self.device).repeat_interleave(
-            pairs.shape[1]
-        )  # (b/2,)
+        node = _level_nodes(groups, pairs.shape[1], self.device)  # (b/2,)
         dots = node_dots[first, node] - node_dots[second, node]  # (b/2,) <g_f - g_s, acc>
-        weight = torch.ones_like(dots)
-        if gram is not None:  # normalize: v / |v| with |v|^2 from the Gram matrix
+        if gram is None:
+            signs = weighted = signs_from(dots, self._thresholds(len(dots)))  # (b/2,)
+        else:  # normalize: v / |v| with |v|^2 from the Gram matrix
             norm_sq = gram[first, first] + gram[second, second] - 2 * gram[first, second]
             weight = (
                 norm_sq.clamp_min(0).sqrt().clamp_min(torch.finfo(dots.dtype).tiny).reciprocal()
             )
-        signs = signs_from(dots * weight, self._thresholds(len(dots)))  # (b/2,)
-        coef[first, node] = signs * weight
-        coef[second, node] = -signs * weight
+            signs = signs_from(dots * weight, self._thresholds(len(dots)))  # (b/2,)
+            weighted = signs * weight
+        coef[first, node] = weighted
+        coef[second, node] = -weighted
         plus = signs > 0
         winners = torch.where(plus, first, second).view(groups, -1)
         losers = torch.where(plus, second, first).view(groups, -1)
@@ -92,3 +94,9 @@ class RecursivePairBalance(Ordering):
 
     def _end_epoch(self) -> None:
         self.acc.zero_()
+
+
+@functools.cache
+def _level_nodes(groups: int, pairs: int, device: torch.device) -> torch.Tensor:
+    """``(groups * pairs,)`` heap index of each pair's node at the level of ``groups`` nodes."""
+    return (groups - 1) + torch.arange(groups, device=device).repeat_interleave(pairs)

@@ -6,6 +6,7 @@ or a ``(B, d)`` tensor becomes one through :func:`as_batch_grads`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from itertools import accumulate, pairwise
 
@@ -13,7 +14,7 @@ import torch
 
 from grab_exp.devices import same_device
 from grab_exp.grads.linear import FactorBias, LinearFactors
-from grab_exp.grads.rows import DenseRows, GradRows
+from grab_exp.grads.rows import DenseRows, GradRows, kept_view
 
 #: what a per-sample path gives per parameter: ``(B, *shape)``, or a Linear layer's factors
 Part = torch.Tensor | LinearFactors | FactorBias
@@ -39,10 +40,11 @@ class BatchGrads(GradRows):
         self.rows = blocks[0].rows
         self.width = sum(shape.numel() for shape in shapes.values())
         self.factored = any(block.factored for block in blocks)
-        starts = list(accumulate((block.width for block in blocks), initial=0))
-        self.columns = [slice(a, b) for a, b in pairwise(starts)]
-        if starts[-1] != self.width:
-            raise ValueError(f"BatchGrads: blocks of {starts[-1]} columns for d={self.width}")
+        self.columns = _column_slices(tuple(block.width for block in blocks))
+        if self.columns[-1].stop != self.width:
+            raise ValueError(
+                f"BatchGrads: blocks of {self.columns[-1].stop} columns for d={self.width}"
+            )
 
     @classmethod
     def from_parts(cls, parts: Mapping[str, Part], shapes: dict[str, torch.Size]) -> BatchGrads:
@@ -111,7 +113,7 @@ class BatchGrads(GradRows):
     def dots(self, acc):
         total = None
         for columns, block in zip(self.columns, self.blocks, strict=True):
-            dots = block.dots(acc[..., columns])  # (B,) or (B, K)
+            dots = block.dots(_columns(acc, columns))  # (B,) or (B, K)
             total = dots if total is None else total.add_(dots)
         return total
 
@@ -124,19 +126,31 @@ class BatchGrads(GradRows):
 
     def accumulate(self, acc, coef):
         for columns, block in zip(self.columns, self.blocks, strict=True):
-            block.accumulate(acc[..., columns], coef)
+            block.accumulate(_columns(acc, columns), coef)
 
     def write(self, out):
         for columns, block in zip(self.columns, self.blocks, strict=True):
-            block.write(out[:, columns])
+            block.write(_columns(out, columns))
 
     def centered_into(self, base, out):
         for columns, block in zip(self.columns, self.blocks, strict=True):
-            block.centered_into(base[columns], out[:, columns])
+            block.centered_into(_columns(base, columns), _columns(out, columns))
         return DenseRows(out)
 
     def row(self, i):
         return torch.cat([block.row(i) for block in self.blocks])  # (d,)
+
+
+@functools.cache
+def _column_slices(widths: tuple[int, ...]) -> list[slice]:
+    """The columns of consecutive blocks of these widths (one layout per model: made once)."""
+    starts = list(accumulate(widths, initial=0))
+    return [slice(a, b) for a, b in pairwise(starts)]
+
+
+def _columns(tensor: torch.Tensor, columns: slice) -> torch.Tensor:
+    """``tensor[..., columns]``, kept on ``tensor`` if it keeps its views."""
+    return kept_view(tensor, (columns.start, columns.stop), lambda: tensor[..., columns])
 
 
 def _joined(run: list[torch.Tensor]) -> list[DenseRows]:

@@ -14,10 +14,11 @@ with the layers that stay materialized.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
-from grab_exp.grads.rows import DenseRows, GradRows
+from grab_exp.grads.rows import DenseRows, GradRows, kept_view
 
 
 def factor_pays(steps: int, fan_in: int, fan_out: int) -> bool:
@@ -58,9 +59,13 @@ class LinearFactors(GradRows):
         fan_out = self.delta.shape[-1]
         return fan_out * (self.a.shape[-1] + self.bias)
 
+    @cached_property
+    def _flat(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.a.reshape(-1, self.a.shape[-1]), self.delta.reshape(-1, self.delta.shape[-1])
+
     def flat(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(BT, in)`` and ``(BT, out)``."""
-        return self.a.reshape(-1, self.a.shape[-1]), self.delta.reshape(-1, self.delta.shape[-1])
+        return self._flat
 
     def per_step(self, coef: torch.Tensor) -> torch.Tensor:
         """Per-example coefficients ``(B, ...)`` repeated over ``T``: ``(BT, ...)``."""
@@ -105,8 +110,12 @@ class LinearFactors(GradRows):
     def _split(self, acc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The weight ``(..., out, in)`` and bias ``(..., out)`` views of ``acc (..., width)``."""
         fan_out, fan_in = self.delta.shape[-1], self.a.shape[-1]
-        weight = acc[..., : fan_out * fan_in].unflatten(-1, (fan_out, fan_in))
-        return weight, acc[..., fan_out * fan_in :] if self.bias else None
+
+        def split() -> tuple[torch.Tensor, torch.Tensor | None]:
+            weight = acc[..., : fan_out * fan_in].unflatten(-1, (fan_out, fan_in))
+            return weight, acc[..., fan_out * fan_in :] if self.bias else None
+
+        return kept_view(acc, ("linear", fan_out, fan_in, self.bias), split)
 
     def dots(self, acc: torch.Tensor) -> torch.Tensor:
         """``acc (width,)`` -> ``(B,)``; ``acc (K, width)`` -> ``(B, K)``."""

@@ -15,12 +15,59 @@ lazy (:class:`Combination`) and derive their dots and Gram matrix from the rows'
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Hashable
+from typing import Any
 
 import torch
 
 #: ``rows -> (rows, d)`` reusable buffer, asked for only by representations that fill one
 Scratch = Callable[[int], torch.Tensor]
+_VIEWS = "_grab_views"  # the attribute that holds a kept tensor's views
+
+
+@functools.cache
+def constant(value: float, count: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A ``(count,)`` tensor of ``value``, made once per shape and device (never written to)."""
+    return torch.full((count,), value, dtype=dtype, device=device)
+
+
+@functools.cache
+def _pair_weights(
+    rows: int, lead: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``W (P, B)`` and ``shift (P,)`` of :meth:`GradRows.pair_diffs` (made once per shape)."""
+    pairs = (rows + lead) // 2
+    index = torch.arange(pairs, device=device)[:, None]  # (P, 1)
+    columns = torch.arange(rows, device=device)  # (B,)
+    # elementwise, not written through an index: a scalar put on CUDA syncs with the host
+    weights = (columns == 2 * index - lead).to(dtype) - (columns == 2 * index + 1 - lead).to(
+        dtype
+    )  # (P, B): +1 at the pair's first row (none for the lead), -1 at its second
+    return weights, (index[:, 0] < lead).to(dtype)
+
+
+def keep_views(tensor: torch.Tensor) -> torch.Tensor:
+    """Mark a long-lived tensor (an ordering's accumulator or scratch buffer): the views the
+    ``GradRows`` operations take of it (a block's columns, a layer's weight) are made once and
+    kept on it, not made anew by every step. Returns ``tensor``."""
+    tensor.__dict__.setdefault(_VIEWS, {})
+    return tensor
+
+
+def kept_view(tensor: torch.Tensor, key: Hashable, make: Callable[[], Any]) -> Any:
+    """``make()`` (a view, or a tuple of views, of ``tensor``), kept on ``tensor`` under ``key``
+    when it is marked by :func:`keep_views` (a kept tensor view is marked too)."""
+    views = tensor.__dict__.get(_VIEWS)
+    if views is None:
+        return make()
+    view = views.get(key)
+    if view is None:
+        view = views[key] = make()
+        for part in view if isinstance(view, tuple) else (view,):
+            if isinstance(part, torch.Tensor):
+                keep_views(part)
+    return view
 
 
 def normalize_rows(vectors: torch.Tensor) -> torch.Tensor:
@@ -62,6 +109,13 @@ class GradRows:
         (``coef (B, K)``)."""
         raise NotImplementedError
 
+    def accumulate_and_sum(self, rows: torch.Tensor, coef: torch.Tensor, raw: GradRows) -> None:
+        """In place, for ``rows (2, d)``: ``rows[0] += sum_i coef_i g_i`` (these rows, ``coef
+        (B,)``) and ``rows[1] += sum_j r_j``, the sum of the ``raw`` rows they were made from (a
+        :class:`Combination` of ``raw`` reads them once for both)."""
+        self.accumulate(rows[0], coef)
+        raw.accumulate(rows[1], constant(1.0, raw.rows, coef.dtype, coef.device))
+
     def write(self, out: torch.Tensor) -> None:
         """Write the rows into ``out (B, d)``."""
         raise NotImplementedError
@@ -87,7 +141,7 @@ class GradRows:
     def centered(self, base: torch.Tensor, scratch: Scratch) -> GradRows:
         """``g_i - base`` (``base (d,)``); ``scratch(rows)`` gives a ``(rows, d)`` buffer the
         result may use (the factored rows never ask for one)."""
-        shift = torch.full((self.rows,), -1.0, dtype=base.dtype, device=base.device)  # (B,)
+        shift = constant(-1.0, self.rows, base.dtype, base.device)  # (B,)
         return Combination(self, None, shift, base)
 
     def pair_diffs(self, first: torch.Tensor | None, scratch: Scratch) -> GradRows:
@@ -98,15 +152,7 @@ class GradRows:
         :meth:`centered`.
         """
         lead = int(first is not None)
-        pairs = (self.rows + lead) // 2
-        dtype, device = self.like.dtype, self.like.device
-        index = torch.arange(pairs, device=device)[:, None]  # (P, 1)
-        columns = torch.arange(self.rows, device=device)  # (B,)
-        # elementwise, not written through an index: a scalar put on CUDA syncs with the host
-        weights = (columns == 2 * index - lead).to(dtype) - (columns == 2 * index + 1 - lead).to(
-            dtype
-        )  # (P, B): +1 at the pair's first row (none for the lead), -1 at its second
-        shift = (index[:, 0] < lead).to(dtype)  # (P,)
+        weights, shift = _pair_weights(self.rows, lead, self.like.dtype, self.like.device)
         return Combination(self, weights, shift, first if lead else None)
 
     def normalized(self) -> GradRows:
@@ -236,6 +282,15 @@ class Combination(GradRows):
                 acc.addcmul_(self.base, self.shift @ coef)  # no (d,) temporary
             else:
                 acc.addr_(coef.T @ self.shift, self.base)
+
+    def accumulate_and_sum(self, rows, coef, raw):
+        if raw is not self.grads:
+            return super().accumulate_and_sum(rows, coef, raw)
+        mixed = coef if self.weights is None else self.weights.T @ coef  # (B,)
+        both = torch.stack([mixed, constant(1.0, raw.rows, coef.dtype, coef.device)], dim=1)
+        raw.accumulate(rows, both)  # (B, 2): one pass over the rows
+        if self.base is not None:
+            rows[0].addcmul_(self.base, self.shift @ coef)
 
     def write(self, out):
         grads = self.grads.dense(out.new_empty(self.grads.rows, out.shape[1])).matrix

@@ -56,6 +56,7 @@ class IndexAddRecursive(RecursiveBalance):
         return torch.zeros(2 ** (self.depth + 1) - 1, self.dim, dtype=self.dtype)
 
     def _balance(self, grads, start):
+        self._sum_raw(grads)
         centered = self._center(grads).dense(self._flat_buffer(grads.rows)).matrix  # (B, d)
         rows = len(centered)
         gram = centered @ centered.T
@@ -85,3 +86,10 @@ def test_block_and_gather_levels_equal_index_add_to_float64_rounding(n, b, depth
         bal.step(zs[0][bal.order[:b]])
     assert torch.allclose(new.acc, old.acc, rtol=1e-13, atol=1e-13)
     assert new.acc.abs().sum() > 0
+
+
+def test_a_subclass_without_a_name_of_its_own_keeps_out_of_the_registry():
+    from grab_exp.balance import Ordering
+
+    assert IndexAddRecursive.name == "recursive"  # inherited
+    assert Ordering.registry["recursive"] is RecursiveBalance
