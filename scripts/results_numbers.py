@@ -1,13 +1,18 @@
 #!/usr/bin/env python
-"""Recompute, from the committed raw runs and bench files, every number that
+"""Recompute, from the committed raw runs and bench files, every number that ``README.md``,
 ``results/README.md``, ``results/vrgd/README.md`` and ``results/bench/README.md`` quote.
 
-Run from the repository root: ``python scripts/results_numbers.py``. Comparisons of two arms
-are paired by seed; with 3 seeds a paired t-test has 2 degrees of freedom.
+Run from the repository root: ``python scripts/results_numbers.py`` (``--bench DIR`` reads the
+bench files from another folder than ``results/bench``). Comparisons of two arms are paired by
+seed; with 3 seeds a paired t-test has 2 degrees of freedom. Every bench number is one line
+``label = value``: the label names the file (without ``.json``), the row and the quantity, e.g.
+``epoch_1t.mean.ratio = 1.68``; the READMEs quote these values.
 """
 
 from __future__ import annotations
 
+import argparse
+import itertools
 import json
 import math
 from pathlib import Path
@@ -16,6 +21,20 @@ import pandas as pd
 
 RESULTS = Path("results")
 GRAB = ["mean", "pair", "batch", "recursive", "recursive_pair"]
+#: Table 1's rows in the ``epoch`` files (``rr-classic``: the plain loop; ``rr``: per-sample)
+TABLE1_ROWS = ["rr-classic", "rr", "mean", "pair", "batch", "recursive", "recursive_pair"]
+#: the bench files of one sitting (``results/bench/README.md`` has their commands)
+BENCH_FILES = ["epoch_1t", "epoch_2t", "orderings", "projection", "rss", "conv", "vrgd", "sweep"]
+MIB = 2**20
+#: issue 21's targets for a row's step time over the classic step (``ratio_to_classic_rr``)
+TARGETS = {
+    "rr": 1.2,
+    "mean": 1.4,
+    "pair": 1.4,
+    "batch": 1.4,
+    "recursive_pair": 1.8,
+    "recursive": 2.5,
+}
 
 
 def paired_p(a: pd.Series, b: pd.Series) -> float:
@@ -32,6 +51,27 @@ def paired_p(a: pd.Series, b: pd.Series) -> float:
 def variance_ratio_p(f: float) -> float:
     """Two-sided p of a variance ratio F with (2, 2) degrees of freedom (CDF x / (1 + x))."""
     return 2 * min(f / (1 + f), 1 / (1 + f))
+
+
+def show(label: str, value: object) -> None:
+    """One quotable number: ``label = value``."""
+    print(f"{label} = {value}")
+
+
+def span(values, digits: int) -> str:
+    """``low-high`` of ``values`` at ``digits`` decimals (one value when they round alike)."""
+    low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return low if low == high else f"{low}-{high}"
+
+
+def mb(size: float) -> str:
+    """Bytes in decimal units, 3 significant digits: ``21.3 MB``, ``803 kB``."""
+    return f"{size / 1e6:.3g} MB" if size >= 1e6 else f"{size / 1e3:.3g} kB"
+
+
+def mib(size: float) -> str:
+    """Bytes in MiB (2^20), as ``857 MiB`` (``1.08 MiB`` below 10)."""
+    return f"{size / MIB:,.2f} MiB" if size < 10 * MIB else f"{size / MIB:,.0f} MiB"
 
 
 def table1() -> None:
@@ -54,18 +94,15 @@ def table1() -> None:
     )
     print("rank of each GraB row per seed (1 = best), loss\n", loss[GRAB].rank(axis=1))
     print("rank per seed, accuracy\n", acc[GRAB].rank(axis=1, ascending=False))
-    for a, b in [
-        ("recursive", "mean"),
-        ("recursive", "pair"),
-        ("recursive", "batch"),
-        ("recursive_pair", "mean"),
-        ("mean", "batch"),
-        ("pair", "batch"),
-    ]:
-        for name, frame in (("loss", loss), ("acc", acc)):
+    lowest = {}
+    for name, frame in (("loss", loss), ("acc", acc)):
+        for a, b in itertools.combinations(GRAB, 2):  # all 10 pairs of the five variants
             diff = frame[a] - frame[b]
             p = paired_p(frame[a], frame[b])
-            print(f"{a} - {b} {name}: per seed {diff.round(4).tolist()} paired t p={p:.2f}")
+            print(f"{a} - {b} {name}: per seed {diff.round(4).tolist()} paired t p={p:.3f}")
+            lowest[name] = min(lowest.get(name, (2.0, "")), (p, f"{a} vs {b}"))
+        show(f"table1.pairs.{name}.min_p", f"{lowest[name][0]:.3f} ({lowest[name][1]})")
+    show("table1.pairs.min_p", f"{min(p for p, _ in lowest.values()):.3f}")
     paper = pd.read_csv(RESULTS / "paper_table1.csv")
     mean = last[["train/loss", "test/acc"]].mean()
     for _, row in paper.iterrows():
@@ -95,20 +132,6 @@ def vrgd() -> None:
         f"VR-Adam {(100 * a['vr_adam']).round(2).tolist()}; F={f:.2f} two-sided p={p:.2f}"
     )
     print("steps per epoch:", {b: math.ceil(50_000 / b) for b in (256, 1024, 4096)})
-    bench = pd.DataFrame(json.loads((RESULTS / "bench" / "vrgd.json").read_text())["rows"])
-    times = bench.pivot(index="batch_size", columns="arm", values="step_ms")
-    print("VR step / own plain step (idle bench):")
-    print(
-        (times["vr_momentum"] / times["sgd_momentum"]).round(2).to_dict(),
-        (times["vr_adam"] / times["adam"]).round(2).to_dict(),
-    )
-    print(
-        "GSNR ms per step:",
-        bench.dropna(subset=["gsnr_ms"])
-        .set_index(["arm", "batch_size"])["gsnr_ms"]
-        .round(1)
-        .to_dict(),
-    )
     clips = []
     for path in sorted((RESULTS / "vrgd" / "runs").glob("vr_*/batch*/seed*/metrics.csv")):
         m = pd.read_csv(path)
@@ -122,6 +145,215 @@ def vrgd() -> None:
     )
 
 
+# ------------------------------------------------------------------ the bench files
+
+
+def read_bench(folder: Path, name: str) -> dict:
+    """The JSON of ``<folder>/<name>.json``."""
+    return json.loads((folder / f"{name}.json").read_text())
+
+
+def bench_machines(folder: Path) -> None:
+    """Each file's machine, load and commit, and whether one machine at one commit made all."""
+    blocks = {name: read_bench(folder, name)["machine"] for name in BENCH_FILES}
+    for name, m in blocks.items():
+        commit = m.get("commit")
+        show(
+            f"{name}.machine",
+            f"{m['cpu']}, {m['cpu_count']} cores, {m['torch_threads']} torch threads, "
+            f"load_avg_1m {m.get('load_avg_1m')}, commit {commit[:7] if commit else None}, "
+            f"dirty {m.get('dirty')}",
+        )
+    show("bench.cpus", sorted({m["cpu"] for m in blocks.values()}))
+    show("bench.commits", sorted({str(m.get("commit"))[:7] for m in blocks.values()}))
+    show("bench.all_clean", all(m.get("dirty") is False for m in blocks.values()))
+    loads = [m["load_avg_1m"] for m in blocks.values() if m.get("load_avg_1m") is not None]
+    show("bench.load_avg_1m", span(loads, 2) if loads else None)
+
+
+def bench_epoch(folder: Path, name: str) -> None:
+    """Every row of an ``epoch`` file: ratio to classic RR, ms, epoch seconds, overhead over
+    functional RR (Table 1's), stages, peak step memory, operators; then the ranges quoted."""
+    data = read_bench(folder, name)
+    rows = {r["row"]: r for r in data["rows"]}
+    rr = rows["rr"]["step_ms"]
+    for row, r in rows.items():
+        label = f"{name}.{row}"
+        show(f"{label}.ratio", f"{r['ratio_to_classic_rr']:.2f}")
+        if row in TARGETS:
+            met = "met" if r["ratio_to_classic_rr"] <= TARGETS[row] else "missed"
+            show(f"{label}.target", f"<= {TARGETS[row]} ({met})")
+        show(f"{label}.step_ms", f"{r['step_ms']:.2f}")
+        show(f"{label}.epoch_s", f"{r['epoch_s']:.1f}")
+        show(f"{label}.overhead_vs_rr_pct", f"{100 * (r['step_ms'] / rr - 1):+.0f}")
+        for stage, ms in r["breakdown_ms"].items():
+            if ms is not None:
+                show(f"{label}.{stage}_ms", f"{ms:.2f}")
+        show(f"{label}.peak_step", mib(r["peak_step_bytes"]))
+        for key in ("operators", "operators_cuda_path"):
+            if r.get(key) is not None:
+                show(f"{label}.{key}", r[key])
+        twin = rows.get(f"{row}@hooks")
+        if twin is not None and twin["method"] == r["method"]:  # the same code, run twice
+            show(
+                f"{label}.same_code_vs_hooks_row_pct",
+                f"{100 * (twin['step_ms'] / r['step_ms'] - 1):+.0f}",
+            )
+    table1 = [rows[row] for row in TABLE1_ROWS]
+    show(f"{name}.table1.epoch_s", span([r["epoch_s"] for r in table1], 0))
+    per_sample = [r["breakdown_ms"]["grads"] for r in table1[1:]]
+    classic = rows["rr-classic"]["breakdown_ms"]["grads"]
+    show(f"{name}.table1.per_sample_grads_ms", span(per_sample, 2))
+    factored = [r["breakdown_ms"]["grads"] for r in table1 if r["method"] == "factored"]
+    if factored:
+        show(f"{name}.table1.factored_grads_ms", span(factored, 1))
+    show(f"{name}.table1.per_sample_grads_over_classic", span([g / classic for g in per_sample], 1))
+    vrgd = [r for row, r in rows.items() if "+vr_" in row]
+    if vrgd:
+        show(f"{name}.vrgd_rows.gsnr_ms", span([r["breakdown_ms"]["gsnr"] for r in vrgd], 1))
+        with_rr = [r["ratio_to_classic_rr"] for r in vrgd if r["row"].startswith("rr+")]
+        show(f"{name}.vrgd_rows.rr_ratio", span(with_rr, 2))
+    mean, pair = rows["mean"]["epoch_s"], rows["pair"]["epoch_s"]
+    show(f"{name}.mean.100_epochs_min", f"{100 * mean / 60:.0f}")
+    # README.md's multirun: balance=mean,pair x seed=0,1, 100 epochs each, one after another
+    show(f"{name}.multirun_mean_pair_2_seeds_100_epochs_h", f"{2 * 100 * (mean + pair) / 3600:.1f}")
+
+
+def bench_orderings(folder: Path) -> None:
+    """One step of each ordering alone; recursive at every depth and how its time grows."""
+    depths = {}
+    for r in read_bench(folder, "orderings")["rows"]:
+        depth = r.get("depth")
+        label = "orderings." + r["variant"] + ("" if depth is None else f".D{depth}")
+        show(
+            f"{label}.step_ms",
+            f"{r['step_ms']:.2f}" if r["step_ms"] >= 0.1 else f"{r['step_ms']:.2g}",
+        )
+        show(f"{label}.state", mb(r["state_bytes"]))
+        if r["variant"] == "recursive" and depth is not None:
+            depths[depth] = r["step_ms"]
+    if len(depths) < 2:
+        return
+    order = sorted(depths)
+    for low, high in itertools.pairwise(order):
+        show(f"orderings.recursive.D{high}_over_D{low}", f"{depths[high] / depths[low]:.2f}")
+    low, high = order[0], order[-1]
+    show(f"orderings.recursive.D{high}_over_D{low}", f"{depths[high] / depths[low]:.2f}")
+    show(
+        f"orderings.recursive.D{high}_over_D{low}.if_linear_in_D+1", f"{(high + 1) / (low + 1):.2f}"
+    )
+    show(f"orderings.recursive.D{high}_over_D{low}.if_doubling_per_level", 2 ** (high - low))
+    show("orderings.recursive.ms_per_level", f"{(depths[high] - depths[low]) / (high - low):.2f}")
+
+
+def bench_projection(folder: Path) -> None:
+    """Mean and recursive with and without each sketch on the 1.7M-parameter MLP."""
+    data = read_bench(folder, "projection")
+    for method, ms in data["grads_ms"].items():
+        show(f"projection.grads_ms.{method}", f"{ms:.1f}")
+    show("projection.materialize_ms", f"{data['materialize_ms']:.1f}")
+    for r in data["rows"]:
+        label = f"projection.{r['variant']}.{r['projection_kind'] or 'unprojected'}"
+        show(f"{label}.step_ms", f"{r['step_ms']:.1f}")
+        show(f"{label}.step_ratio", f"{r['step_ratio']:.2f}")
+        if r["projection_kind"]:
+            show(f"{label}.speedup_vs_unprojected", f"{1 / r['step_ratio']:.2g}")
+        show(f"{label}.state", mb(r["state_bytes"]))
+        show(f"{label}.scratch", mb(r["scratch_bytes"]))
+        show(f"{label}.step_peak", mb(r["step_peak_bytes"]))
+    sketched = [r["step_ms"] for r in data["rows"] if r["projection_kind"]]
+    show("projection.sketched.step_ms", span(sketched, 0))
+
+
+def bench_rss(folder: Path) -> None:
+    """Peak RSS of each arm of the 10.5M-parameter MLP step."""
+    data = read_bench(folder, "rss")
+    rows = {r["arm"]: r for r in data["rows"]}
+    for arm, r in rows.items():
+        show(f"rss.{arm}.peak_rss", mib(r["peak_rss_bytes"]))
+        show(f"rss.{arm}.above_classic", mib(r["above_classic_bytes"]))
+        show(f"rss.{arm}.state", mib(r["state"]))
+    factored = rows["mean-factored"]
+    show(
+        "rss.mean-factored.above_classic_minus_state",
+        mib(factored["above_classic_bytes"] - factored["state"]),
+    )
+    show("rss.allowed_above_classic", mib(factored["allowed_bytes"]))
+    show("rss.per_sample_buffer", mib(data["settings"]["batch"] * factored["d"] * 4))
+
+
+def bench_conv(folder: Path) -> None:
+    """Per-sample convolution weight gradients: every formulation at every layer shape."""
+    faster = {True: [], False: []}  # channels-last over the default layout, by C < 8
+    for r in read_bench(folder, "conv")["rows"]:
+        label = f"conv.{r['C']}to{r['O']}_k{r['kernel']}_H{r['H']}"
+        ms = r["ms"]
+        for form, value in ms.items():
+            show(f"{label}.{form}_ms", f"{value:.2f}")
+        speedup = ms["groups_weight_grad"] / ms["groups_weight_grad_cl"]
+        show(f"{label}.default_over_channels_last", f"{speedup:.2f}")
+        chosen = ms["groups_weight_grad_cl" if r["C"] < 8 else "groups_weight_grad"]
+        show(f"{label}.chosen_over_classic", f"{chosen / ms['classic']:.2f}")
+        faster[r["C"] < 8].append(speedup)
+    for narrow, speedups in faster.items():
+        label = "conv.below_8_channels" if narrow else "conv.from_8_channels"
+        wins = [s for s in speedups if s > 1]
+        show(f"{label}.channels_last_faster", f"{len(wins)} of {len(speedups)}")
+        if wins:
+            show(f"{label}.channels_last_speedup_where_faster", span(wins, 1))
+
+
+def bench_vrgd(folder: Path) -> None:
+    """The VRGD arms at large batch: times, GSNR, each VR arm over its own plain optimizer."""
+    bench = pd.DataFrame(read_bench(folder, "vrgd")["rows"])
+    for r in bench.itertuples():
+        label = f"vrgd.{r.arm}.B{r.batch_size}"
+        show(f"{label}.step_ms", f"{r.step_ms:.1f}")
+        show(f"{label}.epoch_s", f"{r.epoch_s:.1f}")
+        if not pd.isna(r.gsnr_ms):
+            show(f"{label}.gsnr_ms", f"{r.gsnr_ms:.1f}")
+    times = bench.pivot(index="batch_size", columns="arm", values="step_ms")
+    for vr, plain in (("vr_momentum", "sgd_momentum"), ("vr_adam", "adam")):
+        ratios = times[vr] / times[plain]
+        for batch, ratio in ratios.items():
+            show(f"vrgd.{vr}_over_{plain}.B{batch}", f"{ratio:.2f}")
+        show(f"vrgd.{vr}_over_{plain}", span(ratios, 2))
+    gsnr = bench.dropna(subset=["gsnr_ms"]).groupby("batch_size")["gsnr_ms"]
+    for batch, values in gsnr:
+        show(f"vrgd.gsnr_ms.B{batch}", span(values, 0))
+
+
+def bench_sweep(folder: Path) -> None:
+    """Table 1 jobs in parallel: wall time, speed-up, epoch time, loss differences."""
+    for r in read_bench(folder, "sweep")["results"]:
+        label = f"sweep.{r['setting']}"
+        show(f"{label}.wall_s", f"{r['wall_s']:.1f}")
+        show(f"{label}.speedup_vs_sequential", f"{r['speedup_vs_sequential']:.2f}")
+        show(f"{label}.jobs_per_hour", f"{r['jobs_per_hour']:.0f}")
+        show(f"{label}.median_epoch_s", f"{r['median_epoch_s']:.1f}")
+        show(
+            f"{label}.max_abs_loss_diff_vs_sequential",
+            f"{r['max_abs_loss_diff_vs_sequential']:.1e}",
+        )
+        show(f"{label}.torch_threads_seen", r["torch_threads_seen"])
+
+
+def bench(folder: Path) -> None:
+    bench_machines(folder)
+    for name in ("epoch_1t", "epoch_2t"):
+        bench_epoch(folder, name)
+    bench_orderings(folder)
+    bench_projection(folder)
+    bench_rss(folder)
+    bench_conv(folder)
+    bench_vrgd(folder)
+    bench_sweep(folder)
+
+
 if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bench", type=Path, default=RESULTS / "bench", help="the bench files")
+    args = parser.parse_args()
     table1()
     vrgd()
+    bench(args.bench)

@@ -10,7 +10,7 @@ per report, :mod:`~grab_exp.report.table1` (its parts: ``table1_table``, ``table
 Table 1 from Python (what ``notebooks/reproduce_figures.ipynb`` does)::
 
     frame = runs_frame(read_runs(["outputs/table1"]))  # or read_wandb_runs("entity/project/group")
-    table = build_table1(frame, bench=read_epoch_bench("results/bench/epoch.json"))
+    table = build_table1(frame, bench=read_epoch_bench("results/bench/epoch_1t.json"))
     to_markdown(display_frame(table)); versus_rr(table)  # GraB minus RR, in means
     figure1(frame); figure2(table)
 

@@ -164,11 +164,11 @@ def figure2(table: Table1):
 
 def figure2_caption(table: Table1) -> str:
     """Where Figure 2's numbers come from."""
-    time = (
-        f"time: idle-machine benchmark ({table.time_source}), overheads vs. RR (functional)"
-        if table.time_source
-        else "time: measured during the runs (machine load included), no overheads"
-    )
+    if table.time_source:
+        source = table.cite_time_source("\n")
+        time = f"time: idle-machine benchmark {source},\noverheads vs. RR (functional)"
+    else:
+        time = "time: measured during the runs (machine load included), no overheads"
     return f"{time};\nmemory: the runs ({', '.join(table.devices)}), mean ± std over seeds"
 
 

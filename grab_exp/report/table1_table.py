@@ -122,10 +122,34 @@ def runs_frame(runs: Iterable[Record]) -> pd.DataFrame:
 
 @dataclass
 class EpochBench:
-    """Per-row idle-machine times: ``variant``, ``pipeline``, ``step_ms``, ``epoch_s``."""
+    """Per-row idle-machine times: ``variant``, ``pipeline``, ``step_ms``, ``epoch_s``.
+
+    Attributes:
+        times: One row per Table 1 row of the file.
+        source: The JSON file, as the report's captions name it.
+        machine: The file's ``machine`` block (``commit``, ``dirty``, ``torch_threads``,
+            ``cpu``, ``gpu``...; files written before a key existed lack it).
+    """
 
     times: pd.DataFrame
-    source: str  # the JSON file, as the report's captions name it
+    source: str
+    machine: dict = field(default_factory=dict)
+
+    def describe_machine(self) -> str:
+        """The commit that wrote the file, its torch threads and its processor, as the captions
+        cite them, e.g. ``commit 1a2b3c4, 1 thread, Intel(R) Xeon(R) Processor``."""
+        machine = self.machine
+        commit = machine.get("commit")
+        parts = [f"commit {commit[:7]}" if commit else "commit not recorded"]
+        if machine.get("dirty"):
+            parts[0] += " with uncommitted changes"
+        threads = machine.get("torch_threads")
+        if threads is not None:
+            parts.append(f"{threads} thread" + ("" if threads == 1 else "s"))
+        processor = machine.get("gpu") or machine.get("cpu")
+        if processor:
+            parts.append(processor)
+        return ", ".join(parts)
 
 
 def read_epoch_bench(path: str | os.PathLike[str], name: str | None = None) -> EpochBench:
@@ -147,7 +171,7 @@ def read_epoch_bench(path: str | os.PathLike[str], name: str | None = None) -> E
     ]  # fmt: skip
     if not rows:
         raise ValueError(f"{path}: no Table 1 row ({', '.join(keys)})")
-    return EpochBench(pd.DataFrame(rows), name or shown(path))
+    return EpochBench(pd.DataFrame(rows), name or shown(path), data.get("machine", {}))
 
 
 # ------------------------------------------------------------------ the numbers
@@ -181,6 +205,7 @@ class Table1:
             peak, runs that logged no step peak), ``rss`` or ``mixed``.
         devices: The distinct devices the runs trained on.
         time_source: The benchmark file of ``bench_epoch_s`` (``None``: no time overheads).
+        time_machine: Its commit, threads and processor (:meth:`EpochBench.describe_machine`).
     """
 
     data: pd.DataFrame
@@ -190,6 +215,11 @@ class Table1:
     memory_source: str
     devices: list[str] = field(default_factory=list)
     time_source: str | None = None
+    time_machine: str | None = None
+
+    def cite_time_source(self, separator: str = " ") -> str:
+        """The benchmark file and, after ``separator``, its machine in parentheses."""
+        return f"{self.time_source}{separator}({self.time_machine})"
 
     @property
     def memory_metric(self) -> str:
@@ -287,7 +317,16 @@ def build_table1(
         data["bench_epoch_s"] = float("nan")
     add_overheads(data, "bench_epoch_s", renames["peak_mem_mb"] + "_mean")
     devices = sorted(runs["device"].astype(str).unique().tolist())
-    return Table1(data, metrics, early, finals, source, devices, bench and bench.source)
+    return Table1(
+        data,
+        metrics,
+        early,
+        finals,
+        source,
+        devices,
+        bench and bench.source,
+        bench and bench.describe_machine(),
+    )
 
 
 def aggregate(runs: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
@@ -415,9 +454,8 @@ def caption(table: Table1) -> str:
         "mixed": "peak CUDA memory where measured, else peak process RSS",
     }[table.memory_source]
     bench = (
-        f"idle bench = training seconds per epoch on an otherwise idle machine "
-        f"({table.time_source}: median step time x steps per epoch), the source of the time "
-        "overhead"
+        "idle bench = training seconds per epoch on an otherwise idle machine (median step "
+        f"time x steps per epoch) from {table.cite_time_source()}, the source of the time overhead"
         if table.time_source
         else "no idle-machine benchmark given, so no time overhead"
     )
@@ -584,8 +622,9 @@ def hardware_note(table: Table1, hardware: str | None = None) -> str:
         )
     if table.time_source:
         lines.append(
-            f"- Our time overheads come from the idle-machine benchmark {table.time_source} "
-            "(each row's training step timed in one process, interleaved, median); our "
+            "- Our time overheads come from the idle-machine benchmark "
+            f"{table.cite_time_source()}: each row's training step timed in one process, "
+            "interleaved, median. Our "
             "seconds per epoch are the jobs' own, measured while other work loaded the "
             "machine, and are not overheads."
         )

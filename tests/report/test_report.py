@@ -24,16 +24,19 @@ from grab_exp.report import (
     build_table1,
     default_paper_csv,
     figure1,
+    hardware_note,
     read_api_runs,
+    read_epoch_bench,
     read_runs,
     runs_frame,
 )
 from grab_exp.report.cli import main
 from grab_exp.report.collect import parse_wandb_path, read_wandb_runs
-from grab_exp.report.table1_figures import identical_rows
+from grab_exp.report.table1_figures import figure2_caption, identical_rows
+from grab_exp.report.table1_table import caption
 
 REPO = Path(__file__).resolve().parents[2]
-EPOCH_BENCH = REPO / "results" / "bench" / "epoch.json"  # the committed idle-machine bench
+EPOCH_BENCH = REPO / "results" / "bench" / "epoch_1t.json"  # the committed idle-machine bench
 ROWS = [("rr", "classic"), ("rr", "functional"), ("mean", "functional")]
 SEEDS = [0, 1]
 EPOCHS = 3  # fewer than 5: the "epoch 5" columns fall back to the last epoch
@@ -77,7 +80,7 @@ def sweep(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def report(sweep, tmp_path_factory) -> Path:
-    """``python -m grab_exp.report <sweep> --out <dir> --bench <epoch.json>`` (in-process)."""
+    """``python -m grab_exp.report <sweep> --out <dir> --bench <epoch_1t.json>`` (in-process)."""
     out = tmp_path_factory.mktemp("report")
     assert main([str(sweep), "--out", str(out), "--log-loss", "--bench", str(EPOCH_BENCH)]) == 0
     return out
@@ -163,6 +166,32 @@ def test_without_a_bench_there_is_no_time_overhead(sweep):
     assert table["mem_overhead_pct"].notna().all()
 
 
+def test_the_time_columns_name_the_bench_file_commit_threads_and_processor(tmp_path):
+    """Table 1's caption, its notes beside the paper and Figure 2's title name the file their
+    idle-machine times come from, with the commit, thread count and processor of its
+    ``machine`` block; a file without a commit says so."""
+    frame = table1_frame([REPO / "results" / "table1" / "runs"])
+    names = ["rr-classic", "rr", "mean", "pair", "batch", "recursive", "recursive_pair"]
+    rows = [{"row": name, "step_ms": 2.0 + i, "epoch_s": 6.0 + i} for i, name in enumerate(names)]
+    machine = {"cpu": "Some CPU", "torch_threads": 1, "commit": "0123456" + "0" * 33}
+    cases = [
+        (machine | {"dirty": False}, "commit 0123456, 1 thread, Some CPU"),
+        (
+            machine | {"dirty": True, "torch_threads": 2},
+            "commit 0123456 with uncommitted changes, 2 threads, Some CPU",
+        ),
+        ({"cpu": "Some CPU", "torch_threads": 2}, "commit not recorded, 2 threads, Some CPU"),
+    ]
+    for block, expected in cases:
+        path = tmp_path / "x.json"
+        path.write_text(json.dumps({"benchmark": "epoch", "machine": block, "rows": rows}))
+        table = build_table1(frame, bench=read_epoch_bench(path, name="x.json"))
+        assert (table.time_source, table.time_machine) == ("x.json", expected)
+        assert f"from x.json ({expected}), the source of the time overhead" in caption(table)
+        assert f"benchmark x.json ({expected}): each row's" in hardware_note(table)
+        assert f"benchmark x.json\n({expected}),\n" in figure2_caption(table)
+
+
 def test_table1_columns_rows_and_headers(report):
     with (report / "table1.csv").open(newline="") as handle:
         header = next(csv.reader(handle))
@@ -183,7 +212,9 @@ def test_table1_columns_rows_and_headers(report):
         "Time overhead (idle bench)",
         "Mem. overhead |",
     ]
-    assert "results/bench/epoch.json" in markdown.splitlines()[2]  # the caption names it
+    assert (
+        "results/bench/epoch_1t.json (commit " in markdown.splitlines()[2]
+    )  # the caption names it
     labels = [line.split(" | ")[0] for line in markdown.splitlines()[6:]]
     assert labels == ["| RR (classic)", "| RR (functional)", "| Mean"]
     assert " ± " in markdown
