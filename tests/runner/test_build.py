@@ -17,8 +17,8 @@ from grab_exp.runner.strategy import SingleProcess
     [
         (["balance=mean"], "factored"),
         (["balance=rr"], "factored"),  # functional RR: the GraB rows' pipeline
-        (["balance=recursive"], "hooks"),
-        (["balance=recursive_pair"], "hooks"),
+        (["balance=recursive"], "factored"),  # it writes its centered rows from the factors
+        (["balance=recursive_pair"], "factored"),
         (["balance=mean", "balance.projection_dim=64"], "hooks"),
         (["balance=mean", "pipeline.method=factored"], "factored"),
     ],
