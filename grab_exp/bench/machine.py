@@ -25,8 +25,8 @@ def _cpu_model() -> str:
 
 
 def _commit() -> dict:
-    """The git commit of the package's checkout and whether tracked files differ from it (both
-    ``None`` outside a git checkout)."""
+    """The git commit of the package's checkout and whether tracked files outside ``results/``
+    differ from it (both ``None`` outside a git checkout)."""
     root = Path(__file__).resolve().parents[2]
 
     def git(*args: str) -> str | None:
@@ -39,7 +39,9 @@ def _commit() -> dict:
         return done.stdout.strip()
 
     commit = git("rev-parse", "HEAD")
-    changes = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    # results/ is what benchmarks write: one rewritten by the sitting's last run is not code
+    status = ("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results")
+    changes = git(*status) if commit else None
     return {"commit": commit, "dirty": None if changes is None else bool(changes)}
 
 
@@ -49,7 +51,8 @@ def describe_machine(device: torch.device) -> dict:
 
     ``load_avg_1m`` (the 1-minute load average when the benchmark started, where the platform
     has one) shows whether other work shared the machine: near 0 on an idle one. ``commit`` and
-    ``dirty`` name the code that ran (``dirty``: tracked files differed from the commit).
+    ``dirty`` name the code that ran (``dirty``: tracked files outside ``results/`` differed from
+    the commit).
     """
     info = {
         "platform": platform.platform(),
