@@ -190,9 +190,11 @@ def bench_epoch(folder: Path, name: str) -> None:
             if ms is not None:
                 show(f"{label}.{stage}_ms", f"{ms:.2f}")
         show(f"{label}.peak_step", mib(r["peak_step_bytes"]))
-        for key in ("operators", "operators_cuda_path"):
-            if r.get(key) is not None:
-                show(f"{label}.{key}", r[key])
+        for path, counts in r.get("operators", {}).items():  # eager, cuda_path
+            suffix = "" if path == "eager" else f".{path}"
+            show(f"{label}.operators{suffix}", counts["total"])
+            stages = ", ".join(f"{stage} {n}" for stage, n in counts.items() if stage != "total")
+            show(f"{label}.operators{suffix}.stages", stages)
         twin = rows.get(f"{row}@hooks")
         if twin is not None and twin["method"] == r["method"]:  # the same code, run twice
             show(
@@ -338,10 +340,40 @@ def bench_sweep(folder: Path) -> None:
         show(f"{label}.torch_threads_seen", r["torch_threads_seen"])
 
 
+def bench_before(folder: Path) -> None:
+    """The same sitting's runs at the commit before issue 21 (``before/``): each Table 1 row's
+    ratio and ordering stage before and after, and the orderings' steps."""
+    before = folder / "before"
+    if not before.is_dir():
+        return
+    show("before.commit", (before / "commit.txt").read_text().strip()[:7])
+    for name in ("epoch_1t", "epoch_2t"):
+        old = {r["row"]: r for r in read_bench(before, name)["rows"]}
+        new = {r["row"]: r for r in read_bench(folder, name)["rows"]}
+        for row in TABLE1_ROWS[1:]:
+            ratios = old[row]["ratio_to_classic_rr"], new[row]["ratio_to_classic_rr"]
+            show(f"before.{name}.{row}.ratio", f"{ratios[0]:.2f} -> {ratios[1]:.2f}")
+            stages = old[row]["breakdown_ms"], new[row]["breakdown_ms"]
+            stage = "ordering" if "ordering" in stages[0] else "sorter"
+            show(
+                f"before.{name}.{row}.ordering_ms",
+                f"{stages[0][stage]:.2f} -> {stages[1]['ordering']:.2f}",
+            )
+    old = {r["variant"]: r["step_ms"] for r in read_bench(before, "orderings")["rows"]}
+    new = {
+        r["variant"]: r["step_ms"]
+        for r in read_bench(folder, "orderings")["rows"]
+        if r.get("depth", 5) == 5
+    }
+    for variant in GRAB:
+        show(f"before.orderings.{variant}.step_ms", f"{old[variant]:.2f} -> {new[variant]:.2f}")
+
+
 def bench(folder: Path) -> None:
     bench_machines(folder)
     for name in ("epoch_1t", "epoch_2t"):
         bench_epoch(folder, name)
+    bench_before(folder)
     bench_orderings(folder)
     bench_projection(folder)
     bench_rss(folder)

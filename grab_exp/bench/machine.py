@@ -24,9 +24,14 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+#: what a benchmark runs: the package, its configs and plugins, its dependencies (not the
+#: results a sitting rewrites, nor documentation)
+CODE = ("grab_exp", "conf", "hydra_plugins", "pyproject.toml")
+
+
 def _commit() -> dict:
-    """The git commit of the package's checkout and whether tracked files outside ``results/``
-    differ from it (both ``None`` outside a git checkout)."""
+    """The git commit of the package's checkout and whether its code (:data:`CODE`) differs
+    from it (both ``None`` outside a git checkout)."""
     root = Path(__file__).resolve().parents[2]
 
     def git(*args: str) -> str | None:
@@ -39,8 +44,7 @@ def _commit() -> dict:
         return done.stdout.strip()
 
     commit = git("rev-parse", "HEAD")
-    # results/ is what benchmarks write: one rewritten by the sitting's last run is not code
-    status = ("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results")
+    status = ("status", "--porcelain", "--untracked-files=no", "--", *CODE)
     changes = git(*status) if commit else None
     return {"commit": commit, "dirty": None if changes is None else bool(changes)}
 
@@ -51,8 +55,8 @@ def describe_machine(device: torch.device) -> dict:
 
     ``load_avg_1m`` (the 1-minute load average when the benchmark started, where the platform
     has one) shows whether other work shared the machine: near 0 on an idle one. ``commit`` and
-    ``dirty`` name the code that ran (``dirty``: tracked files outside ``results/`` differed from
-    the commit).
+    ``dirty`` name the code that ran (``dirty``: tracked files of :data:`CODE` differed from the
+    commit).
     """
     info = {
         "platform": platform.platform(),
