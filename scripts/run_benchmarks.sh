@@ -20,7 +20,7 @@ if [[ -n "${BEFORE:-}" ]]; then
   trap 'git worktree remove --force "$worktree"' EXIT
   mkdir -p "$out/before"
   git rev-parse "$BEFORE" > "$out/before/commit.txt"
-  here="$(pwd)/$out/before"
+  here="$(cd "$out/before" && pwd)"
 fi
 OMP_NUM_THREADS=1 bench epoch --repeats 30 --out "$out/epoch_1t.json"
 OMP_NUM_THREADS=1 before epoch --repeats 30 --out "${here:-}/epoch_1t.json"

@@ -117,7 +117,7 @@ class Ordering(Sampler[int]):
         self._scratch_buffers: dict[str, torch.Tensor] = {}
         self._init_state()
         for k in self.state_tensors:  # long-lived: their views are made once (see keep_views)
-            keep_views(getattr(self, k))
+            setattr(self, k, keep_views(getattr(self, k)))
 
     # --- hooks for the orderings ----------------------------------------------------------
     def _init_state(self) -> None:

@@ -12,9 +12,12 @@ class CenteredBalance(Ordering):
     """Balances ``v = g - m``, ``m`` the mean raw gradient of the previous epoch.
 
     In the first epoch ``m = 0``. If an epoch steps no example, ``m`` is kept.
-    Subclasses allocate their accumulator(s) as ``self.acc`` and call ``_center``. A vector
-    accumulator is the row after the stale mean (``self._mean_and_acc``), so that factored
-    gradients are read once for their dots with both (:meth:`GradRows.dots_after_base`).
+    A subclass returns its accumulator(s) from ``_new_acc`` (by default the vector ``acc``, the
+    row between the stale mean and the raw sum, so that factored gradients are read once for
+    their dots with both and once for both sums: :meth:`GradRows.dots_after_base`,
+    :meth:`GradRows.accumulate_and_sum`). Each step it calls ``_center`` for the centered rows
+    and records the raw rows exactly once: through ``_accumulate`` (a vector accumulator) or
+    ``_sum_raw`` (any other).
     """
 
     state_tensors = ("acc", "stale_mean", "grad_sum")

@@ -6,7 +6,7 @@ import torch
 
 from grab_exp.balance.centered import CenteredBalance
 from grab_exp.balance.signs import sequential_signs, sign_keys
-from grab_exp.grads.rows import GradRows, constant, keep_views, kept_view
+from grab_exp.grads.rows import GradRows, constant, kept_view
 from grab_exp.validation import check_int_at_least
 
 
@@ -32,16 +32,19 @@ class RecursiveBalance(CenteredBalance):
     accumulator as it stood before the batch plus the earlier same-node examples of the batch
     (the masked Gram matrix). Two exact, deterministic ways to read and update the nodes:
 
-    * **block** (levels with at most ``B`` nodes): the dots with every node of those levels come
-      from one product before the batch, and their updates are summed in one product after it
-      (``coef``: each example's sign at the node it visited);
-    * **gather** (deeper levels): the ``B`` visited nodes' rows are gathered, each example's
-      dot is taken with its own node's row, the same-node sums come from one ``(B, B)``
-      product, and the rows are written back through unique targets (a node's first example
-      writes it; later ones of the same node write spare rows).
+    * **block** (the first ``L`` levels, those with at most ``B`` nodes): the dots with all their
+      ``2^L - 1`` nodes come from one product before the batch, and the updates are summed in one
+      product after it (``coef``: each example's sign at the node it visited);
+    * **gather** (deeper levels): the ``B`` visited nodes' rows are gathered, each example's dot
+      is taken with its own node's row, the same-node sums come from one product with the
+      ``(B, B)`` same-node matrix, and every example writes back its node's row as computed for
+      the node's first example (a node written twice gets the same values twice).
 
-    So a step costs about ``(2B + D + 1) B d`` rather than ``2^(D+1) B d``. Neither needs an
-    atomic scatter, whose repeated indices add in a varying order on CUDA, nor a host read.
+    So a step costs about ``2 (2^L - 1) B d`` for the block levels and ``2 B^2 d`` (two ``B x B x
+    d`` products) per gather level: linear in ``D``, not ``2^(D+1) B d``. Neither needs an
+    atomic scatter, whose repeated indices add in a varying order on CUDA, nor a host read. The
+    centered rows are written from the factors in one pass, and their Gram matrix comes from the
+    factors' (as mean balance's does: ``G Gᵀ`` and the dots with the mean).
     """
 
     name = "recursive"
@@ -52,25 +55,22 @@ class RecursiveBalance(CenteredBalance):
         super().__init__(n, d, **kwargs)
 
     def _new_acc(self, vector: torch.Tensor) -> torch.Tensor:
-        self._tree = node_accumulators(2 ** (self.depth + 1) - 1, self.dim, self.dtype, self.device)
-        return self._tree  # (nodes, dim); spare rows are added below it when a level gathers
+        return node_accumulators(2 ** (self.depth + 1) - 1, self.dim, self.dtype, self.device)
 
     def _balance(self, grads: GradRows, start: int) -> None:
         self._sum_raw(grads)
-        left, right = (constant(k, 1, torch.long, self.device) for k in (1, 2))  # child offsets
         centered = self._center(grads, materialize=True)  # (B, dim) rows
         rows = centered.rows
         gram = centered.gram()  # (B, B)
         # example-major draws: the same thresholds however an epoch is split into steps
         thresholds = self._thresholds(rows * (self.depth + 1)).view(rows, self.depth + 1).T
         block_levels = min(self.depth + 1, rows.bit_length())  # levels of at most `rows` nodes
-        if block_levels <= self.depth:
-            self._add_spares(rows)
         nodes = 2**block_levels - 1
         block = kept_view(self.acc, nodes, lambda: self.acc[:nodes])  # (S, dim): block levels
         node_dots = centered.dots(block)  # (B, S) <v_i, acc_k> before this batch
         coef = torch.zeros_like(node_dots)  # (B, S): acc_k += sum_i coef_ik v_i
         node = torch.zeros(rows, dtype=torch.long, device=self.device)  # (B,) heap index
+        left, right = (constant(k, 1, torch.long, self.device) for k in (1, 2))  # child offsets
         for level in range(self.depth + 1):
             same_node = node[:, None] == node[None, :]  # (B, B)
             if level < block_levels:
@@ -88,22 +88,13 @@ class RecursiveBalance(CenteredBalance):
 
     def _gathered_level(self, centered, gram, same_node, node, thresholds) -> torch.Tensor:
         """Sign and apply one gather level: ``node (B,)`` the visited nodes; returns ``(B,)``."""
-        rows = centered.rows
-        tree = self._tree  # (nodes + spares, dim)
-        visited = self._scratch("visited", rows)  # (B, dim)
-        torch.index_select(tree, 0, node, out=visited)  # row i: acc of example i's node
+        visited = self._scratch("visited", centered.rows)  # (B, dim)
+        torch.index_select(self.acc, 0, node, out=visited)  # row i: acc of example i's node
         dots = centered.dots(visited).diagonal()  # (B,) <v_i, acc_node(i)>
         signs = sequential_signs(dots, gram * same_node, thresholds)  # (B,)
         centered.accumulate(visited, same_node * signs[:, None])  # row i += its node's sum
-        later = torch.tril(same_node, diagonal=-1).any(dim=1)  # (B,) not its node's first
-        spares = len(self.acc) + torch.arange(rows, device=self.device)  # (B,) never read
-        tree.index_copy_(0, torch.where(later, spares, node), visited)
+        first = same_node.to(torch.uint8).argmax(dim=1)  # (B,) the node's first example
+        updated = self._scratch("updated", centered.rows)  # (B, dim)
+        torch.index_select(visited, 0, first, out=updated)  # row i: its node's first's row
+        self.acc.index_copy_(0, node, updated)  # a repeated node: equal rows, any order
         return signs
-
-    def _add_spares(self, rows: int) -> None:
-        """Keep ``rows`` spare rows below the accumulators (``self.acc`` a view of the tree)."""
-        nodes = len(self.acc)
-        if len(self._tree) < nodes + rows:
-            tree = self.acc.new_zeros(nodes + rows, self.dim)
-            tree[:nodes] = self.acc
-            self._tree, self.acc = tree, keep_views(tree[:nodes])

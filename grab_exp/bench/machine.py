@@ -30,8 +30,8 @@ CODE = ("grab_exp", "conf", "hydra_plugins", "pyproject.toml")
 
 
 def _commit() -> dict:
-    """The git commit of the package's checkout and whether its code (:data:`CODE`) differs
-    from it (both ``None`` outside a git checkout)."""
+    """The git commit of the package's checkout and whether its code (:data:`CODE`, new files
+    too) differs from it (both ``None`` outside a git checkout)."""
     root = Path(__file__).resolve().parents[2]
 
     def git(*args: str) -> str | None:
@@ -44,7 +44,7 @@ def _commit() -> dict:
         return done.stdout.strip()
 
     commit = git("rev-parse", "HEAD")
-    status = ("status", "--porcelain", "--untracked-files=no", "--", *CODE)
+    status = ("status", "--porcelain", "--untracked-files=all", "--", *CODE)
     changes = git(*status) if commit else None
     return {"commit": commit, "dirty": None if changes is None else bool(changes)}
 
@@ -55,8 +55,8 @@ def describe_machine(device: torch.device) -> dict:
 
     ``load_avg_1m`` (the 1-minute load average when the benchmark started, where the platform
     has one) shows whether other work shared the machine: near 0 on an idle one. ``commit`` and
-    ``dirty`` name the code that ran (``dirty``: tracked files of :data:`CODE` differed from the
-    commit).
+    ``dirty`` name the code that ran (``dirty``: files of :data:`CODE` differed from the commit,
+    or were new).
     """
     info = {
         "platform": platform.platform(),

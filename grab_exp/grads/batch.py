@@ -118,10 +118,12 @@ class BatchGrads(GradRows):
         return total
 
     def gram(self):
-        total = None
-        for block in self.blocks:
-            gram = block.gram()  # (B, B)
-            total = gram if total is None else total.add_(gram)
+        first, *rest = (block.gram() for block in self.blocks)  # (B, B) each
+        if not rest:
+            return first
+        total = first + rest[0]  # out of place: a block may keep its own Gram matrix
+        for gram in rest[1:]:
+            total.add_(gram)
         return total
 
     def accumulate(self, acc, coef):
@@ -142,10 +144,10 @@ class BatchGrads(GradRows):
 
 
 @functools.cache
-def _column_slices(widths: tuple[int, ...]) -> list[slice]:
+def _column_slices(widths: tuple[int, ...]) -> tuple[slice, ...]:
     """The columns of consecutive blocks of these widths (one layout per model: made once)."""
     starts = list(accumulate(widths, initial=0))
-    return [slice(a, b) for a, b in pairwise(starts)]
+    return tuple(slice(a, b) for a, b in pairwise(starts))
 
 
 def _columns(tensor: torch.Tensor, columns: slice) -> torch.Tensor:

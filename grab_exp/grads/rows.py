@@ -48,11 +48,16 @@ def _pair_weights(
 
 
 def keep_views(tensor: torch.Tensor) -> torch.Tensor:
-    """Mark a long-lived tensor (an ordering's accumulator or scratch buffer): the views the
-    ``GradRows`` operations take of it (a block's columns, a layer's weight) are made once and
-    kept on it, not made anew by every step. Returns ``tensor``."""
-    tensor.__dict__.setdefault(_VIEWS, {})
-    return tensor
+    """A long-lived tensor (an ordering's accumulator or scratch buffer) that keeps the views the
+    ``GradRows`` operations take of it (a block's columns, a layer's weight): they are made once,
+    not anew by every step. Use the returned tensor in place of ``tensor``.
+
+    It is ``tensor`` when that is a view, else a view of all of it: the kept views then hold the
+    base, not the tensor that keeps them, so no reference cycle outlives the ordering.
+    """
+    kept = tensor if tensor._base is not None else tensor[...]
+    kept.__dict__.setdefault(_VIEWS, {})
+    return kept
 
 
 def kept_view(tensor: torch.Tensor, key: Hashable, make: Callable[[], Any]) -> Any:
@@ -63,10 +68,10 @@ def kept_view(tensor: torch.Tensor, key: Hashable, make: Callable[[], Any]) -> A
         return make()
     view = views.get(key)
     if view is None:
-        view = views[key] = make()
-        for part in view if isinstance(view, tuple) else (view,):
-            if isinstance(part, torch.Tensor):
-                keep_views(part)
+        made = make()
+        parts = made if isinstance(made, tuple) else (made,)
+        kept = tuple(keep_views(p) if isinstance(p, torch.Tensor) else p for p in parts)
+        view = views[key] = kept if isinstance(made, tuple) else kept[0]
     return view
 
 
@@ -256,7 +261,9 @@ class Combination(GradRows):
         )
 
     def dots_after_base(self, rows):
-        if self.base is None or rows[0].data_ptr() != self.base.data_ptr():
+        base = self.base
+        same = base is not None and rows[0].data_ptr() == base.data_ptr()
+        if not (same and rows[0].shape == base.shape and rows[0].stride() == base.stride()):
             return self.dots(rows[1])
         both = self._mix(self.grads.dots(rows))  # (P, 2): W <G, base>, W <G, acc>, one pass
         self._base_dots = both[:, 0]

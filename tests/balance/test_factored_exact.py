@@ -75,7 +75,8 @@ def run(name, model_name, factored, **kwargs):
     model = MODELS[model_name]().double()
     psg = make_per_sample(model, F.cross_entropy, "factored" if factored else "hooks")
     d = sum(p.numel() for p in model.parameters())
-    bal = make(name, N, d, batch_size=B, depth=2, dtype=torch.float64, c=0.5, **kwargs)
+    # depth 4 with steps of 5: levels 0-2 read as a block, levels 3-4 gathered
+    bal = make(name, N, d, batch_size=B, depth=4, dtype=torch.float64, c=0.5, **kwargs)
     batch = B if name == "recursive_pair" else 5  # 5: pairs straddle steps, a short last step
     orders, states = [], []
     for epoch in range(EPOCHS):

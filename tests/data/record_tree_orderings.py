@@ -1,18 +1,22 @@
 """Record the orders and accumulators of recursive and recursive_pair, for
 ``tests/balance/test_tree_orderings_unchanged.py``.
 
-Written once, at commit a98284e (the all-node-product implementation, before the per-level one
-of issue 21), by ``python tests/data/record_tree_orderings.py``; the test feeds the same
-gradients to today's code and compares. Rerunning it at a later commit records that commit.
+Recorded with the package of commit a98284e (the all-node-product implementation, before the
+per-level one of issue 21): ``git worktree add /tmp/a98284e a98284e`` and
+``PYTHONPATH=/tmp/a98284e python tests/data/record_tree_orderings.py``. The file keeps the commit
+of the package that made it (the test checks it is a98284e); the test feeds the same gradients to
+today's code and compares.
 """
 
 from __future__ import annotations
 
 import itertools
+import subprocess
 from pathlib import Path
 
 import torch
 
+import grab_exp
 from grab_exp.balance import make_ordering
 
 N, D, EPOCHS = 48, 30, 3
@@ -57,8 +61,11 @@ def main() -> None:
     ):
         key = f"{case}-{kernel}-normalize{int(normalize)}-{dtype}"
         records[key] = run(variant, options, step, kernel, normalize, DTYPES[dtype])
-    torch.save(records, OUT)
-    print(f"{len(records)} cases written to {OUT}")
+    package = Path(grab_exp.__file__).parent
+    head = ["git", "-C", str(package), "rev-parse", "HEAD"]
+    commit = subprocess.run(head, capture_output=True, text=True, check=True).stdout.strip()
+    torch.save({"commit": commit, "cases": records}, OUT)
+    print(f"{len(records)} cases of commit {commit[:7]} written to {OUT}")
 
 
 if __name__ == "__main__":
