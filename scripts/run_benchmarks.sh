@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Every committed benchmark of results/bench/, one after another in one sitting (run it on an
 # otherwise idle machine, from the repository root, at a clean commit; ~15 minutes on 2 cores).
-# The commands are those of results/bench/README.md's table. OUT=<folder> writes elsewhere.
-# BEFORE=<commit>: also run the epoch benchmarks (right after each of ours) and the orderings
-# benchmark of that commit, from a temporary git worktree, into $OUT/before/ (its commit in
-# $OUT/before/commit.txt): a before/after comparison from the same sitting.
+# The commands are those of results/bench/README.md's table. OUT=<folder> (relative to the
+# repository root) writes elsewhere. BEFORE=<commit>: also run the epoch benchmarks (right after
+# each of ours) and the orderings benchmark of that commit, from a temporary git worktree, into
+# $OUT/before/ (its commit in $OUT/before/commit.txt): a before/after from the same sitting.
 set -euo pipefail
 out="${OUT:-results/bench}"
 mkdir -p "$out"
 bench() { echo "== $*" >&2; python -m grab_exp.bench "$@"; }
-before() {  # the same benchmark at $BEFORE (its own options), if asked for
+before() {  # the same benchmark at $BEFORE (its own options, --out last), if asked for
   [[ -z "${BEFORE:-}" ]] && return 0
   echo "== (at $BEFORE) $*" >&2
-  (cd "$worktree" && PYTHONPATH="$worktree" python -m grab_exp.bench "$@")
+  local file="${*: -1}"  # written in the worktree under the same relative path, then copied
+  (cd "$worktree" && mkdir -p "$(dirname "$file")" && PYTHONPATH="$worktree" python -m grab_exp.bench "$@")
+  cp "$worktree/$file" "$file"
 }
 if [[ -n "${BEFORE:-}" ]]; then
   worktree="$(mktemp -d)/before"
@@ -20,14 +22,13 @@ if [[ -n "${BEFORE:-}" ]]; then
   trap 'git worktree remove --force "$worktree"' EXIT
   mkdir -p "$out/before"
   git rev-parse "$BEFORE" > "$out/before/commit.txt"
-  here="$(cd "$out/before" && pwd)"
 fi
 OMP_NUM_THREADS=1 bench epoch --repeats 30 --out "$out/epoch_1t.json"
-OMP_NUM_THREADS=1 before epoch --repeats 30 --out "${here:-}/epoch_1t.json"
+OMP_NUM_THREADS=1 before epoch --repeats 30 --out "$out/before/epoch_1t.json"
 OMP_NUM_THREADS=2 bench epoch --repeats 30 --out "$out/epoch_2t.json"
-OMP_NUM_THREADS=2 before epoch --repeats 30 --out "${here:-}/epoch_2t.json"
+OMP_NUM_THREADS=2 before epoch --repeats 30 --out "$out/before/epoch_2t.json"
 bench orderings --repeats 200 --depths 3,5,7,9 --out "$out/orderings.json"
-before orderings --repeats 200 --out "${here:-}/orderings.json"
+before orderings --repeats 200 --out "$out/before/orderings.json"
 bench projection --out "$out/projection.json"
 bench rss --out "$out/rss.json"
 OMP_NUM_THREADS=1 bench conv --out "$out/conv.json"
