@@ -301,7 +301,7 @@ class Ordering(Sampler[int]):
         buffer = self._scratch_buffers.get(slot)
         if buffer is None or buffer.shape[0] < rows:
             buffer = torch.empty(rows, width or self.dim, dtype=self.dtype, device=self.device)
-            self._scratch_buffers[slot] = keep_views(buffer)
+            buffer = self._scratch_buffers[slot] = keep_views(buffer)
         return kept_view(buffer, rows, lambda: buffer[:rows])
 
     def _flat_buffer(self, rows: int) -> torch.Tensor | None:

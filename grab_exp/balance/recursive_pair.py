@@ -10,7 +10,7 @@ from grab_exp.balance.base import Ordering
 from grab_exp.balance.kernels import signs_from
 from grab_exp.balance.recursive import node_accumulators
 from grab_exp.balance.signs import UNBALANCED_KEY
-from grab_exp.grads.rows import GradRows
+from grab_exp.grads.rows import GradRows, inverse_norms
 from grab_exp.validation import check_power_of_two
 
 
@@ -80,9 +80,7 @@ class RecursivePairBalance(Ordering):
             signs = weighted = signs_from(dots, self._thresholds(len(dots)))  # (b/2,)
         else:  # normalize: v / |v| with |v|^2 from the Gram matrix
             norm_sq = gram[first, first] + gram[second, second] - 2 * gram[first, second]
-            weight = (
-                norm_sq.clamp_min(0).sqrt().clamp_min(torch.finfo(dots.dtype).tiny).reciprocal()
-            )
+            weight = inverse_norms(norm_sq)  # (b/2,)
             signs = signs_from(dots * weight, self._thresholds(len(dots)))  # (b/2,)
             weighted = signs * weight
         coef[first, node] = weighted

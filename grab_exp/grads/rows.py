@@ -75,6 +75,12 @@ def kept_view(tensor: torch.Tensor, key: Hashable, make: Callable[[], Any]) -> A
     return view
 
 
+def inverse_norms(norm_sq: torch.Tensor) -> torch.Tensor:
+    """``1 / |v|`` from squared norms ``(P,)`` (rounding below 0 read as 0; a zero vector's scale
+    is ``1 / tiny``, so it stays 0)."""
+    return norm_sq.clamp_min(0).sqrt_().clamp_min_(torch.finfo(norm_sq.dtype).tiny).reciprocal_()
+
+
 def normalize_rows(vectors: torch.Tensor) -> torch.Tensor:
     """Scale every row of a ``(B, d)`` matrix, in place, to unit norm (zero rows stay 0)."""
     norms = torch.linalg.vector_norm(vectors, dim=1, keepdim=True)  # (B, 1)
@@ -221,8 +227,7 @@ class DenseRows(GradRows):
     def normalized(self):
         if self._gram is None:
             return DenseRows(normalize_rows(self.matrix))
-        norms = self._gram.diagonal().clamp_min(0).sqrt()  # (B,)
-        scale = norms.clamp_min_(torch.finfo(norms.dtype).tiny).reciprocal_()  # (B,)
+        scale = inverse_norms(self._gram.diagonal())  # (B,)
         return DenseRows(self.matrix.mul_(scale[:, None]), self._gram * torch.outer(scale, scale))
 
 
@@ -281,9 +286,12 @@ class Combination(GradRows):
             self._gram = gram
         return self._gram
 
+    def _mix_coef(self, coef: torch.Tensor) -> torch.Tensor:
+        """``Wᵀ coef``: the rows' coefficients ``(B, ...)`` of vector coefficients ``(P, ...)``."""
+        return coef if self.weights is None else self.weights.T @ coef
+
     def accumulate(self, acc, coef):
-        mixed = coef if self.weights is None else self.weights.T @ coef  # (B,) or (B, K)
-        self.grads.accumulate(acc, mixed)
+        self.grads.accumulate(acc, self._mix_coef(coef))
         if self.base is not None:
             if acc.dim() == 1:
                 acc.addcmul_(self.base, self.shift @ coef)  # no (d,) temporary
@@ -293,7 +301,7 @@ class Combination(GradRows):
     def accumulate_and_sum(self, rows, coef, raw):
         if raw is not self.grads:
             return super().accumulate_and_sum(rows, coef, raw)
-        mixed = coef if self.weights is None else self.weights.T @ coef  # (B,)
+        mixed = self._mix_coef(coef)  # (B,)
         both = torch.stack([mixed, constant(1.0, raw.rows, coef.dtype, coef.device)], dim=1)
         raw.accumulate(rows, both)  # (B, 2): one pass over the rows
         if self.base is not None:
@@ -307,8 +315,7 @@ class Combination(GradRows):
 
     def normalized(self):
         gram = self.gram()
-        norms = gram.diagonal().clamp_min(0).sqrt()  # (P,)
-        scale = norms.clamp_min_(torch.finfo(gram.dtype).tiny).reciprocal_()  # (P,)
+        scale = inverse_norms(gram.diagonal())  # (P,)
         weights = torch.diag(scale) if self.weights is None else self.weights * scale[:, None]
         scaled = Combination(self.grads, weights, self.shift * scale, self.base)
         scaled._gram = gram * torch.outer(scale, scale)
