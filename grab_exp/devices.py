@@ -3,7 +3,37 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
+
+_GRAPH_SAFE = False  # set by graph_safe()
+
+
+@contextmanager
+def graph_safe() -> Iterator[None]:
+    """Inside it, code takes the path a captured step needs on every device: no host reads and
+    no work outside torch (the CPU's numpy sign loop gives way to CUDA's kernels, the CPU's index
+    check defers). A CUDA graph capture and :class:`~grab_exp.runner.capture.TracedStep` run
+    inside it; so does the bench when it counts CUDA's operators on the CPU."""
+    global _GRAPH_SAFE
+    before, _GRAPH_SAFE = _GRAPH_SAFE, True
+    try:
+        yield
+    finally:
+        _GRAPH_SAFE = before
+
+
+def in_graph_safe() -> bool:
+    """Whether the code runs inside :func:`graph_safe`."""
+    return _GRAPH_SAFE
+
+
+def host_reads_allowed(device: torch.device) -> bool:
+    """Whether a step on ``device`` may read a device value on the host for free: on the CPU,
+    outside :func:`graph_safe`."""
+    return device.type == "cpu" and not _GRAPH_SAFE
 
 
 def same_device(a: torch.device | str, b: torch.device | str) -> bool:

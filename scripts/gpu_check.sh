@@ -73,7 +73,7 @@ pytest_args=(-p no:cacheprovider -rA -o junit_family=xunit2)
 # the test files that hold gpu tests (other files need packages the GPU machine lacks)
 gpu_files=(tests/test_torch_apis.py tests/runner/test_sync_free.py
     tests/runner/test_gpu_readiness.py tests/balance/test_device_identity.py
-    tests/per_sample/test_per_sample_func.py tests/optim/test_vrgd.py)
+    tests/per_sample/test_per_sample_func.py tests/optim/test_vrgd.py tests/runner/test_capture.py)
 
 started_all=$SECONDS
 failed=0

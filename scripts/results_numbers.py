@@ -190,7 +190,11 @@ def bench_epoch(folder: Path, name: str) -> None:
             if ms is not None:
                 show(f"{label}.{stage}_ms", f"{ms:.2f}")
         show(f"{label}.peak_step", mib(r["peak_step_bytes"]))
-        for path, counts in r.get("operators", {}).items():  # eager, cuda_path
+        for path, counts in r.get("operators", {}).items():  # eager, cuda_path, captured
+            if path == "captured":  # per step outside the graph, and the graph's kernels
+                show(f"{label}.operators.captured.per_step", counts["per_step"])
+                show(f"{label}.operators.captured.kernels", counts["kernels"])
+                continue
             suffix = "" if path == "eager" else f".{path}"
             show(f"{label}.operators{suffix}", counts["total"])
             stages = ", ".join(f"{stage} {n}" for stage, n in counts.items() if stage != "total")

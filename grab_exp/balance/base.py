@@ -23,7 +23,7 @@ from torch.utils.data import Sampler
 from grab_exp.balance.kernels import make_kernel
 from grab_exp.balance.projection import balance_projection, describe
 from grab_exp.balance.signs import UNVISITED_KEY
-from grab_exp.balance.tensors import IndexCheck, as_dtype
+from grab_exp.balance.tensors import IndexCheck, as_dtype, counting
 from grab_exp.grads.batch import grad_rows, rows_of
 from grab_exp.grads.rows import GradRows, keep_views, kept_view
 from grab_exp.validation import check_choice, check_int_at_least
@@ -110,7 +110,7 @@ class Ordering(Sampler[int]):
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
         self.epoch = 0
-        self.pos = 0
+        self.position = torch.zeros((), dtype=torch.long, device=self.device)  # next visit
         self._index_check = IndexCheck(self.device)
         self.order = self._first_order(first_epoch)  # (*lanes, n)
         self.keys = self._fresh_keys()  # (*lanes, n)
@@ -123,8 +123,9 @@ class Ordering(Sampler[int]):
     def _init_state(self) -> None:
         """Allocate the ordering's state tensors (named in ``state_tensors``)."""
 
-    def _balance(self, grads: Any, start: int) -> None:
-        """Balance the gradients of visit positions ``start ..`` (what :meth:`_grad_rows` gave).
+    def _balance(self, grads: Any, positions: torch.Tensor) -> None:
+        """Balance the gradients of visit positions ``positions (B,)`` (what :meth:`_grad_rows`
+        gave). The positions are device values: a step reads none on the host.
 
         For one worker they are ``B`` rows of length ``dim`` (``d``, or ``projection_dim`` when
         sketched): a materialized ``(B, dim)`` matrix or factors (:mod:`grab_exp.grads`), read
@@ -203,10 +204,11 @@ class Ordering(Sampler[int]):
             ValueError: on a wrong row count or indices that are not the next ones.
         """
         rows = self._rows_per_lane(rows_of(grads, indices, self.needs_grads))
-        self._check_rows(rows, indices)
+        positions = self._visit_positions(rows)  # (rows,)
+        self._check_rows(rows, positions, indices)
         if self.needs_grads:
-            self._balance(self._grad_rows(grads), self.pos)
-        self.pos += rows
+            self._balance(self._grad_rows(grads), positions)
+        self.position += rows
 
     def set_epoch(self, epoch: int) -> None:
         """Advance to ``epoch`` (a no-op when it is the current one)."""
@@ -215,10 +217,32 @@ class Ordering(Sampler[int]):
             self._advance()
 
     @property
+    def pos(self) -> int:
+        """Visit positions stepped in this epoch (a host read of :attr:`position`: between
+        steps, not inside one)."""
+        return int(self.position)
+
+    @pos.setter
+    def pos(self, value: int) -> None:
+        self.position.fill_(value)
+
+    @property
     def takes_factors(self) -> bool:
         """Whether factored per-sample gradients save work here: the ordering reads them as
         factors and no sketch materializes them."""
         return self.reads_factors and self.projection is None
+
+    @classmethod
+    def capture_batch_sizes(cls, batch_size: int) -> str | None:
+        """``None`` when every full batch of ``batch_size`` rows runs the same step (one captured
+        graph serves them all), else the batch sizes that do, in words."""
+        return None
+
+    def prepare_capture(self) -> None:
+        """Make what a captured step needs and must not make itself (before the capture): the
+        projection's ``R``, stored on the device (it is drawn from re-seeded generators)."""
+        if self.projection is not None:
+            self.projection.store()
 
     def state_bytes(self) -> int:
         """Bytes held by the ordering's state (orders, keys, accumulators, ...)."""
@@ -261,8 +285,8 @@ class Ordering(Sampler[int]):
                     f"{tuple(getattr(self, k).shape)}"
                 )
         self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
-        self.order = state["order"].to(self.device)
-        self.keys = state["keys"].to(self.device)
+        self.order.copy_(state["order"])  # in place, as all state: a captured step holds them
+        self.keys.copy_(state["keys"])
         self.generator.set_state(state["generator"].cpu())
         for k in self.state_tensors:
             getattr(self, k).copy_(state[k])  # in place: views stay views
@@ -311,17 +335,25 @@ class Ordering(Sampler[int]):
     def _thresholds(self, count: int) -> torch.Tensor:
         return self.kernel.thresholds(count, self.generator, self.dtype, self.device)
 
-    def _check_rows(self, rows: int, indices: torch.Tensor | None) -> None:
-        left = self.n - self.pos
-        if rows > left:
-            per = " per worker" if self.lanes else ""
-            raise ValueError(
-                f"step: got {rows} rows{per} but only {left} examples are left in epoch "
-                f"{self.epoch}; call set_epoch({self.epoch + 1}) first"
-            )
+    def _visit_positions(self, rows: int) -> torch.Tensor:
+        """``(rows,)`` the step's visit positions on the device (past the epoch's end they stay
+        on its last position: the step is refused, see :meth:`_check_rows`)."""
+        return torch.add(self.position, counting(rows, self.device)).clamp_(max=self.n - 1)
+
+    def _check_rows(self, rows: int, positions: torch.Tensor, indices: torch.Tensor | None) -> None:
+        """Refuse a step past the epoch's end, indices that are not the order's next ones, and
+        what :meth:`_refuse_step` refuses: before the step changes anything where the host reads
+        the device for free, else at the next ``raise_if_bad`` (no host read in a step)."""
+        check = self._index_check
+        check.refuse(torch.gt(self.position, self.n - rows), IndexCheck.OVERRUN)
         if indices is not None:
-            expected = self._dataset_indices(self.order[..., self.pos : self.pos + rows])
-            self._index_check.add(indices, expected.reshape(-1))
+            expected = self._dataset_indices(self.order.index_select(-1, positions))
+            check.add(indices, expected.reshape(-1))
+        self._refuse_step(rows)
+        check.raise_if_free()
+
+    def _refuse_step(self, rows: int) -> None:
+        """Count an ordering's own refusals of a step of ``rows`` rows (``IndexCheck.refuse``)."""
 
     def _advance(self) -> None:
         self._index_check.raise_if_bad()
@@ -335,7 +367,7 @@ class Ordering(Sampler[int]):
                 stacklevel=3,
             )
         self._end_epoch()
-        self.order = self._next_order()
-        self.keys = self._fresh_keys()
+        self.order.copy_(self._next_order())  # in place: a captured step holds order and keys
+        self.keys.copy_(self._fresh_keys())
         self.epoch += 1
-        self.pos = 0
+        self.position.zero_()

@@ -17,9 +17,8 @@ class BatchBalance(CenteredBalance):
 
     name = "batch"
 
-    def _balance(self, grads: GradRows, start: int) -> None:
+    def _balance(self, grads: GradRows, positions: torch.Tensor) -> None:
         centered = self._center(grads)  # B rows
         signs = signs_from(centered.dots(self.acc), self._thresholds(centered.rows))  # (B,)
         self._accumulate(centered, signs, grads)
-        positions = torch.arange(start, start + len(signs), device=self.device)
-        self.keys[start : start + len(signs)] = sign_keys(positions, signs, self.n)
+        self.keys.index_copy_(0, positions, sign_keys(positions, signs, self.n))

@@ -18,11 +18,10 @@ class MeanBalance(CenteredBalance):
 
     name = "mean"
 
-    def _balance(self, grads: GradRows, start: int) -> None:
+    def _balance(self, grads: GradRows, positions: torch.Tensor) -> None:
         centered = self._center(grads)  # B rows
         dots = self._acc_dots(centered)  # (B,)
         gram = centered.gram()  # (B, B)
         signs = sequential_signs(dots, gram, self._thresholds(len(dots)))  # (B,)
         self._accumulate(centered, signs, grads)
-        positions = torch.arange(start, start + len(dots), device=self.device)
-        self.keys[start : start + len(dots)] = sign_keys(positions, signs, self.n)
+        self.keys.index_copy_(0, positions, sign_keys(positions, signs, self.n))

@@ -9,6 +9,7 @@ import torch
 
 from grab_exp.balance.base import Ordering
 from grab_exp.balance.signs import pair_keys, sequential_signs
+from grab_exp.balance.tensors import counting
 from grab_exp.grads.rows import GradRows
 
 
@@ -19,6 +20,11 @@ class PairBalance(Ordering):
     first goes to the positives and the second to the negatives, on ``-`` the
     reverse. A pair may straddle two mini-batches; an unpaired last example joins
     the positives. No stale mean.
+
+    Whether a pending example leads a step's pairs is the device flag ``lead``. A step of an
+    even number of rows makes ``B / 2`` pairs either way and reads it only on the device; an odd
+    one (the epoch's last, or any of an odd batch size) reads it on the host, since the number
+    of pairs and of kernel draws depends on it.
     """
 
     name = "pair"
@@ -27,33 +33,40 @@ class PairBalance(Ordering):
     def _init_state(self) -> None:
         self.acc = torch.zeros(self.dim, dtype=self.dtype, device=self.device)  # (dim,)
         self.pending = torch.zeros(self.dim, dtype=self.dtype, device=self.device)  # (dim,)
-        self.has_pending = False
+        self.lead = torch.zeros((), dtype=torch.long, device=self.device)  # 1: pending leads
 
-    def _balance(self, grads: GradRows, start: int) -> None:
-        lead = int(self.has_pending)  # the pending example leads the first pair
-        total = grads.rows + lead
-        if total >= 2:
-            first = self.pending if lead else None
-            diffs = grads.pair_diffs(first, lambda rows: self._scratch("diffs", rows))  # P rows
-            self._balance_pairs(self._prepare(diffs), start - lead)
-        self.has_pending = bool(total % 2)
-        if self.has_pending:
-            self.pending.copy_(grads.row(grads.rows - 1))
+    @classmethod
+    def capture_batch_sizes(cls, batch_size: int) -> str | None:
+        if batch_size % 2:
+            return "an even number (an odd one changes the number of pairs from step to step)"
+        return None
 
-    def _balance_pairs(self, diffs: GradRows, start: int) -> None:
+    def _balance(self, grads: GradRows, positions: torch.Tensor) -> None:
+        rows = grads.rows
+        lead = int(self.lead) if rows % 2 else self.lead  # a host read for odd steps alone
+        pairs = (rows + 1) // 2 if rows % 2 and lead else rows // 2
+        if pairs:
+            diffs = grads.pair_diffs(self.pending, lead, lambda r: self._scratch("diffs", r))
+            members = torch.add(counting(2 * pairs, self.device), self.position - lead)  # (2P,)
+            self._balance_pairs(self._prepare(diffs), members.clamp_(max=self.n - 1))
+        if rows % 2:
+            self.lead.fill_(1 - lead)
+        grads.write_row(rows - 1, self.pending)  # read only while it leads
+
+    def _balance_pairs(self, diffs: GradRows, members: torch.Tensor) -> None:
         dots = diffs.dots(self.acc)  # (P,)
         signs = sequential_signs(dots, diffs.gram(), self._thresholds(len(dots)))  # (P,)
         diffs.accumulate(self.acc, signs)
-        self.keys[start : start + 2 * len(signs)] = pair_keys(start, signs, self.n)
+        self.keys.index_copy_(0, members, pair_keys(members, signs, self.n))
 
     def _end_epoch(self) -> None:
-        if self.has_pending:  # the unpaired last example joins the positives
+        if int(self.lead):  # the unpaired last example joins the positives
             self.keys[self.pos - 1] = self.pos - 1
-        self.has_pending = False
+        self.lead.zero_()
         self.acc.zero_()
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"has_pending": self.has_pending}
+        return {"has_pending": bool(self.lead)}
 
     def _load_extra_state(self, state: Mapping[str, Any]) -> None:
-        self.has_pending = bool(state["has_pending"])
+        self.lead.fill_(int(bool(state["has_pending"])))

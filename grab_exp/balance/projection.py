@@ -16,6 +16,10 @@ generators differ): every rank applies the same projection and at most one
   ``rademacher`` or ``gaussian`` where that matters). On the CPU it is deterministic.
 
 All three give ``E<vR, wR> = <v, w>``.
+
+A captured step (:mod:`grab_exp.runner.capture`) cannot re-seed a generator: :meth:`store`
+keeps every block on the device first (``d x k`` values), and the projection reads them from
+there, with the same values.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+from grab_exp.devices import in_graph_safe
 from grab_exp.validation import check_choice, check_int_at_least
 
 KINDS = ("rademacher", "gaussian", "countsketch")
@@ -76,6 +81,28 @@ class BlockProjection:
         seeds = torch.randint(SEED_RANGE, (blocks,), generator=torch.Generator().manual_seed(seed))
         self.block_seeds: list[int] = seeds.tolist()
         self.generator = torch.Generator(device=self.device)
+        self._stored: list | None = None  # per block: (columns, signs) or the unscaled block
+
+    def store(self) -> None:
+        """Keep every block of ``R`` on the device (made once), for a captured step."""
+        if self._stored is not None:
+            return
+        blocks = range(len(self.block_seeds))
+        if self.kind == "countsketch":
+            self._stored = [self._hashes(b) for b in blocks]
+        else:
+            self._stored = [self._unscaled_block(b).clone() for b in blocks]
+
+    def _blocks(self, b: int, bits: torch.Tensor | None = None) -> torch.Tensor | tuple:
+        """Block ``b`` as ``__call__`` reads it: stored, or drawn now (not while captured)."""
+        if self._stored is not None:
+            return self._stored[b]
+        if in_graph_safe():
+            raise RuntimeError(
+                "projection: a captured step cannot re-seed a generator; call the ordering's "
+                "prepare_capture() first (it stores R)"
+            )
+        return self._hashes(b) if self.kind == "countsketch" else self._unscaled_block(b, bits)
 
     def _rows(self, b: int) -> int:
         return min(self.block_rows, self.d - b * self.block_rows)
@@ -146,15 +173,15 @@ class BlockProjection:
         blocks = enumerate(_column_blocks(parts, self.block_rows))  # (P, block_rows) each
         if self.kind == "countsketch":
             for b, rows in blocks:
-                columns, signs = self._hashes(b)
+                columns, signs = self._blocks(b)
                 out.index_add_(1, columns, self._cast(rows) * signs)  # (P, rows) -> (P, k)
             return out
         bits = None  # one int32 (W, 32) buffer for every block's signs
-        if self.kind == "rademacher":
+        if self.kind == "rademacher" and self._stored is None:
             words = -(-min(self.block_rows, self.d) * self.k // 32)
             bits = torch.empty(words, 32, dtype=torch.int32, device=self.device)
         for b, rows in blocks:
-            out.addmm_(self._cast(rows), self._unscaled_block(b, bits))  # (P, rows) @ (rows, k)
+            out.addmm_(self._cast(rows), self._blocks(b, bits))  # (P, rows) @ (rows, k)
         return out.mul_(self.scale)
 
     def _cast(self, rows: torch.Tensor) -> torch.Tensor:

@@ -57,7 +57,7 @@ class RecursiveBalance(CenteredBalance):
     def _new_acc(self, vector: torch.Tensor) -> torch.Tensor:
         return node_accumulators(2 ** (self.depth + 1) - 1, self.dim, self.dtype, self.device)
 
-    def _balance(self, grads: GradRows, start: int) -> None:
+    def _balance(self, grads: GradRows, positions: torch.Tensor) -> None:
         self._sum_raw(grads)
         centered = self._center(grads, materialize=True)  # (B, dim) rows
         rows = centered.rows
@@ -83,8 +83,8 @@ class RecursiveBalance(CenteredBalance):
                 node = 2 * node + torch.where(signs > 0, left, right)
         centered.accumulate(block, coef)  # one product: a fixed order of sums, any device
         leaf = node - (2**self.depth - 1)  # (B,)
-        positions = torch.arange(start, start + rows, device=self.device)
-        self.keys[start : start + rows] = leaf * (2 * self.n) + sign_keys(positions, signs, self.n)
+        keys = leaf * (2 * self.n) + sign_keys(positions, signs, self.n)  # (B,)
+        self.keys.index_copy_(0, positions, keys)
 
     def _gathered_level(self, centered, gram, same_node, node, thresholds) -> torch.Tensor:
         """Sign and apply one gather level: ``node (B,)`` the visited nodes; returns ``(B,)``."""

@@ -40,17 +40,14 @@ class RecursivePairBalance(Ordering):
     def _init_state(self) -> None:
         nodes = self.batch_size - 1  # heap-ordered, log2(b) levels
         self.acc = node_accumulators(nodes, self.dim, self.dtype, self.device)  # (nodes, dim)
+        slot = torch.arange(self.batch_size, device=self.device)  # position p inside the batch
+        self._even_slots = slot % 2 == 0  # (b,)
+        self._slot_keys = slot * self.batches_max  # (b,)
 
-    def _balance(self, grads: GradRows, start: int) -> None:
+    def _balance(self, grads: GradRows, positions: torch.Tensor) -> None:
         rows = grads.rows
-        positions = torch.arange(start, start + rows, device=self.device)
-        if rows != self.batch_size:
-            if start + rows != self.n:
-                raise ValueError(
-                    f"step: recursive_pair needs mini-batches of balance.batch_size="
-                    f"{self.batch_size} (only the epoch's last may be smaller); got {rows}"
-                )
-            self.keys[start:] = UNBALANCED_KEY + positions
+        if rows != self.batch_size:  # the epoch's last, checked in _check_rows
+            self.keys.index_copy_(0, positions, UNBALANCED_KEY + positions)
             return
         arrangement = torch.arange(rows, device=self.device)  # (b,) members by position
         node_dots = grads.dots(self.acc)  # (b, b-1): <g_j, acc_k>
@@ -59,10 +56,18 @@ class RecursivePairBalance(Ordering):
         for level in range(self.levels):
             arrangement = self._split_level(node_dots, gram, coef, arrangement, level)
         grads.accumulate(self.acc, coef)
-        batch = start // self.batch_size
-        slot = torch.arange(rows, device=self.device)  # position p inside the batch
-        rank = torch.where(slot % 2 == 0, batch, self.batches_max - 1 - batch)
-        self.keys[start + arrangement] = slot * self.batches_max + rank
+        batch = torch.div(self.position, self.batch_size, rounding_mode="floor")  # ()
+        keys = torch.where(self._even_slots, batch, self.batches_max - 1 - batch)  # (b,)
+        keys += self._slot_keys  # p * batches_max at slot p
+        self.keys.index_copy_(0, positions.index_select(0, arrangement), keys)
+
+    def _refuse_step(self, rows: int) -> None:
+        if rows != self.batch_size:  # only the epoch's last batch may be shorter
+            message = (
+                f"step: recursive_pair needs mini-batches of balance.batch_size="
+                f"{self.batch_size} (only the epoch's last may be smaller); got {rows}"
+            )
+            self._index_check.refuse(torch.ne(self.position, self.n - rows), message)
 
     def _split_level(self, node_dots, gram, coef, arrangement, level: int) -> torch.Tensor:
         """Balance every group of one level; return the arrangement after the split.

@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import numpy
 import torch
+
+from grab_exp.devices import host_reads_allowed
 
 # Sort keys of positions that were stepped but not balanced, and of positions not
 # stepped at all; both keep visit order and come after every balanced position.
 UNBALANCED_KEY = 1 << 61
 UNVISITED_KEY = 1 << 62
-_DEVICE_LOOP_ON_CPU = False  # set by device_sign_loop()
-
-
-@contextmanager
-def device_sign_loop() -> Iterator[None]:
-    """Inside it, CPU tensors too are signed by :func:`device_signs` (the code CUDA runs), so
-    that its operators can be counted on the CPU; the signs are the same."""
-    global _DEVICE_LOOP_ON_CPU
-    before, _DEVICE_LOOP_ON_CPU = _DEVICE_LOOP_ON_CPU, True
-    try:
-        yield
-    finally:
-        _DEVICE_LOOP_ON_CPU = before
 
 
 def sequential_signs(
@@ -50,7 +36,7 @@ def sequential_signs(
     Returns:
         ``(B,)`` signs in ``{+1, -1}`` with the dtype of ``dots``.
     """
-    if dots.device.type != "cpu" or _DEVICE_LOOP_ON_CPU:
+    if not host_reads_allowed(dots.device):
         return device_signs(dots, gram, thresholds)
     running = dots.detach().numpy().copy()  # (B,)
     columns = gram.detach().t().contiguous().numpy()  # (B, B): row j is column j of gram
@@ -100,12 +86,12 @@ def sign_keys(positions: torch.Tensor, signs: torch.Tensor, n: int) -> torch.Ten
     return torch.where(signs > 0, positions, 2 * n - 1 - positions)
 
 
-def pair_keys(start: int, signs: torch.Tensor, n: int) -> torch.Tensor:
-    """Sort keys of consecutive pairs visited from position ``start``: a pair's first member
-    takes its sign ``s``, its second ``-s``.
+def pair_keys(positions: torch.Tensor, signs: torch.Tensor, n: int) -> torch.Tensor:
+    """Sort keys of consecutive pairs: a pair's first member takes its sign ``s``, its second
+    ``-s``.
 
     Args:
-        start: visit position of the first pair's first member.
+        positions: ``(2P,)`` visit positions of the pairs' members, pair after pair.
         signs: ``(..., P)`` the pairs' signs.
         n: number of examples.
 
@@ -113,5 +99,4 @@ def pair_keys(start: int, signs: torch.Tensor, n: int) -> torch.Tensor:
         ``(..., 2P)`` int64 keys (see :func:`sign_keys`).
     """
     members = torch.stack([signs, -signs], dim=-1).flatten(-2)  # (..., 2P)
-    positions = torch.arange(start, start + members.shape[-1], device=signs.device)  # (2P,)
     return sign_keys(positions, members, n)

@@ -5,13 +5,18 @@ repeats (row 1, row 2, ..., row 1, row 2, ...) so that drifts of the machine hit
 Each repeat times ``--steps`` whole training steps; a separately timed step gives the breakdown
 (per-sample gradients, GSNR, ordering step, optimizer). Medians are extrapolated to an epoch of
 50,000. Last, the peak memory of one step per row (:mod:`grab_exp.bench.memory`), outside the
-timed steps. The method is written down in ``results/bench/README.md``.
+timed steps, and the operators of one step: eager, eager with CUDA's sign loop, and captured
+(``trainer.cuda_graph``: one graph launch and the input copies per step, and the kernels
+inside the graph). With ``--captured`` (the default on CUDA) Table 1's rows are timed a second
+time captured (``<row>:graph``; no breakdown: a graph runs as one). The method is written down
+in ``results/bench/README.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import math
 import statistics
 import time
@@ -24,15 +29,15 @@ from omegaconf import OmegaConf
 from torch.nn import functional as F
 
 from grab_exp.balance import Ordering, make_ordering
-from grab_exp.balance.signs import device_sign_loop
 from grab_exp.bench.machine import add_device_option, bench_parser, describe_machine, write_report
 from grab_exp.bench.memory import memory_method, peak_step_bytes
 from grab_exp.bench.operators import OperatorCount
 from grab_exp.bench.timing import synchronize
-from grab_exp.devices import set_cuda_policy
+from grab_exp.devices import graph_safe, set_cuda_policy
 from grab_exp.models import LeNet
 from grab_exp.per_sample import ClassicPipeline, PerSamplePipeline
 from grab_exp.report.table1_table import ROW_ORDER
+from grab_exp.runner.capture import CapturedStep, TracedStep, capture_step
 from grab_exp.runner.step import STAGES as STEP_STAGES
 from grab_exp.runner.step import StepParts, train_step, untimed
 
@@ -56,10 +61,13 @@ class Row:
 
     name: str
     step: StepParts
+    spec: tuple  # build_row's (variant, pipeline, optimizer, method)
     step_times: list[float] = field(default_factory=list)
     parts: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in STAGES})
     peak_step_bytes: int = 0
     operators: dict[str, dict[str, int]] = field(default_factory=dict)
+    captured: CapturedStep | None = None  # a ``:graph`` row: its steps replay a capture
+    stepped: int = 0  # positions of the ordering's epoch stepped (kept here: no host read)
 
     @property
     def ordering(self) -> Ordering:
@@ -100,16 +108,28 @@ def build_row(
         )
     step = StepParts(model, make_optimizer(optimizer, model), runner, ordering)
     suffix = f"@{method}" if method else ""
-    return Row(row_name(variant, pipeline, optimizer) + suffix, step)
+    spec = (variant, pipeline, optimizer, method)
+    return Row(row_name(variant, pipeline, optimizer) + suffix, step, spec)
 
 
 def build_rows(args, device: torch.device) -> list[Row]:
-    """Table 1's rows (classic RR first: the ratios' base), the VRGD rows, then Table 1's
-    per-sample rows again with ``--compare``'s method (e.g. ``mean@hooks``: materialized)."""
+    """Table 1's rows (classic RR first: the ratios' base), the VRGD rows, Table 1's per-sample
+    rows again with ``--compare``'s method (e.g. ``mean@hooks``: materialized), then with
+    ``--captured`` Table 1's rows captured (``mean:graph``)."""
     rows = [build_row(v, p, args, device) for v, p in ROWS]
     rows += [build_row(v, p, args, device, optimizer=o) for v, p, o in GSNR_ROWS]
     compared = [(v, p) for v, p in ROWS if p == "functional"] if args.compare else []
-    return rows + [build_row(v, p, args, device, method=args.compare) for v, p in compared]
+    rows += [build_row(v, p, args, device, method=args.compare) for v, p in compared]
+    for variant, pipeline in ROWS if captured_rows(args, device) else ():
+        row = build_row(variant, pipeline, args, device)
+        row.name, row.captured = f"{row.name}:graph", capture_step(row.step)
+        rows.append(row)
+    return rows
+
+
+def captured_rows(args, device: torch.device) -> bool:
+    """Whether ``--captured`` (``auto``: on CUDA) adds the ``:graph`` rows."""
+    return args.captured == "yes" or (args.captured == "auto" and device.type == "cuda")
 
 
 def _timed(fn, device: torch.device) -> tuple[object, float]:
@@ -130,16 +150,22 @@ def _timed_stages(row: Row, device: torch.device):
 
 
 def bench_step(row: Row, x: torch.Tensor, y: torch.Tensor, stage=untimed) -> None:
-    """The training step of :mod:`grab_exp.runner.step` on the row's next batch positions.
+    """The training step of :mod:`grab_exp.runner.step` on the row's next batch positions (a
+    ``:graph`` row's captured step; it times no stages).
 
     ``stage(name, fn)`` runs (and may time) each part. The fixed batch ``x``, ``y`` stands in
     for the examples at the ordering's next positions; past the end a new epoch starts.
     """
     ordering = row.ordering
-    if ordering.pos + len(x) > ordering.n:
+    if row.stepped + len(x) > ordering.n:
         ordering.set_epoch(ordering.epoch + 1)
-    indices = ordering.order[ordering.pos : ordering.pos + len(x)]  # (B,)
-    train_step(row.step, x, y, indices, stage)
+        row.stepped = 0
+    indices = ordering.order[row.stepped : row.stepped + len(x)]  # (B,)
+    row.stepped += len(x)
+    if row.captured is not None:
+        row.captured(x, y, indices)
+    else:
+        train_step(row.step, x, y, indices, stage)
 
 
 def make_batch(batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,7 +188,8 @@ def time_rows(rows: list[Row], args, device: torch.device) -> None:
                 lambda row=row: [bench_step(row, x, y) for _ in range(args.steps)], device
             )
             row.step_times.append(seconds / args.steps)
-            bench_step(row, x, y, _timed_stages(row, device))
+            if row.captured is None:
+                bench_step(row, x, y, _timed_stages(row, device))
 
 
 def measure_memory(rows: list[Row], args, device: torch.device) -> None:
@@ -175,8 +202,8 @@ def measure_memory(rows: list[Row], args, device: torch.device) -> None:
 def step_operators(row: Row, x: torch.Tensor, y: torch.Tensor, cuda_path: bool) -> dict:
     """The non-view aten operators of one training step of the row: ``total`` and per stage.
 
-    ``cuda_path``: the sign recursions run as on CUDA (:func:`device_sign_loop`), not as the
-    CPU's numpy loop (which dispatches no operators).
+    ``cuda_path``: the step runs as on CUDA (:func:`~grab_exp.devices.graph_safe`: the sign
+    recursions as kernels, not as the CPU's numpy loop, which dispatches no operators).
     """
     counts = {}
 
@@ -186,18 +213,37 @@ def step_operators(row: Row, x: torch.Tensor, y: torch.Tensor, cuda_path: bool) 
         counts[name] = counter.total
         return out
 
-    with device_sign_loop() if cuda_path else contextlib.nullcontext():
+    with graph_safe() if cuda_path else contextlib.nullcontext():
         bench_step(row, x, y, stage)
     return {"total": sum(counts.values()), **counts}
 
 
+def captured_operators(row: Row, args, x: torch.Tensor, y: torch.Tensor) -> dict[str, int]:
+    """What a captured step of the row (``trainer.cuda_graph``) launches: ``per_step``, the
+    input copies and the one graph launch of a replay (:class:`CapturedStep`), and ``kernels``,
+    the non-view operators inside the graph: one step of a twin of the row (its own model and
+    ordering) traced after an eager warm-up step (:class:`TracedStep`, CUDA's sign loop)."""
+    variant, pipeline, optimizer, method = row.spec
+    twin = build_row(variant, pipeline, args, x.device, optimizer=optimizer, method=method)
+    bench_step(twin, x, y)  # eager: what a step makes once
+    twin.ordering.prepare_capture()
+    indices = twin.ordering.order[twin.stepped : twin.stepped + len(x)]  # (B,)
+    traced = TracedStep(functools.partial(train_step, twin.step), (x, y, indices))
+    return {"per_step": len((x, y, indices)) + 1, "kernels": traced.kernels}
+
+
 def count_operators(rows: list[Row], args, device: torch.device) -> None:
-    """Each row's operators per step (eager; and with the CUDA sign loop), outside the timing."""
+    """Each row's operators per step (eager; with the CUDA sign loop; captured), outside the
+    timing."""
     x, y = make_batch(args.batch, device)
     for row in rows:
+        if row.captured is not None:  # its eager twin's counts are the row without ':graph'
+            row.operators = {"captured": captured_operators(row, args, x, y)}
+            continue
         row.operators = {
             "eager": step_operators(row, x, y, cuda_path=False),
             "cuda_path": step_operators(row, x, y, cuda_path=True),
+            "captured": captured_operators(row, args, x, y),
         }
 
 
@@ -241,22 +287,27 @@ def _ms(value: float | None, width: int) -> str:
     return f"{'-':>{width}}" if value is None else f"{value:>{width}.2f}"
 
 
+def _ops(row: dict, path: str, key: str = "total") -> str:
+    return f"{row['operators'].get(path, {}).get(key, '-'):>8}"
+
+
 def print_table(report: dict) -> None:
     """A readable table of the report's rows (``-``: a stage the row does not run)."""
     print(
-        f"{'row':<18}{'step ms':>9}{'epoch s':>9}{'x classic':>10}{'grads':>8}{'gsnr':>7}"
-        f"{'ordering':>9}{'opt':>7}{'state MB':>10}{'peak MB':>9}{'ops':>6}{'ops cuda':>9}"
+        f"{'row':<20}{'step ms':>9}{'epoch s':>9}{'x classic':>10}{'grads':>8}{'gsnr':>7}"
+        f"{'ordering':>9}{'opt':>7}{'state MB':>10}{'peak MB':>9}{'ops':>8}{'ops cuda':>8}"
+        f"{'graph':>8}"
     )
     for r in report["rows"]:
         b = r["breakdown_ms"]
         print(
-            f"{r['row']:<18}{r['step_ms']:>9.2f}{r['epoch_s']:>9.1f}"
+            f"{r['row']:<20}{r['step_ms']:>9.2f}{r['epoch_s']:>9.1f}"
             f"{r['ratio_to_classic_rr']:>10.2f}{_ms(b['grads'], 8)}{_ms(b['gsnr'], 7)}"
             f"{_ms(b['ordering'], 9)}{_ms(b['opt'], 7)}{r['ordering_state_bytes'] / 2**20:>10.2f}"
-            f"{r['peak_step_bytes'] / 2**20:>9.2f}{r['operators']['eager']['total']:>6}"
-            f"{r['operators']['cuda_path']['total']:>9}"
+            f"{r['peak_step_bytes'] / 2**20:>9.2f}{_ops(r, 'eager')}{_ops(r, 'cuda_path')}"
+            f"{_ops(r, 'captured', 'kernels')}"
         )
-    print(f"peak: {report['memory_method']}")
+    print(f"peak: {report['memory_method']}; graph: the kernels inside a captured step's graph")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -270,6 +321,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--method", default="auto", help="per-sample gradients: func|hooks|factored|auto"
     )
     parser.add_argument("--compare", default="hooks", help="method of the @ rows ('': none)")
+    parser.add_argument(
+        "--captured",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="time Table 1's rows captured too (the :graph rows; auto: on CUDA)",
+    )
     add_device_option(parser)
     return parser
 

@@ -45,20 +45,22 @@ class CoordinatedGraB(DistributedOrdering):
         self.acc = torch.zeros(self.dim, dtype=self.dtype, device=self.device)  # (k,)
         self.lane_index = torch.tensor(self.ranks, device=self.device)  # (L,)
 
-    def _balance(self, grads: torch.Tensor, start: int) -> None:
+    def _balance(self, grads: torch.Tensor, positions: torch.Tensor) -> None:
         rows = grads.shape[1]
         pairs = rows // 2
         local = self._pair_vectors(grads[:, 0 : 2 * pairs].to(self.dtype))  # (L, P, k)
         gathered = self.comm.all_gather(local, name="cd_grab pair differences")  # (W, P, k)
         signs = self._sign_pair_major(gathered).index_select(0, self.lane_index)  # (L, P)
-        self.keys[:, start : start + 2 * pairs] = pair_keys(start, signs, self.m)
+        members = positions[: 2 * pairs]  # (2P,)
+        self.keys.index_copy_(1, members, pair_keys(members, signs, self.m))
         if rows % 2:  # the epoch's unpaired last example joins the positives
-            self.keys[:, start + rows - 1] = start + rows - 1
+            last = positions[rows - 1 :]  # (1,)
+            self.keys.index_copy_(1, last, last.expand(len(self.ranks), 1))
         self.last_bytes_sent = pairs * self.dim * self.acc.element_size()
         self.bytes_sent += self.last_bytes_sent
 
-    def _check_rows(self, rows: int, indices: torch.Tensor | None) -> None:
-        super()._check_rows(rows, indices)
+    def _check_rows(self, rows: int, positions: torch.Tensor, indices: torch.Tensor | None) -> None:
+        super()._check_rows(rows, positions, indices)
         if rows % 2 and rows != self.m - self.pos:
             raise ValueError(f"cd_grab: the per-worker batch size must be even; got {rows}")
 

@@ -125,7 +125,7 @@ class _PerWorkerOrdering(DistributedOrdering):
     def _fresh_keys(self) -> torch.Tensor:
         return torch.empty(0, dtype=torch.long, device=self.device)  # the workers keep theirs
 
-    def _balance(self, grads: torch.Tensor, start: int) -> None:
+    def _balance(self, grads: torch.Tensor, positions: torch.Tensor) -> None:
         for worker, rows in zip(self.workers, grads, strict=True):
             worker.step(rows)  # (B, d)
 

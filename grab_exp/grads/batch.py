@@ -139,8 +139,9 @@ class BatchGrads(GradRows):
             block.centered_into(_columns(base, columns), _columns(out, columns))
         return DenseRows(out)
 
-    def row(self, i):
-        return torch.cat([block.row(i) for block in self.blocks])  # (d,)
+    def write_row(self, i, out):
+        for columns, block in zip(self.columns, self.blocks, strict=True):
+            block.write_row(i, _columns(out, columns))
 
 
 @functools.cache

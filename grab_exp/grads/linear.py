@@ -103,9 +103,11 @@ class LinearFactors(GradRows):
             torch.sub(self.bias_grads(), base_bias, out=bias)
         return DenseRows(out)
 
-    def row(self, i: int) -> torch.Tensor:
-        weight = (self.delta[i].T @ self.a[i]).reshape(-1)  # (out * in,)
-        return torch.cat([weight, self.delta[i].sum(0)]) if self.bias else weight  # (width,)
+    def write_row(self, i: int, out: torch.Tensor) -> None:
+        weight, bias = self._split(out)  # (out, in), (out,)
+        torch.matmul(self.delta[i].T, self.a[i], out=weight)  # (out, T) @ (T, in)
+        if bias is not None:
+            torch.sum(self.delta[i], 0, out=bias)
 
     def _split(self, acc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The weight ``(..., out, in)`` and bias ``(..., out)`` views of ``acc (..., width)``."""

@@ -84,12 +84,13 @@ class GSNROptimizer(torch.optim.Optimizer):
 
     def _reset_runtime(self) -> None:
         self._pending: dict[int, torch.Tensor] | None = None  # id(param) -> ratio (*shape)
-        self._clip_counts: torch.Tensor | None = None  # (2,) int64: low, high
-        self._clip_elements = 0
+        # (3,) int64 on the device: clipped low, clipped high, elements; made at the first
+        # observe and updated in place (a captured step holds it)
+        self._clip_counts: torch.Tensor | None = None
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)  # also called by load_state_dict: keep what is there
-        if not hasattr(self, "_clip_elements"):  # unpickled or deep-copied
+        if not hasattr(self, "_clip_counts"):  # unpickled or deep-copied
             self._reset_runtime()
 
     def trainable_params(self) -> list[torch.Tensor]:
@@ -148,9 +149,12 @@ class GSNROptimizer(torch.optim.Optimizer):
                 )
             pending[id(p)] = r.view(p.shape).to(p.dtype)
         self._pending = pending
-        counts = torch.stack([stats.clip_low, stats.clip_high])  # (2,)
-        self._clip_counts = counts if self._clip_counts is None else self._clip_counts + counts
-        self._clip_elements += stats.numel
+        if self._clip_counts is None:
+            self._clip_counts = torch.zeros(3, dtype=torch.long, device=stats.clip_low.device)
+        low, high, elements = self._clip_counts.unbind()
+        low.add_(stats.clip_low)
+        high.add_(stats.clip_high)
+        elements.add_(stats.numel)
 
     def clip_fractions(self, reset: bool = True) -> dict[str, float]:
         """Fractions of ratio elements clipped at ``γ`` and at 1 since the last reset.
@@ -160,13 +164,13 @@ class GSNROptimizer(torch.optim.Optimizer):
         Returns:
             ``{"gsnr/clip_low": f, "gsnr/clip_high": f}``; NaN for both when nothing was observed.
         """
-        if self._clip_counts is None or self._clip_elements == 0:
-            low = high = math.nan
-        else:
-            low_count, high_count = self._clip_counts.tolist()
-            low, high = low_count / self._clip_elements, high_count / self._clip_elements
-        if reset:
-            self._clip_counts, self._clip_elements = None, 0
+        low_count, high_count, elements = (
+            (0, 0, 0) if self._clip_counts is None else self._clip_counts.tolist()
+        )
+        low = low_count / elements if elements else math.nan
+        high = high_count / elements if elements else math.nan
+        if reset and self._clip_counts is not None:
+            self._clip_counts.zero_()
         return {CLIP_LOW: low, CLIP_HIGH: high}
 
     def _gather(self, group: dict[str, Any], pending: dict[int, torch.Tensor]) -> Lists:

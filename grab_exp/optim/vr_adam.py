@@ -11,9 +11,13 @@ is **our choice**, following the paper's description (GSNR-scaled gradient into 
 Implementation: we store ``e_t = p_t − (1 − β3^t)``, which obeys the same recursion with input
 ``r_t − 1`` (``e_t = β3·e_{t−1} + (1 − β3)(r_t − 1)``, ``e_0 = 0``), so
 ``p̂_t = 1 + e_t / (1 − β3^t)`` - mathematically identical, and exactly 1 when every ``r`` is 1.
-Hence ``gamma = 1`` reproduces ``torch.optim.Adam(lr, betas, eps=adam_eps, weight_decay)`` bit
-for bit (the Adam operations mirror torch's multi-tensor Adam one for one). ``eps`` is the GSNR
-regularizer, as in the other VR optimizers; Adam's own epsilon is ``adam_eps``.
+Hence ``gamma = 1`` reproduces ``torch.optim.Adam(lr, betas, eps=adam_eps, weight_decay,
+capturable=True)`` bit for bit where torch runs that (CUDA): the step counts are device tensors
+and the Adam operations mirror torch's capturable multi-tensor Adam one for one, so a step
+reads no host value and can be captured in a CUDA graph. On the CPU, where torch's Adam keeps
+its step count on the host, the two agree to rounding (the bias corrections are computed in
+the parameters' precision rather than in Python's double). ``eps`` is the GSNR regularizer, as
+in the other VR optimizers; Adam's own epsilon is ``adam_eps``.
 """
 
 from __future__ import annotations
@@ -77,11 +81,13 @@ class VRAdam(GSNROptimizer):
         for p in params:
             state = self.state[p]
             if not state:
-                state["step"] = 0
+                state["step"] = torch.zeros((), dtype=_step_dtype(p), device=p.device)
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["gsnr_dev"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["step"] += 1
+            elif not isinstance(state["step"], torch.Tensor):  # a checkpoint of before
+                step = torch.tensor(state["step"], dtype=_step_dtype(p), device=p.device)
+                state["step"] = step
             states.append(state)
         return states
 
@@ -95,24 +101,47 @@ class VRAdam(GSNROptimizer):
         beta1, beta2 = group["betas"]
         beta3 = group["beta3"]
         states = self._states(params)
-        steps = [s["step"] for s in states]
+        steps = [s["step"] for s in states]  # () device tensors
         exp_avgs = [s["exp_avg"] for s in states]
         exp_avg_sqs = [s["exp_avg_sq"] for s in states]
         devs = [s["gsnr_dev"] for s in states]  # e_t = p_t − (1 − β3^t)
+        torch._foreach_add_(steps, 1)
         torch._foreach_lerp_(devs, torch._foreach_sub(ratios, 1.0), 1 - beta3)
-        scale = torch._foreach_div(devs, [1 - beta3**t for t in steps])
+        scale = torch._foreach_div(devs, _one_minus_powers(beta3, steps))
         torch._foreach_add_(scale, 1.0)  # p̂_t
         g = torch._foreach_mul(grads, scale)  # p̂_t ⊙ ḡ
         if group["weight_decay"] != 0:
             torch._foreach_add_(g, params, alpha=group["weight_decay"])
+        # from here torch's capturable multi-tensor Adam, operation for operation
         torch._foreach_lerp_(exp_avgs, g, 1 - beta1)
         torch._foreach_mul_(exp_avg_sqs, beta2)
         torch._foreach_addcmul_(exp_avg_sqs, g, g, 1 - beta2)
-        step_size = [(group["lr"] / (1 - beta1**t)) * -1 for t in steps]
+        step_size = torch._foreach_pow(beta1, steps)
+        torch._foreach_sub_(step_size, 1)
+        torch._foreach_div_(step_size, group["lr"])
+        torch._foreach_reciprocal_(step_size)  # -lr / (1 - β1^t)
+        correction = _one_minus_powers(beta2, steps)
+        torch._foreach_sqrt_(correction)  # sqrt(1 - β2^t)
         denom = torch._foreach_sqrt(exp_avg_sqs)
-        torch._foreach_div_(denom, [(1 - beta2**t) ** 0.5 for t in steps])
+        torch._foreach_div_(denom, correction)
         torch._foreach_add_(denom, group["adam_eps"])
-        torch._foreach_addcdiv_(params, exp_avgs, denom, step_size)
+        torch._foreach_div_(denom, step_size)
+        torch._foreach_addcdiv_(params, exp_avgs, denom)
+
+
+def _one_minus_powers(beta: float, steps: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``1 - beta^t`` for each ``() `` step count ``t``, on its device (torch's order)."""
+    powers = torch._foreach_pow(beta, steps)
+    torch._foreach_sub_(powers, 1)
+    torch._foreach_neg_(powers)
+    return powers
+
+
+def _step_dtype(param: torch.Tensor) -> torch.dtype:
+    """The dtype of a step count, so of the bias corrections: float32 as torch's capturable
+    Adam (under a float32 default), float64 for float64 parameters."""
+    wide = torch.float64 in (param.dtype, torch.get_default_dtype())
+    return torch.float64 if wide else torch.float32
 
 
 def _sized(value: Any) -> bool:

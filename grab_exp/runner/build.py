@@ -11,6 +11,7 @@ from torch.nn import functional as F
 
 from grab_exp.data import ArrayData
 from grab_exp.optim import CLIP_HIGH, CLIP_LOW, GSNROptimizer
+from grab_exp.runner.capture import CapturedStep, capture_step
 from grab_exp.runner.schema import ConfigError
 from grab_exp.runner.step import StepParts
 from grab_exp.runner.strategy import Strategy
@@ -40,6 +41,7 @@ class TrainingJob:
     strategy: Strategy
     batch_size: int
     eval_batch_size: int
+    captured: CapturedStep | None = None  # ``trainer.cuda_graph``: full batches replay it
 
     @property
     def metric_columns(self) -> tuple[str, ...]:
@@ -74,4 +76,5 @@ def build_job(cfg: DictConfig, data: ArrayData, strategy: Strategy) -> TrainingJ
         model=model, loss_fn=F.cross_entropy, compile_mode=compile_mode(cfg), **options
     )
     parts = StepParts(model, optimizer, pipeline, ordering, strategy.gradient_reducer(model))
-    return TrainingJob(parts, data, strategy, cfg.batch_size, cfg.eval_batch_size)
+    captured = capture_step(parts) if cfg.trainer.cuda_graph else None
+    return TrainingJob(parts, data, strategy, cfg.batch_size, cfg.eval_batch_size, captured)

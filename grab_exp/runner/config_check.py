@@ -221,9 +221,35 @@ def _check_device(cfg: DictConfig) -> None:
         raise config_error("device", cfg.device, f"cuda, cuda:0 .. cuda:{count - 1}")
 
 
+def _check_cuda_graph(cfg: DictConfig) -> None:
+    """``trainer.cuda_graph`` needs one process, eager gradients, a step whose shape is the same
+    at every full batch (pair balance: an even ``batch_size``), and CUDA."""
+    if not cfg.trainer.cuda_graph:
+        return
+    if cfg.distributed.enabled or cfg.distributed.simulate_workers:
+        raise config_error("trainer.cuda_graph", True, "false with distributed training")
+    if cfg.trainer.compile:
+        raise config_error(
+            "trainer.cuda_graph", True, "false with trainer.compile=true (compile_mode "
+            "reduce-overhead makes CUDA graphs of its own)",
+        )  # fmt: skip
+    ordering = _class_of(cfg, "balance")
+    allowed = ordering.capture_batch_sizes(cfg.batch_size)
+    if allowed is not None:
+        where = f"with balance={ordering.name} and trainer.cuda_graph=true"
+        raise config_error("batch_size", cfg.batch_size, f"{allowed} {where}")
+    if not (cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())):
+        raise config_error(
+            "trainer.cuda_graph",
+            True,
+            f"false with device={cfg.device} (a CUDA graph needs CUDA; on the CPU the traced "
+            "replay, grab_exp.runner.capture.TracedStep, runs no faster than eager)",
+        )
+
+
 #: the dataset last: its check may ask the download server (a few seconds when offline)
 CHECKS = (check_values, _check_dataset_sizes, _check_batch_size, _check_vrgd, _check_balance)
-CHECKS += (_check_compile, _check_device, _check_model_memory, _check_dataset)
+CHECKS += (_check_compile, _check_device, _check_cuda_graph, _check_model_memory, _check_dataset)
 
 
 def validate_config(cfg: DictConfig) -> None:

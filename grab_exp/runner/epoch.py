@@ -34,14 +34,21 @@ def _cuda_peaks_mb(device: torch.device, start_bytes: int) -> tuple[float | None
 
 
 def train_steps(job: TrainingJob, progress: Progress) -> tuple[torch.Tensor, int]:
-    """One pass over the ordering; returns (summed step loss on the device, steps)."""
-    data, ordering = job.data, job.parts.ordering
+    """One pass over the ordering; returns (summed step loss on the device, steps).
+
+    With ``job.captured`` (``trainer.cuda_graph``) every full batch runs the captured step; the
+    epoch's last, shorter one runs eagerly.
+    """
+    data, ordering, captured = job.data, job.parts.ordering, job.captured
     loss_sum = torch.zeros((), device=job.strategy.device)
     steps = 0
     for indices in job.strategy.index_batches(ordering, job.batch_size):
         check_stop()  # a step boundary: SIGTERM / SIGINT stop here
         x, y = data.train_x[indices], data.train_y[indices]  # (B, 3, 32, 32), (B,)
-        loss = train_step(job.parts, x, y, indices)
+        if captured is not None and len(indices) == job.batch_size:
+            loss = captured(x, y, indices)
+        else:
+            loss = train_step(job.parts, x, y, indices)
         loss_sum += loss
         steps += 1
         progress.step(loss)

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 # Override keys that are already part of the run directory's path, or that do not change
 # what is computed (where logs go, whether to start over, how progress is shown).
 PATH_KEYS = {"seed", "balance", "pipeline", "experiment", "row", "name", "logger"}
-NEUTRAL_KEYS = {"overwrite", "progress"}
+NEUTRAL_KEYS = {"overwrite", "progress", "trainer.cuda_graph"}
 NEUTRAL_PREFIXES = ("logger.", "hydra.", "hydra/")
 
 

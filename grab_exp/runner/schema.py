@@ -35,6 +35,7 @@ class TrainerConfig:
     compile: bool = False
     compile_mode: str = "default"
     tf32: bool = False
+    cuda_graph: bool = False
 
 
 @dataclass

@@ -55,7 +55,7 @@ class IndexAddRecursive(RecursiveBalance):
     def _new_acc(self, vector):
         return torch.zeros(2 ** (self.depth + 1) - 1, self.dim, dtype=self.dtype)
 
-    def _balance(self, grads, start):
+    def _balance(self, grads, positions):
         self._sum_raw(grads)
         centered = self._center(grads).dense(self._flat_buffer(grads.rows)).matrix  # (B, d)
         rows = len(centered)
@@ -70,8 +70,7 @@ class IndexAddRecursive(RecursiveBalance):
             if level < self.depth:
                 node = 2 * node + torch.where(signs > 0, 1, 2)
         leaf = node - (2**self.depth - 1)
-        positions = torch.arange(start, start + rows)
-        self.keys[start : start + rows] = leaf * (2 * self.n) + sign_keys(positions, signs, self.n)
+        self.keys[positions] = leaf * (2 * self.n) + sign_keys(positions, signs, self.n)
 
 
 @pytest.mark.parametrize(("n", "b", "depth"), [(40, 8, 3), (37, 16, 5), (24, 4, 0)])

@@ -99,7 +99,8 @@ def test_cpu_peak_counts_frees_of_what_the_previous_step_left():
 @pytest.fixture(scope="module")
 def epoch_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("epoch") / "epoch.json"
-    epoch.main(["--steps", "1", "--repeats", "2", "--warmup", "1", "--out", str(out)])
+    args = ["--steps", "1", "--repeats", "2", "--warmup", "1", "--captured", "yes"]
+    epoch.main([*args, "--out", str(out)])
     return json.loads(out.read_text())
 
 
@@ -110,7 +111,8 @@ def test_epoch_bench_short_mode_writes_json(epoch_report):
     names = [r["row"] for r in report["rows"]]
     compared = [row_name(v, p) + "@hooks" for v, p in ROWS if p == "functional"]
     table = [row_name(v, p) for v, p in ROWS] + [row_name(*r) for r in GSNR_ROWS]
-    assert names == table + compared
+    graphs = [row_name(v, p) + ":graph" for v, p in ROWS]  # --captured yes: traced on the CPU
+    assert names == table + compared + graphs
     assert names[0] == "rr-classic" and "rr+vr_momentum" in names
     methods = {r["row"]: r["method"] for r in report["rows"]}
     assert methods["rr-classic"] == "classic" and methods["mean@hooks"] == "hooks"
@@ -129,8 +131,14 @@ def test_epoch_bench_short_mode_writes_json(epoch_report):
             "operators",
         }
         assert set(row["breakdown_ms"]) == set(STAGES)
-        for counts in row["operators"].values():  # eager, cuda_path
+        paths = (
+            {"captured"} if row["row"].endswith(":graph") else {"eager", "cuda_path", "captured"}
+        )
+        assert set(row["operators"]) == paths
+        for path in paths - {"captured"}:
+            counts = row["operators"][path]
             assert counts["total"] == sum(v for k, v in counts.items() if k != "total") > 0
+        assert row["operators"]["captured"]["per_step"] == 4  # 3 input copies, 1 graph launch
         assert row["epoch_s"] > 0
     assert report["rows"][0]["ratio_to_classic_rr"] == 1.0
 
@@ -144,6 +152,18 @@ def test_epoch_bench_counts_the_operators_of_each_step(epoch_report):
     # CUDA signs 3 operators per example (16) where the CPU runs numpy, plus its 5 set-up ones
     assert mean["cuda_path"]["ordering"] - mean["eager"]["ordering"] == 3 * 16 + 5
     assert ops["batch"]["eager"] == ops["batch"]["cuda_path"]  # no sequential signs
+    # the graph holds the step's kernels as CUDA runs them (the trace records no pure-metadata
+    # operator such as promote_types, which the count of an eager step includes)
+    for name in ("rr-classic", "mean", "pair", "recursive"):
+        assert 0 < ops[name]["captured"]["kernels"] <= ops[name]["cuda_path"]["total"]
+    assert ops["mean"]["captured"]["kernels"] == ops["mean"]["cuda_path"]["total"]
+    assert ops["mean:graph"]["captured"] == ops["mean"]["captured"]
+
+
+def test_captured_rows_time_whole_steps_only(epoch_report):
+    rows = {row["row"]: row for row in epoch_report["rows"]}
+    graph = rows["mean:graph"]
+    assert graph["step_ms"] > 0 and all(v is None for v in graph["breakdown_ms"].values())
 
 
 def test_operator_count_skips_views():

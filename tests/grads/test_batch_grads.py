@@ -76,15 +76,27 @@ def test_blocks_answer_like_the_materialized_matrix():
         torch.testing.assert_close(grads.row(i), dense.matrix[i])
 
 
-@pytest.mark.parametrize("lead", [False, True])
-def test_pair_differences_of_blocks_equal_the_dense_ones(lead):
+def _pair_reference(matrix: torch.Tensor, first: torch.Tensor, lead: int) -> torch.Tensor:
+    """``(P, d)`` differences of consecutive rows of ``[first; matrix]`` (from ``first`` when
+    ``lead``), written out row by row."""
+    rows = [first, *matrix] if lead else list(matrix)
+    return torch.stack([rows[i] - rows[i + 1] for i in range(0, len(rows) - 1, 2)])
+
+
+@pytest.mark.parametrize("device_lead", [False, True])
+@pytest.mark.parametrize("lead", [0, 1])
+def test_pair_differences_of_blocks_equal_the_dense_ones(lead, device_lead):
+    """Host and device leads (B even) give the reference's pairs, factored and dense."""
     grads = mixed_grads()
     dense = DenseRows(grads.dense().matrix)
-    first = torch.randn(grads.width, dtype=F64) if lead else None
+    first = torch.randn(grads.width, dtype=F64)
+    want = _pair_reference(dense.matrix, first, lead)  # (P, d)
+    given = torch.tensor(lead) if device_lead else lead
     buffer = torch.empty(B + 1, grads.width, dtype=F64)
-    want = dense.pair_diffs(first, lambda rows: buffer[:rows]).matrix  # (P, d)
-    got = grads.pair_diffs(first, None)
+    from_dense = dense.pair_diffs(first, given, lambda rows: buffer[:rows]).matrix
+    got = grads.pair_diffs(first, given, None)
     assert got.rows == want.shape[0] == (B + lead) // 2
+    torch.testing.assert_close(from_dense, want, rtol=0, atol=0)
     torch.testing.assert_close(got.dense(torch.empty_like(want)).matrix, want)
     torch.testing.assert_close(got.gram(), want @ want.T)
 

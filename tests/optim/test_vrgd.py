@@ -118,13 +118,16 @@ def test_clip_counters_accumulate_and_reset():
     assert math.isnan(after["gsnr/clip_low"]) and math.isnan(after["gsnr/clip_high"])
 
 
-def _train_pair(vr, reference, steps=5):
-    """Step a VR optimizer (observe + step) and a torch one on identical copies; both models."""
-    models = [small_net(), small_net()]
+def _train_pair(vr, reference, steps=5, tol=0.0, device="cpu"):
+    """Step a VR optimizer (observe + step) and a torch one on identical copies; both models.
+    The first is whether they agreed after every step (bit for bit unless ``tol``: relative,
+    and absolute at a thousandth of it)."""
+    models = [small_net().to(device), small_net().to(device)]
     opts = [vr(models[0].parameters()), reference(models[1].parameters())]
     engines = [FuncPerSample(m, F.cross_entropy) for m in models]
     start = [p.detach().clone() for p in models[0].parameters()]
     for x, y in batches(steps):
+        x, y = x.to(device), y.to(device)
         for i, (opt, psg) in enumerate(zip(opts, engines, strict=True)):
             opt.zero_grad(set_to_none=True)
             _, grads = psg(x, y)
@@ -132,7 +135,7 @@ def _train_pair(vr, reference, steps=5):
                 opt.observe(grads)
             opt.step()
         for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True):
-            if not torch.equal(p, q):
+            if not torch.allclose(p, q, rtol=tol, atol=tol / 1000):
                 return False, start, models
     return True, start, models
 
@@ -146,9 +149,12 @@ REDUCTIONS = [
      dict(lr=0.1, momentum=0.8, nesterov=True, foreach=True)),
     (VRMomentum, dict(lr=0.1, momentum=0.7, dampening=0.3), torch.optim.SGD,
      dict(lr=0.1, momentum=0.7, dampening=0.3, foreach=False)),
-    (VRAdam, dict(lr=0.01, weight_decay=0.01), torch.optim.Adam,
-     dict(lr=0.01, weight_decay=0.01, foreach=False)),
-    (VRAdam, dict(lr=0.01, betas=(0.8, 0.99), adam_eps=1e-6), torch.optim.Adam,
+]  # fmt: skip
+#: VR-Adam keeps its step counts on the device (capturable): torch's capturable Adam, which
+#: runs on CUDA alone, is its bit-for-bit reduction; the CPU's Adam agrees to rounding
+ADAM_REDUCTIONS = [
+    (dict(lr=0.01, weight_decay=0.01), dict(lr=0.01, weight_decay=0.01, foreach=False)),
+    (dict(lr=0.01, betas=(0.8, 0.99), adam_eps=1e-6),
      dict(lr=0.01, betas=(0.8, 0.99), eps=1e-6, foreach=True)),
 ]  # fmt: skip
 
@@ -162,6 +168,55 @@ def test_gamma_one_is_exactly_the_plain_optimizer(vr, vr_kw, ref, ref_kw):
     assert not torch.equal(start[0], next(models[0].parameters()))  # it did train
     same, _, _ = _train_pair(lambda p: vr(p, gamma=0.1, **vr_kw), lambda p: ref(p, **ref_kw))
     assert not same  # and the GSNR does change the steps
+
+
+@pytest.mark.parametrize(("vr_kw", "ref_kw"), ADAM_REDUCTIONS)
+def test_gamma_one_vr_adam_is_adam_to_rounding_on_the_cpu(vr_kw, ref_kw):
+    same, start, models = _train_pair(
+        lambda p: VRAdam(p, gamma=1.0, **vr_kw),
+        lambda p: torch.optim.Adam(p, **ref_kw),
+        tol=1e-3,  # float32: 1 - β2^t rounds to 1e-5 relative (torch capturable Adam too)
+    )
+    assert same
+    assert not torch.equal(start[0], next(models[0].parameters()))
+    same, _, _ = _train_pair(
+        lambda p: VRAdam(p, gamma=0.1, **vr_kw), lambda p: torch.optim.Adam(p, **ref_kw), tol=1e-3
+    )
+    assert not same
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("vr_kw", "ref_kw"), ADAM_REDUCTIONS)
+def test_gamma_one_vr_adam_is_capturable_adam_bit_for_bit(vr_kw, ref_kw):
+    same, _, _ = _train_pair(
+        lambda p: VRAdam(p, gamma=1.0, **vr_kw),
+        lambda p: torch.optim.Adam(p, capturable=True, **ref_kw),
+        device="cuda",
+    )
+    assert same
+
+
+def test_vr_adam_resumes_a_state_with_host_step_counts():
+    """A checkpoint written before the step counts moved to the device continues exactly."""
+    params = [nn.Parameter(torch.randn(4, dtype=F64)) for _ in range(2)]
+    twin = [nn.Parameter(p.detach().clone()) for p in params]
+    per_sample = [torch.randn(6, 4, dtype=F64) for _ in range(3)]
+    opts = [VRAdam(params, lr=0.01), VRAdam(twin, lr=0.01)]
+    for opt, ps in zip(opts, (params, twin), strict=True):
+        for p in ps:
+            p.grad = per_sample[0].mean(0)
+        opt.observe(per_sample[:2])
+        opt.step()
+    old = opts[1].state_dict()
+    for state in old["state"].values():
+        state["step"] = int(state["step"])  # as written before
+    opts[1].load_state_dict(old)
+    for opt, ps in zip(opts, (params, twin), strict=True):
+        for p in ps:
+            p.grad = per_sample[2].mean(0)
+        opt.observe(per_sample[1:])
+        opt.step()
+    assert all(torch.equal(p, q) for p, q in zip(params, twin, strict=True))
 
 
 def test_updates_follow_the_formulas_for_general_ratios():

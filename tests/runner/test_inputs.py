@@ -125,9 +125,36 @@ CASES = [
         "logger.wandb.mode: got 'sometimes'",
         "auto, disabled, offline, online",
     ),
+    # trainer.cuda_graph: one process, no compile, one step shape (checked before the device)
+    Case(
+        "cuda_graph_distributed",
+        ["trainer.cuda_graph=true", "distributed.simulate_workers=2", "balance=cd_grab"],
+        "trainer.cuda_graph: got True",
+        "false with distributed training",
+    ),
+    Case(
+        "cuda_graph_compiled",
+        ["trainer.cuda_graph=true", "trainer.compile=true"],
+        "trainer.cuda_graph: got True",
+        "false with trainer.compile=true",
+    ),
+    Case(
+        "cuda_graph_odd_pairs",
+        ["trainer.cuda_graph=true", "balance=pair", "batch_size=15"],
+        "batch_size: got 15",
+        "an even number",
+    ),
 ]
 if not torch.cuda.is_available():
     CASES.append(Case("cuda_absent", ["device=cuda"], "device: got 'cuda'", "auto, cpu"))
+    CASES.append(
+        Case(
+            "cuda_graph_off_cuda",
+            ["trainer.cuda_graph=true"],
+            "trainer.cuda_graph: got True",
+            "false with device=auto (a CUDA graph needs CUDA",
+        )
+    )
 BY_ID = {case.id: case for case in CASES}
 
 
@@ -270,6 +297,7 @@ CLI_CASE_IDS = {
     "depth_huge",
     "batch_over_data",
     "name_escapes",
+    "cuda_graph_off_cuda",
 }
 CLI_RUNS = [(c.id, c.args, {}) for c in CASES if c.id in CLI_CASE_IDS] + [
     (f"{case_id}-full_error", BY_ID[case_id].args, {"HYDRA_FULL_ERROR": "1"})

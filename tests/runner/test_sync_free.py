@@ -52,7 +52,7 @@ def _host_tensors(balance: Ordering, optimizer: torch.optim.Optimizer | None = N
     every device)."""
     states = optimizer.state.values() if optimizer is not None else ()
     steps = [s["step"] for s in states if isinstance(s.get("step"), torch.Tensor)]
-    return [balance._index_check.bad, *steps]
+    return [balance._index_check.counts, *steps]
 
 
 @pytest.mark.parametrize("device", DEVICES)
