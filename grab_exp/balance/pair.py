@@ -12,6 +12,13 @@ from grab_exp.balance.signs import pair_keys, sequential_signs
 from grab_exp.balance.tensors import counting
 from grab_exp.grads.rows import GradRows
 
+#: a captured step made for one lead, replayed after an odd-sized step changed it
+LEAD_CHANGED = (
+    "step: pair balance replayed a captured step after an odd-sized step changed which example "
+    "leads its pairs; capture steps of an even size only, and step no odd-sized batch between "
+    "their replays"
+)
+
 
 class PairBalance(Ordering):
     """``pair``: consecutive visited examples form pairs; their difference is balanced.
@@ -21,19 +28,16 @@ class PairBalance(Ordering):
     reverse. A pair may straddle two mini-batches; an unpaired last example joins
     the positives. No stale mean.
 
-    Whether a pending example leads a step's pairs is the device flag ``lead``. A step of an
-    even number of rows makes ``B / 2`` pairs either way and reads it only on the device; an odd
-    one (the epoch's last, or any of an odd batch size) reads it on the host, since the number
-    of pairs and of kernel draws depends on it.
+    Whether the pending example of earlier steps leads a step's pairs is the parity of the rows
+    stepped so far in the epoch. The host counts it (``_lead``: the number of pairs, and of
+    kernel draws, depends on it); steps of an even size leave it unchanged, so a captured one
+    stays right at every replay. The device keeps it too (``lead``), written by odd-sized steps
+    and checked by every step: a captured step replayed after an odd-sized one changed it is
+    refused, not run wrong.
     """
 
     name = "pair"
     state_tensors = ("acc", "pending")
-
-    def _init_state(self) -> None:
-        self.acc = torch.zeros(self.dim, dtype=self.dtype, device=self.device)  # (dim,)
-        self.pending = torch.zeros(self.dim, dtype=self.dtype, device=self.device)  # (dim,)
-        self.lead = torch.zeros((), dtype=torch.long, device=self.device)  # 1: pending leads
 
     @classmethod
     def capture_batch_sizes(cls, batch_size: int) -> str | None:
@@ -41,17 +45,31 @@ class PairBalance(Ordering):
             return "an even number (an odd one changes the number of pairs from step to step)"
         return None
 
+    def _init_state(self) -> None:
+        self.acc = torch.zeros(self.dim, dtype=self.dtype, device=self.device)  # (dim,)
+        self.pending = torch.zeros(self.dim, dtype=self.dtype, device=self.device)  # (dim,)
+        self.lead = torch.zeros((), dtype=torch.long, device=self.device)  # 1: pending leads
+        self._lead = 0  # the same, on the host
+
+    def _refuse_step(self, rows: int) -> None:
+        self._index_check.refuse(torch.ne(self.lead, self._lead), LEAD_CHANGED)
+
     def _balance(self, grads: GradRows, positions: torch.Tensor) -> None:
-        rows = grads.rows
-        lead = int(self.lead) if rows % 2 else self.lead  # a host read for odd steps alone
-        pairs = (rows + 1) // 2 if rows % 2 and lead else rows // 2
+        rows, lead = grads.rows, self._lead
+        pairs = (rows + lead) // 2
         if pairs:
-            diffs = grads.pair_diffs(self.pending, lead, lambda r: self._scratch("diffs", r))
-            members = torch.add(counting(2 * pairs, self.device), self.position - lead)  # (2P,)
-            self._balance_pairs(self._prepare(diffs), members.clamp_(max=self.n - 1))
+            first = self.pending if lead else None
+            diffs = grads.pair_diffs(first, lambda r: self._scratch("diffs", r))  # P rows
+            members = positions  # (2P,) visit positions of the pairs' members
+            if lead or rows % 2:
+                members = torch.add(counting(2 * pairs, self.device), self.position - lead)
+                members.clamp_(max=self.n - 1)
+            self._balance_pairs(self._prepare(diffs), members)
         if rows % 2:
-            self.lead.fill_(1 - lead)
-        grads.write_row(rows - 1, self.pending)  # read only while it leads
+            self._lead = 1 - lead
+            self.lead.fill_(self._lead)
+        if self._lead:
+            grads.write_row(rows - 1, self.pending)
 
     def _balance_pairs(self, diffs: GradRows, members: torch.Tensor) -> None:
         dots = diffs.dots(self.acc)  # (P,)
@@ -60,13 +78,15 @@ class PairBalance(Ordering):
         self.keys.index_copy_(0, members, pair_keys(members, signs, self.n))
 
     def _end_epoch(self) -> None:
-        if int(self.lead):  # the unpaired last example joins the positives
+        if self._lead:  # the unpaired last example joins the positives
             self.keys[self.pos - 1] = self.pos - 1
+        self._lead = 0
         self.lead.zero_()
         self.acc.zero_()
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"has_pending": bool(self.lead)}
+        return {"has_pending": bool(self._lead)}
 
     def _load_extra_state(self, state: Mapping[str, Any]) -> None:
-        self.lead.fill_(int(bool(state["has_pending"])))
+        self._lead = int(bool(state["has_pending"]))
+        self.lead.fill_(self._lead)

@@ -6,6 +6,7 @@ import torch
 
 from grab_exp.balance.centered import CenteredBalance
 from grab_exp.balance.signs import sequential_signs, sign_keys
+from grab_exp.balance.tensors import counting
 from grab_exp.grads.rows import GradRows, constant, kept_view
 from grab_exp.validation import check_int_at_least
 
@@ -55,7 +56,10 @@ class RecursiveBalance(CenteredBalance):
         super().__init__(n, d, **kwargs)
 
     def _new_acc(self, vector: torch.Tensor) -> torch.Tensor:
-        return node_accumulators(2 ** (self.depth + 1) - 1, self.dim, self.dtype, self.device)
+        nodes = 2 ** (self.depth + 1) - 1
+        # the nodes, then the spare row of the gather levels (scratch: not in the state)
+        self._nodes_and_spare = node_accumulators(nodes + 1, self.dim, self.dtype, self.device)
+        return self._nodes_and_spare[:nodes]
 
     def _balance(self, grads: GradRows, positions: torch.Tensor) -> None:
         self._sum_raw(grads)
@@ -94,7 +98,7 @@ class RecursiveBalance(CenteredBalance):
         signs = sequential_signs(dots, gram * same_node, thresholds)  # (B,)
         centered.accumulate(visited, same_node * signs[:, None])  # row i += its node's sum
         first = same_node.to(torch.uint8).argmax(dim=1)  # (B,) the node's first example
-        updated = self._scratch("updated", centered.rows)  # (B, dim)
-        torch.index_select(visited, 0, first, out=updated)  # row i: its node's first's row
-        self.acc.index_copy_(0, node, updated)  # a repeated node: equal rows, any order
+        spare = constant(len(self.acc), 1, torch.long, self.device)  # (1,) the spare row
+        target = torch.where(first == counting(centered.rows, self.device), node, spare)  # (B,)
+        self._nodes_and_spare.index_copy_(0, target, visited)  # each node once, repeats spare
         return signs

@@ -24,11 +24,14 @@ def bench_variant(name: str, n: int, d: int, batch: int, repeats: int, device, *
     generator = torch.Generator(device=device).manual_seed(0)
     grads = torch.randn(batch, d, generator=generator, device=device)  # (B, d)
     steps_per_epoch = n // batch
+    stepped = [0]  # this epoch's steps, counted here: no host read of the ordering's position
 
     def one_step() -> None:
-        if ordering.pos + batch > steps_per_epoch * batch:
+        if stepped[0] == steps_per_epoch:
             ordering.set_epoch(ordering.epoch + 1)
+            stepped[0] = 0
         ordering.step(grads)
+        stepped[0] += 1
 
     seconds = median_seconds(one_step, torch.device(device), repeats)
     row = {"variant": name, **options}

@@ -47,35 +47,6 @@ def _pair_weights(
     return weights, (index[:, 0] < lead).to(dtype)
 
 
-@functools.cache
-def _pair_weight_change(
-    rows: int, dtype: torch.dtype, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``W`` and ``shift`` for an even ``B`` without a lead, and ``W``'s change with one: the
-    number of pairs, ``B / 2``, is the same either way."""
-    weights, _ = _pair_weights(rows, 0, dtype, device)
-    led, shift = _pair_weights(rows, 1, dtype, device)
-    return weights, led - weights, shift
-
-
-@functools.cache
-def _member_rows(rows: int, device: torch.device) -> torch.Tensor:
-    """``(B,)`` rows ``1 .. B`` of ``[first; G]``: the members of ``B / 2`` pairs after a lead."""
-    return torch.arange(1, rows + 1, device=device)
-
-
-def pair_weights(
-    rows: int, lead: int | torch.Tensor, like: torch.Tensor
-) -> tuple[torch.Tensor, ...]:
-    """``W (P, B)`` and ``shift (P,)`` of :meth:`GradRows.pair_diffs`: ``+1`` at a pair's first
-    row (``shift`` for the lead), ``-1`` at its second."""
-    if not isinstance(lead, torch.Tensor):
-        return _pair_weights(rows, lead, like.dtype, like.device)
-    weights, change, shift = _pair_weight_change(rows, like.dtype, like.device)
-    scale = lead.to(like.dtype)  # ()
-    return torch.addcmul(weights, change, scale), shift * scale
-
-
 def keep_views(tensor: torch.Tensor) -> torch.Tensor:
     """A long-lived tensor (an ordering's accumulator or scratch buffer) that keeps the views the
     ``GradRows`` operations take of it (a block's columns, a layer's weight): they are made once,
@@ -190,20 +161,16 @@ class GradRows:
         shift = constant(-1.0, self.rows, base.dtype, base.device)  # (B,)
         return Combination(self, None, shift, base)
 
-    def pair_diffs(
-        self, first: torch.Tensor, lead: int | torch.Tensor, scratch: Scratch
-    ) -> GradRows:
-        """Differences of consecutive rows: ``P = (B + lead) // 2`` vectors.
+    def pair_diffs(self, first: torch.Tensor | None, scratch: Scratch) -> GradRows:
+        """Differences of consecutive rows: ``P = (B + [first given]) // 2`` vectors.
 
-        With ``lead`` 1, ``first (d,)`` (a pending example of the previous step) leads: the
-        vectors are ``first - g_0, g_1 - g_2, ...``; with 0 they are ``g_0 - g_1, g_2 - g_3,
-        ...``. ``lead`` is a host int, or, for an even ``B`` (``B / 2`` pairs either way), a
-        ``()`` device tensor: then nothing here reads it on the host. ``scratch`` as in
+        With ``first (d,)`` (a pending example of the previous step) it leads: the vectors are
+        ``first - g_0, g_1 - g_2, ...``; else ``g_0 - g_1, g_2 - g_3, ...``. ``scratch`` as in
         :meth:`centered`.
         """
-        weights, shift = pair_weights(self.rows, lead, self.like)
-        led = isinstance(lead, torch.Tensor) or lead
-        return Combination(self, weights, shift, first if led else None)
+        lead = int(first is not None)
+        weights, shift = _pair_weights(self.rows, lead, self.like.dtype, self.like.device)
+        return Combination(self, weights, shift, first if lead else None)
 
     def normalized(self) -> GradRows:
         """The rows scaled to unit norm (zero rows stay 0); may work in place."""
@@ -258,12 +225,10 @@ class DenseRows(GradRows):
     def centered(self, base, scratch):
         return self.centered_into(base, scratch(self.rows))
 
-    def pair_diffs(self, first, lead, scratch):
-        if isinstance(lead, torch.Tensor):  # even B: rows 1 - lead .. B - lead of [first; G]
-            members = torch.sub(_member_rows(self.rows, lead.device), lead)  # (B,)
-            grads = torch.cat([first[None], self.matrix]).index_select(0, members)  # (B, d)
-        else:
-            grads = torch.cat([first[None], self.matrix]) if lead else self.matrix  # (B + lead, d)
+    def pair_diffs(self, first, scratch):
+        grads = self.matrix
+        if first is not None:
+            grads = torch.cat([first[None], grads])  # (B + 1, d)
         pairs = grads.shape[0] // 2
         firsts, seconds = grads[0 : 2 * pairs : 2], grads[1 : 2 * pairs : 2]  # (P, d) each
         return DenseRows(torch.sub(firsts, seconds, out=scratch(pairs)))

@@ -83,22 +83,27 @@ def _pair_reference(matrix: torch.Tensor, first: torch.Tensor, lead: int) -> tor
     return torch.stack([rows[i] - rows[i + 1] for i in range(0, len(rows) - 1, 2)])
 
 
-@pytest.mark.parametrize("device_lead", [False, True])
 @pytest.mark.parametrize("lead", [0, 1])
-def test_pair_differences_of_blocks_equal_the_dense_ones(lead, device_lead):
-    """Host and device leads (B even) give the reference's pairs, factored and dense."""
+def test_pair_differences_of_blocks_equal_the_dense_ones(lead):
     grads = mixed_grads()
     dense = DenseRows(grads.dense().matrix)
-    first = torch.randn(grads.width, dtype=F64)
+    first = torch.randn(grads.width, dtype=F64) if lead else None
     want = _pair_reference(dense.matrix, first, lead)  # (P, d)
-    given = torch.tensor(lead) if device_lead else lead
     buffer = torch.empty(B + 1, grads.width, dtype=F64)
-    from_dense = dense.pair_diffs(first, given, lambda rows: buffer[:rows]).matrix
-    got = grads.pair_diffs(first, given, None)
+    from_dense = dense.pair_diffs(first, lambda rows: buffer[:rows]).matrix
+    got = grads.pair_diffs(first, None)
     assert got.rows == want.shape[0] == (B + lead) // 2
     torch.testing.assert_close(from_dense, want, rtol=0, atol=0)
     torch.testing.assert_close(got.dense(torch.empty_like(want)).matrix, want)
     torch.testing.assert_close(got.gram(), want @ want.T)
+
+
+@pytest.mark.parametrize("i", [0, B - 1])
+def test_a_row_is_written_in_place_as_the_dense_row(i):
+    grads = mixed_grads()
+    out = torch.full((grads.width,), float("nan"), dtype=F64)
+    grads.write_row(i, out)
+    torch.testing.assert_close(out, grads.dense().matrix[i])
 
 
 def test_a_dict_and_a_matrix_become_batch_grads_without_copies():

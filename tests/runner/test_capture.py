@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 from grab_run import compose_job, train_epochs
-from helpers import BALANCES, GRADIENT_FREE, KERNELS
+from helpers import BALANCES, GRADIENT_FREE, KERNELS, make
 
 from grab_exp.runner.capture import CaptureError, TracedStep, capture_step, make_capturable
 from grab_exp.runner.lifecycle import _restore, _save
@@ -113,6 +113,19 @@ def test_a_host_read_in_a_step_fails_the_capture():
 
     with pytest.raises(CaptureError, match="host"):
         TracedStep(step, (torch.ones(3),))
+
+
+def test_a_pair_step_replayed_after_an_odd_sized_step_is_refused():
+    """Pair balance's lead is the parity of the rows stepped: a captured even step is right at
+    every replay, unless an odd-sized step changed the parity in between; that is refused."""
+    bal = make("pair", 40, 5)
+    z, order = torch.randn(40, 5), bal.order
+    bal.step(z[order[0:4]])
+    traced = TracedStep(bal.step, (z[order[4:8]],))  # made without a lead
+    bal.step(z[order[8:11]])  # odd-sized: the example at 10 now leads
+    traced.replay()
+    with pytest.raises(ValueError, match="odd-sized step"):
+        bal.set_epoch(1)
 
 
 def test_a_replay_repeats_the_first_steps_python_values():
