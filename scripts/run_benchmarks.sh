@@ -5,6 +5,7 @@
 # repository root) writes elsewhere. BEFORE=<commit>: also run the epoch benchmarks (right after
 # each of ours) and the orderings benchmark of that commit, from a temporary git worktree, into
 # $OUT/before/ (its commit in $OUT/before/commit.txt): a before/after from the same sitting.
+# The 1-thread epoch run times the captured steps too (--captured yes: the traced replay on a CPU).
 set -euo pipefail
 out="${OUT:-results/bench}"
 mkdir -p "$out"
@@ -23,7 +24,7 @@ if [[ -n "${BEFORE:-}" ]]; then
   mkdir -p "$out/before"
   git rev-parse "$BEFORE" > "$out/before/commit.txt"
 fi
-OMP_NUM_THREADS=1 bench epoch --repeats 30 --out "$out/epoch_1t.json"
+OMP_NUM_THREADS=1 bench epoch --repeats 30 --captured yes --out "$out/epoch_1t.json"
 OMP_NUM_THREADS=1 before epoch --repeats 30 --out "$out/before/epoch_1t.json"
 OMP_NUM_THREADS=2 bench epoch --repeats 30 --out "$out/epoch_2t.json"
 OMP_NUM_THREADS=2 before epoch --repeats 30 --out "$out/before/epoch_2t.json"

@@ -335,10 +335,12 @@ class Ordering(Sampler[int]):
     def _thresholds(self, count: int) -> torch.Tensor:
         return self.kernel.thresholds(count, self.generator, self.dtype, self.device)
 
-    def _visit_positions(self, rows: int) -> torch.Tensor:
-        """``(rows,)`` the step's visit positions on the device (past the epoch's end they stay
-        on its last position: the step is refused, see :meth:`_check_rows`)."""
-        return torch.add(self.position, counting(rows, self.device)).clamp_(max=self.n - 1)
+    def _visit_positions(self, rows: int, back: int = 0) -> torch.Tensor:
+        """``(rows,)`` visit positions on the device from ``back`` before the next one (past the
+        epoch's end they stay on its last position: the step is refused, see
+        :meth:`_check_rows`)."""
+        start = self.position - back if back else self.position  # ()
+        return torch.add(start, counting(rows, self.device)).clamp_(max=self.n - 1)
 
     def _check_rows(self, rows: int, positions: torch.Tensor, indices: torch.Tensor | None) -> None:
         """Refuse a step past the epoch's end, indices that are not the order's next ones, and

@@ -9,7 +9,6 @@ import torch
 
 from grab_exp.balance.base import Ordering
 from grab_exp.balance.signs import pair_keys, sequential_signs
-from grab_exp.balance.tensors import counting
 from grab_exp.grads.rows import GradRows
 
 #: a captured step made for one lead, replayed after an odd-sized step changed it
@@ -62,8 +61,7 @@ class PairBalance(Ordering):
             diffs = grads.pair_diffs(first, lambda r: self._scratch("diffs", r))  # P rows
             members = positions  # (2P,) visit positions of the pairs' members
             if lead or rows % 2:
-                members = torch.add(counting(2 * pairs, self.device), self.position - lead)
-                members.clamp_(max=self.n - 1)
+                members = self._visit_positions(2 * pairs, back=lead)
             self._balance_pairs(self._prepare(diffs), members)
         if rows % 2:
             self._lead = 1 - lead

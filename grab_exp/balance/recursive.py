@@ -38,8 +38,9 @@ class RecursiveBalance(CenteredBalance):
       product after it (``coef``: each example's sign at the node it visited);
     * **gather** (deeper levels): the ``B`` visited nodes' rows are gathered, each example's dot
       is taken with its own node's row, the same-node sums come from one product with the
-      ``(B, B)`` same-node matrix, and every example writes back its node's row as computed for
-      the node's first example (a node written twice gets the same values twice).
+      ``(B, B)`` same-node matrix, and the rows go back with one write per node: a node's first
+      example writes its row, a repeated node's later examples all write to one spare row after
+      the nodes (never read: which of them lands there does not matter).
 
     So a step costs about ``2 (2^L - 1) B d`` for the block levels and ``2 B^2 d`` (two ``B x B x
     d`` products) per gather level: linear in ``D``, not ``2^(D+1) B d``. Neither needs an

@@ -65,7 +65,7 @@ class RecursivePairBalance(Ordering):
         if rows != self.batch_size:  # only the epoch's last batch may be shorter
             message = (
                 f"step: recursive_pair needs mini-batches of balance.batch_size="
-                f"{self.batch_size} (only the epoch's last may be smaller); got {rows}"
+                f"{self.batch_size} (only the epoch's last may be smaller)"
             )
             self._index_check.refuse(torch.ne(self.position, self.n - rows), message)
 

@@ -45,7 +45,7 @@ class IndexCheck:
         "step: got more rows than the epoch had left; call set_epoch(epoch + 1) after the "
         "epoch's last example"
     )
-    SLOTS = 4  # refusal kinds an ordering may count (the two above among them)
+    SLOTS = 4  # messages an ordering may count (the two above among them): each a constant
 
     def __init__(self, device: torch.device) -> None:
         self.device = device

@@ -32,7 +32,7 @@ from grab_exp.balance import Ordering, make_ordering
 from grab_exp.bench.machine import add_device_option, bench_parser, describe_machine, write_report
 from grab_exp.bench.memory import memory_method, peak_step_bytes
 from grab_exp.bench.operators import OperatorCount
-from grab_exp.bench.timing import synchronize
+from grab_exp.bench.timing import EpochCursor, synchronize
 from grab_exp.devices import graph_safe, set_cuda_policy
 from grab_exp.models import LeNet
 from grab_exp.per_sample import ClassicPipeline, PerSamplePipeline
@@ -67,7 +67,7 @@ class Row:
     peak_step_bytes: int = 0
     operators: dict[str, dict[str, int]] = field(default_factory=dict)
     captured: CapturedStep | None = None  # a ``:graph`` row: its steps replay a capture
-    stepped: int = 0  # positions of the ordering's epoch stepped (kept here: no host read)
+    cursor: EpochCursor | None = None  # the ordering's next batches (made by build_row)
 
     @property
     def ordering(self) -> Ordering:
@@ -109,7 +109,8 @@ def build_row(
     step = StepParts(model, make_optimizer(optimizer, model), runner, ordering)
     suffix = f"@{method}" if method else ""
     spec = (variant, pipeline, optimizer, method)
-    return Row(row_name(variant, pipeline, optimizer) + suffix, step, spec)
+    cursor = EpochCursor(ordering, args.batch)
+    return Row(row_name(variant, pipeline, optimizer) + suffix, step, spec, cursor=cursor)
 
 
 def build_rows(args, device: torch.device) -> list[Row]:
@@ -156,12 +157,7 @@ def bench_step(row: Row, x: torch.Tensor, y: torch.Tensor, stage=untimed) -> Non
     ``stage(name, fn)`` runs (and may time) each part. The fixed batch ``x``, ``y`` stands in
     for the examples at the ordering's next positions; past the end a new epoch starts.
     """
-    ordering = row.ordering
-    if row.stepped + len(x) > ordering.n:
-        ordering.set_epoch(ordering.epoch + 1)
-        row.stepped = 0
-    indices = ordering.order[row.stepped : row.stepped + len(x)]  # (B,)
-    row.stepped += len(x)
+    indices = row.cursor.next()  # (B,)
     if row.captured is not None:
         row.captured(x, y, indices)
     else:
@@ -227,7 +223,7 @@ def captured_operators(row: Row, args, x: torch.Tensor, y: torch.Tensor) -> dict
     twin = build_row(variant, pipeline, args, x.device, optimizer=optimizer, method=method)
     bench_step(twin, x, y)  # eager: what a step makes once
     twin.ordering.prepare_capture()
-    indices = twin.ordering.order[twin.stepped : twin.stepped + len(x)]  # (B,)
+    indices = twin.cursor.next()  # (B,)
     traced = TracedStep(functools.partial(train_step, twin.step), (x, y, indices))
     return {"per_step": len((x, y, indices)) + 1, "kernels": traced.kernels}
 

@@ -12,7 +12,7 @@ import torch
 
 from grab_exp.balance import Ordering, make_ordering
 from grab_exp.bench.machine import add_device_option, bench_parser, describe_machine, write_report
-from grab_exp.bench.timing import median_seconds
+from grab_exp.bench.timing import EpochCursor, median_seconds
 
 
 def bench_variant(name: str, n: int, d: int, batch: int, repeats: int, device, **options) -> dict:
@@ -23,15 +23,11 @@ def bench_variant(name: str, n: int, d: int, batch: int, repeats: int, device, *
     ordering = make_ordering(name, n, d, device=device, **options)
     generator = torch.Generator(device=device).manual_seed(0)
     grads = torch.randn(batch, d, generator=generator, device=device)  # (B, d)
-    steps_per_epoch = n // batch
-    stepped = [0]  # this epoch's steps, counted here: no host read of the ordering's position
+    cursor = EpochCursor(ordering, batch)
 
     def one_step() -> None:
-        if stepped[0] == steps_per_epoch:
-            ordering.set_epoch(ordering.epoch + 1)
-            stepped[0] = 0
+        cursor.next()
         ordering.step(grads)
-        stepped[0] += 1
 
     seconds = median_seconds(one_step, torch.device(device), repeats)
     row = {"variant": name, **options}

@@ -22,7 +22,7 @@ from torch.nn import functional as F
 from grab_exp.balance import make_ordering
 from grab_exp.bench.machine import add_device_option, bench_parser, describe_machine, write_report
 from grab_exp.bench.memory import memory_method, peak_step_bytes
-from grab_exp.bench.timing import median_seconds
+from grab_exp.bench.timing import EpochCursor, median_seconds
 from grab_exp.models import MLP
 from grab_exp.per_sample import PerSamplePipeline
 
@@ -63,11 +63,10 @@ def bench_ordering(name: str, kind: str | None, made: dict, d: int, args, device
         options.update(projection_dim=args.k, projection_kind=kind)
     ordering = make_ordering(name, args.n, d, device=device, **options)
     grads, _, _, method = made[ordering.takes_factors]
-    batch = grads.rows
+    cursor = EpochCursor(ordering, grads.rows)
 
     def one_step() -> None:
-        if ordering.pos + batch > ordering.n:
-            ordering.set_epoch(ordering.epoch + 1)
+        cursor.next()
         ordering.step(grads)
 
     seconds = median_seconds(one_step, device, args.repeats, warmup=args.warmup)

@@ -59,10 +59,10 @@ class CoordinatedGraB(DistributedOrdering):
         self.last_bytes_sent = pairs * self.dim * self.acc.element_size()
         self.bytes_sent += self.last_bytes_sent
 
-    def _check_rows(self, rows: int, positions: torch.Tensor, indices: torch.Tensor | None) -> None:
-        super()._check_rows(rows, positions, indices)
-        if rows % 2 and rows != self.m - self.pos:
-            raise ValueError(f"cd_grab: the per-worker batch size must be even; got {rows}")
+    def _refuse_step(self, rows: int) -> None:
+        if rows % 2:  # only the epoch's last batch may be odd
+            message = "cd_grab: the per-worker batch size must be even (the epoch's last aside)"
+            self._index_check.refuse(torch.ne(self.position, self.m - rows), message)
 
     def _pair_vectors(self, grads: torch.Tensor) -> torch.Tensor:
         """``(L, 2P, d)`` gradients -> ``(L, P, k)`` pair differences (sketched if asked).

@@ -30,12 +30,29 @@ from grab_exp.optim.gsnr import GSNRStats, PerSample, gsnr_ratios
 from grab_exp.optim.settings import check_batch_sizes, check_gsnr_settings
 from grab_exp.validation import check_positive
 
-__all__ = ["CLIP_HIGH", "CLIP_LOW", "GSNROptimizer", "check_below_one", "check_non_negative"]
+__all__ = [
+    "CLIP_HIGH",
+    "CLIP_LOW",
+    "GSNROptimizer",
+    "check_below_one",
+    "check_non_negative",
+    "device_step",
+]
 
 CLIP_LOW = "gsnr/clip_low"
 CLIP_HIGH = "gsnr/clip_high"
 
 Lists = tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]
+
+
+def device_step(count: int | float | torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """An optimizer's step count as a ``()`` tensor on ``param``'s device, as a captured step
+    needs (from an int of an older checkpoint, or a CPU tensor of one loaded with
+    ``map_location="cpu"``). float32 as torch's capturable optimizers keep it, float64 for
+    float64 parameters or under a float64 default."""
+    wide = torch.float64 in (param.dtype, torch.get_default_dtype())
+    dtype = torch.float64 if wide else torch.float32
+    return torch.as_tensor(count).to(device=param.device, dtype=dtype)
 
 
 def check_non_negative(setting: str, value: float) -> None:

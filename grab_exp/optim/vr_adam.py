@@ -12,8 +12,9 @@ Implementation: we store ``e_t = p_t − (1 − β3^t)``, which obeys the same r
 ``r_t − 1`` (``e_t = β3·e_{t−1} + (1 − β3)(r_t − 1)``, ``e_0 = 0``), so
 ``p̂_t = 1 + e_t / (1 − β3^t)`` - mathematically identical, and exactly 1 when every ``r`` is 1.
 Hence ``gamma = 1`` reproduces ``torch.optim.Adam(lr, betas, eps=adam_eps, weight_decay,
-capturable=True)`` bit for bit where torch runs that (CUDA): the step counts are device tensors
-and the Adam operations mirror torch's capturable multi-tensor Adam one for one, so a step
+capturable=True, foreach=True)`` bit for bit where torch runs that (CUDA): the step counts are
+device tensors and the Adam operations mirror torch's capturable multi-tensor Adam one for one
+(its single-tensor path orders them otherwise, so rounds otherwise), so a step
 reads no host value and can be captured in a CUDA graph. On the CPU, where torch's Adam keeps
 its step count on the host, the two agree to rounding (the bias corrections are computed in
 the parameters' precision rather than in Python's double). ``eps`` is the GSNR regularizer, as
@@ -26,7 +27,7 @@ from typing import Any
 
 import torch
 
-from grab_exp.optim.base import GSNROptimizer, check_below_one, check_non_negative
+from grab_exp.optim.base import GSNROptimizer, check_below_one, check_non_negative, device_step
 
 __all__ = ["VRAdam"]
 
@@ -81,13 +82,12 @@ class VRAdam(GSNROptimizer):
         for p in params:
             state = self.state[p]
             if not state:
-                state["step"] = torch.zeros((), dtype=_step_dtype(p), device=p.device)
+                state["step"] = device_step(0, p)
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["gsnr_dev"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            elif not isinstance(state["step"], torch.Tensor):  # a checkpoint of before
-                step = torch.tensor(state["step"], dtype=_step_dtype(p), device=p.device)
-                state["step"] = step
+            elif not torch.is_tensor(state["step"]) or state["step"].device != p.device:
+                state["step"] = device_step(state["step"], p)  # an older or CPU-mapped state
             states.append(state)
         return states
 
@@ -135,13 +135,6 @@ def _one_minus_powers(beta: float, steps: list[torch.Tensor]) -> list[torch.Tens
     torch._foreach_sub_(powers, 1)
     torch._foreach_neg_(powers)
     return powers
-
-
-def _step_dtype(param: torch.Tensor) -> torch.dtype:
-    """The dtype of a step count, so of the bias corrections: float32 as torch's capturable
-    Adam (under a float32 default), float64 for float64 parameters."""
-    wide = torch.float64 in (param.dtype, torch.get_default_dtype())
-    return torch.float64 if wide else torch.float32
 
 
 def _sized(value: Any) -> bool:

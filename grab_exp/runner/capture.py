@@ -10,9 +10,12 @@ tensor): each ordering keeps those as device tensors (:class:`~grab_exp.balance.
   argument either a tensor that lived before the step (kept by identity, as a CUDA graph keeps
   its addresses), one made by an earlier operator of the step, or a Python value (baked).
   :meth:`TracedStep.replay` runs the same operators again on the same tensors, without
-  autograd. An operator that hands a value to the host (``.item()``, ``.tolist()``, ``if
-  tensor``) or whose output shape depends on values (``nonzero``) fails the recording: a CUDA
-  graph could not hold it either.
+  autograd. Reading a value on the host (``.item()``, ``if tensor``, ``.tolist()``,
+  ``.numpy()``: the last two dispatch no operator, a ``TorchFunctionMode`` sees them) or an
+  operator whose output shape depends on values (``nonzero``) fails the recording: a CUDA
+  graph could not hold it either. Unlike a graph, a replay makes new tensors for what the step
+  makes (a Python reference to one, such as ``param.grad``, keeps the traced step's), and it runs
+  no faster than eager training on the CPU.
 * :class:`CudaGraphStep`: warm-up on a side stream, ``torch.cuda.graph`` capture (the
   ordering's generators registered with the graph), then ``replay()``.
 
@@ -30,9 +33,11 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from grab_exp.devices import graph_safe
+from grab_exp.optim import device_step
 from grab_exp.runner.step import StepParts, train_step
 
 StepFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -55,6 +60,17 @@ class _Slot:
 _aten = torch.ops.aten
 #: operators that hand a tensor's value to the host (``.item()``, ``if tensor``, ``==``)
 HOST_READS = {_aten._local_scalar_dense.default, _aten.is_nonzero.default, _aten.equal.default}
+
+
+class _NoHostReads(TorchFunctionMode):
+    """Refuses the tensor methods that read values on the host without an aten operator."""
+
+    NAMES = frozenset({"tolist", "numpy", "__array__", "item"})
+
+    def __torch_function__(self, func, types, args=(), kwargs=None) -> Any:
+        if getattr(func, "__name__", "") in self.NAMES:
+            raise CaptureError(f"Tensor.{func.__name__} reads a device value on the host")
+        return func(*args, **(kwargs or {}))
 
 
 def _touches_tensors(func: Any, out: Any) -> bool:
@@ -141,7 +157,7 @@ class TracedStep:
 
     def __init__(self, fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> None:
         recorder = _Recorder()
-        with graph_safe(), recorder:
+        with graph_safe(), _NoHostReads(), recorder:
             self.output = fn(*inputs)
         self._ops = recorder.ops
         self._slot_count = recorder.slot_count
@@ -276,7 +292,7 @@ def make_capturable(optimizer: torch.optim.Optimizer) -> None:
         for param in group["params"]:
             state = optimizer.state.get(param, {})
             if "step" in state:  # counted on the host so far (an eager run's checkpoint)
-                state["step"] = torch.as_tensor(state["step"], dtype=torch.float32).to(param.device)
+                state["step"] = device_step(state["step"], param)
 
 
 def capture_step(parts: StepParts) -> CapturedStep:

@@ -3,6 +3,7 @@ setting errors, and the paper's linear-regression toy problem."""
 
 from __future__ import annotations
 
+import io
 import math
 
 import pytest
@@ -188,12 +189,36 @@ def test_gamma_one_vr_adam_is_adam_to_rounding_on_the_cpu(vr_kw, ref_kw):
 @pytest.mark.gpu
 @pytest.mark.parametrize(("vr_kw", "ref_kw"), ADAM_REDUCTIONS)
 def test_gamma_one_vr_adam_is_capturable_adam_bit_for_bit(vr_kw, ref_kw):
+    ref_kw = {**ref_kw, "foreach": True}  # the multi-tensor path VR-Adam mirrors
     same, _, _ = _train_pair(
         lambda p: VRAdam(p, gamma=1.0, **vr_kw),
         lambda p: torch.optim.Adam(p, capturable=True, **ref_kw),
         device="cuda",
     )
     assert same
+
+
+@pytest.mark.gpu
+def test_a_cpu_mapped_vr_adam_state_counts_on_the_device_again():
+    """A checkpoint is loaded with map_location="cpu": the step counts go back to the GPU."""
+    param = nn.Parameter(torch.randn(4, device="cuda"))
+    opt = VRAdam([param], lr=0.01)
+    param.grad = torch.randn(4, device="cuda")
+    opt.observe([torch.randn(6, 4, device="cuda")])
+    opt.step()
+    state = torch.load(_saved(opt.state_dict()), map_location="cpu")
+    opt.load_state_dict(state)
+    opt.observe([torch.randn(6, 4, device="cuda")])
+    opt.step()
+    assert opt.state[param]["step"].device.type == "cuda"
+    assert opt.state[param]["step"].item() == 2
+
+
+def _saved(state: dict) -> io.BytesIO:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return buffer
 
 
 def test_vr_adam_resumes_a_state_with_host_step_counts():

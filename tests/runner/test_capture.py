@@ -107,12 +107,19 @@ def test_a_checkpoint_resumes_across_captured_and_eager_runs(tmp_path, balance, 
     _assert_same(_state(resumed, clips=False), _state(whole, clips=False))
 
 
-def test_a_host_read_in_a_step_fails_the_capture():
-    def step(x: torch.Tensor) -> torch.Tensor:
-        return x * 2 if x.sum() > 0 else x  # a branch on a tensor: the host reads it
-
+@pytest.mark.parametrize(
+    "read",
+    [
+        lambda x: x * 2 if x.sum() > 0 else x,  # a branch on a tensor
+        lambda x: x * x.sum().item(),
+        lambda x: x * x.tolist()[0],  # no aten operator: the TorchFunctionMode sees it
+        lambda x: torch.from_numpy(x.numpy() * 2),
+    ],
+    ids=["branch", "item", "tolist", "numpy"],
+)
+def test_a_host_read_in_a_step_fails_the_capture(read):
     with pytest.raises(CaptureError, match="host"):
-        TracedStep(step, (torch.ones(3),))
+        TracedStep(read, (torch.ones(3),))
 
 
 def test_a_pair_step_replayed_after_an_odd_sized_step_is_refused():
@@ -152,9 +159,10 @@ GPU_SIZE = ("dataset.num_train=200",)  # 12 full batches, then one of 8 (eager, 
 
 
 def _cuda_epochs(overrides: list[str], captured: bool) -> tuple[object, torch.Tensor]:
-    """Two epochs on CUDA, the second with every step (the capture and the replays among them)
-    under ``set_sync_debug_mode("error")``; an eager run's optimizer is capturable too (the
-    same arithmetic as a captured run's)."""
+    """Two epochs on CUDA: the first captures at its second full batch (``torch.cuda.graph``
+    synchronizes), the second runs every step, replays and the eager last batch, under
+    ``set_sync_debug_mode("error")``; an eager run's optimizer is capturable too (the same
+    arithmetic as a captured run's)."""
     job = compose_job([*GPU_SIZE, *overrides, f"trainer.cuda_graph={captured}"], device="cuda")
     assert (job.captured is not None) == captured  # the runner's own trainer.cuda_graph path
     make_capturable(job.parts.optimizer)
