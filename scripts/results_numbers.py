@@ -344,9 +344,20 @@ def bench_sweep(folder: Path) -> None:
         show(f"{label}.torch_threads_seen", r["torch_threads_seen"])
 
 
+def _before_after(label: str, old: dict, new: dict, keys: tuple[str, ...], digits: int) -> None:
+    """``old -> new`` of the values at ``keys`` (nested) in two rows, when both have them."""
+    values = []
+    for row in (old, new):
+        for key in keys:
+            row = row.get(key) if isinstance(row, dict) else None
+        values.append(row)
+    if None not in values:
+        show(label, " -> ".join(f"{v:.{digits}f}" for v in values))
+
+
 def bench_before(folder: Path) -> None:
-    """The same sitting's runs at the commit before issue 21 (``before/``): each Table 1 row's
-    ratio and ordering stage before and after, and the orderings' steps."""
+    """The same sitting's runs at the commit before (``before/``): each Table 1 and VRGD row's
+    step, ratio, stages and operators before and after, and the orderings' steps."""
     before = folder / "before"
     if not before.is_dir():
         return
@@ -354,15 +365,18 @@ def bench_before(folder: Path) -> None:
     for name in ("epoch_1t", "epoch_2t"):
         old = {r["row"]: r for r in read_bench(before, name)["rows"]}
         new = {r["row"]: r for r in read_bench(folder, name)["rows"]}
-        for row in TABLE1_ROWS[1:]:
-            ratios = old[row]["ratio_to_classic_rr"], new[row]["ratio_to_classic_rr"]
-            show(f"before.{name}.{row}.ratio", f"{ratios[0]:.2f} -> {ratios[1]:.2f}")
-            stages = old[row]["breakdown_ms"], new[row]["breakdown_ms"]
-            stage = "ordering" if "ordering" in stages[0] else "sorter"
-            show(
-                f"before.{name}.{row}.ordering_ms",
-                f"{stages[0][stage]:.2f} -> {stages[1]['ordering']:.2f}",
-            )
+        for row in [r for r in old if r in new and "@" not in r]:  # Table 1's and the VRGD rows
+            label = f"before.{name}.{row}"
+            _before_after(f"{label}.step_ms", old[row], new[row], ("step_ms",), 2)
+            if row != TABLE1_ROWS[0]:
+                _before_after(f"{label}.ratio", old[row], new[row], ("ratio_to_classic_rr",), 2)
+            for stage in ("ordering", "gsnr", "opt"):
+                keys = ("breakdown_ms", stage)
+                _before_after(f"{label}.{stage}_ms", old[row], new[row], keys, 2)
+            keys = ("operators", "eager", "total")
+            _before_after(f"{label}.operators", old[row], new[row], keys, 0)
+            keys = ("operators", "eager", "opt")
+            _before_after(f"{label}.operators.opt", old[row], new[row], keys, 0)
     old = {r["variant"]: r["step_ms"] for r in read_bench(before, "orderings")["rows"]}
     new = {
         r["variant"]: r["step_ms"]
