@@ -14,8 +14,9 @@ tensor): each ordering keeps those as device tensors (:class:`~grab_exp.balance.
   ``.numpy()``: the last two dispatch no operator, a ``TorchFunctionMode`` sees them) or an
   operator whose output shape depends on values (``nonzero``) fails the recording: a CUDA
   graph could not hold it either. Unlike a graph, a replay makes new tensors for what the step
-  makes (a Python reference to one, such as ``param.grad``, keeps the traced step's), and it runs
-  no faster than eager training on the CPU.
+  makes (a Python reference to one, such as ``param.grad``, keeps the traced step's), and on the
+  CPU it is no faster than eager training overall (``results/bench/epoch_1t.json``, the
+  ``:graph`` rows).
 * :class:`CudaGraphStep`: warm-up on a side stream, ``torch.cuda.graph`` capture (the
   ordering's generators registered with the graph), then ``replay()``.
 

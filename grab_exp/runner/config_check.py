@@ -242,8 +242,8 @@ def _check_cuda_graph(cfg: DictConfig) -> None:
         raise config_error(
             "trainer.cuda_graph",
             True,
-            f"false with device={cfg.device} (a CUDA graph needs CUDA; on the CPU the traced "
-            "replay, grab_exp.runner.capture.TracedStep, runs no faster than eager)",
+            f"false with device={cfg.device} (a CUDA graph needs CUDA; the CPU's traced replay, "
+            "grab_exp.runner.capture.TracedStep, tests capture and is no faster overall)",
         )
 
 
