@@ -18,7 +18,9 @@ from grab_run import compose_job, train_epochs
 from helpers import BALANCES, GRADIENT_FREE, KERNELS, make
 
 from grab_exp.runner.capture import CaptureError, TracedStep, capture_step, make_capturable
+from grab_exp.runner.fingerprint import config_fingerprint
 from grab_exp.runner.lifecycle import _restore, _save
+from grab_exp.runner.resolvers import settings_hash
 
 EPOCHS = 2
 SIZE = ("dataset.num_train=201",)  # 12 full batches of 16, then one of 9 (run eagerly)
@@ -201,3 +203,29 @@ def test_a_captured_adam_step_counts_on_the_device(optimizer):
     assert all(s.device.type == "cuda" for s in steps)
     assert torch.equal(captured.parts.ordering.order, eager.parts.ordering.order)
     torch.testing.assert_close(losses, eager_losses, rtol=1e-6, atol=0)
+
+
+# ------------------------------------------------------------------ what the option changes
+
+
+def test_the_option_is_in_neither_the_run_directory_nor_the_fingerprint(compose):
+    """A captured run and an eager one of the same config share a run directory and resume
+    each other's checkpoints."""
+    base = ["experiment=smoke", "balance=pair"]
+    assert settings_hash([*base, "trainer.cuda_graph=true"]) == settings_hash(base)
+    captured = config_fingerprint(compose([*base, "trainer.cuda_graph=true"]))
+    assert captured == config_fingerprint(compose(base))
+
+
+def test_make_capturable_moves_adams_host_step_counts_to_the_device():
+    param = torch.nn.Parameter(torch.randn(3))
+    adam = torch.optim.Adam([param], lr=0.1)
+    param.grad = torch.randn(3)
+    adam.step()  # an eager run's state: the step count lives on the host
+    make_capturable(adam)
+    step = adam.state[param]["step"]
+    assert adam.param_groups[0]["capturable"] and step.device == param.device
+    assert step.dtype == torch.float32 and step.item() == 1.0
+    sgd = torch.optim.SGD([param], lr=0.1)  # keeps no step count: nothing to do
+    make_capturable(sgd)
+    assert "capturable" not in sgd.param_groups[0]
