@@ -140,12 +140,6 @@ class GradRows:
         """The rows as a ``(B, d)`` matrix (their own, or a new one)."""
         return self.dense(self.like.new_empty(self.rows, self.width)).matrix
 
-    def row(self, i: int) -> torch.Tensor:
-        """Row ``i`` ``(d,)`` (a view or a fresh tensor)."""
-        out = self.like.new_empty(self.width)  # (d,)
-        self.write_row(i, out)
-        return out
-
     def write_row(self, i: int, out: torch.Tensor) -> None:
         """Write row ``i`` into ``out (d,)`` (nothing of its size allocated on the way)."""
         raise NotImplementedError
@@ -212,9 +206,6 @@ class DenseRows(GradRows):
 
     def materialize(self):
         return self.matrix
-
-    def row(self, i):
-        return self.matrix[i]  # (d,)
 
     def write_row(self, i, out):
         out.copy_(self.matrix[i])

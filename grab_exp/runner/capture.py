@@ -17,12 +17,13 @@ tensor): each ordering keeps those as device tensors (:class:`~grab_exp.balance.
   makes (a Python reference to one, such as ``param.grad``, keeps the traced step's), and on the
   CPU it is no faster than eager training overall (``results/bench/epoch_1t.json``, the
   ``:graph`` rows).
-* :class:`CudaGraphStep`: warm-up on a side stream, ``torch.cuda.graph`` capture (the
-  ordering's generators registered with the graph), then ``replay()``.
+* :class:`CudaGraphStep`: ``torch.cuda.graph`` capture (the ordering's generators registered
+  with the graph), then ``replay()``.
 
-Both read their inputs from static buffers: :meth:`CapturedStep.__call__` copies ``x``, ``y``
-and ``indices`` into them before each replay, and returns the step's loss buffer, which the
-next replay overwrites.
+:class:`CapturedStep` runs the first step eagerly (on a side stream on CUDA), captures the
+second and replays every later one. Both kinds read their inputs from static buffers:
+:meth:`CapturedStep.__call__` copies ``x``, ``y`` and ``indices`` into them before each replay,
+and returns the step's loss buffer, which the next replay overwrites.
 """
 
 from __future__ import annotations
@@ -165,11 +166,6 @@ class TracedStep:
         self._output_slot = recorder.slot(self.output)  # the replay copies it into ``output``
 
     @property
-    def operators(self) -> int:
-        """Operators one replay runs, views included."""
-        return len(self._ops)
-
-    @property
     def kernels(self) -> int:
         """Non-view operators one replay runs (on a GPU, the kernels of the step's graph)."""
         return sum(not func.is_view for func, *_ in self._ops)
@@ -193,9 +189,9 @@ class CudaGraphStep:
     """A step captured as one CUDA graph (``torch.cuda.graph``), replayed with one launch.
 
     Args:
-        fn: the step; run ``warmup`` times on a side stream (real steps), then captured.
+        fn: the step, captured (the capture runs nothing: warm it up first, as
+            :class:`CapturedStep` does).
         inputs: the static input tensors ``fn`` reads (refilled before each replay).
-        warmup_inputs: one ``inputs``-like tuple per warm-up step.
         generators: the CUDA generators the step draws from (registered with the graph, so
             each replay draws new values).
     """

@@ -25,7 +25,8 @@ log = logging.getLogger("grab_exp")
 #: reads it, so a run extended by more epochs continues exactly), and the device request
 #: (``auto`` and ``cuda`` may name one device; the checkpoint records the device type its
 #: generators ran on, and a resume on another type is refused by that record), and whether the
-#: step is replayed from a CUDA graph (the same numbers as eager: either resumes the other)
+#: step is replayed from a CUDA graph (the same numbers as eager, a capturable Adam's rounding
+#: aside: either resumes the other)
 UNCHECKED = ("hydra", "logger", "progress", "overwrite", "device", "distributed.timeout_s")
 UNCHECKED += ("epochs", "trainer.cuda_graph")
 
