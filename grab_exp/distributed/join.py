@@ -6,6 +6,7 @@ it returns a :class:`~grab_exp.distributed.comm.ProcessGroupComm` and the rank's
 
 from __future__ import annotations
 
+import atexit
 import datetime as dt
 import inspect
 import os
@@ -95,4 +96,13 @@ def init_distributed(
             kwargs["device_id"] = resolved
     if not dist.is_initialized():
         dist.init_process_group(backend, timeout=dt.timedelta(seconds=timeout_s), **kwargs)
+        # left to the interpreter's teardown, the group's threads can be destroyed unjoined
+        # ("terminate called without an active exception": the rank dies with SIGABRT after
+        # its job finished); every job of this process shares the group, so it goes at exit
+        atexit.register(_destroy_group)
     return ProcessGroupComm(timeout_s), resolved
+
+
+def _destroy_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
