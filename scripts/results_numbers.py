@@ -225,6 +225,49 @@ def bench_epoch(folder: Path, name: str) -> None:
     show(f"{name}.multirun_mean_pair_2_seeds_100_epochs_h", f"{2 * 100 * (mean + pair) / 3600:.1f}")
 
 
+#: an operator under this many ms per step (or its change) is summed into "smaller operators"
+SHOWN_MS = 0.05
+
+
+def _op_items(ops: dict[str, float], other: float) -> str:
+    """``other 1.00, convolution_backward 0.95, ..., smaller operators 0.12``: the time outside
+    the operators first, then every operator of at least SHOWN_MS (either sign), the rest summed."""
+    shown = {k: v for k, v in ops.items() if abs(v) >= SHOWN_MS}
+    rest = sum(v for k, v in ops.items() if k not in shown)
+    items = [("outside operators", other), *sorted(shown.items(), key=lambda kv: -abs(kv[1]))]
+    items.append(("smaller operators", rest))
+    return ", ".join(f"{name.removeprefix('aten::')} {value:+.2f}" for name, value in items)
+
+
+def bench_profile(folder: Path, name: str) -> None:
+    """Where Table 1's steps spend their time (``profile``: torch.profiler, ms per step, with
+    its own cost in every operator), and where each row's time over classic RR's goes, per stage
+    and operator; then the unprofiled time over each row's target."""
+    rows = {r["row"]: r for r in read_bench(folder, name)["rows"]}
+    if rows["rr-classic"].get("profile") is None:
+        return
+    classic = rows["rr-classic"]
+    for row in TABLE1_ROWS:
+        profile, label = rows[row]["profile"], f"{name}.{row}.profile"
+        show(f"{label}.total_ms", f"{sum(s['ms'] for s in profile.values()):.2f}")
+        for stage, times in profile.items():
+            ops = {op: t["ms"] for op, t in times["ops"].items()}
+            show(f"{label}.{stage}", f"{times['ms']:.2f}: {_op_items(ops, times['other_ms'])}")
+        if row == "rr-classic":
+            continue
+        for stage, times in profile.items():
+            base = classic["profile"].get(stage, {"ms": 0.0, "other_ms": 0.0, "ops": {}})
+            names = set(times["ops"]) | set(base["ops"])
+            ms = {op: times["ops"].get(op, {"ms": 0.0})["ms"] for op in names}
+            diff = {op: ms[op] - base["ops"].get(op, {"ms": 0.0})["ms"] for op in names}
+            other = times["other_ms"] - base["other_ms"]
+            items = _op_items(diff, other)
+            show(f"{name}.{row}.over_classic.{stage}", f"{times['ms'] - base['ms']:+.2f}: {items}")
+        if row in TARGETS:
+            over = rows[row]["step_ms"] - TARGETS[row] * classic["step_ms"]
+            show(f"{name}.{row}.over_target_ms", f"{over:+.2f}")
+
+
 def bench_orderings(folder: Path) -> None:
     """One step of each ordering alone; recursive at every depth and how its time grows."""
     depths = {}
@@ -391,6 +434,7 @@ def bench(folder: Path) -> None:
     bench_machines(folder)
     for name in ("epoch_1t", "epoch_2t"):
         bench_epoch(folder, name)
+        bench_profile(folder, name)
     bench_before(folder)
     bench_orderings(folder)
     bench_projection(folder)

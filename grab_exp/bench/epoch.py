@@ -7,9 +7,10 @@ Each repeat times ``--steps`` whole training steps; a separately timed step give
 50,000. Last, the peak memory of one step per row (:mod:`grab_exp.bench.memory`), outside the
 timed steps, and the operators of one step: eager, eager with CUDA's sign loop, and captured
 (``trainer.cuda_graph``: one graph launch and the input copies per step, and the kernels
-inside the graph). With ``--captured`` (the default on CUDA) Table 1's rows are timed a second
-time captured (``<row>:graph``; no breakdown: a graph runs as one). The method is written down
-in ``results/bench/README.md``.
+inside the graph), and where its time goes: ``--profile-steps`` steps under ``torch.profiler``,
+per stage and operator (:func:`~grab_exp.bench.operators.operator_times`). With ``--captured``
+(the default on CUDA) Table 1's rows are timed a second time captured (``<row>:graph``; no
+breakdown: a graph runs as one). The method is written down in ``results/bench/README.md``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from torch.nn import functional as F
 from grab_exp.balance import Ordering, make_ordering
 from grab_exp.bench.machine import add_device_option, bench_parser, describe_machine, write_report
 from grab_exp.bench.memory import memory_method, peak_step_bytes
-from grab_exp.bench.operators import OperatorCount
+from grab_exp.bench.operators import OperatorCount, operator_times
 from grab_exp.bench.timing import EpochCursor, synchronize
 from grab_exp.devices import graph_safe, set_cuda_policy
 from grab_exp.models import LeNet
@@ -66,6 +67,7 @@ class Row:
     parts: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in STAGES})
     peak_step_bytes: int = 0
     operators: dict[str, dict[str, int]] = field(default_factory=dict)
+    profile: dict[str, dict] | None = None  # operator_times of its steps (not for ':graph')
     captured: CapturedStep | None = None  # a ``:graph`` row: its steps replay a capture
     cursor: EpochCursor | None = None  # the ordering's next batches (made by build_row)
 
@@ -243,6 +245,16 @@ def count_operators(rows: list[Row], args, device: torch.device) -> None:
         }
 
 
+def profile_rows(rows: list[Row], args, device: torch.device) -> None:
+    """Where each row's step spends its time (:func:`operator_times` of ``--profile-steps``
+    steps), outside the timing; a ``:graph`` row runs as one and is not profiled."""
+    x, y = make_batch(args.batch, device)
+    for row in rows:
+        if row.captured is None and args.profile_steps:
+            step = functools.partial(bench_step, row, x, y)  # step(stage)
+            row.profile = operator_times(step, args.profile_steps)
+
+
 def _median_ms(times: list[float]) -> float | None:
     return statistics.median(times) * 1e3 if times else None
 
@@ -268,6 +280,7 @@ def summarize(rows: list[Row], args, device: torch.device) -> dict:
                 "ordering_state_bytes": row.ordering.state_bytes(),
                 "peak_step_bytes": row.peak_step_bytes,
                 "operators": row.operators,
+                "profile": row.profile,
             }
         )
     return {
@@ -316,6 +329,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--method", default="auto", help="per-sample gradients: func|hooks|factored|auto"
     )
+    parser.add_argument(
+        "--profile-steps",
+        type=int,
+        default=50,
+        help="steps per row profiled for where the time goes (0: none)",
+    )
     parser.add_argument("--compare", default="hooks", help="method of the @ rows ('': none)")
     parser.add_argument(
         "--captured",
@@ -336,6 +355,7 @@ def main(argv: list[str] | None = None) -> dict:
     time_rows(rows, args, device)
     measure_memory(rows, args, device)
     count_operators(rows, args, device)
+    profile_rows(rows, args, device)
     report = summarize(rows, args, device)
     print_table(report)
     write_report(args.out, report)

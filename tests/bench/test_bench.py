@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from grab_exp.bench import conv, epoch, orderings, sweep
 from grab_exp.bench.__main__ import BENCHMARKS
 from grab_exp.bench.epoch import GSNR_ROWS, ROWS, STAGES, row_name
 from grab_exp.bench.memory import CPU_METHOD, peak_step_bytes
-from grab_exp.bench.operators import OperatorCount
+from grab_exp.bench.operators import OperatorCount, operator_times
 from grab_exp.models import MLP
 from grab_exp.per_sample import PerSamplePipeline
 from grab_exp.runner.step import StepParts, train_step
@@ -100,6 +101,7 @@ def test_cpu_peak_counts_frees_of_what_the_previous_step_left():
 def epoch_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("epoch") / "epoch.json"
     args = ["--steps", "1", "--repeats", "2", "--warmup", "1", "--captured", "yes"]
+    args += ["--profile-steps", "2"]
     epoch.main([*args, "--out", str(out)])
     return json.loads(out.read_text())
 
@@ -129,6 +131,7 @@ def test_epoch_bench_short_mode_writes_json(epoch_report):
             "ordering_state_bytes",
             "peak_step_bytes",
             "operators",
+            "profile",
         }
         assert set(row["breakdown_ms"]) == set(STAGES)
         paths = (
@@ -164,6 +167,39 @@ def test_captured_rows_time_whole_steps_only(epoch_report):
     rows = {row["row"]: row for row in epoch_report["rows"]}
     graph = rows["mean:graph"]
     assert graph["step_ms"] > 0 and all(v is None for v in graph["breakdown_ms"].values())
+
+
+def test_epoch_bench_profiles_every_stage_of_every_eager_row(epoch_report):
+    rows = {row["row"]: row for row in epoch_report["rows"]}
+    assert rows["mean:graph"]["profile"] is None  # a captured step runs as one
+    for name in ("rr-classic", "mean", "recursive", "rr+vr_adam"):
+        profile = rows[name]["profile"]
+        ran = {s for s, ms in rows[name]["breakdown_ms"].items() if ms is not None}
+        assert set(profile) == ran
+        for stage in profile.values():
+            assert 0 <= stage["other_ms"] <= stage["ms"]
+    grads = {name: rows[name]["profile"]["grads"]["ops"] for name in ("rr-classic", "mean")}
+    # classic: the convolutions' backward from autograd, one per layer; the per-sample path:
+    # conv2's input gradient from autograd plus both layers' per-sample weight gradients
+    assert grads["rr-classic"]["aten::convolution_backward"]["calls"] == 2
+    assert grads["mean"]["aten::convolution_backward"]["calls"] == 3
+    assert "aten::addmm" not in grads["rr-classic"]  # inside aten::linear: its caller's time
+
+
+def test_operator_times_split_a_stage_into_outermost_operators_and_the_rest():
+    x, weight = torch.randn(64, 64), torch.randn(32, 64)
+
+    def step(stage):
+        stage("first", lambda: (torch.mm(x, x), torch.mm(x, x), time.sleep(0.004)))
+        stage("second", lambda: F.linear(x, weight))
+
+    times = operator_times(step, steps=3)
+    assert set(times) == {"first", "second"}
+    first = times["first"]
+    assert set(first["ops"]) == {"aten::mm"} and first["ops"]["aten::mm"]["calls"] == 2
+    assert first["other_ms"] >= 4.0  # the sleep is no operator
+    assert first["ms"] == pytest.approx(first["other_ms"] + first["ops"]["aten::mm"]["ms"])
+    assert set(times["second"]["ops"]) == {"aten::linear"}  # its addmm is inside it
 
 
 def test_operator_count_skips_views():
