@@ -7,10 +7,11 @@ Each repeat times ``--steps`` whole training steps; a separately timed step give
 50,000. Last, the peak memory of one step per row (:mod:`grab_exp.bench.memory`), outside the
 timed steps, and the operators of one step: eager, eager with CUDA's sign loop, and captured
 (``trainer.cuda_graph``: one graph launch and the input copies per step, and the kernels
-inside the graph), and where its time goes: ``--profile-steps`` steps under ``torch.profiler``,
-per stage and operator (:func:`~grab_exp.bench.operators.operator_times`). With ``--captured``
-(the default on CUDA) Table 1's rows are timed a second time captured (``<row>:graph``; no
-breakdown: a graph runs as one). The method is written down in ``results/bench/README.md``.
+inside the graph). Right after the timing, where each row's time goes: ``--profile-steps`` steps
+under ``torch.profiler``, per stage and operator
+(:func:`~grab_exp.bench.operators.operator_times`). With ``--captured`` (the default on CUDA)
+Table 1's rows are timed a second time captured (``<row>:graph``; no breakdown: a graph runs as
+one). The method is written down in ``results/bench/README.md``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import gc
 import math
 import statistics
 import time
@@ -247,10 +249,13 @@ def count_operators(rows: list[Row], args, device: torch.device) -> None:
 
 def profile_rows(rows: list[Row], args, device: torch.device) -> None:
     """Where each row's step spends its time (:func:`operator_times` of ``--profile-steps``
-    steps), outside the timing; a ``:graph`` row runs as one and is not profiled."""
+    steps), right after the timing and before anything else is built, each row after a garbage
+    collection (the profiler's records of the row before must not be collected in its steps);
+    a ``:graph`` row runs as one and is not profiled."""
     x, y = make_batch(args.batch, device)
     for row in rows:
         if row.captured is None and args.profile_steps:
+            gc.collect()
             step = functools.partial(bench_step, row, x, y)  # step(stage)
             row.profile = operator_times(step, args.profile_steps)
 
@@ -353,9 +358,9 @@ def main(argv: list[str] | None = None) -> dict:
     set_cuda_policy(device, tf32=False)  # the numerics of a training run (trainer.tf32=false)
     rows = build_rows(args, device)
     time_rows(rows, args, device)
+    profile_rows(rows, args, device)
     measure_memory(rows, args, device)
     count_operators(rows, args, device)
-    profile_rows(rows, args, device)
     report = summarize(rows, args, device)
     print_table(report)
     write_report(args.out, report)
