@@ -230,8 +230,9 @@ SHOWN_MS = 0.05
 
 
 def _op_items(ops: dict[str, float], other: float) -> str:
-    """``other 1.00, convolution_backward 0.95, ..., smaller operators 0.12``: the time outside
-    the operators first, then every operator of at least SHOWN_MS (either sign), the rest summed."""
+    """``outside operators +1.00, convolution_backward +0.95, ..., smaller operators +0.12``: the
+    time outside operators first, then every operator of at least SHOWN_MS either way, the rest
+    summed."""
     shown = {k: v for k, v in ops.items() if abs(v) >= SHOWN_MS}
     rest = sum(v for k, v in ops.items() if k not in shown)
     items = [("outside operators", other), *sorted(shown.items(), key=lambda kv: -abs(kv[1]))]
@@ -246,28 +247,53 @@ def bench_profile(folder: Path, name: str) -> None:
     rows = {r["row"]: r for r in read_bench(folder, name)["rows"]}
     if rows["rr-classic"].get("profile") is None:
         return
+    _profiled_over_timed(rows, name)
     classic = rows["rr-classic"]
     for row in TABLE1_ROWS:
         profile, label = rows[row]["profile"], f"{name}.{row}.profile"
-        total = sum(s["ms"] for s in profile.values())
-        show(f"{label}.total_ms", f"{total:.2f}")
-        show(f"{label}.over_timed", f"{total / rows[row]['step_ms']:.2f}")  # the profiler's cost
+        show(f"{label}.total_ms", f"{sum(s['ms'] for s in profile.values()):.2f}")
         for stage, times in profile.items():
             ops = {op: t["ms"] for op, t in times["ops"].items()}
             show(f"{label}.{stage}", f"{times['ms']:.2f}: {_op_items(ops, times['other_ms'])}")
-        if row == "rr-classic":
-            continue
-        for stage, times in profile.items():
-            base = classic["profile"].get(stage, {"ms": 0.0, "other_ms": 0.0, "ops": {}})
-            names = set(times["ops"]) | set(base["ops"])
-            ms = {op: times["ops"].get(op, {"ms": 0.0})["ms"] for op in names}
-            diff = {op: ms[op] - base["ops"].get(op, {"ms": 0.0})["ms"] for op in names}
-            other = times["other_ms"] - base["other_ms"]
-            items = _op_items(diff, other)
-            show(f"{name}.{row}.over_classic.{stage}", f"{times['ms'] - base['ms']:+.2f}: {items}")
-        if row in TARGETS:
-            over = rows[row]["step_ms"] - TARGETS[row] * classic["step_ms"]
-            show(f"{name}.{row}.over_target_ms", f"{over:+.2f}")
+        if row != "rr-classic":
+            _over_classic(rows[row], classic, f"{name}.{row}")
+
+
+def _profiled_over_timed(rows: dict[str, dict], name: str) -> None:
+    """Every profiled row's profiled step over its timed one, and the ranges of Table 1's and of
+    the VRGD rows."""
+    over_timed = {}
+    for row, r in rows.items():
+        if r.get("profile"):
+            over_timed[row] = sum(s["ms"] for s in r["profile"].values()) / r["step_ms"]
+            show(f"{name}.{row}.profile.over_timed", f"{over_timed[row]:.2f}")
+    show(f"{name}.table1.profile.over_timed", span([over_timed[r] for r in TABLE1_ROWS], 2))
+    vrgd_rows = [v for row, v in over_timed.items() if "+vr_" in row]
+    show(f"{name}.vrgd_rows.profile.over_timed", span(vrgd_rows, 2))
+
+
+def _over_classic(r: dict, classic: dict, label: str) -> None:
+    """A row's stages over classic RR's: timed, profiled over timed, profiled by operator; and
+    its timed step over its target."""
+    profile, base_profile = r["profile"], classic["profile"]
+    for stage, timed in r["breakdown_ms"].items():
+        if timed is not None and stage in profile:
+            extra = timed - classic["breakdown_ms"].get(stage, 0.0)
+            show(f"{label}.over_classic_timed.{stage}", f"{extra:+.2f}")
+            show(f"{label}.profile.{stage}.over_timed", f"{profile[stage]['ms'] / timed:.2f}")
+    for stage, times in profile.items():
+        base = base_profile.get(stage, {"ms": 0.0, "other_ms": 0.0, "ops": {}})
+        names = set(times["ops"]) | set(base["ops"])
+        diff = {
+            op: times["ops"].get(op, {"ms": 0.0})["ms"] - base["ops"].get(op, {"ms": 0.0})["ms"]
+            for op in names
+        }
+        items = _op_items(diff, times["other_ms"] - base["other_ms"])
+        show(f"{label}.over_classic.{stage}", f"{times['ms'] - base['ms']:+.2f}: {items}")
+    row = label.split(".", 1)[1]
+    if row in TARGETS:
+        over = r["step_ms"] - TARGETS[row] * classic["step_ms"]
+        show(f"{label}.over_target_ms", f"{over:+.2f}")
 
 
 def bench_orderings(folder: Path) -> None:

@@ -43,6 +43,7 @@ from grab_exp.report.table1_table import ROW_ORDER
 from grab_exp.runner.capture import CapturedStep, TracedStep, capture_step
 from grab_exp.runner.step import STAGES as STEP_STAGES
 from grab_exp.runner.step import StepParts, train_step, untimed
+from grab_exp.validation import check_int_at_least
 
 ROWS = ROW_ORDER  # Table 1's rows, in the report's order
 #: VRGD rows ``(variant, pipeline, optimizer)``: every VR optimizer with RR, VR-Momentum with mean
@@ -354,6 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark, print the table, write the JSON."""
     args = build_parser().parse_args(argv)
+    check_int_at_least("--profile-steps", args.profile_steps, 0)
     device = torch.device(args.device)
     set_cuda_policy(device, tf32=False)  # the numerics of a training run (trainer.tf32=false)
     rows = build_rows(args, device)

@@ -13,10 +13,13 @@ every aten operator: Python, the dispatcher's and autograd's own work, numpy.
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from torch.autograd.profiler_util import FunctionEvent
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -50,10 +53,15 @@ def ranged(name: str, fn: Callable[[], Any]) -> Any:
 def operator_times(step: Callable[[Callable], Any], steps: int) -> dict[str, dict]:
     """Where ``steps`` calls of ``step(stage)`` spend their time, per stage, in ms per step.
 
-    ``step`` runs each of its stages through the ``stage(name, fn)`` it is given. The times are
-    the profiler's CPU times (on CUDA: the host's, launches included, not the kernels'), and the
-    profiler adds its own cost to every operator it records: the stages take longer than
-    unprofiled ones.
+    The times are the profiler's CPU times (on CUDA: the host's, launches included, not the
+    kernels'), and the profiler adds its own cost to every operator it records: the stages take
+    longer than unprofiled ones. An operator belongs to the stage it runs in: in the stage's
+    thread, or in autograd's own thread (a CUDA backward) while the stage waits for it.
+
+    Args:
+        step: runs one training step, each of its stages through the ``stage(name, fn)`` it is
+            given.
+        steps: how many steps to profile.
 
     Returns:
         Stage -> ``{"ms": the stage, "other_ms": outside every aten operator, "ops": {name:
@@ -63,13 +71,18 @@ def operator_times(step: Callable[[Callable], Any], steps: int) -> dict[str, dic
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             step(ranged)
+    events = prof.events()
+    ranges = sorted(
+        (event.time_range.start, event.time_range.end, event.name.removeprefix(STAGE_PREFIX))
+        for event in events
+        if event.name.startswith(STAGE_PREFIX)
+    )
     stages: dict[str, float] = defaultdict(float)
+    for start, end, stage in ranges:
+        stages[stage] += end - start
     ops: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))
-    for event in prof.events():
-        if event.name.startswith(STAGE_PREFIX):
-            stages[event.name.removeprefix(STAGE_PREFIX)] += event.cpu_time_total
-            continue
-        stage = _outermost_stage(event)
+    for event in events:
+        stage = _outermost_stage(event, ranges)
         if stage is not None:
             total = ops[stage][event.name]
             total[0] += event.cpu_time_total
@@ -77,18 +90,28 @@ def operator_times(step: Callable[[Callable], Any], steps: int) -> dict[str, dic
     return {stage: _stage_times(micros, ops[stage], steps) for stage, micros in stages.items()}
 
 
-def _outermost_stage(event) -> str | None:
-    """The stage of an aten operator that no other aten operator called, else ``None``."""
+def _outermost_stage(event: FunctionEvent, ranges: list[tuple[int, int, str]]) -> str | None:
+    """The stage of an aten operator that no other aten operator called, else ``None``.
+
+    Its stage is the stage range above it in its thread, or, for an operator of a backward
+    function that autograd ran in its own thread, the stage ``ranges`` (``(start, end, stage)``
+    in time order) that was running then. An operator of any other thread (an intra-op worker's)
+    is inside its caller's time already: ``None``.
+    """
     if not event.name.startswith("aten::"):
         return None
-    parent = event.cpu_parent
+    top, parent = event, event.cpu_parent
     while parent is not None:
         if parent.name.startswith("aten::"):
             return None
         if parent.name.startswith(STAGE_PREFIX):
             return parent.name.removeprefix(STAGE_PREFIX)
-        parent = parent.cpu_parent
-    return None
+        top, parent = parent, parent.cpu_parent
+    if not top.name.startswith("autograd::engine::"):
+        return None
+    index = bisect.bisect_right(ranges, (top.time_range.start, math.inf)) - 1
+    start, end, stage = ranges[index] if index >= 0 else (0, -1, None)
+    return stage if start <= top.time_range.start <= end else None
 
 
 def _stage_times(micros: float, ops: dict[str, list], steps: int) -> dict:
