@@ -125,9 +125,11 @@ tests() {  # tests NAME SECONDS PYTEST_ARGS...: one pytest check with its junit 
 # 1. the APIs we call exist in this torch; the sync-free steps and the device handling
 tests torch_apis 15 tests/test_torch_apis.py
 tests gpu_tests 100 -m gpu -k "not compile" "${gpu_files[@]:1}"
-# 2. the GPU epoch bench: every row's step time, stage breakdown and peak step memory
+# 2. the GPU epoch bench: every row's step time, stage breakdown, peak step memory and a short
+#    profile (its backward's operators run in autograd's own thread on CUDA)
 check epoch_bench 35 "$PYTHON" -m grab_exp.bench epoch --device "$device" \
-    ${GPU_CHECK_BENCH_ARGS:---repeats 5 --steps 10 --warmup 3} --out "$scratch/bench_epoch.json"
+    ${GPU_CHECK_BENCH_ARGS:---repeats 5 --steps 10 --warmup 3 --profile-steps 5} \
+    --out "$scratch/bench_epoch.json"
 # 3. Table 1's 7 rows, 1 epoch of real CIFAR-10 on the device (the archive decoded once first),
 #    the rows in parallel; then its report, with the bench's time columns
 check cifar10_cache 25 "$PYTHON" -c "from grab_exp.data import load_cifar10_jpeg; \

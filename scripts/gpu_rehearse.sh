@@ -60,7 +60,7 @@ rc=0
 (cd "$scratch/tree" && env -u PYTHONPATH PYTHON="$venv_python" GPU_CHECK_DEVICE=cpu \
     GPU_CHECK_TIME_SCALE="${GPU_CHECK_TIME_SCALE:-4}" \
     GPU_CHECK_SCRATCH="$scratch/run" TABLE1_SUBSET=512 TABLE1_JOBS=2 \
-    TABLE1_ARGS="dataset.test_subset=256" GPU_CHECK_BENCH_ARGS="--repeats 1 --steps 2 --warmup 1 --compare=" \
+    TABLE1_ARGS="dataset.test_subset=256" GPU_CHECK_BENCH_ARGS="--repeats 1 --steps 2 --warmup 1 --profile-steps 2 --compare=" \
     bash scripts/gpu_check.sh "$out") || rc=$?
 
 # 4. what would come back
