@@ -256,7 +256,7 @@ def bench_profile(folder: Path, name: str) -> None:
             ops = {op: t["ms"] for op, t in times["ops"].items()}
             show(f"{label}.{stage}", f"{times['ms']:.2f}: {_op_items(ops, times['other_ms'])}")
         if row != "rr-classic":
-            _over_classic(rows[row], classic, f"{name}.{row}")
+            _over_classic(name, row, rows[row], classic)
 
 
 def _profiled_over_timed(rows: dict[str, dict], name: str) -> None:
@@ -272,10 +272,10 @@ def _profiled_over_timed(rows: dict[str, dict], name: str) -> None:
     show(f"{name}.vrgd_rows.profile.over_timed", span(vrgd_rows, 2))
 
 
-def _over_classic(r: dict, classic: dict, label: str) -> None:
-    """A row's stages over classic RR's: timed, profiled over timed, profiled by operator; and
-    its timed step over its target."""
-    profile, base_profile = r["profile"], classic["profile"]
+def _over_classic(name: str, row: str, r: dict, classic: dict) -> None:
+    """Row ``row`` (``r``) of file ``name``: its stages over classic RR's (timed, profiled over
+    timed, profiled by operator) and its timed step over its target."""
+    label, profile, base_profile = f"{name}.{row}", r["profile"], classic["profile"]
     for stage, timed in r["breakdown_ms"].items():
         if timed is not None and stage in profile:
             extra = timed - classic["breakdown_ms"].get(stage, 0.0)
@@ -290,7 +290,6 @@ def _over_classic(r: dict, classic: dict, label: str) -> None:
         }
         items = _op_items(diff, times["other_ms"] - base["other_ms"])
         show(f"{label}.over_classic.{stage}", f"{times['ms'] - base['ms']:+.2f}: {items}")
-    row = label.split(".", 1)[1]
     if row in TARGETS:
         over = r["step_ms"] - TARGETS[row] * classic["step_ms"]
         show(f"{label}.over_target_ms", f"{over:+.2f}")

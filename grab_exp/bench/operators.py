@@ -109,9 +109,11 @@ def _outermost_stage(event: FunctionEvent, ranges: list[tuple[int, int, str]]) -
         top, parent = parent, parent.cpu_parent
     if not top.name.startswith("autograd::engine::"):
         return None
-    index = bisect.bisect_right(ranges, (top.time_range.start, math.inf)) - 1
-    start, end, stage = ranges[index] if index >= 0 else (0, -1, None)
-    return stage if start <= top.time_range.start <= end else None
+    index = bisect.bisect_right(ranges, (top.time_range.start, math.inf)) - 1  # began at or before
+    if index < 0:
+        return None
+    _, end, stage = ranges[index]
+    return stage if top.time_range.start <= end else None
 
 
 def _stage_times(micros: float, ops: dict[str, list], steps: int) -> dict:
