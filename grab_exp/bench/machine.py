@@ -12,17 +12,7 @@ from pathlib import Path
 
 import torch
 
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
+from grab_exp.logging.provenance import cpu_model
 
 #: what a benchmark runs: the package, its configs and plugins, its dependencies (not the
 #: results a sitting rewrites, nor documentation)
@@ -62,7 +52,7 @@ def describe_machine(device: torch.device) -> dict:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "device": str(device),

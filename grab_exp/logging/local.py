@@ -30,7 +30,7 @@ from grab_exp.logging.files import (
     write_json,
     writing,
 )
-from grab_exp.logging.provenance import git_commit, library_versions
+from grab_exp.logging.provenance import git_commit, library_versions, machine
 from grab_exp.validation import check_choice
 
 METRICS_FILE = "metrics.csv"
@@ -163,7 +163,8 @@ class LocalStore:
     def write_summary(self, status: str, **fields: Any) -> dict[str, Any]:
         """Merge ``fields`` into the previous summary and write it atomically.
 
-        Also stamps ``library_versions``, ``git_commit`` and ``updated_at`` (UTC, ISO 8601).
+        Also stamps ``library_versions``, ``machine`` (CPU model, cores, memory), ``git_commit``
+        and ``updated_at`` (UTC, ISO 8601).
         Typical fields: ``final_metrics`` (dict), ``wall_time_s``, ``device``, ``error``.
 
         Args:
@@ -180,6 +181,7 @@ class LocalStore:
         summary = {"status": status, **(self.read_summary() or {}), **fields}
         summary["status"] = status
         summary["library_versions"] = library_versions()
+        summary["machine"] = machine()
         summary["git_commit"] = git_commit()
         summary["updated_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         self.run_dir.mkdir(parents=True, exist_ok=True)

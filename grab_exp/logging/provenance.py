@@ -1,8 +1,10 @@
-"""Where a run came from: library versions and the git commit, stamped into ``summary.json``."""
+"""Where a run came from: library versions, the machine and the git commit, stamped into
+``summary.json``."""
 
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import subprocess
 from importlib import metadata
@@ -26,6 +28,39 @@ def library_versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             versions[key] = None
     return versions
+
+
+def cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo``, else :func:`platform.processor`, else
+    ``"unknown"``."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _memory_gib() -> float | None:
+    """Physical memory in GiB (``None`` where ``sysconf`` does not tell)."""
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def machine() -> dict[str, str | int | float | None]:
+    """The machine a run trained on: CPU model, logical cores, physical memory (GiB) and
+    platform."""
+    return {
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "memory_gib": _memory_gib(),
+        "platform": platform.platform(),
+    }
 
 
 @functools.lru_cache(maxsize=1)

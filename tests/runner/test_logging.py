@@ -162,6 +162,8 @@ def test_summary_merges_and_stamps(tmp_path):
     commit = summary["git_commit"]
     assert commit is None or re.fullmatch(r"[0-9a-f]{40}", commit)
     assert commit == git_commit() and summary["library_versions"] == library_versions()
+    assert set(summary["machine"]) == {"cpu", "cpu_count", "memory_gib", "platform"}
+    assert summary["machine"]["cpu_count"] == os.cpu_count() and summary["machine"]["cpu"]
     with pytest.raises(ValueError, match="running"):
         store.write_summary("done")
     assert os.listdir(tmp_path) == ["summary.json"]
