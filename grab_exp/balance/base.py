@@ -164,8 +164,11 @@ class Ordering(Sampler[int]):
 
     # --- public API ---------------------------------------------------------------------
     def __iter__(self) -> Iterator[int]:
-        """This epoch's dataset indices in visit order (worker after worker, with lanes)."""
-        return iter(self.visit_order.reshape(-1).tolist())
+        """This epoch's dataset indices still to visit, in visit order (worker after worker, with
+        lanes): the whole epoch at its start; after :meth:`load_state_dict` of a state saved
+        mid-epoch, the rest of it, so a ``DataLoader`` over the ordering continues where the
+        saved run stopped (as torch's stateful data loading does)."""
+        return iter(self.visit_order[..., self.pos :].reshape(-1).tolist())
 
     def __len__(self) -> int:
         """Examples per epoch (per worker, with lanes)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from types import ModuleType
 
-from grab_exp.bench import conv, epoch, orderings, projection, rss, sweep, vrgd
+from grab_exp.bench import conv, epoch, orderings, per_sample, projection, rss, sweep, vrgd
 
 #: name -> module; each module has ``build_parser()`` and ``main(argv)``
 BENCHMARKS: dict[str, ModuleType] = {
@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, ModuleType] = {
     "vrgd": vrgd,
     "rss": rss,
     "conv": conv,
+    "per_sample": per_sample,
 }
 
 

@@ -4,22 +4,27 @@
   contract (``loss, grads = psg(x, y)`` also writes the batch's mean gradient to ``param.grad``);
 * :mod:`~grab_exp.per_sample.func`: ``method=func``, whole-model ``vmap(grad)`` (any model);
 * :mod:`~grab_exp.per_sample.hooks`: ``method=hooks`` / ``factored``, one backward pass;
-  per-layer :mod:`~grab_exp.per_sample.rules`, else a per-layer ``torch.func`` fallback;
+  per-layer :mod:`~grab_exp.per_sample.rules`, else the per-layer
+  :mod:`~grab_exp.per_sample.fallback`, reading the batch where
+  :mod:`~grab_exp.per_sample.layout` found it;
+* :mod:`~grab_exp.per_sample.verify`: every path's first call, checked against a per-example
+  computation (and the loss contract); :mod:`~grab_exp.per_sample.modules`: BatchNorm, dropout
+  and the refusal; :mod:`~grab_exp.per_sample.batchnorm`: BatchNorm to GroupNorm;
+* :mod:`~grab_exp.per_sample.auto`: ``method=auto``, the hook path or, if its first call
+  refuses the model, ``func``;
 * :mod:`~grab_exp.per_sample.compiled`: ``torch.compile`` of a step's gradients;
 * :mod:`~grab_exp.per_sample.pipeline`: :func:`make_per_sample` (method by name, ``auto``
   resolved in one place) and :class:`ClassicPipeline` / :class:`PerSamplePipeline`, what a
   training step of the runner calls.
 """
 
+from grab_exp.per_sample.auto import AutoPerSample
 from grab_exp.per_sample.base import PerSampleGradients
+from grab_exp.per_sample.batchnorm import batchnorm_to_groupnorm
 from grab_exp.per_sample.compiled import COMPILE_MODES
 from grab_exp.per_sample.func import RANDOMNESS_CHOICES, FuncPerSample
-from grab_exp.per_sample.hooks import (
-    FactoredPerSample,
-    HookedPerSample,
-    UnsupportedModelError,
-    check_supported,
-)
+from grab_exp.per_sample.hooks import FactoredPerSample, HookedPerSample, check_supported
+from grab_exp.per_sample.modules import UnsupportedModelError
 from grab_exp.per_sample.pipeline import (
     METHODS,
     ClassicPipeline,
@@ -33,6 +38,7 @@ __all__ = [
     "COMPILE_MODES",
     "METHODS",
     "RANDOMNESS_CHOICES",
+    "AutoPerSample",
     "ClassicPipeline",
     "FactoredPerSample",
     "FuncPerSample",
@@ -40,6 +46,7 @@ __all__ = [
     "PerSampleGradients",
     "PerSamplePipeline",
     "UnsupportedModelError",
+    "batchnorm_to_groupnorm",
     "check_supported",
     "hooks_supported",
     "make_per_sample",

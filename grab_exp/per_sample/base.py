@@ -10,13 +10,20 @@ Like opacus's ``AbstractGradSampleModule``: one abstract base, one subclass per 
 * the same call adds the batch's mean gradient to every trainable ``param.grad``, as
   ``loss.backward()`` would (after ``optimizer.zero_grad()`` it is that gradient).
 
-BatchNorm in training mode and active Dropout without a ``randomness`` break per-sample
-gradients (batch statistics mix the examples; a mask must be drawn per example): the model is
-checked at construction and, by a flag read on the few such modules, at every call.
+BatchNorm in training mode breaks per-sample gradients (batch statistics mix the examples):
+the model is checked at construction and, by a flag read on the few such modules, at every call.
+Active Dropout is refused by ``func`` without a ``randomness`` (vmap must be told how to draw
+masks); the hook path takes the masks its one batch forward drew
+(:attr:`PerSampleGradients.module_dropout`).
+
+The loss contract: ``loss_fn(logits, y)`` is the batch MEAN of per-example losses. The first call
+of every path checks it, and checks the path's per-sample gradients against a per-example
+computation (:mod:`grab_exp.per_sample.verify`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import ClassVar
@@ -25,12 +32,10 @@ import torch
 from torch import nn
 
 from grab_exp.grads import BatchGrads
+from grab_exp.per_sample.modules import BATCHNORM, DROPOUT, module_problem
+from grab_exp.per_sample.verify import verify
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-_BATCHNORM = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
-# Base of Dropout, Dropout1d/2d/3d, AlphaDropout and FeatureAlphaDropout.
-_DROPOUT = (nn.modules.dropout._DropoutNd,)
 
 
 class PerSampleGradients(ABC):
@@ -53,18 +58,25 @@ class PerSampleGradients(ABC):
 
     method: ClassVar[str]
     randomness: str | None = None
+    #: whether the first call still has to be checked (:mod:`grab_exp.per_sample.verify`); set
+    #: it to ``False`` to skip the check
+    unverified: bool = True
+    #: whether Dropout modules in training mode are right without a ``randomness``: the hook path
+    #: reads each layer's input after the batch forward's masks, so its gradients are the
+    #: per-example gradients under those masks
+    module_dropout: ClassVar[bool] = False
 
     def __init__(self, model: nn.Module, loss_fn: LossFn) -> None:
         self.model, self.loss_fn = model, loss_fn
         self._watched = [
-            (name, m) for name, m in model.named_modules() if isinstance(m, _BATCHNORM + _DROPOUT)
+            (name, m) for name, m in model.named_modules() if isinstance(m, BATCHNORM + DROPOUT)
         ]
         self.check()
 
     def check(self) -> None:
         """Raise ``ValueError`` naming the first module whose mode breaks per-sample gradients."""
         for name, module in self._watched:
-            problem = _module_problem(name, module, self.randomness)
+            problem = module_problem(name, module, self.randomness, self.module_dropout)
             if problem is not None:
                 raise ValueError(problem)
 
@@ -80,26 +92,15 @@ class PerSampleGradients(ABC):
             gradients.
         """
         self.check()
+        if self.unverified:
+            verify(self, x, y)
+            self.unverified = False
         return self._compute(x, y)
+
+    def quiet(self) -> contextlib.AbstractContextManager:
+        """A context in which the model runs as a plain model (a path's hooks stay idle)."""
+        return contextlib.nullcontext()
 
     @abstractmethod
     def _compute(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         """:meth:`__call__` after the check."""
-
-
-def _module_problem(name: str, module: nn.Module, randomness: str | None) -> str | None:
-    """Why ``module`` in its current mode breaks per-sample gradients; ``None`` if it doesn't."""
-    label = f"{name or '<root>'} ({type(module).__name__})"
-    if isinstance(module, _BATCHNORM) and (module.training or module.running_mean is None):
-        mode = "in training mode" if module.training else "without running statistics"
-        return (
-            f"{label} {mode}: per-sample gradients are undefined because batch statistics mix "
-            "the examples of a batch; use eval mode with running statistics, or GroupNorm/LayerNorm"
-        )
-    if isinstance(module, _DROPOUT) and module.training and randomness is None and module.p > 0:
-        return (
-            f"{label} with p={module.p} in training mode needs an explicit randomness setting: "
-            "method=func with randomness='different' (independent masks per example) or "
-            "'same', or put it in eval mode"
-        )
-    return None

@@ -1,88 +1,143 @@
-"""Per-layer ``torch.func`` fallback: per-sample grads of one layer that has no rule.
+"""Per-layer fallback: per-sample grads of one layer that has no rule, from its saved call.
 
 Like opacus's functorch fallback: the layer alone is re-evaluated functionally on its saved
-input, one example at a time under ``vmap``, and ``grad`` of ``<g_b, layer(a_b)>`` with respect to
-the layer's OWN trainable parameters (``recurse=False``) is example ``b``'s gradient (``g_b``:
-the saved gradient at the layer's output). Submodules keep their own rules or fallbacks; their
-parameters, the layer's frozen ones and its buffers are passed in but not differentiated.
+inputs, one example at a time, and the gradient of ``sum_k <g_k, out_k>`` over its outputs with
+respect to the layer's OWN trainable parameters is that example's gradient (``g_k``: the saved
+gradient of the summed loss at output ``k``). Each tensor of the call is sliced along its own
+batch dimension (:class:`~grab_exp.per_sample.layout.CallLayout`: sequence-first inputs, masks
+without a batch dimension, tuples of outputs). Submodules that run on their own keep their rules
+or fallbacks; parameters of submodules that never run on their own (``MultiheadAttention``'s
+``out_proj``) are the layer's too (``adopted``).
 
-The layer's positional tensor arguments are batched along dim 0; other positional arguments and
-non-tensor keyword arguments are passed to every example unchanged. The layer must return one
-tensor. Random operations inside it raise (``vmap(randomness="error")``): the re-evaluation
-could not reproduce the forward's draws.
+The examples are batched with ``vmap`` where torch can (most layers); where it cannot, or does it
+one example at a time anyway (RNN, LSTM, GRU), one example after another, the layer alone. The
+replay must draw no random numbers (dropout inside the layer): it could not reproduce the
+forward's draws, so such a layer is refused before this runs.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import warnings
+from collections.abc import Iterable
 
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
+from torch.utils._pytree import tree_unflatten
 
+from grab_exp.per_sample.layout import Call, CallLayout, flat_tensors
 from grab_exp.per_sample.rules.base import Outs
 
-__all__ = ["FuncFallback", "fallback_problem"]
-
-
-def fallback_problem(args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> str | None:
-    """Why one call of a layer cannot be replayed by :class:`FuncFallback`; ``None`` if it can."""
-    if not isinstance(output, torch.Tensor):
-        return f"returned {type(output).__name__}, not one tensor"
-    if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
-        return "was called with tensor keyword arguments"
-    if not any(isinstance(a, torch.Tensor) for a in args):
-        return "was called without a positional tensor input"
-    return None
+__all__ = ["FuncFallback"]
 
 
 class FuncFallback:
-    """Per-sample and mean gradients of one layer's own parameters with ``torch.func``.
+    """Per-sample and mean gradients of one layer's own (and adopted) parameters.
 
     Args:
-        layer: A module with trainable parameters of its own and no rule.
+        layer: A module with trainable parameters of its own, or adopted, and no rule.
+        adopted: Qualified names (relative to ``layer``) of submodules' parameters that this
+            layer's forward uses without calling their module.
+
+    Attributes:
+        adopted: those names.
+        names: the differentiated parameters' names relative to ``layer``: its own, then the
+            adopted ones.
+        batched_by: ``"vmap"`` or ``"loop"`` (one example at a time), once a call decided it.
     """
 
-    def __init__(self, layer: nn.Module) -> None:
+    def __init__(self, layer: nn.Module, adopted: Iterable[str] = ()) -> None:
         self.layer = layer
-        self.names = [n for n, _ in layer.named_parameters(recurse=False)]
+        self.adopted = list(adopted)
+        self.names = [n for n, _ in layer.named_parameters(recurse=False)] + self.adopted
+        # torch's vmap has no batching rule for the fused RNN kernels: it runs them one example
+        # at a time through its slow fallback, or fails (nn.GRU), so a plain loop it is
+        self.batched_by = "loop" if isinstance(layer, nn.RNNBase) else "vmap"
 
     def _state(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """``(own trainable, everything else)``, detached, for ``functional_call``."""
-        own = {
-            n: p.detach() for n, p in self.layer.named_parameters(recurse=False) if p.requires_grad
-        }
-        fixed = {n: p.detach() for n, p in self.layer.named_parameters() if n not in own}
+        """``(differentiated, everything else)``, detached, for ``functional_call``."""
+        params = dict(self.layer.named_parameters())
+        own = {n: params[n].detach() for n in self.names if params[n].requires_grad}
+        fixed = {n: p.detach() for n, p in params.items() if n not in own}
         fixed.update((n, b.detach()) for n, b in self.layer.named_buffers())
         return own, fixed
 
     def per_sample(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], g: torch.Tensor, out: Outs
+        self, call: Call, layout: CallLayout, batch: int, out: Outs
     ) -> list[torch.Tensor | None]:
-        """Per-sample gradients, one per own parameter (``None`` for frozen ones).
+        """Per-sample gradients ``[(B, *p.shape)]``, one per name (``None`` for frozen ones).
 
         Args:
-            args: The layer's positional inputs; tensors ``# (B, ...)``.
-            kwargs: Its keyword inputs (no tensors).
-            g: The gradient of the SUM of per-example losses at its output ``# (B, ...)``.
-            out: Per own parameter, an optional ``# (B, *p.shape)`` tensor to write into.
+            call: The layer's saved call, its output gradients those of the batch-mean loss.
+            layout: Where each of its tensors has the batch.
+            batch: ``B``.
+            out: Per name, an optional ``# (B, *p.shape)`` tensor to write into.
         """
         own, fixed = self._state()
-        layer = self.layer
-
-        def one_example(own_i: dict[str, torch.Tensor], args_i: tuple, g_i: torch.Tensor):
-            batched = tuple(a.unsqueeze(0) if isinstance(a, torch.Tensor) else a for a in args_i)
-            output = functional_call(layer, (own_i, fixed), batched, kwargs)  # (1, ...)
-            return (output * g_i.unsqueeze(0)).sum()  # (): <g_b, layer(a_b)>
-
-        dims = tuple(0 if isinstance(a, torch.Tensor) else None for a in args)
-        grads = vmap(grad(one_example), in_dims=(None, dims, 0))(own, args, g)  # n -> (B, *shape)
+        used = [k for k, g in enumerate(call.grads) if g is not None]
+        grads_sum = [call.grads[k] * batch for k in used]  # of the summed loss
+        if self.batched_by == "vmap":
+            try:
+                grads = self._vmapped(own, fixed, call, layout, used, grads_sum)
+            except (RuntimeError, NotImplementedError):
+                self.batched_by = "loop"  # torch's vmap cannot batch this layer
+        if self.batched_by == "loop":
+            grads = self._looped(own, fixed, call, layout, used, grads_sum, batch)
         return [_write(grads.get(n), o) for n, o in zip(self.names, out, strict=True)]
 
+    def _replay(self, own, fixed, call, leaves, used, grads, unsqueeze):
+        """``sum_k <g_k, out_k>`` of one example's replayed call (a ``()`` tensor)."""
+        args, kwargs = tree_unflatten(leaves, call.spec)
+        outputs = flat_tensors(functional_call(self.layer, (own, fixed), tuple(args), kwargs))
+        total = 0
+        for k, g in zip(used, grads, strict=True):
+            total = total + (outputs[k] * unsqueeze(k, g)).sum()
+        return total
+
+    def _vmapped(self, own, fixed, call, layout, used, grads_sum) -> dict[str, torch.Tensor]:
+        batched = [k for k, d in enumerate(layout.inputs) if d is not None]
+        out_dims = [layout.outputs[k] for k in used]
+
+        def one_example(own_i, inputs_i, grads_i):
+            leaves = list(call.leaves)
+            for k, leaf in zip(batched, inputs_i, strict=True):
+                leaves[k] = leaf.unsqueeze(layout.inputs[k])
+            return self._replay(
+                own_i, fixed, call, leaves, used, grads_i,
+                lambda k, g: g.unsqueeze(layout.outputs[k]),
+            )  # fmt: skip
+
+        in_dims = (None, [layout.inputs[k] for k in batched], out_dims)
+        inputs = [call.leaves[k] for k in batched]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # RNNs: weights not one chunk
+            return vmap(grad(one_example), in_dims=in_dims, randomness="error")(
+                own, inputs, grads_sum
+            )
+
+    def _looped(self, own, fixed, call, layout, used, grads_sum, batch) -> dict[str, torch.Tensor]:
+        names = list(own)
+        rows: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+        for b in range(batch):
+            leaves = [
+                leaf if d is None else leaf.narrow(d, b, 1)
+                for leaf, d in zip(call.leaves, layout.inputs, strict=True)
+            ]
+            params = {n: p.detach().requires_grad_(True) for n, p in own.items()}
+            with torch.enable_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                total = self._replay(
+                    params, fixed, call, leaves, used, grads_sum,
+                    lambda k, g, b=b: g.narrow(layout.outputs[k], b, 1),
+                )  # fmt: skip
+                grads = torch.autograd.grad(total, list(params.values()), allow_unused=True)
+            for n, p, g in zip(names, params.values(), grads, strict=True):
+                rows[n].append(torch.zeros_like(p) if g is None else g)
+        return {n: torch.stack(r) for n, r in rows.items()}
+
     @staticmethod
-    def mean(g: torch.Tensor, per_sample: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        """Batch-mean gradients ``[p.shape]`` from the per-sample ones (``g``: ``# (B, ...)``)."""
-        batch = g.shape[0]
+    def mean(batch: int, per_sample: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """Batch-mean gradients ``[p.shape]`` from the per-sample ones."""
         return [None if p is None else p.sum(dim=0).div_(batch) for p in per_sample]
 
 

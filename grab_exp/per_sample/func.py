@@ -102,7 +102,7 @@ class FuncPerSample(PerSampleGradients):
         if chunk_size is not None:  # None: the whole batch at once
             check_int_at_least("pipeline.chunk_size", chunk_size, 1)
         _check_randomness(randomness)
-        self.chunk_size, self.randomness = chunk_size, randomness
+        self.chunk_size, self.randomness, self.compile_mode = chunk_size, randomness, compile_mode
         super().__init__(model, loss_fn)
         self._grad_fn = _make_grad_fn(model, loss_fn, chunk_size, randomness)
         if compile_mode is not None:

@@ -9,15 +9,12 @@ import torch
 from torch import nn
 
 from grab_exp.grads import BatchGrads
+from grab_exp.per_sample.auto import AutoPerSample
 from grab_exp.per_sample.base import LossFn, PerSampleGradients
 from grab_exp.per_sample.compiled import check_compile_method, compiled_loss
 from grab_exp.per_sample.func import FuncPerSample
-from grab_exp.per_sample.hooks import (
-    FactoredPerSample,
-    HookedPerSample,
-    UnsupportedModelError,
-    check_supported,
-)
+from grab_exp.per_sample.hooks import FactoredPerSample, HookedPerSample, check_supported
+from grab_exp.per_sample.modules import UnsupportedModelError, random_modules
 from grab_exp.per_sample.rules import rule_for
 from grab_exp.validation import check_choice
 
@@ -77,7 +74,11 @@ class PerSamplePipeline:
         self.per_sample = make_per_sample(
             model, loss_fn, method, reuse_buffer=reuse_buffer, **options
         )
-        self.method = self.per_sample.method
+
+    @property
+    def method(self) -> str:
+        """The method in use (``auto`` resolved; it may change to ``func`` at the first call)."""
+        return self.per_sample.method
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         """``(loss, grads)``; see :class:`~grab_exp.per_sample.base.PerSampleGradients`."""
@@ -134,16 +135,26 @@ def make_per_sample(
             (one backward; per-layer rules, else a per-layer torch.func fallback), ``factored``
             (``hooks``, Linear layers kept as factors) or ``auto`` (:func:`resolve_method`).
         factors, compile_mode: see :func:`resolve_method`; ``compile_mode`` compiles ``func``.
-        chunk_size, randomness: ``func``'s (:class:`~grab_exp.per_sample.func.FuncPerSample`).
+        chunk_size, randomness: ``func``'s (:class:`~grab_exp.per_sample.func.FuncPerSample`);
+            ``auto`` passes them on when it takes ``func``, with ``randomness="different"`` for a
+            model with active dropout when none is given (the hook path needs none: it takes the
+            masks of the batch forward).
         reuse_buffer: ``hooks``'s (:class:`~grab_exp.per_sample.hooks.HookedPerSample`).
     """
-    method = resolve_method(model, method, compile_mode, factors)
-    if method == "func":
+    requested, method = method, resolve_method(model, method, compile_mode, factors)
+    if requested == "auto" and randomness is None and random_modules(model):
+        randomness = "different"  # for func only: the hook path takes the batch's masks
+
+    def make_func() -> PerSampleGradients:
         options = {"chunk_size": chunk_size, "randomness": randomness}
         return FuncPerSample(model, loss_fn, compile_mode=compile_mode, **options)
-    if randomness is not None:
-        raise ValueError(f"randomness={randomness!r} needs method=func; got method={method!r}")
-    return PER_SAMPLE_CLASSES[method](model, loss_fn, reuse_buffer=reuse_buffer)
+
+    if method == "func":
+        return make_func()
+    if randomness is not None and requested != "auto":
+        raise ValueError(f"randomness={randomness!r} needs method=func or auto; got {method!r}")
+    hooked = PER_SAMPLE_CLASSES[method](model, loss_fn, reuse_buffer=reuse_buffer)
+    return AutoPerSample(hooked, make_func) if requested == "auto" else hooked
 
 
 #: ``auto`` factors when the layers without a factor form hold at most this share of the weights
@@ -181,4 +192,9 @@ def hooks_supported(model: nn.Module) -> bool:
         check_supported(model)
     except UnsupportedModelError:
         return False
-    return True
+    # a module with parameters and no forward: its parent's replay differentiates them
+    return not any(
+        type(m).forward is nn.Module.forward
+        and any(p.requires_grad for p in m.parameters(recurse=False))
+        for m in model.modules()
+    )

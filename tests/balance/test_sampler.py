@@ -112,11 +112,39 @@ def test_sampler_resume_mid_epoch():
     torch.save(sampler.state_dict(), buf)
     fresh = GraBSampler(N, D, **kw)
     fresh.load_state_dict(torch.load(io.BytesIO(buf.getvalue())))
-    order = torch.tensor(list(fresh))
-    for s in range(12, N, B):
-        fresh.step(zs[0][order[s : s + B]], indices=order[s : s + B])
+    rest = torch.tensor(list(fresh))  # iterating a resumed sampler yields the rest of the epoch
+    assert len(rest) == N - 12
+    assert torch.equal(rest, fresh.visit_order[12:])
+    for s in range(0, len(rest), B):
+        fresh.step(zs[0][rest[s : s + B]], indices=rest[s : s + B])
     fresh.set_epoch(1)
     assert run_epochs(fresh, zs[1:], B) == straight[1:]
+
+
+def test_a_dataloader_over_a_resumed_sampler_continues_the_epoch_bit_for_bit():
+    """The README's loop, killed mid-epoch and resumed from the sampler's state: the same
+    batches and the same next order as the run that was not interrupted."""
+    zs = random_grads(N, D, 2, seed=9)
+    dataset = TensorDataset(torch.arange(N))
+
+    def run(stop_after: int | None, state=None):
+        sampler = GraBSampler(dataset, D, balance="pair", **F64)
+        if state is not None:
+            sampler.load_state_dict(state)
+        seen = []
+        for step, (idx,) in enumerate(DataLoader(dataset, batch_size=B, sampler=sampler)):
+            if step == stop_after:
+                return seen, sampler.state_dict()
+            sampler.step(zs[0][idx], indices=idx)
+            seen.append(idx)
+        sampler.set_epoch(1)
+        return seen, list(sampler)
+
+    straight, next_order = run(None)
+    first, state = run(3)
+    rest, resumed_next = run(None, state)
+    assert torch.equal(torch.cat(first + rest), torch.cat(straight))
+    assert resumed_next == next_order
 
 
 def test_default_device_follows_the_parameters():
@@ -134,3 +162,18 @@ def test_default_device_follows_the_parameters():
         GraBSampler(N, on_meta.parameters(), balance="mean")
     on_cpu = GraBSampler(N, on_meta.parameters(), balance="mean", device="cpu")  # explicit wins
     assert on_cpu.device == torch.device("cpu") and on_cpu.d == 8
+
+
+def test_a_dataloader_with_workers_visits_the_sampler_order():
+    """Worker processes load the batches; the sampler is iterated in the main process, so the
+    batches still come in its order and step it."""
+    zs = random_grads(N, D, 1, seed=3)
+    dataset = TensorDataset(torch.arange(N))
+    sampler = GraBSampler(dataset, D, balance="mean", **F64)
+    want = list(sampler)
+    loader = DataLoader(dataset, batch_size=B, sampler=sampler, num_workers=2)
+    seen = []
+    for (idx,) in loader:
+        sampler.step(zs[0][idx], indices=idx)
+        seen += idx.tolist()
+    assert seen == want and sampler.pos == N

@@ -373,3 +373,16 @@ def test_bench_help_lists_every_benchmark_and_exits_0():
     assert done.returncode == 0, done.stderr
     listed = [line.split()[0] for line in done.stdout.splitlines() if line.startswith("  ")]
     assert listed == list(BENCHMARKS)
+
+
+def test_the_per_sample_benchmark_times_every_method_against_the_plain_step(tmp_path):
+    from grab_exp.bench import per_sample
+
+    out = tmp_path / "per_sample.json"
+    rows = per_sample.main(["--models", "lenet", "--repeats", "2", "--out", str(out)])
+    (row,) = rows
+    assert set(row["ms"]) == {"plain", "auto:factored", "func", "loop"} and not row["refused"]
+    assert row["over_plain"]["plain"] == 1.0 and row["parameters"] == 62_006
+    assert json.loads(out.read_text())["rows"] == rows
+    with pytest.raises(SystemExit):
+        per_sample.main(["--models", "vgg", "--out", str(out)])

@@ -101,15 +101,23 @@ class ListNet(nn.Module):
         return self.fc(x.flatten(1)) * self.scales[0]
 
 
-def test_unsupported_layer_is_named_and_auto_falls_back():
+def test_auto_picks_a_path_by_structure_and_parameters_used_by_a_parent_are_adopted():
     # LayerNorm has a rule and GroupNorm gets the per-layer fallback: both are hooks now (with
     # the Linear layers, 99% of the weights, factored)
     for norm in (nn.LayerNorm(8), nn.GroupNorm(2, 8)):
         model = nn.Sequential(nn.Flatten(), nn.Linear(3072, 8), norm, nn.Linear(8, 10))
         assert PerSamplePipeline(model, F.cross_entropy, method="auto").method == "factored"
-    with pytest.raises(UnsupportedModelError, match=r"^scales \(ParameterList without a forward"):
-        HookedPerSample(ListNet(), F.cross_entropy)
+    # a ParameterList never runs: the root's replay differentiates it, which func does in one
+    # pass, so auto takes func; hooks themselves are right
     assert PerSamplePipeline(ListNet(), F.cross_entropy, method="auto").method == "func"
+    model = ListNet().double()
+    x, y = torch.randn(4, 3, 32, 32, dtype=torch.float64), torch.arange(4) % 10
+    expected = per_example_loop(model, x, y)
+    hooked = HookedPerSample(model, F.cross_entropy)
+    _, grads = call(hooked, x, y)
+    assert set(hooked.fallbacks) == {""} and hooked.fallbacks[""].adopted == ["scales.0"]
+    for name, want in expected.items():
+        torch.testing.assert_close(grads[name], want, rtol=1e-10, atol=1e-12)
     assert PerSamplePipeline(LeNet(), F.cross_entropy, method="auto").method == "factored"
     # an ordering that materializes factors anyway (recursive): auto keeps the hook path's rows
     unread = PerSamplePipeline(LeNet(), F.cross_entropy, method="auto", factors=False)
@@ -167,9 +175,10 @@ class InPlaceNet(nn.Module):
 
 
 def spy_backward(hooked: HookedPerSample) -> list[bool]:
-    """Record whether each call computed only the output gradients."""
+    """Record whether each backward computed only the output gradients (a first call runs two:
+    its check's and its own)."""
     calls, backward = [], hooked._backward
-    hooked._backward = lambda loss, x: calls.append(backward(loss, x)) or calls[-1]
+    hooked._backward = lambda *args: calls.append(backward(*args)) or calls[-1]
     return calls
 
 
@@ -307,25 +316,24 @@ def test_outputs_changed_in_place_fall_back_to_a_plain_backward():
     hooked = HookedPerSample(model, F.cross_entropy, reuse_buffer=True)
     calls = spy_backward(hooked)
     _, grads = call(hooked, x, y)
-    assert calls == [False]
+    assert calls == [False, False]
     for name, p in model.named_parameters():
         torch.testing.assert_close(grads[name], expected[name], rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(p.grad, expected[name].mean(0), rtol=1e-10, atol=1e-12)
 
 
-def test_a_layer_called_twice_gets_its_whole_mean_gradient():
+def test_a_layer_called_twice_sums_its_calls():
     torch.manual_seed(0)
     model = InPlaceNet().double().eval()  # eval: self.twice runs twice
     x, y = batch(5, seed=12)
-    F.cross_entropy(model(x), y).backward()
-    expected = {n: p.grad.clone() for n, p in model.named_parameters()}
+    expected = per_example_loop(model, x, y)
     model.zero_grad(set_to_none=True)
     hooked = HookedPerSample(model, F.cross_entropy)
-    calls = spy_backward(hooked)
-    hooked(x, y)
-    assert calls == [False]
+    _, grads = call(hooked, x, y)
+    assert len(hooked.layouts["twice"]) == 2
     for name, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, expected[name], rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(grads[name], expected[name], rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(p.grad, expected[name].mean(0), rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("make_model", [LeNet, MLP])
@@ -343,7 +351,7 @@ def test_mean_gradients_add_to_grad_like_backward(make_model):
     x.requires_grad_(True)  # a plain backward, so that x gets its .grad
     hooked(x, y)
     assert x.grad is not None and x.grad.shape == x.shape
-    assert calls == [True, False]
+    assert calls == [True, True, False]
 
 
 def test_tied_weights_are_left_to_the_func_path():

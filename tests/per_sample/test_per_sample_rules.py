@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from layer_harness import LayerCase, build, check_layer, make_input
+from layer_harness import LayerCase, build, check_layer, make_input, per_example_loop
 from torch import nn
 from torch.nn import functional as F
 
@@ -214,11 +214,33 @@ class DirectUse(nn.Module):
         return F.linear(x, self.fc.weight, self.fc.bias)
 
 
-@pytest.mark.parametrize(
-    ("model", "message"),
-    [(TupleOut, r"^pair \(Pair\) returned tuple"), (DirectUse, r"^fc \(Linear\) did not run")],
-)
-def test_layers_the_hooks_cannot_handle_are_named_at_the_first_call(model, message):
-    hooked = HookedPerSample(model().double(), F.cross_entropy)
-    with pytest.raises(UnsupportedModelError, match=message):
-        hooked(*make_input(FALLBACK_CASES["groupnorm"], 3, seed=5))
+class BatchCentered(nn.Module):
+    """A layer that subtracts the batch mean: it mixes the examples."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 3)
+        self.gain = nn.Parameter(torch.ones(3))
+
+    def forward(self, x):
+        h = self.fc(x) * self.gain
+        return h - h.mean(dim=0)
+
+
+@pytest.mark.parametrize("model", [TupleOut, DirectUse])
+def test_tuples_and_parameters_used_by_a_parent_are_right(model):
+    model = model().double()
+    x, y = make_input(FALLBACK_CASES["groupnorm"], 3, seed=5)
+    x = x.reshape(3, -1)[:, :6]
+    expected = per_example_loop(model, x, y)
+    _, grads = HookedPerSample(model, F.cross_entropy)(x, y)
+    for name, want in expected.items():
+        torch.testing.assert_close(grads.as_dict()[name], want, atol=1e-12, rtol=1e-10)
+
+
+def test_a_layer_that_mixes_the_examples_is_refused_by_name():
+    model = BatchCentered().double()
+    x, y = torch.randn(4, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 0])
+    # each example alone is centered to zero: every per-example gradient of fc is zero
+    with pytest.raises(UnsupportedModelError, match=r"^fc \(Linear\): its per-sample .* zero"):
+        HookedPerSample(model, F.cross_entropy)(x, y)

@@ -1,0 +1,177 @@
+"""Per-sample gradients' cost over a plain step, per model and method (real-size models).
+
+Each model's step is timed as a plain ``loss.backward()``, as ``method=auto`` (the path it
+resolves to), as ``func`` and as a per-example loop (one ``backward()`` per example, the
+reference every path is checked against), interleaved: every repeat times each method once, and
+the medians are reported with their ratio to the plain step. A method that refuses a model is
+reported with its one-line reason instead of a time.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from grab_exp.bench.machine import add_device_option, bench_parser, describe_machine, write_report
+from grab_exp.models import LeNet
+from grab_exp.per_sample import batchnorm_to_groupnorm, make_per_sample
+from grab_exp.per_sample.verify import per_example_grads
+
+BATCH = 16
+
+
+def resnet18_gn() -> nn.Module:
+    """torchvision's ResNet-18 for 32x32 inputs (3x3 stem, no max-pool), GroupNorm for BN."""
+    from torchvision.models import resnet18
+
+    model = resnet18(num_classes=10)
+    model.conv1 = nn.Conv2d(3, 64, 3, padding=1, bias=False)
+    model.maxpool = nn.Identity()
+    return batchnorm_to_groupnorm(model)
+
+
+class WordLM(nn.Module):
+    """Embedding(10,000, 256) + LSTM(256, 2 layers) + Linear over the vocabulary (T = 35)."""
+
+    def __init__(self, vocab: int = 10_000, width: int = 256) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.lstm = nn.LSTM(width, width, num_layers=2, batch_first=True)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, vocab)
+        return self.head(self.lstm(self.embed(tokens))[0])
+
+
+class TransformerClassifier(nn.Module):
+    """Token + position embeddings (vocab 5,000, d = 128), 2 encoder layers (4 heads, no
+    dropout), mean pool, 10 classes; T = 64."""
+
+    def __init__(self, vocab: int = 5000, width: int = 128, seq: int = 64) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.pos = nn.Embedding(seq, width)
+        layer = nn.TransformerEncoderLayer(width, 4, 4 * width, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, 10)
+        h = self.embed(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+        return self.head(self.encoder(h).mean(dim=1))
+
+
+def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def _images(g):
+    return torch.randn(BATCH, 3, 32, 32, generator=g), torch.randint(0, 10, (BATCH,), generator=g)
+
+
+#: name -> (model, batch maker from a generator, loss)
+MODELS: dict[str, tuple[Callable[[], nn.Module], Callable, Callable]] = {
+    "lenet": (LeNet, _images, F.cross_entropy),
+    "resnet18_gn": (resnet18_gn, _images, F.cross_entropy),
+    "lstm_lm": (
+        WordLM,
+        lambda g: (
+            torch.randint(0, 10_000, (BATCH, 35), generator=g),
+            torch.randint(0, 10_000, (BATCH, 35), generator=g),
+        ),
+        _lm_loss,
+    ),
+    "transformer": (
+        TransformerClassifier,
+        lambda g: (torch.randint(0, 5000, (BATCH, 64), generator=g), torch.arange(BATCH) % 10),
+        F.cross_entropy,
+    ),
+}
+
+
+def _methods(model: nn.Module, loss_fn, x, y) -> dict[str, Callable[[], object] | str]:
+    """Method -> its step (each on its own copy of ``model``), or why it refuses the model."""
+    plain_model = copy.deepcopy(model)
+
+    def plain():
+        plain_model.zero_grad(set_to_none=True)
+        loss_fn(plain_model(x), y).backward()
+
+    methods: dict[str, Callable[[], object] | str] = {"plain": plain}
+    for method in ("auto", "func"):
+        try:
+            psg = make_per_sample(copy.deepcopy(model), loss_fn, method)
+            psg(x, y)  # the first call checks the path
+        except (ValueError, RuntimeError) as error:
+            methods[method] = str(error).splitlines()[0]
+            continue
+        methods[method if method == "func" else f"auto:{psg.method}"] = lambda psg=psg: psg(x, y)
+    loop_model = copy.deepcopy(model)
+    methods["loop"] = lambda: per_example_grads(loop_model, loss_fn, x, y)
+    return methods
+
+
+def bench_model(name: str, repeats: int, device: torch.device) -> dict:
+    """One model's row: each method's median ms per step and its ratio to the plain step."""
+    make, batch, loss_fn = MODELS[name]
+    torch.manual_seed(0)
+    model = make().to(device)
+    x, y = (t.to(device) for t in batch(torch.Generator().manual_seed(0)))
+    methods = _methods(model, loss_fn, x, y)
+    timed = {m: f for m, f in methods.items() if callable(f)}
+    times: dict[str, list[float]] = {m: [] for m in timed}
+    for _ in range(repeats):
+        for method, step in timed.items():
+            start = time.perf_counter()
+            step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times[method].append(time.perf_counter() - start)
+    ms = {m: sorted(t)[len(t) // 2] * 1e3 for m, t in times.items()}
+    return {
+        "model": name,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "batch": BATCH,
+        "ms": ms,
+        "over_plain": {m: ms[m] / ms["plain"] for m in ms},
+        "refused": {m: f for m, f in methods.items() if isinstance(f, str)},
+    }
+
+
+def build_parser():
+    """The options of ``python -m grab_exp.bench per_sample``."""
+    parser = bench_parser("per_sample", __doc__)
+    parser.add_argument("--repeats", type=int, default=15, help="timed steps per method")
+    parser.add_argument(
+        "--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}"
+    )
+    add_device_option(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Time every model's methods; print the table, write the JSON."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    names = args.models.split(",")
+    unknown = [n for n in names if n not in MODELS]
+    if unknown or args.repeats < 1:
+        parser.error(
+            f"--models: unknown {unknown} (allowed: {', '.join(MODELS)}), or --repeats < 1"
+        )
+    device = torch.device(args.device)
+    machine = describe_machine(device)
+    rows = [bench_model(name, args.repeats, device) for name in names]
+    for row in rows:
+        over = row["over_plain"]
+        cells = "  ".join(f"{m} {ms:.1f} ms ({over[m]:.2f}x)" for m, ms in row["ms"].items())
+        print(f"{row['model']:>12}: {cells}")
+        for method, reason in row["refused"].items():
+            print(f"{'':>12}  {method} refused: {reason}")
+    report = {"benchmark": "per_sample", "settings": vars(args), "machine": machine, "rows": rows}
+    write_report(args.out, report)
+    return rows

@@ -1,0 +1,60 @@
+"""Training with per-sample gradients when a model has BatchNorm: GroupNorm in its place.
+
+BatchNorm in training mode normalizes each example by its batch's statistics, so one example's
+gradient depends on the others and per-sample gradients are undefined; every path refuses it.
+As differential-privacy libraries do, :func:`batchnorm_to_groupnorm` swaps each BatchNorm layer
+for a GroupNorm over the same channels, which normalizes every example on its own.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from grab_exp.per_sample.modules import BATCHNORM
+
+__all__ = ["batchnorm_to_groupnorm"]
+
+
+def batchnorm_to_groupnorm(model: nn.Module, max_groups: int = 32) -> nn.Module:
+    """Replace every BatchNorm layer of ``model`` (in place) with a GroupNorm; return ``model``.
+
+    Each ``BatchNorm*d(C)`` becomes ``GroupNorm(gcd(C, max_groups), C)`` with the same ``eps``
+    and affinity, on the same device and dtype; an affine layer's weight and bias are copied
+    (GroupNorm's affine map is per channel too). A ``BatchNorm`` that is the model itself
+    cannot be replaced in place and is refused.
+
+    Args:
+        model: the model to change.
+        max_groups: the most groups a GroupNorm gets (32, as in Wu & He's GroupNorm paper).
+
+    Raises:
+        ValueError: ``max_groups < 1``, or ``model`` is itself a BatchNorm layer.
+    """
+    if max_groups < 1:
+        raise ValueError(f"max_groups: must be >= 1; got {max_groups}")
+    if isinstance(model, BATCHNORM):
+        raise ValueError("batchnorm_to_groupnorm: the model is a BatchNorm layer; wrap it first")
+    for module in list(model.modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, BATCHNORM):
+                setattr(module, child_name, _group_norm(child, max_groups))
+    return model
+
+
+def _group_norm(batch_norm: nn.Module, max_groups: int) -> nn.GroupNorm:
+    channels = batch_norm.num_features
+    like = batch_norm.weight if batch_norm.affine else batch_norm.running_mean
+    options = {} if like is None else {"device": like.device, "dtype": like.dtype}
+    norm = nn.GroupNorm(
+        math.gcd(channels, max_groups), channels, eps=batch_norm.eps, affine=batch_norm.affine,
+        **options,
+    )  # fmt: skip
+    if batch_norm.affine:
+        with torch.no_grad():
+            norm.weight.copy_(batch_norm.weight)
+            norm.bias.copy_(batch_norm.bias)
+    norm.train(batch_norm.training)
+    return norm

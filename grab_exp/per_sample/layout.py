@@ -1,0 +1,122 @@
+"""Where the batch is in each tensor a layer takes and returns, probed from the model itself.
+
+A per-layer rule assumes that the batch is dimension 0 of the layer's input and output. That
+fails silently where a model puts it elsewhere (sequence-first ``(T, B, D)`` activations) or
+nowhere (a position embedding of ``arange(T)``): with ``T == B`` the shapes even fit. So the
+hook path probes the model once: two forwards, of the batch's first example twice and three
+times, record every hooked call's tensors. A tensor's batch dimension is the one dimension whose
+size goes from 2 to 3 (not 1 to 2: a model may squeeze a batch of one); a tensor whose shape
+does not change has none (it does
+not depend on the batch). Any other change (the batch merged with another dimension, a shape
+that depends on the batch size some other way) cannot be read by a rule and is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+__all__ = ["CallLayout", "batch_dim", "expand_over_batch", "flat_tensors", "shape_of"]
+
+#: per leaf: its shape, or ``None`` for a leaf that is not a tensor
+Shapes = tuple[torch.Size | None, ...]
+
+
+def flat_tensors(tree: Any) -> list[Any]:
+    """The leaves of ``tree`` (tuples, lists, dicts of tensors and others), in pytree order."""
+    return tree_flatten(tree)[0]
+
+
+def shape_of(leaves: list[Any]) -> Shapes:
+    """Each leaf's shape (``None`` for a non-tensor)."""
+    return tuple(leaf.shape if isinstance(leaf, torch.Tensor) else None for leaf in leaves)
+
+
+def batch_dim(one: torch.Size | None, two: torch.Size | None) -> int | None:
+    """The batch dimension of a tensor whose shape was ``one`` for two examples and ``two`` for
+    three; ``None`` when it has none (the same shape, or not a tensor).
+
+    Raises:
+        ValueError: the shapes differ other than by one dimension going from 1 to 2 (the message
+            is completed by the caller, which names the layer).
+    """
+    if one is None or one == two:
+        return None
+    diff = [k for k, (a, b) in enumerate(zip(one, two, strict=False)) if a != b]
+    if len(one) == len(two) and len(diff) == 1 and (one[diff[0]], two[diff[0]]) == (2, 3):
+        return diff[0]
+    raise ValueError(
+        f"has a tensor of shape {tuple(one)} for two examples and {tuple(two)} for three: its "
+        "batch is not one dimension of its own"
+    )
+
+
+@dataclass(frozen=True)
+class CallLayout:
+    """The batch dimension of every leaf of one call of a layer (``None``: no batch dimension).
+
+    Attributes:
+        inputs: per leaf of ``(args, kwargs)``.
+        outputs: per leaf of the returned value.
+    """
+
+    inputs: tuple[int | None, ...]
+    outputs: tuple[int | None, ...]
+
+    @classmethod
+    def probed(cls, one: tuple[Shapes, Shapes], two: tuple[Shapes, Shapes]) -> CallLayout:
+        """From the ``(input, output)`` shapes of the same call at two examples and at three."""
+        if len(one[0]) != len(two[0]) or len(one[1]) != len(two[1]):
+            raise ValueError("takes or returns a different structure for two examples and three")
+        inputs = tuple(batch_dim(a, b) for a, b in zip(one[0], two[0], strict=True))
+        outputs = tuple(batch_dim(a, b) for a, b in zip(one[1], two[1], strict=True))
+        return cls(inputs, outputs)
+
+    @property
+    def batched(self) -> bool:
+        """Whether any input carries the batch."""
+        return any(d is not None for d in self.inputs)
+
+
+def expand_over_batch(args: tuple[Any, ...], batch: int) -> tuple[Any, ...]:
+    """``args`` with every tensor given the batch as dimension 0: a leading dimension of size 1
+    is expanded to ``batch``, otherwise one is prepended (``(T,) -> (batch, T)``).
+
+    For a layer whose input does not depend on the batch (a position embedding of ``arange(T)``):
+    its output, then shared by every example, becomes one copy per example, so the gradient at
+    the output, and so the layer's per-sample gradients, are per example. Broadcasting against
+    the batch downstream gives the same values as before; the first call's check against a
+    per-example computation confirms it for the model at hand.
+    """
+
+    def expanded(arg: Any) -> Any:
+        if not isinstance(arg, torch.Tensor):
+            return arg
+        if arg.dim() > 0 and arg.shape[0] == 1:
+            return arg.expand(batch, *arg.shape[1:])
+        return arg.unsqueeze(0).expand(batch, *arg.shape)
+
+    return tuple(expanded(arg) for arg in args)
+
+
+@dataclass
+class Call:
+    """One call of a hooked layer in a batch forward, as the hook path keeps it.
+
+    Attributes:
+        leaves: the leaves of ``(args, kwargs)``, tensors detached.
+        spec: their pytree structure (``tree_unflatten(leaves, spec)`` gives ``(args, kwargs)``).
+        outputs: the output's leaves (tensors as returned, for their gradients).
+        versions: each output tensor's ``_version`` when returned (an in-place change shows).
+        grads: per output leaf, the gradient of the batch-mean loss at it (``None``: the leaf
+            did not reach the loss, or is not a tensor).
+    """
+
+    leaves: list[Any]
+    spec: Any
+    outputs: list[Any]
+    versions: list[int]
+    grads: list[torch.Tensor | None]

@@ -1,0 +1,56 @@
+"""What modules do to per-sample gradients: BatchNorm mixes the examples, dropout draws random
+numbers; and the error every path raises for a layer it cannot get right."""
+
+from __future__ import annotations
+
+from torch import nn
+
+__all__ = ["BATCHNORM", "DROPOUT", "UnsupportedModelError", "module_problem", "random_modules"]
+
+BATCHNORM = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
+#: base of Dropout, Dropout1d/2d/3d, AlphaDropout and FeatureAlphaDropout
+DROPOUT = (nn.modules.dropout._DropoutNd,)
+
+
+class UnsupportedModelError(ValueError):
+    """A layer (or the loss) whose per-sample gradients a path cannot compute right; the message
+    names it and the cause, on one line."""
+
+
+def module_problem(
+    name: str, module: nn.Module, randomness: str | None, module_dropout: bool = False
+) -> str | None:
+    """Why ``module`` in its current mode breaks per-sample gradients; ``None`` if it doesn't."""
+    label = f"{name or '<root>'} ({type(module).__name__})"
+    if isinstance(module, BATCHNORM) and (module.training or module.running_mean is None):
+        mode = "in training mode" if module.training else "without running statistics"
+        return (
+            f"{label} {mode}: per-sample gradients are undefined because batch statistics mix "
+            "the examples of a batch; use eval mode with running statistics (fine-tuning), or "
+            "grab_exp.per_sample.batchnorm_to_groupnorm(model) to train with GroupNorm"
+        )
+    if module_dropout:
+        return None
+    if isinstance(module, DROPOUT) and module.training and randomness is None and module.p > 0:
+        return (
+            f"{label} with p={module.p} in training mode needs an explicit randomness setting: "
+            "method=func with randomness='different' (independent masks per example) or "
+            "'same', method=hooks or auto (the batch's own masks), or put it in eval mode"
+        )
+    return None
+
+
+def random_modules(module: nn.Module) -> list[str]:
+    """Qualified names of ``module``'s submodules (itself included) that draw random numbers in
+    their current mode: Dropout with ``p > 0``, and MultiheadAttention's or a multi-layer RNN's
+    own ``dropout``, in training mode."""
+    found = []
+    for name, sub in module.named_modules():
+        if not sub.training:
+            continue
+        p = getattr(sub, "p", 0.0) if isinstance(sub, DROPOUT) else 0.0
+        if isinstance(sub, (nn.MultiheadAttention, nn.RNNBase)):
+            p = sub.dropout if not isinstance(sub, nn.RNNBase) or sub.num_layers > 1 else 0.0
+        if p > 0:
+            found.append(name)
+    return found

@@ -1,0 +1,264 @@
+"""The models users bring, through ``method="auto"`` (and each explicit method): per-sample
+gradients equal a per-example loop written here, or the model is refused in one line naming the
+layer. None is silently wrong: the T == B layouts, whose shapes fit a wrong rule, included."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from client_models import (
+    GRUClassifier,
+    PositionModel,
+    SequenceFirst,
+    TransformerClassifier,
+    WordLM,
+    sequence_case,
+    tiny_bert,
+)
+from torch import nn
+from torch.nn import functional as F
+
+from grab_exp.per_sample import (
+    FuncPerSample,
+    HookedPerSample,
+    UnsupportedModelError,
+    batchnorm_to_groupnorm,
+    make_per_sample,
+)
+
+ATOL, RTOL = 1e-11, 1e-10  # float64
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+
+
+def per_example_loop(model: nn.Module, x: torch.Tensor, y: torch.Tensor, masks=None) -> dict:
+    """Reference ``name -> (B, *shape)``: one ``backward()`` per example, through the whole
+    model; with ``masks`` (Dropout module name -> the batch's ``(B, ...)`` masks), each Dropout
+    applies example ``b``'s mask instead of drawing one."""
+    rows: dict[str, list[torch.Tensor]] = {n: [] for n, p in model.named_parameters()}
+    for b in range(len(x)):
+        hooks = []
+        for name, module in model.named_modules():
+            if masks is not None and name in masks:
+                mask = masks[name][b : b + 1]
+                hooks.append(module.register_forward_hook(lambda m, a, o, mask=mask: a[0] * mask))
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x[b : b + 1]), y[b : b + 1]).backward()
+        for hook in hooks:
+            hook.remove()
+        for name, g in rows.items():
+            grad = model.get_parameter(name).grad
+            g.append(torch.zeros_like(model.get_parameter(name)) if grad is None else grad.clone())
+    model.zero_grad(set_to_none=True)
+    return {name: torch.stack(g) for name, g in rows.items()}
+
+
+def assert_matches(grads, expected: dict) -> None:
+    got = grads.as_dict()
+    assert list(got) == list(expected)
+    for name, want in expected.items():
+        torch.testing.assert_close(got[name], want, atol=ATOL, rtol=RTOL, msg=name)
+
+
+SEQUENCE_MODELS = {
+    "lstm_lm": lambda seq: WordLM("LSTM"),
+    "lstm_lm_seq_first": lambda seq: WordLM("LSTM", batch_first=False),
+    "gru_lm": lambda seq: WordLM("GRU", layers=1),
+    "rnn_tanh": lambda seq: WordLM("RNN"),
+    "gru_classifier": lambda seq: GRUClassifier(),
+    "transformer": lambda seq: TransformerClassifier(seq=seq),
+    "transformer_seq_first": lambda seq: TransformerClassifier(batch_first=False, seq=seq),
+    "position_embedding": PositionModel,
+    "sequence_first": lambda seq: SequenceFirst(),
+}
+if HAS_TRANSFORMERS:
+    SEQUENCE_MODELS["tiny_bert"] = tiny_bert
+
+
+@pytest.mark.parametrize(("batch", "seq"), [(6, 6), (6, 5)], ids=["T==B", "T!=B"])
+@pytest.mark.parametrize("name", sorted(SEQUENCE_MODELS))
+def test_auto_equals_the_per_example_loop(name, batch, seq):
+    model, x, y = sequence_case(lambda: SEQUENCE_MODELS[name](seq), batch, seq)
+    expected = per_example_loop(model, x, y)
+    psg = make_per_sample(model, F.cross_entropy)
+    loss, grads = psg(x, y)
+    assert psg.method in ("hooks", "factored")  # not func: the hook path covers them all
+    assert_matches(grads, expected)
+    torch.testing.assert_close(loss, F.cross_entropy(model(x), y).detach(), atol=1e-12, rtol=0)
+    for pname, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[pname].mean(0), atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize(("batch", "seq"), [(6, 6), (6, 5)], ids=["T==B", "T!=B"])
+@pytest.mark.parametrize("make", [PositionModel, lambda seq: SequenceFirst()])
+@pytest.mark.parametrize("method", ["hooks", "factored", "func"])
+def test_every_method_gets_position_embeddings_and_sequence_first_layers_right(
+    make, method, batch, seq
+):
+    model, x, y = sequence_case(lambda: make(seq), batch, seq)
+    expected = per_example_loop(model, x, y)
+    _, grads = make_per_sample(model, F.cross_entropy, method)(x, y)
+    assert_matches(grads, expected)
+
+
+def test_the_position_embeddings_input_is_expanded_and_the_layouts_say_where_the_batch_is():
+    model, x, y = sequence_case(lambda: SequenceFirst(), 6, 6)
+    hooked = HookedPerSample(model, F.cross_entropy)
+    hooked(x, y)
+    assert hooked.layouts["mix"][0].inputs == (1,) and hooked.layouts["mix"][0].outputs == (1,)
+    assert hooked.layouts["tok"][0].inputs == (0,)
+    model, x, y = sequence_case(lambda: PositionModel(6), 6, 6)
+    hooked = HookedPerSample(model, F.cross_entropy)
+    hooked(x, y)
+    assert hooked.expanded == {"pos"}
+
+
+def test_rnns_and_attention_take_their_per_layer_paths():
+    model, x, y = sequence_case(GRUClassifier, 4, 5)
+    hooked = HookedPerSample(model, F.cross_entropy)
+    hooked(x, y)
+    assert hooked.fallbacks["gru"].batched_by == "loop"  # torch's vmap cannot batch nn.GRU
+    model, x, y = sequence_case(lambda: TransformerClassifier(seq=5), 4, 5)
+    hooked = HookedPerSample(model, F.cross_entropy)
+    hooked(x, y)
+    attention = "encoder.layers.0.self_attn"
+    assert hooked.fallbacks[attention].adopted == ["out_proj.weight", "out_proj.bias"]
+    assert "encoder.layers.0.linear1" in hooked.rules
+
+
+def test_dropout_modules_in_training_mode_give_the_batchs_masks_own_gradients():
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.4), nn.Linear(16, 16), nn.Tanh(),
+        nn.Dropout(0.2), nn.Linear(16, 3),
+    ).double()  # fmt: skip
+    x, y = torch.randn(8, 6, dtype=torch.float64), torch.arange(8) % 3
+    masks = {}
+
+    def drawing(name, module):
+        def forward(inp):  # the draw Dropout makes, as its scaled mask
+            masks[name] = F.dropout(torch.ones_like(inp), module.p, training=True)
+            return inp * masks[name]
+
+        return forward
+
+    psg = make_per_sample(model, F.cross_entropy)  # auto: no randomness needed
+    state = torch.get_rng_state()
+    _, grads = psg(x, y)
+    torch.set_rng_state(state)  # the same draws again, made visible as masks
+    for i in (2, 5):
+        model[i].forward = drawing(str(i), model[i])
+    model(x)
+    for i in (2, 5):
+        del model[i].forward
+    assert psg.method == "factored"
+    assert_matches(grads, per_example_loop(model, x, y, masks))
+
+
+def test_dropout_inside_a_replayed_layer_is_refused_and_auto_takes_func():
+    model, x, y = sequence_case(lambda: TransformerClassifier(dropout=0.1, seq=5), 4, 5)
+    with pytest.raises(
+        UnsupportedModelError, match=r"^encoder\.layers\.0\.self_attn \(MultiheadAttention\) draws"
+    ):
+        HookedPerSample(model, F.cross_entropy)(x, y)
+    psg = make_per_sample(model, F.cross_entropy)
+    loss, grads = psg(x, y)
+    assert psg.method == "func" and psg.chosen.randomness == "different"
+    assert torch.isfinite(grads.dense().matrix).all() and torch.isfinite(loss)
+    mean = grads.as_dict()["head.weight"].mean(0)
+    torch.testing.assert_close(model.head.weight.grad, mean, atol=1e-12, rtol=1e-10)
+
+
+def test_auto_accepts_randomness():
+    model, x, y = sequence_case(lambda: TransformerClassifier(seq=5), 4, 5)
+    psg = make_per_sample(model, F.cross_entropy, randomness="same")
+    psg(x, y)
+    assert psg.method in ("hooks", "factored")
+    with pytest.raises(ValueError, match=r"randomness='same' needs method=func or auto"):
+        make_per_sample(model, F.cross_entropy, "hooks", randomness="same")
+
+
+@pytest.mark.parametrize("method", ["auto", "hooks", "factored", "func"])
+def test_a_sum_reduced_loss_is_refused_on_every_method(method):
+    model, x, y = sequence_case(lambda: SequenceFirst(), 4, 5)
+
+    def summed(logits, labels):
+        return F.cross_entropy(logits, labels, reduction="sum")
+
+    with pytest.raises(UnsupportedModelError, match=r"^loss_fn of 4 examples .* the SUM of"):
+        make_per_sample(model, summed, method)(x, y)
+    assert all(p.grad is None for p in model.parameters())  # refused before any work
+
+
+def test_a_loss_without_reduction_is_refused():
+    model, x, y = sequence_case(lambda: SequenceFirst(), 4, 5)
+
+    def unreduced(logits, labels):
+        return F.cross_entropy(logits, labels, reduction="none")
+
+    with pytest.raises(UnsupportedModelError, match=r"^loss_fn returned shape \(1,\), not a"):
+        make_per_sample(model, unreduced)(x, y)
+
+
+def _resnet_gn():
+    from torchvision.models import resnet18
+
+    model = resnet18(num_classes=3, norm_layer=lambda c: nn.GroupNorm(min(32, c), c))
+    model.conv1 = nn.Conv2d(3, 64, 3, padding=1, bias=False)  # CIFAR-sized input
+    model.maxpool = nn.Identity()
+    return model
+
+
+@pytest.mark.slow
+def test_a_torchvision_resnet18_with_groupnorm_equals_the_loop():
+    torch.manual_seed(0)
+    model = _resnet_gn().double()
+    x, y = torch.randn(3, 3, 16, 16, dtype=torch.float64), torch.tensor([0, 1, 2])
+    expected = per_example_loop(model, x, y)
+    psg = make_per_sample(model, F.cross_entropy)
+    _, grads = psg(x, y)
+    assert psg.method in ("hooks", "factored")
+    assert_matches(grads, expected)
+
+
+def test_batchnorm_is_refused_naming_the_helper_and_the_helper_makes_the_model_work():
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 12, 3), nn.BatchNorm2d(12), nn.ReLU(), nn.Flatten(), nn.LazyLinear(3)
+    ).double()
+    x, y = torch.randn(4, 3, 8, 8, dtype=torch.float64), torch.tensor([0, 1, 2, 0])
+    model(x)
+    for method in ("auto", "hooks", "func"):
+        with pytest.raises(ValueError, match=r"^1 \(BatchNorm2d\) .*batchnorm_to_groupnorm"):
+            make_per_sample(model, F.cross_entropy, method)
+    assert batchnorm_to_groupnorm(model) is model
+    assert isinstance(model[1], nn.GroupNorm) and model[1].num_groups == 4  # gcd(12, 32)
+    expected = per_example_loop(model, x, y)
+    _, grads = make_per_sample(model, F.cross_entropy)(x, y)
+    assert_matches(grads, expected)
+
+
+def test_the_first_call_leaves_no_trace():
+    """The first call's check restores param.grad and the random generator: the call gives
+    what it gives without the check."""
+    results = []
+    for unverified in (True, False):
+        model, x, y = sequence_case(lambda: TransformerClassifier(dropout=0.1, seq=5), 4, 5)
+        model.head.weight.grad = torch.ones_like(model.head.weight)
+        psg = make_per_sample(model, F.cross_entropy, "func", randomness="different")
+        psg.unverified = unverified
+        torch.manual_seed(5)
+        _, grads = psg(x, y)
+        results.append((torch.rand(1), model.head.weight.grad.clone(), grads.dense().matrix))
+    for checked, unchecked in zip(*results, strict=True):
+        assert torch.equal(checked, unchecked)
+
+
+def test_a_user_forward_outside_the_path_is_a_plain_forward():
+    """Hooks are idle outside psg's own forward: an expanded layer is not expanded there."""
+    model, x, y = sequence_case(lambda: PositionModel(5), 4, 5)
+    psg = make_per_sample(model, F.cross_entropy, "hooks")
+    psg(x, y)
+    assert model(x[:1]).shape == (1, 3)
+    assert isinstance(psg, HookedPerSample) and not isinstance(psg, FuncPerSample)
