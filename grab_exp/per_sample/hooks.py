@@ -362,6 +362,8 @@ class HookedPerSample(PerSampleGradients):
         if x.requires_grad or changed:
             loss.backward()  # the forward hooks' tensor hooks catch the output gradients
             return False
+        if not targets:  # no trainable layer reached the loss
+            return True
         grads = torch.autograd.grad(
             loss, [call.outputs[k] for call, k in targets], allow_unused=True
         )
