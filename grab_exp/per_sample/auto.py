@@ -58,7 +58,7 @@ class AutoPerSample(PerSampleGradients):
             try:
                 self.chosen = make_func()
                 return self.chosen(x, y)
-            except (UnsupportedModelError, RuntimeError, ValueError) as func_error:
+            except (RuntimeError, ValueError) as func_error:  # UnsupportedModelError included
                 raise UnsupportedModelError(
                     f"{hooks_error} | method=func: {func_error}".replace("\n", " ")
                 ) from func_error

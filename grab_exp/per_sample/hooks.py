@@ -44,7 +44,7 @@ from grab_exp.per_sample.base import LossFn, PerSampleGradients
 from grab_exp.per_sample.buffer import GradBuffer
 from grab_exp.per_sample.fallback import FuncFallback
 from grab_exp.per_sample.layout import Call, CallLayout, expand_over_batch, shape_of
-from grab_exp.per_sample.modules import UnsupportedModelError, random_modules
+from grab_exp.per_sample.modules import RANDOM_TYPES, UnsupportedModelError, draws_random
 from grab_exp.per_sample.rules import LayerRule, rule_for
 
 Grads = dict[str, torch.Tensor]
@@ -113,6 +113,7 @@ class HookedPerSample(PerSampleGradients):
         self.expanded: set[str] = set()
         self.layouts: dict[str, list[CallLayout]] = {}
         self._handles: dict[str, list[Any]] = {}
+        self._random: dict[str, list[tuple[str, nn.Module]]] = {}  # fallback -> random modules
         self._mode = "idle"  # record (this path's forward) | probe | idle (any other forward)
         self._batch = 0
         self._calls: dict[str, list[Call]] = {}
@@ -128,6 +129,9 @@ class HookedPerSample(PerSampleGradients):
             self.rules[name] = rule
         else:
             self.fallbacks[name] = FuncFallback(layer, adopted)
+            self._random[name] = [  # what a replay of the layer could draw from, found once
+                (n, m) for n, m in layer.named_modules() if isinstance(m, RANDOM_TYPES)
+            ]
         self._layers[name] = layer
         prefix = f"{name}." if name else ""
         own = [n for n, _ in layer.named_parameters(recurse=False)] + list(adopted)
@@ -249,6 +253,7 @@ class HookedPerSample(PerSampleGradients):
         self._layers.pop(name)
         self.rules.pop(name, None)
         self.fallbacks.pop(name, None)
+        self._random.pop(name, None)
         self._names.pop(name)
         self._own.pop(name)
 
@@ -286,7 +291,7 @@ class HookedPerSample(PerSampleGradients):
         return loss.detach(), as_batch_grads(grads)
 
     def _check_calls(self, calls: dict[str, list[Call]]) -> None:
-        """Re-probe when a layer ran a different number of times than in the probe; refuse a
+        """Refuse a layer that ran a different number of times than in the probe, and a
         replayed layer that would draw random numbers."""
         for name, layer in self._layers.items():
             if len(calls.get(name, [])) != len(self.layouts.get(name, [])):
@@ -295,7 +300,8 @@ class HookedPerSample(PerSampleGradients):
                     f"and {len(self.layouts.get(name, []))} in the probe of the first batch "
                     "(control flow that depends on the data); use method=func"
                 )
-            if name in self.fallbacks and (drawn := random_modules(layer)):
+            drawn = [n for n, m in self._random.get(name, ()) if draws_random(m)]
+            if drawn:
                 where = f" in {drawn[0]}" if drawn[0] else ""
                 raise UnsupportedModelError(
                     f"{_label(name, layer)} draws random numbers{where} (dropout in training "

@@ -5,11 +5,21 @@ from __future__ import annotations
 
 from torch import nn
 
-__all__ = ["BATCHNORM", "DROPOUT", "UnsupportedModelError", "module_problem", "random_modules"]
+__all__ = [
+    "BATCHNORM",
+    "DROPOUT",
+    "RANDOM_TYPES",
+    "UnsupportedModelError",
+    "draws_random",
+    "module_problem",
+    "random_modules",
+]
 
 BATCHNORM = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
 #: base of Dropout, Dropout1d/2d/3d, AlphaDropout and FeatureAlphaDropout
 DROPOUT = (nn.modules.dropout._DropoutNd,)
+#: the module types that can draw random numbers (:func:`draws_random` says when they do)
+RANDOM_TYPES = (*DROPOUT, nn.MultiheadAttention, nn.RNNBase)
 
 
 class UnsupportedModelError(ValueError):
@@ -40,17 +50,19 @@ def module_problem(
     return None
 
 
+def draws_random(module: nn.Module) -> bool:
+    """Whether ``module`` itself draws random numbers in its current mode: a Dropout with
+    ``p > 0``, or a MultiheadAttention's or multi-layer RNN's own ``dropout``, in training mode."""
+    if not module.training:
+        return False
+    if isinstance(module, DROPOUT):
+        return module.p > 0
+    if isinstance(module, nn.RNNBase):
+        return module.num_layers > 1 and module.dropout > 0
+    return isinstance(module, nn.MultiheadAttention) and module.dropout > 0
+
+
 def random_modules(module: nn.Module) -> list[str]:
     """Qualified names of ``module``'s submodules (itself included) that draw random numbers in
-    their current mode: Dropout with ``p > 0``, and MultiheadAttention's or a multi-layer RNN's
-    own ``dropout``, in training mode."""
-    found = []
-    for name, sub in module.named_modules():
-        if not sub.training:
-            continue
-        p = getattr(sub, "p", 0.0) if isinstance(sub, DROPOUT) else 0.0
-        if isinstance(sub, (nn.MultiheadAttention, nn.RNNBase)):
-            p = sub.dropout if not isinstance(sub, nn.RNNBase) or sub.num_layers > 1 else 0.0
-        if p > 0:
-            found.append(name)
-    return found
+    their current mode (:func:`draws_random`)."""
+    return [name for name, sub in module.named_modules() if draws_random(sub)]

@@ -110,12 +110,7 @@ def per_example_grads(
     losses = []
     for b in range(len(x)):
         with torch.enable_grad():
-            loss = loss_fn(model(x[b : b + 1]), y[b : b + 1])
-            if loss.dim() != 0:
-                raise UnsupportedModelError(
-                    f"loss_fn returned shape {tuple(loss.shape)}, not a scalar: per-sample "
-                    "gradients need the batch MEAN of per-example losses (reduction='mean')"
-                )
+            loss = _scalar(loss_fn(model(x[b : b + 1]), y[b : b + 1]))
             grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
         losses.append(loss.detach())
         for (n, p), g in zip(params.items(), grads, strict=True):
@@ -123,15 +118,21 @@ def per_example_grads(
     return torch.stack(losses), {n: torch.stack(r) for n, r in rows.items()}
 
 
+def _scalar(loss: torch.Tensor) -> torch.Tensor:
+    """``loss``, refused unless it is a scalar (an unreduced loss is not the batch mean)."""
+    if loss.dim() != 0:
+        raise UnsupportedModelError(
+            f"loss_fn returned shape {tuple(loss.shape)}, not a scalar: per-sample "
+            "gradients need the batch MEAN of per-example losses (reduction='mean')"
+        )
+    return loss
+
+
 def _check_loss(batch_loss: torch.Tensor, losses: torch.Tensor) -> str | None:
     """Refuse a loss of ``R`` examples that is their SUM (or not a scalar); return the problem
     when it is not their mean otherwise (a layer that mixes the examples shows the same, and is
     named first), else ``None``."""
-    if batch_loss.dim() != 0:
-        raise UnsupportedModelError(
-            f"loss_fn returned shape {tuple(batch_loss.shape)}, not a scalar: per-sample "
-            "gradients need the batch MEAN of per-example losses (reduction='mean')"
-        )
+    _scalar(batch_loss)
     tolerance = _tolerance(losses.dtype)
     mean, total = losses.mean(), losses.sum()
     if _close(batch_loss, mean, tolerance):

@@ -20,6 +20,7 @@ from client_models import (
 from torch import nn
 from torch.nn import functional as F
 
+from grab_exp.bench.per_sample import resnet18_gn
 from grab_exp.per_sample import (
     FuncPerSample,
     HookedPerSample,
@@ -201,19 +202,10 @@ def test_a_loss_without_reduction_is_refused():
         make_per_sample(model, unreduced)(x, y)
 
 
-def _resnet_gn():
-    from torchvision.models import resnet18
-
-    model = resnet18(num_classes=3, norm_layer=lambda c: nn.GroupNorm(min(32, c), c))
-    model.conv1 = nn.Conv2d(3, 64, 3, padding=1, bias=False)  # CIFAR-sized input
-    model.maxpool = nn.Identity()
-    return model
-
-
 @pytest.mark.slow
 def test_a_torchvision_resnet18_with_groupnorm_equals_the_loop():
     torch.manual_seed(0)
-    model = _resnet_gn().double()
+    model = resnet18_gn().double()
     x, y = torch.randn(3, 3, 16, 16, dtype=torch.float64), torch.tensor([0, 1, 2])
     expected = per_example_loop(model, x, y)
     psg = make_per_sample(model, F.cross_entropy)
