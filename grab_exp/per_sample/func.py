@@ -18,11 +18,15 @@ from torch.func import functional_call, grad, vmap
 from grab_exp.grads import BatchGrads, as_batch_grads
 from grab_exp.per_sample.base import LossFn, PerSampleGradients
 from grab_exp.per_sample.compiled import compile_step
+from grab_exp.per_sample.modules import UnsupportedModelError
 from grab_exp.validation import check_int_at_least
 
 __all__ = ["RANDOMNESS_CHOICES", "FuncPerSample"]
 
 Grads = dict[str, torch.Tensor]
+
+#: Layers whose kernels torch's vmap fails on (the default zero hidden state it writes into).
+VMAP_FAILS = (nn.RNN, nn.GRU, nn.RNNCell, nn.GRUCell)
 
 #: Explicit values of vmap's ``randomness`` that allow random layers (dropout).
 RANDOMNESS_CHOICES = ("different", "same")
@@ -68,6 +72,23 @@ def _make_grad_fn(
     )
 
 
+def vmap_failure(model: nn.Module, error: RuntimeError) -> str:
+    """One line for a first call that ``torch.func`` could not run, naming the recurrent layers
+    (torch's vmap cannot batch ``nn.RNN``/``nn.GRU`` and their cells)."""
+    cause = str(error).strip().splitlines()[0]
+    unbatchable = [
+        f"{name} ({type(m).__name__})"
+        for name, m in model.named_modules()
+        if isinstance(m, VMAP_FAILS)
+    ]
+    if not unbatchable:
+        return f"torch.func's vmap failed on this model ({cause})"
+    return (
+        f"torch.func's vmap failed at {', '.join(unbatchable)}, which it cannot batch ({cause}); "
+        "method=auto or hooks replays such layers one example at a time"
+    )
+
+
 class FuncPerSample(PerSampleGradients):
     """Per-sample gradients of the whole model with ``vmap(grad(loss of one example))``.
 
@@ -107,6 +128,14 @@ class FuncPerSample(PerSampleGradients):
         self._grad_fn = _make_grad_fn(model, loss_fn, chunk_size, randomness)
         if compile_mode is not None:
             self._grad_fn = compile_step(self._grad_fn, compile_mode)
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
+        if not self.unverified:
+            return super().__call__(x, y)
+        try:
+            return super().__call__(x, y)  # the first call: a vmap failure shows here
+        except RuntimeError as error:
+            raise UnsupportedModelError(vmap_failure(self.model, error)) from error
 
     def _compute(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         trainable, fixed = _split_state(self.model)

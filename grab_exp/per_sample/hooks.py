@@ -5,10 +5,9 @@ the gradients at those outputs (``torch.autograd.grad``: no parameter gradient i
 and each layer's per-sample and mean gradients come from its inputs and output gradients, the
 mean written to ``param.grad`` for the optimizer:
 
-* a layer with a rule (:mod:`grab_exp.per_sample.rules`: Linear, Conv2d, LayerNorm) uses its
-  closed form;
-* any other layer with trainable parameters of its own (GroupNorm, grouped Conv2d, Embedding,
-  RNN/LSTM/GRU, MultiheadAttention, BatchNorm in eval mode, a custom module with an
+* a layer with a rule (:mod:`grab_exp.per_sample.rules`: Linear, Conv2d, Embedding, LayerNorm)
+  uses its closed form;
+* any other layer with trainable parameters of its own (GroupNorm, grouped Conv2d, RNN/LSTM/GRU, MultiheadAttention, BatchNorm in eval mode, a custom module with an
   ``nn.Parameter``) gets the per-layer fallback (:mod:`grab_exp.per_sample.fallback`): only that
   layer is re-run, the rest of the model keeps its rules.
 
@@ -194,7 +193,7 @@ class HookedPerSample(PerSampleGradients):
         """
         self.expanded.clear()
         for _ in range(2 * len(self._modules) + 1):
-            two, three = self._probe(x[[0, 0]]), self._probe(x[[0, 0, 0]])
+            two, three = self._probes(x)
             silent = [name for name in self._layers if name not in two]
             if silent:
                 self._adopt(silent[0])
@@ -206,6 +205,21 @@ class HookedPerSample(PerSampleGradients):
                 return
             self.expanded |= unbatched
         raise AssertionError("unreachable: every round adopts or expands one more layer")
+
+    def _probes(self, x: torch.Tensor) -> tuple[dict, dict]:
+        """:meth:`_probe` with 2 and with 3 copies of ``x``'s first example; a forward that the
+        expansion of unbatched inputs breaks is refused by the expanded layers' names."""
+        try:
+            return self._probe(x[[0, 0]]), self._probe(x[[0, 0, 0]])
+        except RuntimeError as error:
+            if not self.expanded:
+                raise
+            layers = ", ".join(_label(n, self._layers[n]) for n in sorted(self.expanded))
+            cause = str(error).strip().splitlines()[0]
+            raise UnsupportedModelError(
+                f"{layers}: its input has no batch dimension, and with that input expanded over "
+                f"the batch the model's forward fails ({cause}); use method=func"
+            ) from error
 
     def _probe(self, x: torch.Tensor) -> dict[str, list[tuple]]:
         """Every hooked call's ``(input shapes, output shapes)`` in one forward of ``x``."""

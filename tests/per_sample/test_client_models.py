@@ -128,6 +128,34 @@ def test_rnns_and_attention_take_their_per_layer_paths():
     assert "encoder.layers.0.linear1" in hooked.rules
 
 
+class ReshapedPosition(PositionModel):
+    """A position embedding whose output the forward reshapes to ``(T, D)``: with its input
+    expanded over the batch, that reshape fails."""
+
+    def forward(self, tokens):
+        seq = tokens.shape[1]
+        h = self.tok(tokens) + self.pos(torch.arange(seq)).view(seq, -1)  # (B, T, 6)
+        return self.head(torch.tanh(h).mean(1))
+
+
+def test_a_forward_that_the_expansion_breaks_is_refused_by_layer_and_auto_takes_func():
+    model, x, y = sequence_case(lambda: ReshapedPosition(5), 4, 5)
+    with pytest.raises(UnsupportedModelError, match=r"^pos \(Embedding\): its input has no batch"):
+        HookedPerSample(model, F.cross_entropy)(x, y)
+    model, x, y = sequence_case(lambda: ReshapedPosition(5), 4, 5)
+    expected = per_example_loop(model, x, y)
+    psg = make_per_sample(model, F.cross_entropy)
+    _, grads = psg(x, y)
+    assert psg.method == "func"
+    assert_matches(grads, expected)
+
+
+def test_func_on_a_gru_is_refused_naming_the_layer():
+    model, x, y = sequence_case(GRUClassifier, 4, 5)
+    with pytest.raises(UnsupportedModelError, match=r"at gru \(GRU\), which it cannot batch"):
+        make_per_sample(model, F.cross_entropy, "func")(x, y)
+
+
 def test_dropout_modules_in_training_mode_give_the_batchs_masks_own_gradients():
     torch.manual_seed(0)
     model = nn.Sequential(

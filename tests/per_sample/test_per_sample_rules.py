@@ -11,6 +11,7 @@ from torch.nn import functional as F
 from grab_exp.per_sample import HookedPerSample, PerSamplePipeline, UnsupportedModelError
 from grab_exp.per_sample.fallback import FuncFallback
 from grab_exp.per_sample.rules import RULES, LayerRule, rule_for
+from grab_exp.per_sample.rules.conv2d import grouped_weight_grads, unfold_weight_grads
 from grab_exp.per_sample.rules.linear import LinearRule
 
 
@@ -80,6 +81,16 @@ RULE_CASES: dict[type[nn.Module], list[LayerCase]] = {
         LayerCase(lambda: _conv(nn.Conv2d(2, 3, (3, 5), padding="same", dilation=2)), (2, 6, 7)),
         LayerCase(lambda: _conv(nn.Conv2d(2, 3, 3, padding="valid")), (2, 5, 5)),
         LayerCase(lambda: _conv(nn.Conv2d(8, 3, 3, stride=2)), (8, 7, 7)),  # default layout
+        # wide (L <= O output positions): the unfold + bmm formulation
+        LayerCase(lambda: _conv(nn.Conv2d(2, 12, 3, stride=2, padding=1)), (2, 5, 5)),
+        LayerCase(lambda: _conv(nn.Conv2d(3, 16, 3, padding="same", dilation=2)), (3, 4, 4)),
+        LayerCase(
+            lambda: _conv(nn.Conv2d(2, 12, (3, 2), stride=(2, 1), padding=(1, 0))), (2, 5, 4)
+        ),
+    ],
+    nn.Embedding: [
+        LayerCase(lambda: SeqHead(nn.Embedding(10, 4), 4), (5,), integer_input=True),
+        LayerCase(lambda: SeqHead(nn.Embedding(10, 4, padding_idx=3), 4), (5,), integer_input=True),
     ],
     nn.LayerNorm: [
         LayerCase(lambda: nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.Linear(8, 3)), (6,)),
@@ -104,11 +115,44 @@ FALLBACK_CASES = {
         lambda: _conv(nn.Conv2d(2, 3, 2, padding="same")), (2, 5, 5), {"0"}
     ),
     "batchnorm_eval": LayerCase(_eval_batchnorm, (2, 5, 5), {"1"}),
-    "embedding": LayerCase(
-        lambda: SeqHead(nn.Embedding(10, 4), 4), (5,), {"body"}, integer_input=True
+    "embedding_scaled_by_frequency": LayerCase(
+        lambda: SeqHead(nn.Embedding(10, 4, scale_grad_by_freq=True), 4),
+        (5,),
+        {"body"},
+        integer_input=True,
     ),
     "root_parameter": LayerCase(RootScale, (6,), {""}),
 }
+
+
+@pytest.mark.parametrize(
+    ("conv", "size"),
+    [(nn.Conv2d(3, 4, 3, stride=2, padding=1, dilation=2), 9), (nn.Conv2d(5, 6, (1, 3)), 4)],
+)
+def test_both_conv_formulations_equal_the_per_example_weight_gradient(conv, size):
+    generator = torch.Generator().manual_seed(0)
+    conv = conv.double()
+    a = torch.randn(4, conv.in_channels, size, size, generator=generator, dtype=torch.float64)
+    g = torch.randn(conv(a).shape, generator=generator, dtype=torch.float64)
+    reference = torch.stack(
+        [
+            torch.nn.grad.conv2d_weight(
+                a[i : i + 1],
+                conv.weight.shape,
+                g[i : i + 1],
+                stride=conv.stride,
+                padding=conv.padding,
+                dilation=conv.dilation,
+            )
+            for i in range(4)
+        ]
+    )  # (B, O, C, kh, kw)
+    buffer = torch.zeros(4, reference[0].numel() + 3, dtype=torch.float64)
+    out = buffer[:, 3:].view(reference.shape)  # a column block of a (B, d) buffer, as hooks use
+    torch.testing.assert_close(grouped_weight_grads(conv, a, g), reference, rtol=1e-12, atol=0)
+    torch.testing.assert_close(unfold_weight_grads(conv, a, g), reference, rtol=1e-12, atol=0)
+    assert unfold_weight_grads(conv, a, g, out).data_ptr() == out.data_ptr()
+    torch.testing.assert_close(out, reference, rtol=1e-12, atol=0)
 
 
 def test_every_registered_rule_has_cases():
@@ -173,10 +217,12 @@ def test_rule_for_follows_subclasses_and_refuses_unsupported_configs():
     assert isinstance(rule_for(nn.LazyLinear(3)), LinearRule)
     assert rule_for(nn.Conv2d(2, 4, 3, groups=2)) is None
     assert rule_for(nn.GroupNorm(2, 4)) is None
+    assert rule_for(nn.Embedding(5, 2, max_norm=1.0)) is None
+    assert rule_for(nn.Embedding(5, 2, sparse=True)) is None
 
 
 def test_auto_picks_hooks_with_fallback_layers_but_not_for_a_root_parameter():
-    for name in ("groupnorm", "custom", "embedding", "batchnorm_eval"):
+    for name in ("groupnorm", "custom", "embedding_scaled_by_frequency", "batchnorm_eval"):
         pipeline = PerSamplePipeline(build(FALLBACK_CASES[name]), F.cross_entropy)
         assert pipeline.method in ("hooks", "factored"), name
     assert PerSamplePipeline(RootScale(), F.cross_entropy).method == "func"

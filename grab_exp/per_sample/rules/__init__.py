@@ -17,7 +17,7 @@ Both return one tensor per parameter of ``layer.named_parameters(recurse=False)`
 order (frozen ones included).
 """
 
-from grab_exp.per_sample.rules import conv2d, layer_norm, linear  # noqa: F401  (registers them)
+from grab_exp.per_sample.rules import conv2d, embedding, layer_norm, linear  # noqa: F401
 from grab_exp.per_sample.rules.base import RULES, LayerRule, Outs, register_rule, rule_for
 
 __all__ = ["RULES", "LayerRule", "Outs", "register_rule", "rule_for"]

@@ -1,10 +1,11 @@
 """``nn.Conv2d`` (``groups=1``, zero padding): per-sample grads as one grouped convolution's
-weight gradient."""
+weight gradient (narrow layers) or one batched matmul over the patches (wide layers)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from grab_exp.per_sample.rules.base import LayerRule, Outs, register_rule
 
@@ -30,13 +31,32 @@ def conv2d_grads(
 ) -> list[torch.Tensor]:
     """Per-sample ``[weight, bias]`` grads from input ``a (B, C, H, W)``, ``g (B, O, H', W')``.
 
-    The batch becomes the groups of one convolution: ``a`` as one image of ``B*C`` channels,
-    ``g`` as ``B*O`` output channels, one group per example, and the weight gradient of that
-    grouped convolution is every example's own ``(O, C, kh, kw)`` block. At LeNet's shapes this
-    is faster than a grouped forward convolution with the roles swapped and than ``unfold`` +
-    ``bmm`` (which also writes the ``(B, C*kh*kw, L)`` patches). The result may be a
-    non-contiguous view (channels-last). ``out``: optional
+    Narrow layers (more output positions ``L = H'W'`` than output channels ``O``: LeNet, a
+    ResNet's first stages) take :func:`grouped_weight_grads`; wide ones (``L <= O``: a ResNet's
+    last stages) take :func:`unfold_weight_grads`, whose patches are then no larger than the
+    result. The weight result may be a non-contiguous view (channels-last). ``out``: optional
     ``(B, O, C, kh, kw)`` / ``(B, O)`` tensors to write the results into.
+    """
+    positions = g.shape[2] * g.shape[3]  # L
+    if positions <= g.shape[1]:
+        weight = unfold_weight_grads(layer, a, g, out[0])
+    else:
+        weight = grouped_weight_grads(layer, a, g)
+        weight = weight if out[0] is None else out[0].copy_(weight)
+    grads = [weight]  # (B, O, C, kh, kw)
+    if layer.bias is not None:
+        grads.append(torch.sum(g, dim=(2, 3), out=out[1]))  # (B, O)
+    return grads
+
+
+def grouped_weight_grads(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Per-sample weight grads ``(B, O, C, kh, kw)`` as one grouped convolution's weight gradient.
+
+    The batch becomes the groups of one convolution: ``a (B, C, H, W)`` as one image of ``B*C``
+    channels, ``g (B, O, H', W')`` as ``B*O`` output channels, one group per example, and the
+    weight gradient of that grouped convolution is every example's own ``(O, C, kh, kw)`` block.
+    At LeNet's shapes this is faster than a grouped forward convolution with the roles swapped
+    and than :func:`unfold_weight_grads` (which also writes the ``(B, C*kh*kw, L)`` patches).
     """
     batch, out_channels = g.shape[:2]
     images = a.reshape(1, -1, *a.shape[2:])  # (1, B*C, H, W)
@@ -44,7 +64,7 @@ def conv2d_grads(
     if a.device.type == "cpu" and a.shape[1] < CHANNELS_LAST_BELOW:
         images = images.contiguous(memory_format=torch.channels_last)
         out_grads = out_grads.contiguous(memory_format=torch.channels_last)
-    weight = torch.nn.grad.conv2d_weight(
+    return torch.nn.grad.conv2d_weight(
         images,
         (batch * out_channels, *layer.weight.shape[1:]),  # (B*O, C, kh, kw)
         out_grads,
@@ -52,11 +72,29 @@ def conv2d_grads(
         padding=explicit_padding(layer),
         dilation=layer.dilation,
         groups=batch,
-    ).view(batch, out_channels, *layer.weight.shape[1:])  # (B, O, C, kh, kw)
-    grads = [weight if out[0] is None else out[0].copy_(weight)]  # (B, O, C, kh, kw)
-    if layer.bias is not None:
-        grads.append(torch.sum(g, dim=(2, 3), out=out[1]))  # (B, O)
-    return grads
+    ).view(batch, out_channels, *layer.weight.shape[1:])
+
+
+def unfold_weight_grads(
+    layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Per-sample weight grads ``(B, O, C, kh, kw)`` as one batched matmul over the patches.
+
+    ``a (B, C, H, W)`` unfolds to its patches ``(B, C*kh*kw, L)``; each example's block is its
+    ``g (B, O, L)`` times its patches transposed. With a ``(B, O, C, kh, kw)`` ``out`` the matmul
+    writes into it: for a ResNet's 512-channel layers a fresh result of that size costs more to
+    allocate than to compute.
+    """
+    patches = F.unfold(
+        a,
+        layer.kernel_size,
+        dilation=layer.dilation,
+        padding=explicit_padding(layer),
+        stride=layer.stride,
+    )  # (B, C*kh*kw, L)
+    flat = None if out is None else out.view(*out.shape[:2], -1)  # (B, O, C*kh*kw)
+    weight = torch.bmm(g.flatten(2), patches.transpose(1, 2), out=flat)  # (B, O, C*kh*kw)
+    return weight.view(*g.shape[:2], *layer.weight.shape[1:])
 
 
 def conv2d_mean_grads(
