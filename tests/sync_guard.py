@@ -96,3 +96,31 @@ def _has_mask(indices: Iterable[torch.Tensor | None]) -> bool:
 def _value(args: tuple, kwargs: dict) -> torch.Tensor:
     """The ``values`` argument of an ``index_put`` overload."""
     return args[2] if len(args) > 2 else kwargs["values"]
+
+
+class HostCopyGuard(TorchDispatchMode):
+    """Refuse, inside the ``with`` block, every copy of a host tensor into a device tensor.
+
+    On CUDA such a copy from pageable memory blocks the host, and sync-debug mode refuses it; on
+    the CPU, where every tensor is a host tensor, :class:`SyncGuard` cannot tell it apart. Run
+    the code under test on the ``meta`` device instead (shapes without data: most operators
+    run): a host value that reaches it shows as a copy from ``cpu`` to ``meta``.
+    """
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        packet = func.overloadpacket
+        if packet is aten._to_copy:
+            source, target = args[0], kwargs.get("device")
+        elif packet in (aten.copy_, aten._copy_from):
+            source, target = args[1], args[0].device
+        else:
+            source = target = None
+        if (
+            isinstance(source, torch.Tensor)
+            and source.device.type == "cpu"
+            and target is not None
+            and torch.device(target).type != "cpu"
+        ):
+            raise HostSyncError(f"{func}: a copy of a host tensor to {target} (blocks on CUDA)")
+        return func(*args, **kwargs)

@@ -49,10 +49,16 @@ def device_step(count: int | float | torch.Tensor, param: torch.Tensor) -> torch
     """An optimizer's step count as a ``()`` tensor on ``param``'s device, as a captured step
     needs (from an int of an older checkpoint, or a CPU tensor of one loaded with
     ``map_location="cpu"``). float32 as torch's capturable optimizers keep it, float64 for
-    float64 parameters or under a float64 default."""
+    float64 parameters or under a float64 default.
+
+    A number or a host tensor becomes a fill on the device, never a host-to-device copy: on
+    CUDA that copy is pageable and blocks the host (sync-debug mode refuses it in a step)."""
     wide = torch.float64 in (param.dtype, torch.get_default_dtype())
     dtype = torch.float64 if wide else torch.float32
-    return torch.as_tensor(count).to(device=param.device, dtype=dtype)
+    if torch.is_tensor(count) and count.device.type != "cpu":
+        return count.to(device=param.device, dtype=dtype)
+    value = count.item() if torch.is_tensor(count) else count  # a host value: no device sync
+    return torch.full((), value, dtype=dtype, device=param.device)
 
 
 def check_non_negative(setting: str, value: float) -> None:

@@ -7,7 +7,8 @@ mean written to ``param.grad`` for the optimizer:
 
 * a layer with a rule (:mod:`grab_exp.per_sample.rules`: Linear, Conv2d, Embedding, LayerNorm)
   uses its closed form;
-* any other layer with trainable parameters of its own (GroupNorm, grouped Conv2d, RNN/LSTM/GRU, MultiheadAttention, BatchNorm in eval mode, a custom module with an
+* any other layer with trainable parameters of its own (GroupNorm, grouped Conv2d,
+  RNN/LSTM/GRU, MultiheadAttention, BatchNorm in eval mode, a custom module with an
   ``nn.Parameter``) gets the per-layer fallback (:mod:`grab_exp.per_sample.fallback`): only that
   layer is re-run, the rest of the model keeps its rules.
 

@@ -9,10 +9,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from sync_guard import HostCopyGuard
 from torch import nn
 
 from grab_exp.grads import flatten_grads
-from grab_exp.optim import VRSGD, VRAdam, VRMomentum, gsnr_ratios
+from grab_exp.optim import VRSGD, VRAdam, VRMomentum, device_step, gsnr_ratios
 from grab_exp.per_sample import FuncPerSample
 
 F64 = torch.float64
@@ -324,6 +325,30 @@ def test_frozen_parameters_are_skipped():
     opt.observe(grads)
     opt.step()
     assert torch.equal(model.conv.bias, frozen)
+
+
+@pytest.mark.parametrize("cls", OPTIMIZERS)
+def test_observe_and_step_copy_no_host_tensor_to_the_device(cls):
+    """On ``meta`` (a device without data), as the CPU can show what sync-debug mode refuses:
+    the first step's state (VR-Adam's step count) and every later step stay on the device."""
+    p = torch.zeros(4, device="meta", requires_grad=True)
+    opt = cls([p], lr=0.01, groups=4)
+    with HostCopyGuard():
+        for _ in range(2):
+            opt.observe([torch.randn(8, 4, device="meta")])
+            p.grad = torch.zeros(4, device="meta")
+            opt.step()
+    if cls is VRAdam:
+        assert opt.state[p]["step"].device.type == "meta"
+
+
+def test_a_loaded_host_step_count_becomes_a_device_fill():
+    p = torch.zeros(4, device="meta")
+    with HostCopyGuard():
+        for count in (3, torch.tensor(3.0)):  # an older checkpoint's int, a CPU-mapped tensor
+            step = device_step(count, p)
+            assert step.device.type == "meta" and step.dtype == torch.float32
+    assert device_step(torch.tensor(3.0), torch.zeros(2)).item() == 3.0
 
 
 @pytest.mark.gpu
