@@ -27,11 +27,11 @@ from omegaconf import DictConfig, OmegaConf
 from grab_exp.__main__ import expand_shorthands
 from grab_exp.runner.build import TrainingJob, build_job
 from grab_exp.runner.config_check import validate_config
+from grab_exp.runner.connect import connect
 from grab_exp.runner.epoch import train_steps
 from grab_exp.runner.progress import Progress
 from grab_exp.runner.resolvers import register_resolvers
 from grab_exp.runner.schema import register_schema
-from grab_exp.runner.strategy import SingleProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
@@ -214,8 +214,9 @@ def compose_job(overrides: Iterable[str], device: str = "cpu") -> TrainingJob:
     """The job ``python -m grab_exp experiment=smoke <overrides>`` would train, on ``device``."""
     cfg = compose_config([*SMALL_RUN, f"device={device}", *overrides])
     validate_config(cfg)
-    data = instantiate(cfg.dataset).to(device)
-    return build_job(cfg, data, SingleProcess(torch.device(device)))
+    strategy = connect(cfg)  # as a run does: CUDA's numerics policy (deterministic cuDNN, no TF32)
+    data = instantiate(cfg.dataset).to(strategy.device)
+    return build_job(cfg, data, strategy)
 
 
 class LossRecorder(Progress):

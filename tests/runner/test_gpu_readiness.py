@@ -1,13 +1,14 @@
 """The CUDA side of the device handling (``test_devices.py`` has what a CPU can show): resume
 on the same device type and refusal on another, RNG restore with more saved GPU states than
-GPUs, gathers of CPU tensors, ``cuda:k``, the numerics policy, deterministic recursive sums,
-both memory columns, the sampler on the parameters' device, the same signs as on the CPU."""
+GPUs, gathers of CPU tensors, ``cuda:k``, the numerics policy (in tests' jobs too),
+deterministic recursive sums, both memory columns, the sampler on the parameters' device, the
+same signs as on the CPU."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from grab_run import SMALL_RUN, compose_config, run_job_here
+from grab_run import SMALL_RUN, compose_config, compose_job, run_job_here
 from run_files import computed, read_rows
 
 from grab_exp.balance import make_ordering
@@ -74,6 +75,16 @@ def test_cuda_jobs_run_deterministic_cudnn_without_tf32_unless_asked(tf32):
     torch._dynamo.reset()
     compiled = torch.compile(torch.mm)(a, a)  # Dynamo and Inductor read the legacy flags
     torch.testing.assert_close(compiled, a @ a, rtol=1e-2, atol=1e-2)
+
+
+def test_jobs_that_tests_build_get_the_runs_cuda_policy():
+    """``grab_run.compose_job`` connects as a run does, so bit-for-bit asserts on CUDA hold in
+    any test order (torch's defaults: cuDNN autotuning, TF32 convolutions)."""
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = False, True
+    torch.backends.cudnn.allow_tf32 = True  # the legacy setter writes conv.fp32_precision too
+    compose_job([], device="cuda")
+    assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+    assert torch.backends.cudnn.conv.fp32_precision == "ieee"
 
 
 def test_recursive_orders_and_sums_are_bit_identical_run_to_run():
