@@ -194,10 +194,14 @@ def time_rows(rows: list[Row], args, device: torch.device) -> None:
 
 
 def measure_memory(rows: list[Row], args, device: torch.device) -> None:
-    """Each row's peak step memory, in steps of their own (never in the timed ones)."""
+    """Each row's peak step memory, in steps of their own (never in the timed ones); a CUDA
+    ``:graph`` row's is its capture's (a replay allocates nothing the counters see)."""
     x, y = make_batch(args.batch, device)
     for row in rows:
-        row.peak_step_bytes = peak_step_bytes(lambda row=row: bench_step(row, x, y), device)
+        peak = peak_step_bytes(lambda row=row: bench_step(row, x, y), device)
+        if row.captured is not None and row.captured.step_peak_bytes is not None:
+            peak = row.captured.step_peak_bytes
+        row.peak_step_bytes = peak
 
 
 def step_operators(row: Row, x: torch.Tensor, y: torch.Tensor, cuda_path: bool) -> dict:

@@ -29,6 +29,7 @@ and returns the step's loss buffer, which the next replay overwrites.
 from __future__ import annotations
 
 import functools
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -185,6 +186,21 @@ class TracedStep:
         return self.output
 
 
+def register_generators(graph: torch.cuda.CUDAGraph, generators: Sequence[torch.Generator]):
+    """Register ``generators`` with ``graph``, so that each replay draws new values.
+
+    Needed by torch 2.11 (the GPU image's); torch 2.14 registers every generator a capture uses
+    by itself and warns at each call that the method is a deprecated no-op, so that warning is
+    silenced here; a torch without the method needs nothing.
+    """
+    if not hasattr(graph, "register_generator_state"):
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*register_generator_state\(\) is deprecated")
+        for generator in generators:
+            graph.register_generator_state(generator)
+
+
 class CudaGraphStep:
     """A step captured as one CUDA graph (``torch.cuda.graph``), replayed with one launch.
 
@@ -203,8 +219,7 @@ class CudaGraphStep:
         generators: Sequence[torch.Generator] = (),
     ) -> None:
         self.graph = torch.cuda.CUDAGraph()
-        for generator in generators:
-            self.graph.register_generator_state(generator)
+        register_generators(self.graph, generators)
         with graph_safe(), torch.cuda.graph(self.graph):
             self.output = fn(*inputs)
 
@@ -256,6 +271,28 @@ class CapturedStep:
         self.warm = False
         self.inputs: tuple[torch.Tensor, ...] | None = None
         self.graph: TracedStep | CudaGraphStep | None = None
+        #: CUDA: the step's working memory, the capture's peak allocation above its start (a
+        #: replay allocates from the graph's private pool, which the allocator's counters do
+        #: not see); ``None`` before the capture and off CUDA
+        self.step_peak_bytes: int | None = None
+        #: CUDA: the allocator's peak before the capture reset it, until :meth:`take_peak_before`
+        self.peak_before_capture: int | None = None
+
+    def _capture(self) -> CudaGraphStep:
+        """Capture the step, measuring its working memory with the allocator's counters."""
+        torch.cuda.synchronize(self.device)
+        self.peak_before_capture = torch.cuda.max_memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        start = torch.cuda.memory_allocated(self.device)
+        graph = CudaGraphStep(self.fn, self.inputs, self.generators)
+        torch.cuda.synchronize(self.device)
+        self.step_peak_bytes = torch.cuda.max_memory_allocated(self.device) - start
+        return graph
+
+    def take_peak_before(self) -> int:
+        """The allocator's peak that the capture reset (0 once taken, or without a capture)."""
+        peak, self.peak_before_capture = self.peak_before_capture or 0, None
+        return peak
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         """One step on ``x (B, ...)``, ``y (B,)``, ``indices (B,)`` (the shapes of the first
@@ -272,7 +309,7 @@ class CapturedStep:
             if self.device.type != "cuda":
                 self.graph = TracedStep(self.fn, self.inputs)  # trains on this batch
                 return self.graph.output
-            self.graph = CudaGraphStep(self.fn, self.inputs, self.generators)  # runs nothing
+            self.graph = self._capture()  # runs nothing
         else:
             for buffer, value in zip(self.inputs, (x, y, indices), strict=True):
                 buffer.copy_(value, non_blocking=True)

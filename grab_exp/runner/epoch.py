@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from grab_exp.runner.build import TrainingJob
+from grab_exp.runner.capture import CapturedStep
 from grab_exp.runner.progress import Progress
 from grab_exp.runner.signals import check_stop
 from grab_exp.runner.step import train_step
@@ -19,17 +20,23 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _cuda_peaks_mb(device: torch.device, start_bytes: int) -> tuple[float | None, ...]:
+def _cuda_peaks_mb(
+    device: torch.device, start_bytes: int, captured: CapturedStep | None
+) -> tuple[float | None, ...]:
     """``(absolute peak, peak above the epoch start)`` of CUDA allocations since the epoch's
     reset, in MiB; ``(None, None)`` off CUDA.
 
     The absolute peak holds what lived before the epoch (the dataset when it is on the GPU,
     the model, the optimizer's and the ordering's state); the step peak is what training
-    steps allocated on top of it (activations, per-sample gradients, the ordering's work).
+    steps allocated on top of it (activations, per-sample gradients, the ordering's work). A
+    captured step's replays allocate from the graph's private pool, which the counters do not
+    see: its working memory is the one its capture measured.
     """
     if device.type != "cuda":
         return None, None
     peak = torch.cuda.max_memory_allocated(device)
+    if captured is not None and captured.step_peak_bytes is not None:
+        peak = max(peak, captured.take_peak_before(), start_bytes + captured.step_peak_bytes)
     return peak / 2**20, (peak - start_bytes) / 2**20
 
 
@@ -87,7 +94,7 @@ def run_epoch(job: TrainingJob, epoch: int, progress: Progress) -> dict[str, Any
     loss_sum, steps = train_steps(job, progress)
     _synchronize(device)
     seconds = time.perf_counter() - started
-    peak_cuda, step_peak_cuda = _cuda_peaks_mb(device, start_bytes)
+    peak_cuda, step_peak_cuda = _cuda_peaks_mb(device, start_bytes, job.captured)
     row = {
         "epoch": epoch + 1,
         **_evaluation(job),

@@ -12,12 +12,20 @@ value that changes between steps (a position, a pending flag) would replay the f
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from grab_run import compose_job, train_epochs
 from helpers import BALANCES, GRADIENT_FREE, KERNELS, make
 
-from grab_exp.runner.capture import CaptureError, TracedStep, capture_step, make_capturable
+from grab_exp.runner.capture import (
+    CaptureError,
+    TracedStep,
+    capture_step,
+    make_capturable,
+    register_generators,
+)
 from grab_exp.runner.fingerprint import config_fingerprint
 from grab_exp.runner.lifecycle import _restore, _save
 from grab_exp.runner.resolvers import settings_hash
@@ -203,6 +211,40 @@ def test_a_captured_adam_step_counts_on_the_device(optimizer):
     assert all(s.device.type == "cuda" for s in steps)
     assert torch.equal(captured.parts.ordering.order, eager.parts.ordering.order)
     torch.testing.assert_close(losses, eager_losses, rtol=1e-6, atol=0)
+
+
+@pytest.mark.gpu
+def test_a_capture_warns_nothing():
+    """torch 2.14's deprecation of ``register_generator_state`` (a no-op there) is not shown at
+    every capture; the probabilistic kernel's generator is registered."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _cuda_epochs(["balance=mean", "balance.kernel=probabilistic"], captured=True)
+
+
+class Torch214Graph:
+    """The part of torch 2.14's ``CUDAGraph`` at stake (a CPU has none): a deprecated no-op."""
+
+    def __init__(self) -> None:
+        self.registered: list[torch.Generator] = []
+
+    def register_generator_state(self, generator: torch.Generator) -> None:
+        warnings.warn(
+            "CUDAGraph.register_generator_state() is deprecated, and will be removed in a "
+            "future PyTorch release. It is now a no-op and can be safely removed from your code.",
+            UserWarning,
+            stacklevel=2,
+        )
+        self.registered.append(generator)
+
+
+def test_generators_are_registered_without_torch_2_14s_deprecation_warning():
+    graph, generators = Torch214Graph(), [torch.Generator(), torch.Generator()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        register_generators(graph, generators)
+        register_generators(object(), generators)  # a torch without the method: nothing to do
+    assert graph.registered == generators
 
 
 # ------------------------------------------------------------------ what the option changes

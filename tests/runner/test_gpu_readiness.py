@@ -111,6 +111,18 @@ def test_cuda_runs_log_the_absolute_and_the_step_peak(tmp_path):
     assert 0 < step < peak  # the data, model and state live below the step peak
 
 
+def test_a_captured_runs_step_peak_is_its_captures_not_zero(tmp_path):
+    """Replays allocate from the graph's private pool, unseen by the allocator's counters: both
+    epochs (the capture's and a replay-only one) report the captured step's working memory."""
+    run_job_here([*RUN, "device=cuda", "epochs=2"], tmp_path / "eager")
+    run_job_here([*RUN, "device=cuda", "epochs=2", "trainer.cuda_graph=true"], tmp_path / "graph")
+    eager, graph = (read_rows(tmp_path / name)[1] for name in ("eager", "graph"))
+    for e, g in zip(eager, graph, strict=True):
+        ratio = g["mem/step_peak_cuda_mb"] / e["mem/step_peak_cuda_mb"]
+        assert 0.5 < ratio < 2, (e, g)
+        assert g["mem/peak_cuda_mb"] > g["mem/step_peak_cuda_mb"]
+
+
 def test_the_sampler_lives_on_its_parameters_device():
     model = torch.nn.Linear(5, 3).cuda()
     sampler = GraBSampler(40, model.parameters(), balance="mean")
