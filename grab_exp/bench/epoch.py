@@ -23,6 +23,7 @@ import gc
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,7 +69,7 @@ class Row:
     spec: tuple  # build_row's (variant, pipeline, optimizer, method)
     step_times: list[float] = field(default_factory=list)
     parts: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in STAGES})
-    peak_step_bytes: int = 0
+    peak_step_bytes: int | None = None  # None until measure_memory
     operators: dict[str, dict[str, int]] = field(default_factory=dict)
     profile: dict[str, dict] | None = None  # operator_times of its steps (not for ':graph')
     captured: CapturedStep | None = None  # a ``:graph`` row: its steps replay a capture
@@ -177,13 +178,16 @@ def make_batch(batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Te
     return x, y
 
 
-def time_rows(rows: list[Row], args, device: torch.device) -> None:
-    """Warm-up, then interleaved repeats of ``args.steps`` steps per row."""
+def time_rows(
+    rows: list[Row], args, device: torch.device, after_repeat: Callable[[int], object] | None = None
+) -> None:
+    """Warm-up, then interleaved repeats of ``args.steps`` steps per row; ``after_repeat(k)``
+    after the ``k``-th repeat."""
     x, y = make_batch(args.batch, device)
     for row in rows:
         for _ in range(args.warmup):
             bench_step(row, x, y)
-    for _ in range(args.repeats):
+    for repeat in range(1, args.repeats + 1):
         for row in rows:
             _, seconds = _timed(
                 lambda row=row: [bench_step(row, x, y) for _ in range(args.steps)], device
@@ -191,6 +195,8 @@ def time_rows(rows: list[Row], args, device: torch.device) -> None:
             row.step_times.append(seconds / args.steps)
             if row.captured is None:
                 bench_step(row, x, y, _timed_stages(row, device))
+        if after_repeat is not None:
+            after_repeat(repeat)
 
 
 def measure_memory(rows: list[Row], args, device: torch.device) -> None:
@@ -306,6 +312,10 @@ def _ms(value: float | None, width: int) -> str:
     return f"{'-':>{width}}" if value is None else f"{value:>{width}.2f}"
 
 
+def _mib(size: int | None) -> str:
+    return f"{'-':>9}" if size is None else f"{size / 2**20:>9.2f}"
+
+
 def _ops(row: dict, path: str, key: str = "total") -> str:
     return f"{row['operators'].get(path, {}).get(key, '-'):>8}"
 
@@ -323,7 +333,7 @@ def print_table(report: dict) -> None:
             f"{r['row']:<20}{r['step_ms']:>9.2f}{r['epoch_s']:>9.1f}"
             f"{r['ratio_to_classic_rr']:>10.2f}{_ms(b['grads'], 8)}{_ms(b['gsnr'], 7)}"
             f"{_ms(b['ordering'], 9)}{_ms(b['opt'], 7)}{r['ordering_state_bytes'] / 2**20:>10.2f}"
-            f"{r['peak_step_bytes'] / 2**20:>9.2f}{_ops(r, 'eager')}{_ops(r, 'cuda_path')}"
+            f"{_mib(r['peak_step_bytes'])}{_ops(r, 'eager')}{_ops(r, 'cuda_path')}"
             f"{_ops(r, 'captured', 'kernels')}"
         )
     print(f"peak: {report['memory_method']}; graph: the kernels inside a captured step's graph")
@@ -363,11 +373,21 @@ def main(argv: list[str] | None = None) -> dict:
     device = torch.device(args.device)
     set_cuda_policy(device, tf32=False)  # the numerics of a training run (trainer.tf32=false)
     rows = build_rows(args, device)
-    time_rows(rows, args, device)
+    done: list[str] = []
+
+    def save(stage: str) -> dict:  # the file holds what is measured so far, at every stage
+        done.append(stage)
+        report = {**summarize(rows, args, device), "done": list(done)}
+        report["complete"] = stage == "operators"
+        write_report(args.out, report)
+        return report
+
+    time_rows(rows, args, device, lambda k: save(f"timing {k}/{args.repeats}"))
     profile_rows(rows, args, device)
+    save("profile")
     measure_memory(rows, args, device)
+    save("memory")
     count_operators(rows, args, device)
-    report = summarize(rows, args, device)
+    report = save("operators")
     print_table(report)
-    write_report(args.out, report)
     return report

@@ -111,7 +111,10 @@ def add_device_option(parser: argparse.ArgumentParser) -> None:
 
 
 def write_report(path: str | Path, report: dict) -> None:
-    """Write a benchmark's report as indented JSON, creating the folder."""
+    """Write a benchmark's report as indented JSON, creating the folder; atomically (a
+    temporary file renamed over it), so a killed benchmark leaves its last complete write."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n")
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(report, indent=2) + "\n")
+    partial.replace(path)

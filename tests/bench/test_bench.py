@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from grab_exp.bench.memory import CPU_METHOD, peak_step_bytes
 from grab_exp.bench.operators import OperatorCount, operator_times
 from grab_exp.models import MLP
 from grab_exp.per_sample import PerSamplePipeline
+from grab_exp.report.table1_table import read_epoch_bench
 from grab_exp.runner.step import StepParts, train_step
 from grab_exp.sampler import GraBSampler
 
@@ -109,6 +111,8 @@ def epoch_report(tmp_path_factory):
 def test_epoch_bench_short_mode_writes_json(epoch_report):
     report = epoch_report
     assert report["benchmark"] == "epoch"
+    assert report["done"] == ["timing 1/2", "timing 2/2", "profile", "memory", "operators"]
+    assert report["complete"]
     assert {"cpu", "torch", "torch_threads", "device"} <= set(report["machine"])
     names = [r["row"] for r in report["rows"]]
     compared = [row_name(v, p) + "@hooks" for v, p in ROWS if p == "functional"]
@@ -386,3 +390,28 @@ def test_the_per_sample_benchmark_times_every_method_against_the_plain_step(tmp_
     assert json.loads(out.read_text())["rows"] == rows
     with pytest.raises(SystemExit):
         per_sample.main(["--models", "vgg", "--out", str(out)])
+
+
+def test_a_killed_epoch_bench_leaves_a_file_the_report_reads(tmp_path):
+    """The file is rewritten (atomically) after every timed repeat: a time limit that kills the
+    bench leaves Table 1's times for the report."""
+    out = tmp_path / "epoch.json"
+    args = ["--steps", "1", "--warmup", "1", "--repeats", "100000", "--captured", "no"]
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "grab_exp.bench", "epoch", *args, "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not out.exists() and time.monotonic() < deadline and bench.poll() is None:
+            time.sleep(0.2)
+        time.sleep(1.0)  # a few more repeats, each rewriting the file
+    finally:
+        bench.kill()
+        bench.wait()
+    report = json.loads(out.read_text())
+    assert not report["complete"] and report["done"][-1].startswith("timing ")
+    assert all(r["peak_step_bytes"] is None for r in report["rows"])  # not measured yet
+    times = read_epoch_bench(out).times
+    assert len(times) == len(ROWS) and (times["step_ms"] > 0).all()
