@@ -10,9 +10,24 @@
 # scratch folder with --no-index when hydra is missing) and data/cifar10-jpeg.tar.gz.
 #
 # Environment: PYTHON (python3), GRAB_ARCHIVE (data/cifar10-jpeg.tar.gz), GPU_CHECK_SCRATCH
-# (a new folder under /tmp), GPU_CHECK_BUDGET_S (290: the checks' time limits are cut to fit
-# it), GPU_CHECK_TIME_SCALE (1: multiplies every limit and the budget; the rehearsal's 4),
-# TABLE1_SUBSET (10000 training examples for the Table 1 epoch).
+# (a new folder under /tmp), GPU_CHECK_BUDGET_S (460, the sum of the limits below: a check
+# cut short by it would fail), GPU_CHECK_TIME_SCALE (1: multiplies every limit and the budget;
+# the rehearsal's 4), TABLE1_SUBSET (10000 training examples for the Table 1 epoch),
+# GPU_CHECK_COMPILE_S (the compile tests' limit; default: from results/gpu/probe.jsonl).
+#
+# Run scripts/gpu_probe.py first (its own call, about 2 minutes): what it finds decides whether
+# this check is worth its 8 minutes, and its cold-compile time sizes the compile tests.
+#
+# The limits (seconds) and what they rest on; no GPU has measured them yet, so each is the
+# review's estimate for a 16-core H200 machine with a margin of about 2x:
+#   torch_apis 15 (3 s in the CPU rehearsal), gpu_tests 100 (about 40 tests of a few seconds
+#   on 4 workers), epoch_bench 60 (24 rows x 5 repeats x 10 steps of milliseconds, captures and
+#   profiles; it rewrites its JSON after every repeat, so the report has times even if it is
+#   cut), cifar10_cache 25 (8 s in the rehearsal, 2 cores), table1 90 (7 jobs of one epoch on
+#   10,000 examples, each converting only its subset), table1_report 20 (3 s in the rehearsal),
+#   compile_tests: 4 cold compiles per xdist worker (6 tests on 4 workers, 2 graphs each) of
+#   the probe's measured cold compile, x 1.5, + 20; 150 without a probe (a cold LeNet compile
+#   took 42 s on our 2-core CPU).
 #
 # Checks run in order of value, each with its log, a time limit (SIGINT, then SIGKILL 20 s
 # later) and pytest's per-test timeout; a failed check does not stop the others. Everything is
@@ -42,14 +57,16 @@ if [[ ! -f "$archive" ]]; then
     exit 2
 fi
 device="${GPU_CHECK_DEVICE:-cuda}"
-for setting in GPU_CHECK_BUDGET_S GPU_CHECK_TIME_SCALE TABLE1_SUBSET; do
+for setting in GPU_CHECK_BUDGET_S GPU_CHECK_TIME_SCALE TABLE1_SUBSET GPU_CHECK_COMPILE_S; do
     if [[ -n "${!setting:-}" && ! "${!setting}" =~ ^[1-9][0-9]*$ ]]; then
         echo "error: $setting: got '${!setting}'; allowed: a positive integer" >&2
         exit 2
     fi
 done
 scale="${GPU_CHECK_TIME_SCALE:-1}"
-budget=$((${GPU_CHECK_BUDGET_S:-290} * scale))
+budget=$((${GPU_CHECK_BUDGET_S:-460} * scale))
+compile_limit="${GPU_CHECK_COMPILE_S:-$("$PYTHON" "$repo/scripts/gpu_rehearsal.py" compile-limit \
+    "$repo/results/gpu/probe.jsonl")}" || exit 2
 subset="${TABLE1_SUBSET:-10000}"
 mkdir -p "$out" && out="$(cd "$out" && pwd)"
 scratch="${GPU_CHECK_SCRATCH:-$(mktemp -d /tmp/gpu_check.XXXXXX)}"
@@ -127,21 +144,21 @@ tests torch_apis 15 tests/test_torch_apis.py
 tests gpu_tests 100 -m gpu -k "not compile" "${gpu_files[@]:1}"
 # 2. the GPU epoch bench: every row's step time, stage breakdown, peak step memory and a short
 #    profile (its backward's operators run in autograd's own thread on CUDA)
-check epoch_bench 35 "$PYTHON" -m grab_exp.bench epoch --device "$device" \
+check epoch_bench 60 "$PYTHON" -m grab_exp.bench epoch --device "$device" \
     ${GPU_CHECK_BENCH_ARGS:---repeats 5 --steps 10 --warmup 3 --profile-steps 5} \
     --out "$scratch/bench_epoch.json"
 # 3. Table 1's 7 rows, 1 epoch of real CIFAR-10 on the device (the archive decoded once first),
 #    the rows in parallel; then its report, with the bench's time columns
 check cifar10_cache 25 "$PYTHON" -c "from grab_exp.data import load_cifar10_jpeg; \
 load_cifar10_jpeg('$archive')"
-check table1 60 "$PYTHON" -m grab_exp -m experiment=table1 epochs=1 seed=0 device="$device" \
+check table1 90 "$PYTHON" -m grab_exp -m experiment=table1 epochs=1 seed=0 device="$device" \
     dataset=cifar10_jpeg dataset.archive="$archive" dataset.subset="$subset" progress=none \
     hydra/launcher=joblib_local hydra.launcher.n_jobs="${TABLE1_JOBS:-7}" \
     hydra.sweep.dir="$scratch/runs/table1" ${TABLE1_ARGS:-}
 check table1_report 20 "$PYTHON" -m grab_exp.report table1 "$scratch/runs/table1" \
     --out "$scratch/runs/report" --bench "$scratch/bench_epoch.json"
 # 4. compiled steps: the cold torch.compile builds, last (the longest and the least needed)
-tests compile_tests 35 -m gpu -k compile "${gpu_files[@]:1}" tests/per_sample/test_compile.py
+tests compile_tests "$compile_limit" -m gpu -k compile "${gpu_files[@]:1}" tests/per_sample/test_compile.py
 
 echo "# total $((SECONDS - started_all)) s" >>"$scratch/checks.txt"
 collect

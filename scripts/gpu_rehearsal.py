@@ -1,4 +1,5 @@
-"""Helpers of ``scripts/gpu_rehearse.sh``.
+"""Helpers of ``scripts/gpu_rehearse.sh`` and ``scripts/gpu_check.sh`` (standard library only,
+but for ``link``).
 
 ``python scripts/gpu_rehearsal.py link FOLDER DIST...``: links into ``FOLDER`` the installed
 distributions ``DIST...`` of this interpreter and everything they require (markers evaluated,
@@ -7,17 +8,20 @@ no extras), so that a venv with ``FOLDER`` on its path sees these and nothing el
 ``python scripts/gpu_rehearsal.py limits OUTPUT_DIR``: exit 1 unless ``OUTPUT_DIR`` fits what the
 device tool brings back (at most 8 files, 16 MiB each, 64 MiB together, no more than 2 folders
 down, names of letters, digits, ``.``, ``_`` and ``-``); prints the files.
+
+``python scripts/gpu_rehearsal.py compile-limit PROBE_JSONL``: prints the compile tests' time
+limit in seconds: 4 cold compiles per xdist worker (6 tests on 4 workers, 2 graphs each) of the
+probe's cold compile on CUDA, x 1.5, + 20; 150 when the file has none.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import re
 import sys
 from importlib import metadata
 from pathlib import Path
-
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
 
 MAX_FILES, MAX_FILE_BYTES, MAX_TOTAL_BYTES, MAX_FOLDERS_DOWN = 8, 16 * 2**20, 64 * 2**20, 2
 NAME = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -25,6 +29,9 @@ NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
 def closure(names: list[str]) -> dict[str, metadata.Distribution]:
     """The distributions ``names`` and, recursively, the ones they require."""
+    from packaging.requirements import Requirement  # not on the GPU machine: only link uses it
+    from packaging.utils import canonicalize_name
+
     found: dict[str, metadata.Distribution] = {}
     waiting = [canonicalize_name(n) for n in names]
     while waiting:
@@ -78,5 +85,23 @@ def limits(folder: str) -> None:
         sys.exit(1)
 
 
+COMPILES_PER_WORKER, MARGIN, START_S, DEFAULT_COMPILE_LIMIT_S = 4, 1.5, 20, 150
+
+
+def compile_limit(probe: str) -> None:
+    path = Path(probe)
+    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    cold = [
+        line["cold_compile_s"]
+        for line in lines
+        if line.get("probe") == "compile" and line.get("ok") and line.get("model") == "LeNet"
+    ]
+    if not cold:
+        print(DEFAULT_COMPILE_LIMIT_S)
+        return
+    print(math.ceil(COMPILES_PER_WORKER * cold[-1] * MARGIN + START_S))
+
+
 if __name__ == "__main__":
-    {"link": link, "limits": limits}[sys.argv[1]](*sys.argv[2:])
+    commands = {"link": link, "limits": limits, "compile-limit": compile_limit}
+    commands[sys.argv[1]](*sys.argv[2:])

@@ -4,6 +4,7 @@ the way the GPU machine installs it, every check run with ``device=cpu``."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+import torch
 from grab_run import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "scripts" / "gpu_check.sh"
@@ -111,3 +113,41 @@ def test_the_cpu_rehearsal_runs_every_check_and_returns_files_within_the_limits(
     assert {f"logs/{name}.log" for name in CHECKS} <= set(names)
     assert len([n for n in names if n.endswith("metrics.csv")]) == 7  # Table 1's 7 rows
     assert "runs/report/table1.md" in names
+
+
+PROBE = [sys.executable, str(REPO_ROOT / "scripts" / "gpu_probe.py")]
+
+
+def test_the_probe_rehearsal_answers_every_ordering_and_kernel(tmp_path):
+    from grab_exp.balance import Ordering
+
+    result = _run([*PROBE, "--device", "cpu", "--rehearse", "--out", str(tmp_path)], 300)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    lines = [json.loads(line) for line in (tmp_path / "probe.jsonl").read_text().splitlines()]
+    assert lines[0]["probe"] == "versions" and lines[-1]["probe"] == "compile"
+    captures = {(line["ordering"], line["kernel"]): line for line in lines[1:-1]}
+    expected = {
+        (name, kernel)
+        for name, cls in Ordering.choices().items()
+        for kernel in (["deterministic", "probabilistic"] if cls.needs_grads else [None])
+    }
+    assert set(captures) == expected and all(line["ok"] for line in lines)
+    for line in captures.values():  # the CPU replays a trace: bit for bit
+        assert line["orders_equal"] and line["max_loss_diff"] == line["max_param_diff"] == 0
+        assert line["eager_step_ms"] > 0 and line["replay_step_ms"] > 0
+    assert lines[-1]["cold_compile_s"] > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: --device cuda is valid")
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--device", "cuda", "--out", "OUT"], "error: --device: got 'cuda'; allowed: cpu (no GPU"),
+        (["--device", "cpu"], "error: --out: got nothing; allowed: a folder"),
+    ],
+)
+def test_the_probe_refuses_bad_input_in_one_line(tmp_path, args, message):
+    args = [str(tmp_path / a) if a == "OUT" else a for a in args]
+    result = _run([*PROBE, *args], OUT="")
+    assert result.returncode == 2 and result.stderr.startswith(message)
+    assert result.stderr.count("\n") == 1 and not (tmp_path / "OUT").exists()
