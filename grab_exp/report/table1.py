@@ -2,8 +2,10 @@
 Figures 1-2 (CSV/Markdown/LaTeX, PNG/PDF) from run directories, sweep directories, or W&B.
 
 Writes ``table1.{csv,md,tex}`` (mean ± std over seeds), ``table1_vs_paper.{csv,md,tex}`` (next to
-the published means), ``figure1.{png,pdf}``, ``figure2.{png,pdf}`` and ``runs.csv`` (every run's
-rows); ``--log-to-wandb`` uploads the tables and figures to a W&B report run.
+the published means), ``table1_paired.{csv,md}`` (per seed, each row minus RR (functional) of the
+same seed, at the early and the final epoch), ``figure1.{png,pdf}``, ``figure2.{png,pdf}`` and
+``runs.csv`` (every run's rows);
+``--log-to-wandb`` uploads the tables and figures to a W&B report run.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from grab_exp.report.collect import parse_wandb_path, read_runs, read_wandb_runs
 from grab_exp.report.frames import ReportWarning
 from grab_exp.report.render import save_figure, to_latex, to_markdown
 from grab_exp.report.table1_figures import figure1, figure2
+from grab_exp.report.table1_paired import paired_differences, paired_markdown
 from grab_exp.report.table1_table import (
     DEFAULT_PAPER_CSV,
     EARLY_EPOCH,
@@ -127,6 +130,10 @@ def write(report: Report, args: argparse.Namespace) -> list[Path]:
     (out / "table1.md").write_text(f"# Table 1\n\n{text}\n\n{to_markdown(shown)}")
     (out / "table1.tex").write_text(to_latex(shown, text, "tab:table1"))
     written = [out / "runs.csv", out / "table1.csv", out / "table1.md", out / "table1.tex"]
+    paired = paired_differences(report.frame, sorted({table.early_epoch, *table.final_epochs}))
+    paired.to_csv(out / "table1_paired.csv", index=False)
+    (out / "table1_paired.md").write_text(paired_markdown(paired))
+    written += [out / "table1_paired.csv", out / "table1_paired.md"]
     if report.paper is not None:
         written += _write_side_by_side(table, report.paper, out, args.hardware)
     written += save_figure(figure1(report.frame, args.log_loss, args.zoom_epochs), out, "figure1")

@@ -468,3 +468,31 @@ def test_notebook_executes_on_the_runs(sweep, tmp_path, monkeypatch):
     assert len(images) == 2
     markdown = "".join(out.get("data", {}).get("text/markdown", "") for out in outputs)
     assert "RR (classic)" in markdown and "Mean" in markdown
+
+
+def test_the_paired_table_is_each_row_minus_rr_functional_of_the_same_seed(sweep, report):
+    """Against the runs' own metrics.csv: the difference per row, seed and epoch, and the
+    count of seeds on the better side (higher accuracy, lower loss)."""
+    values = {}  # (variant, pipeline, seed, epoch, metric) -> value
+    for run in run_dirs(sweep):
+        config = json.loads((run / "summary.json").read_text())["identity"]
+        for line in read_csv_rows(run / "metrics.csv"):
+            for metric in ("test/acc", "train/loss"):
+                key = (config["variant"], config["pipeline"], config["seed"], int(line["epoch"]))
+                values[(*key, metric)] = float(line[metric])
+    paired = pd.read_csv(report / "table1_paired.csv")
+    assert set(paired["epoch"]) == {EPOCHS}  # the early epoch falls back to the last one
+    assert set(zip(paired["variant"], paired["pipeline"], strict=True)) == {
+        ("rr", "classic"),
+        ("mean", "functional"),
+    }
+    assert len(paired) == 2 * len(SEEDS) * 2  # rows x seeds x metrics
+    for r in paired.itertuples():
+        mine = values[(r.variant, r.pipeline, r.seed, r.epoch, r.metric)]
+        base = values[("rr", "functional", r.seed, r.epoch, r.metric)]
+        assert r.difference == pytest.approx(mine - base, abs=1e-12)
+    text = (report / "table1_paired.md").read_text()
+    mean_acc = paired[(paired["row"] == "Mean") & (paired["metric"] == "test/acc")]
+    better = int((mean_acc["difference"] > 0).sum())
+    assert f"| Mean | {mean_acc['difference'].iloc[0]:+.4f} |" in text
+    assert f"| {better} of {len(SEEDS)} |" in text
