@@ -5,7 +5,17 @@ from __future__ import annotations
 import sys
 from types import ModuleType
 
-from grab_exp.bench import conv, epoch, orderings, per_sample, projection, rss, sweep, vrgd
+from grab_exp.bench import (
+    conv,
+    epoch,
+    orderings,
+    per_sample,
+    projection,
+    rss,
+    state,
+    sweep,
+    vrgd,
+)
 
 #: name -> module; each module has ``build_parser()`` and ``main(argv)``
 BENCHMARKS: dict[str, ModuleType] = {
@@ -17,6 +27,7 @@ BENCHMARKS: dict[str, ModuleType] = {
     "rss": rss,
     "conv": conv,
     "per_sample": per_sample,
+    "state": state,
 }
 
 

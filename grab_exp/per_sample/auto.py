@@ -63,5 +63,8 @@ class AutoPerSample(PerSampleGradients):
                     f"{hooks_error} | method=func: {func_error}".replace("\n", " ")
                 ) from func_error
 
+    def state_bytes(self) -> int:
+        return self.chosen.state_bytes()
+
     def _compute(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         return self.chosen._compute(x, y)

@@ -97,6 +97,10 @@ class PerSampleGradients(ABC):
             self.unverified = False
         return self._compute(x, y)
 
+    def state_bytes(self) -> int:
+        """Bytes the path keeps between calls (the hook path's reused ``(B, d)`` buffer)."""
+        return 0
+
     def quiet(self) -> contextlib.AbstractContextManager:
         """A context in which the model runs as a plain model (a path's hooks stay idle)."""
         return contextlib.nullcontext()

@@ -149,6 +149,10 @@ class HookedPerSample(PerSampleGradients):
                 handle.remove()
         self._handles.clear()
 
+    def state_bytes(self) -> int:
+        buffer = self.grad_buffer.buffer
+        return 0 if buffer is None else buffer.numel() * buffer.element_size()
+
     @contextlib.contextmanager
     def quiet(self) -> Iterator[None]:
         """Hooks idle: the model runs as a plain model (no expansion, nothing recorded)."""

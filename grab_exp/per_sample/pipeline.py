@@ -52,6 +52,10 @@ class ClassicPipeline:
         loss.backward()
         return loss.detach(), None
 
+    def state_bytes(self) -> int:
+        """Bytes kept between calls: none."""
+        return 0
+
 
 class PerSamplePipeline:
     """``pipeline=functional``: :func:`make_per_sample` with the config's options (the same
@@ -83,6 +87,10 @@ class PerSamplePipeline:
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         """``(loss, grads)``; see :class:`~grab_exp.per_sample.base.PerSampleGradients`."""
         return self.per_sample(x, y)
+
+    def state_bytes(self) -> int:
+        """Bytes the per-sample path keeps between calls (the reused ``(B, d)`` buffer)."""
+        return self.per_sample.state_bytes()
 
 
 #: ``method`` -> its class (``auto`` is resolved by :func:`resolve_method`)

@@ -34,6 +34,7 @@ from grab_exp.report.table1_table import (
     merge_paper,
     read_epoch_bench,
     read_paper,
+    read_training_state,
     runs_frame,
     side_by_side_frame,
 )
@@ -79,6 +80,11 @@ def add_arguments(cli: argparse.ArgumentParser) -> None:
         help="`python -m grab_exp.bench epoch` JSON: idle-machine times, the only source of "
         "time overheads (without it the report shows none)",
     )
+    cli.add_argument(
+        "--state",
+        help="`python -m grab_exp.bench state` JSON: the training state's allocated bytes, "
+        "the memory column and Figure 2's memory panel (without it: the runs' own peaks)",
+    )
 
 
 def load(args: argparse.Namespace) -> pd.DataFrame:
@@ -110,6 +116,7 @@ def compute(frame: pd.DataFrame, args: argparse.Namespace) -> Report:
         ValueError: ``args.bench`` is not an ``epoch`` benchmark with Table 1's rows.
     """
     bench = read_epoch_bench(args.bench) if args.bench else None
+    state = read_training_state(args.state) if args.state else None
     paper = None
     if not args.no_paper:
         try:
@@ -117,7 +124,7 @@ def compute(frame: pd.DataFrame, args: argparse.Namespace) -> Report:
         except (OSError, ValueError) as error:
             message = f"no side-by-side table: cannot read the paper's table {args.paper} ({error})"
             warnings.warn(message, ReportWarning, stacklevel=2)
-    return Report(frame, build_table1(frame, args.early_epoch, bench), paper)
+    return Report(frame, build_table1(frame, args.early_epoch, bench, state), paper)
 
 
 def write(report: Report, args: argparse.Namespace) -> list[Path]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,6 +152,33 @@ class EpochBench:
         return ", ".join(parts)
 
 
+def read_bench_rows(
+    path: str | os.PathLike[str], benchmark: str, columns: dict[str, Callable[[dict], float]]
+) -> tuple[pd.DataFrame, dict]:
+    """Table 1's rows of a ``python -m grab_exp.bench <benchmark>`` JSON, and the whole file.
+
+    Args:
+        path: The JSON file.
+        benchmark: The benchmark that must have written it.
+        columns: Column name -> its value from a row of the file.
+
+    Raises:
+        ValueError: not a ``benchmark`` file, or without Table 1's rows.
+    """
+    data = json.loads(Path(path).read_text())
+    if data.get("benchmark") != benchmark:
+        raise ValueError(f"{path}: not a `python -m grab_exp.bench {benchmark}` file")
+    keys = {row_key(*row): row for row in ROW_ORDER}
+    rows = [
+        {"variant": keys[r["row"]][0], "pipeline": keys[r["row"]][1],
+         **{name: value(r) for name, value in columns.items()}}
+        for r in data["rows"] if r["row"] in keys
+    ]  # fmt: skip
+    if not rows:
+        raise ValueError(f"{path}: no Table 1 row ({', '.join(keys)})")
+    return pd.DataFrame(rows), data
+
+
 def read_epoch_bench(path: str | os.PathLike[str], name: str | None = None) -> EpochBench:
     """The Table 1 rows of an ``epoch`` benchmark JSON (its VRGD rows are left out).
 
@@ -160,24 +187,42 @@ def read_epoch_bench(path: str | os.PathLike[str], name: str | None = None) -> E
     Raises:
         ValueError: not an ``epoch`` benchmark, or without Table 1's rows.
     """
-    data = json.loads(Path(path).read_text())
-    if data.get("benchmark") != "epoch":
-        raise ValueError(f"{path}: not a `python -m grab_exp.bench epoch` file")
-    keys = {row_key(*row): row for row in ROW_ORDER}
-    rows = [
-        {"variant": keys[r["row"]][0], "pipeline": keys[r["row"]][1],
-         "step_ms": float(r["step_ms"]), "epoch_s": float(r["epoch_s"])}
-        for r in data["rows"] if r["row"] in keys
-    ]  # fmt: skip
-    if not rows:
-        raise ValueError(f"{path}: no Table 1 row ({', '.join(keys)})")
-    return EpochBench(pd.DataFrame(rows), name or shown(path), data.get("machine", {}))
+    columns = {"step_ms": lambda r: float(r["step_ms"]), "epoch_s": lambda r: float(r["epoch_s"])}
+    times, data = read_bench_rows(path, "epoch", columns)
+    return EpochBench(times, name or shown(path), data.get("machine", {}))
+
+
+def read_training_state(path: str | os.PathLike[str], name: str | None = None) -> TrainingState:
+    """The Table 1 rows of a ``state`` benchmark JSON (``python -m grab_exp.bench state``).
+
+    ``name`` is how captions cite the file (default: ``path`` relative to the working directory).
+
+    Raises:
+        ValueError: not a ``state`` benchmark, or without Table 1's rows.
+    """
+    sizes, _ = read_bench_rows(path, "state", {"state_mb": lambda r: r["total"] / 2**20})
+    return TrainingState(sizes, name or shown(path))
+
+
+@dataclass
+class TrainingState:
+    """Per-row training-state memory: ``variant``, ``pipeline``, ``state_mb`` (MiB allocated for
+    model, gradients, optimizer, per-sample buffer, ordering state and the step's peak).
+
+    Attributes:
+        sizes: One row per Table 1 row of the file.
+        source: The JSON file, as the report's captions name it.
+    """
+
+    sizes: pd.DataFrame
+    source: str
 
 
 # ------------------------------------------------------------------ the numbers
 
 
 MEMORY_COLUMNS = {
+    "state": "state_mb",
     "cuda_step": "step_peak_cuda_mb",
     "cuda": "peak_cuda_mb",
     "rss": "peak_rss_mb",
@@ -200,12 +245,14 @@ class Table1:
             ``train_loss_epoch5``, ..., ``time_s_per_epoch``, ``peak_cuda_mb``.
         early_epoch: The epoch of the "early" columns: 5, or the last epoch when fewer ran.
         final_epochs: The distinct final epochs of the runs (one value in a clean sweep).
-        memory_source: ``cuda_step`` (CUDA peak above the epoch start: what the paper's GPU
-            memory column compares with, see :func:`peak_memory`), ``cuda`` (absolute CUDA
-            peak, runs that logged no step peak), ``rss`` or ``mixed``.
+        memory_source: ``state`` (the training state's allocated bytes from a ``state``
+            benchmark: what the paper's GPU memory column compares with), ``cuda_step`` (CUDA
+            peak above the epoch start, see :func:`peak_memory`), ``cuda`` (absolute CUDA peak,
+            runs that logged no step peak), ``rss`` or ``mixed``.
         devices: The distinct devices the runs trained on.
         time_source: The benchmark file of ``bench_epoch_s`` (``None``: no time overheads).
         time_machine: Its commit, threads and processor (:meth:`EpochBench.describe_machine`).
+        memory_file: The ``state`` benchmark file of the memory column (``None``: the runs').
     """
 
     data: pd.DataFrame
@@ -216,6 +263,7 @@ class Table1:
     devices: list[str] = field(default_factory=list)
     time_source: str | None = None
     time_machine: str | None = None
+    memory_file: str | None = None
 
     def cite_time_source(self, separator: str = " ") -> str:
         """The benchmark file and, after ``separator``, its machine in parentheses."""
@@ -272,7 +320,10 @@ def peak_memory(epochs: pd.DataFrame) -> tuple[float, str]:
 
 
 def build_table1(
-    frame: pd.DataFrame, early_epoch: int = EARLY_EPOCH, bench: EpochBench | None = None
+    frame: pd.DataFrame,
+    early_epoch: int = EARLY_EPOCH,
+    bench: EpochBench | None = None,
+    state: TrainingState | None = None,
 ) -> Table1:
     """Aggregate the tidy run frame into Table 1 (see :class:`Table1`).
 
@@ -282,6 +333,8 @@ def build_table1(
             when some run has fewer epochs.
         bench: Idle-machine step times (:func:`read_epoch_bench`),
             the only source of the time overheads.
+        state: Training-state memory (:func:`read_training_state`): the memory column and its
+            overheads instead of the runs' own peaks.
 
     Raises:
         ValueError: ``frame`` holds no runs.
@@ -295,6 +348,10 @@ def build_table1(
         warnings.warn(f"runs end at different epochs {finals}", ReportWarning, stacklevel=2)
     sources = set(runs["mem_source"])
     source = sources.pop() if len(sources) == 1 else "mixed"
+    if state is not None:
+        runs = runs.merge(state.sizes, how="left").assign(peak_mem_mb=lambda r: r["state_mb"])
+        runs = runs.drop(columns="state_mb").assign(mem_source="state")
+        source = "state"
     renames = {
         "train_loss_early": f"train_loss_epoch{early}",
         "test_acc_early": f"test_acc_epoch{early}",
@@ -326,6 +383,7 @@ def build_table1(
         devices,
         bench and bench.source,
         bench and bench.describe_machine(),
+        state and state.source,
     )
 
 
@@ -389,8 +447,9 @@ def versus_rr(table: Table1) -> pd.DataFrame:
 # ------------------------------------------------------------------ the text
 
 
-_DECIMALS = {"train_loss": 4, "test_acc": 4, "time_s": 2, "peak": 1}
+_DECIMALS = {"train_loss": 4, "test_acc": 4, "time_s": 2, "peak": 1, "state": 2}
 _MEMORY_NAMES = {
+    "state": "Training state (MB, allocated)",
     "cuda_step": "Step peak CUDA mem. (MB)",
     "cuda": "Peak CUDA mem. (MB)",
     "rss": "Peak RSS (MB)",
@@ -447,6 +506,9 @@ def caption(table: Table1) -> str:
     """Table 1's caption: what the cells are, the epochs and the memory measure."""
     final, early = epoch_note(table)
     memory = {
+        "state": f"the training state's allocated bytes from {table.memory_file} (model, "
+        "gradients, optimizer state, per-sample buffer, ordering state and the step's peak "
+        "working memory; dataset excluded; one measurement per row, so no std)",
         "cuda_step": "peak CUDA memory allocated above the epoch start (dataset on the GPU "
         "excluded)",
         "cuda": "peak CUDA memory allocated (the dataset on the GPU included)",
@@ -571,6 +633,7 @@ def side_by_side_frame(table: Table1, paper: pd.DataFrame) -> pd.DataFrame:
 
 #: what our memory column measures, for the paper column's header
 MEMORY_MEANING = {
+    "state": "training state, allocated",
     "cuda_step": "step peak above epoch start",
     "cuda": "absolute peak, dataset on GPU incl.",
     "rss": "process RSS",
@@ -612,7 +675,17 @@ def hardware_note(table: Table1, hardware: str | None = None) -> str:
             "in our runs (about 704 MiB for CIFAR-10), on the host in the paper's, so the "
             "absolute peak (mem/peak_cuda_mb) would hide the ordering's share."
         )
-    if table.memory_source not in ("cuda", "cuda_step"):
+    if table.memory_source == "state":
+        lines.append(
+            f"- Our memory is the training state's allocated bytes ({table.memory_file}): "
+            "model, gradients, optimizer state, the per-sample buffer, the ordering's state and "
+            "the step's peak working memory, the dataset excluded, as the paper's peak GPU "
+            "allocation of a process whose data lived on the host. Measured on the CPU from "
+            "the tensors' sizes and the profiler's allocation events; on CUDA the same benchmark "
+            "reads the caching allocator's counters. Buffers outside torch's allocator (oneDNN, "
+            "cuDNN workspaces) and the CUDA context are not counted."
+        )
+    elif table.memory_source not in ("cuda", "cuda_step"):
         lines.append(  # "sorter": the committed results/table1 say so; reword when regenerating
             "- Our memory is the process's peak RSS (dataset, model, Python and the sorter), "
             "not GPU allocation: its absolute values and overheads are not comparable with "

@@ -18,7 +18,7 @@ from run_files import computed, read_rows, run_dirs
 from torch.nn import functional as F
 
 from grab_exp.balance import Ordering
-from grab_exp.bench import conv, epoch, orderings, sweep
+from grab_exp.bench import conv, epoch, orderings, state, sweep
 from grab_exp.bench.__main__ import BENCHMARKS
 from grab_exp.bench.epoch import GSNR_ROWS, ROWS, STAGES, row_name
 from grab_exp.bench.memory import CPU_METHOD, peak_step_bytes
@@ -415,3 +415,20 @@ def test_a_killed_epoch_bench_leaves_a_file_the_report_reads(tmp_path):
     assert all(r["peak_step_bytes"] is None for r in report["rows"])  # not measured yet
     times = read_epoch_bench(out).times
     assert len(times) == len(ROWS) and (times["step_ms"] > 0).all()
+
+
+def test_the_state_bench_adds_up_the_training_state_of_every_table1_row(tmp_path):
+    out = tmp_path / "state.json"
+    rows = state.main(["--warmup", "1", "--method", "hooks", "--out", str(out)])
+    assert json.loads(out.read_text())["rows"] == rows
+    assert [r["row"] for r in rows] == [row_name(v, p) for v, p in ROWS]
+    weights = 62_006 * 4  # LeNet's float32 parameters
+    for r in rows:
+        classic = r["row"] == "rr-classic"
+        assert r["model"] == r["gradients"] == r["optimizer"] == weights  # SGD's momentum
+        assert r["per_sample"] == (0 if classic else 16 * weights)  # hooks: the (B, d) buffer
+        assert r["step_peak"] > 0
+        assert r["total"] == sum(r[part] for part in state.PARTS)
+    orderings = {r["row"]: r["ordering"] for r in rows}
+    assert orderings["rr"] == 2 * 50_000 * 8  # order and keys, int64
+    assert orderings["recursive"] > orderings["mean"] > orderings["rr"]

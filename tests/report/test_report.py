@@ -496,3 +496,32 @@ def test_the_paired_table_is_each_row_minus_rr_functional_of_the_same_seed(sweep
     better = int((mean_acc["difference"] > 0).sum())
     assert f"| Mean | {mean_acc['difference'].iloc[0]:+.4f} |" in text
     assert f"| {better} of {len(SEEDS)} |" in text
+
+
+STATE_BENCH = REPO / "results" / "bench" / "training_state.json"  # the committed state bench
+
+
+def test_the_state_bench_is_the_memory_column_and_figure_2s_memory_panel(sweep, tmp_path):
+    out = tmp_path / "report"
+    args = [str(sweep), "--out", str(out), "--bench", str(EPOCH_BENCH), "--state"]
+    assert main([*args, str(STATE_BENCH)]) == 0
+    totals = {r["row"]: r["total"] / 2**20 for r in json.loads(STATE_BENCH.read_text())["rows"]}
+    table = read_csv_rows(out / "table1.csv")
+    keys = {
+        ("rr", "classic"): "rr-classic",
+        ("rr", "functional"): "rr",
+        ("mean", "functional"): "mean",
+    }
+    for row in table:
+        assert float(row["state_mb_mean"]) == pytest.approx(
+            totals[keys[row["variant"], row["pipeline"]]]
+        )
+        assert row["mem_source"] == "state"
+    base = totals["rr"]
+    mean = next(r for r in table if r["variant"] == "mean")
+    assert float(mean["mem_overhead_pct"]) == pytest.approx(100 * (totals["mean"] / base - 1))
+    assert "training state's allocated bytes" in (out / "table1.md").read_text()
+    assert "training state, allocated" in (out / "table1_vs_paper.md").read_text()
+    not_state = tmp_path / "epoch.json"
+    not_state.write_text(EPOCH_BENCH.read_text())
+    assert main([*args, str(not_state)]) == 1  # an epoch bench is not a state bench
