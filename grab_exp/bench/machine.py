@@ -18,6 +18,13 @@ from grab_exp.logging.provenance import cpu_model
 #: results a sitting rewrites, nor documentation)
 CODE = ("grab_exp", "conf", "hydra_plugins", "pyproject.toml")
 
+#: the 1-minute load average when the benchmark's command line was built (before it measured)
+_load_at_start: float | None = None
+
+
+def _load_average() -> float | None:
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+
 
 def _commit() -> dict:
     """The git commit of the package's checkout and whether its code (:data:`CODE`, new files
@@ -43,10 +50,11 @@ def describe_machine(device: torch.device) -> dict:
     """CPU, core count, torch threads and version, the GPU name when on CUDA, the load and the
     commit.
 
-    ``load_avg_1m`` (the 1-minute load average when the benchmark started, where the platform
-    has one) shows whether other work shared the machine: near 0 on an idle one. ``commit`` and
-    ``dirty`` name the code that ran (``dirty``: files of :data:`CODE` differed from the commit,
-    or were new).
+    ``load_avg_1m`` (the 1-minute load average when the benchmark started, read by
+    :func:`bench_parser` before anything is measured, where the platform has one) shows whether
+    other work shared the machine: near 0 on an idle one; the benchmark's own load is not in
+    it. ``commit`` and ``dirty`` name the code that ran (``dirty``: files of :data:`CODE`
+    differed from the commit, or were new).
     """
     info = {
         "platform": platform.platform(),
@@ -59,8 +67,9 @@ def describe_machine(device: torch.device) -> dict:
     }
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
-    if hasattr(os, "getloadavg"):
-        info["load_avg_1m"] = round(os.getloadavg()[0], 2)
+    load = _load_at_start if _load_at_start is not None else _load_average()
+    if load is not None:
+        info["load_avg_1m"] = load
     info.update(_commit())
     return info
 
@@ -87,6 +96,8 @@ def bench_parser(name: str, doc: str | None) -> argparse.ArgumentParser:
         name: The benchmark's name (its JSON is ``report/bench/<name>.json`` by default).
         doc: The benchmark module's docstring (its first line is the description).
     """
+    global _load_at_start
+    _load_at_start = _load_average()  # every benchmark builds its parser first
     parser = argparse.ArgumentParser(
         prog=f"python -m grab_exp.bench {name}",
         description=(doc or "").strip().splitlines()[0] if doc else None,

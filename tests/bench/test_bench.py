@@ -432,3 +432,13 @@ def test_the_state_bench_adds_up_the_training_state_of_every_table1_row(tmp_path
     orderings = {r["row"]: r["ordering"] for r in rows}
     assert orderings["rr"] == 2 * 50_000 * 8  # order and keys, int64
     assert orderings["recursive"] > orderings["mean"] > orderings["rr"]
+
+
+def test_the_load_average_is_read_when_the_benchmark_starts(monkeypatch):
+    """Not after the measuring, when it is mostly the benchmark's own load."""
+    from grab_exp.bench import machine
+
+    loads = iter([(0.25, 0, 0), (1.75, 0, 0)])  # the OS's answers: at the start, then later
+    monkeypatch.setattr(machine.os, "getloadavg", lambda: next(loads))
+    machine.bench_parser("epoch", "A benchmark.")
+    assert machine.describe_machine(CPU)["load_avg_1m"] == 0.25
