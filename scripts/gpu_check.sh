@@ -101,6 +101,8 @@ torch.__version__, '| cuda', torch.version.cuda, '|', torch.cuda.get_device_name
 if torch.cuda.is_available() else 'no GPU')" 2>&1
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null |
         sed 's/^/# /'
+    echo "# cpu: $(grep -m1 '^model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//')," \
+        "$(nproc 2>/dev/null) cores"
 } >"$scratch/checks.txt"
 
 collect() {  # refresh OUTPUT_DIR: checks.txt, junit.xml, bench_epoch.json, gpu_check.tar.gz
