@@ -31,7 +31,7 @@ REACH_TIMEOUT_S = 5.0
 #: the ways forward when CIFAR-10 can be neither read nor downloaded
 ALTERNATIVES = (
     "use dataset=cifar10_jpeg dataset.archive=PATH for an offline archive "
-    '(README: "Getting CIFAR-10"), or experiment=smoke for a synthetic run'
+    '(docs/experiments.md: "Getting CIFAR-10"), or experiment=smoke for a synthetic run'
 )
 
 

@@ -7,7 +7,7 @@ empties the file: a job that gets the lock and finds the file non-empty takes ov
 a process that died holding it (a stale lock) and says so.
 
 ``flock`` works on local file systems and on most shared ones (NFSv4, Lustre, GPFS, BeeGFS;
-NFSv3 only with a working ``lockd``); README "What happens when things go wrong" lists caveats.
+NFSv3 only with a working ``lockd``); docs/troubleshooting.md lists caveats.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The package's layers point one way: no import cycle, no import from a lower layer upward.
 
-The layers, lowest first (README "How the code is organised"):
+The layers, lowest first (docs/architecture.md, "How the code is organised"):
 
 0. ``validation``, ``devices``, ``data``, ``models``: no other part of grab_exp;
 1. ``grads``: a batch's per-sample gradients;

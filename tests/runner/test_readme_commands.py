@@ -1,6 +1,7 @@
 """Every training command the READMEs show composes, and every report command parses.
 
-The commands are read from the fenced ``bash`` blocks of ``README.md`` and ``results/**/README.md``
+The commands are read from the fenced ``bash`` blocks of ``README.md``, ``CONTRIBUTING.md``,
+``docs/*.md`` and ``results/**/README.md``
 (backslash continuations joined, comments dropped, placeholders such as ``<folder>`` or
 ``n_jobs=N`` replaced by example values), so the documentation cannot drift from
 ``conf/``: a ``python -m grab_exp ...`` or ``torchrun ... -m grab_exp ...`` line is composed with
@@ -21,7 +22,12 @@ from grab_exp.report.cli import COMMANDS
 from grab_exp.report.cli import parser as report_parser
 from grab_exp.runner.config_check import validate_config
 
-READMES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "results").rglob("README.md"))]
+READMES = [
+    REPO_ROOT / "README.md",
+    REPO_ROOT / "CONTRIBUTING.md",
+    *sorted((REPO_ROOT / "docs").glob("*.md")),
+    *sorted((REPO_ROOT / "results").rglob("README.md")),
+]
 FENCE = re.compile(r"```bash\n(.*?)```", re.DOTALL)
 
 
