@@ -106,9 +106,9 @@ def _train(
     if store:
         store.rewrite(metrics)  # exactly the checkpoint's rows, whatever was written after it
     run_id = None
-    if wandb:
-        config = {**OmegaConf.to_container(cfg, resolve=True), "identity": identity}
-        run_id = wandb.start(run_dir, config, state["wandb_id"] if state else None)
+    if wandb:  # W&B gets the nested config; the checkpoint keeps the job's flat one
+        wandb_config = {**OmegaConf.to_container(cfg, resolve=True), "identity": identity}
+        run_id = wandb.start(run_dir, wandb_config, state["wandb_id"] if state else None)
         if metrics:
             _relog_checkpointed(wandb, metrics)
     progress = Progress(cfg.progress if store else "none", cfg.epochs)
