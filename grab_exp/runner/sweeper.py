@@ -4,9 +4,9 @@
 sweeper (same jobs, same order, ``hydra.sweeper.params`` included) plus three things:
 
 * **Every job is checked before any starts** (:func:`~grab_exp.runner.callbacks.job_problem`):
-  a job that cannot run gets no directory and is reported; its siblings run. With
-  ``hydra.sweeper.fail_fast=true`` one bad job starts none, and the first failed job stops the
-  sweep.
+  one job that cannot run (an invalid value) starts none; the sweep exits 1 with one line per
+  such job and writes nothing. With ``hydra.sweeper.fail_fast=true`` the first failed job also
+  stops the sweep.
 * **A failed job does not stop its siblings**: each job reports its end to the sweeper (its
   error line, or that it was interrupted) instead of ending the process.
 * **SIGTERM or SIGINT stop the whole sweep**: the sweeper relays the signal to the running
@@ -158,26 +158,26 @@ class Sweeper(BasicSweeper):
         return dirs, problems
 
     def sweep(self, arguments: list[str]) -> Any:
-        """Check every job, run those that can, then report; exit non-zero unless all finished."""
+        """Check every job, run them all if each can, then report; exit non-zero unless all
+        finished."""
         jobs = self._jobs(arguments)
         dirs, problems = self._check(jobs)
-        if problems and (self.fail_fast or len(problems) == len(jobs)):
+        if problems:
             head = f"error: {len(problems)} of {len(jobs)} jobs of this sweep cannot run"
             lines = [f"  job {k} ({' '.join(jobs[k])}): {line}" for k, line in problems.items()]
             sys.exit("\n".join([f"{head}; none started", *lines]))
-        for number, problem in problems.items():
-            log.warning("job %d (%s) cannot run: %s", number, " ".join(jobs[number]), problem)
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        runnable = [k for k in range(len(jobs)) if k not in problems]
+        numbers = list(range(len(jobs)))
         relays = runs_in_process(self.launcher) or getattr(self.launcher, "stops_with_sweep", 0)
         with relay_stop_signals() if relays else contextlib.nullcontext(SweepStop()) as stop:
-            returns = self._launch([jobs[k] for k in runnable], runnable, stop)
-        outcomes = [Outcome(k, jobs[k], dirs[k], "failed", line) for k, line in problems.items()]
-        for number, ret in zip(runnable, returns, strict=True):
-            outcomes.append(Outcome(number, jobs[number], dirs[number], *outcome_of(ret)))
-        report(sorted(outcomes, key=lambda o: o.number), stop)
+            returns = self._launch(jobs, numbers, stop)
+        outcomes = [
+            Outcome(k, jobs[k], dirs[k], *outcome_of(r))
+            for k, r in zip(numbers, returns, strict=True)
+        ]
+        report(outcomes, stop)
         return [returns]
 
     def _launch(self, jobs: list[list[str]], numbers: list[int], stop: SweepStop) -> list:

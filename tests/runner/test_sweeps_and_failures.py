@@ -136,16 +136,19 @@ def test_failed_jobs_do_not_stop_their_siblings_and_each_gets_its_line(tmp_path,
     assert "Traceback" not in result.stderr
 
 
-def test_a_job_that_cannot_run_gets_no_directory_and_its_siblings_run(tmp_path):
-    """A job with a bad value is found before any starts: it gets no directory and one line,
-    its siblings run, the exit status is 1."""
-    args = ["-m", *TINY, "dataset.num_train=64", "epochs=1", "batch_size=16,0"]
-    result = run_cli(args, tmp_path, timeout=300)
+@pytest.mark.parametrize("launcher", ["basic", "joblib"])
+def test_a_sweep_with_a_job_that_cannot_run_trains_none(tmp_path, launcher):
+    """``-m experiment=smoke seed=13 batch_size=16,0``: job 1's bad value is found before any
+    job starts, so none does (job 0 used to train first): one line per bad job, exit 1, nothing
+    written."""
+    args = ["-m", "experiment=smoke", "seed=13", "batch_size=16,0", "progress=none"]
+    result = run_cli([*args, *(JOBLIB if launcher == "joblib" else [])], tmp_path, timeout=300)
     assert result.returncode == 1, result.stdout + result.stderr
-    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert re.fullmatch(r"error: job 1 \(.*batch_size=0\) in \S+: batch_size: got 0; .*", line)
-    assert [s["status"] for s in _summaries(tmp_path).values()] == ["finished"]
-    assert len(list((tmp_path / "outputs").rglob(".hydra"))) == 1
+    lines = result.stderr.strip().splitlines()
+    assert lines[0] == "error: 1 of 2 jobs of this sweep cannot run; none started", lines
+    assert re.fullmatch(r"  job 1 \(.*batch_size=0.*\): batch_size: got 0; allowed: .*", lines[1])
+    assert len(lines) == 2 and "Traceback" not in result.stderr
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()
 
 
 def test_fail_fast_starts_no_job_of_a_sweep_with_a_bad_one(tmp_path):
