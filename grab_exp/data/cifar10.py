@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from grab_exp.data.arrays import ArrayData, array_data_from_uint8
+from grab_exp.data.arrays import ArrayData
 from grab_exp.data.paths import resolve_cache_dir
-from grab_exp.data.subset import take_subsets
+from grab_exp.data.subset import uint8_subsets
 
 DOWNLOAD_ERRORS = (urllib.error.URLError, OSError, RuntimeError)
 #: the folder under the cache directory that ``data_dir: null`` means
@@ -161,5 +161,5 @@ def load_cifar10(
     except DOWNLOAD_ERRORS as error:
         raise unavailable_error(root, _reason(error)) from error
     train_arrays, test_arrays = _split_tensors(train), _split_tensors(test)
-    data = array_data_from_uint8(*train_arrays, *test_arrays, classes=train.classes)
-    return take_subsets(data, subset, test_subset, subset_seed)
+    tensors = [*train_arrays, *test_arrays]
+    return uint8_subsets(tensors, train.classes, subset, test_subset, subset_seed)

@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from grab_exp.data.arrays import ArrayData, array_data_from_uint8
+from grab_exp.data.arrays import ArrayData
 from grab_exp.data.jpeg_archive import class_names, decode_split, read_encoded_images
 from grab_exp.data.paths import resolve_cache_dir, resolve_from_repo
-from grab_exp.data.subset import take_subsets
+from grab_exp.data.subset import uint8_subsets
 from grab_exp.data.tensor_cache import cache_file, load_tensors, save_atomically, source_sha256
 
 log = logging.getLogger(__name__)
@@ -199,5 +199,4 @@ def load_cifar10_jpeg(
     source = resolve_archive(archive)
     payload = load_or_decode(source, resolve_cache_dir(cache_dir))
     tensors = [payload[key] for key in _TENSOR_KEYS]
-    data = array_data_from_uint8(*tensors, classes=payload["classes"])
-    return take_subsets(data, subset, test_subset, subset_seed)
+    return uint8_subsets(tensors, payload["classes"], subset, test_subset, subset_seed)

@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-from grab_exp.data.arrays import ArrayData
+from grab_exp.data.arrays import ArrayData, array_data_from_uint8
 
 
 def class_quotas(counts: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
@@ -75,6 +75,26 @@ def _checked_size(setting: str, size: int | None, available: int) -> int | None:
     return size
 
 
+def kept_indices(
+    labels: torch.Tensor, setting: str, size: int | None, seed: int
+) -> torch.Tensor | None:
+    """The sorted ``(size,)`` indices of a split's stratified subset, or ``None`` (keep all).
+
+    Args:
+        labels: ``(N,)`` the split's labels.
+        setting: The setting's name, for the error (``dataset.subset``).
+        size: Examples to keep, or ``None``.
+        seed: Seed of the selection; each split uses its own generator seeded with it.
+
+    Raises:
+        ValueError: One line naming ``setting`` when ``size`` is out of range.
+    """
+    size = _checked_size(setting, size, len(labels))
+    if size is None:
+        return None
+    return stratified_subset(labels, size, torch.Generator().manual_seed(seed)).to(labels.device)
+
+
 def take_subsets(
     data: ArrayData, subset: int | None = None, test_subset: int | None = None, seed: int = 0
 ) -> ArrayData:
@@ -93,14 +113,44 @@ def take_subsets(
     Raises:
         ValueError: One line naming the setting when a size is out of range.
     """
-    subset = _checked_size("dataset.subset", subset, len(data.train_y))
-    test_subset = _checked_size("dataset.test_subset", test_subset, len(data.test_y))
-    changes = {}
-    for split, size in (("train", subset), ("test", test_subset)):
-        if size is not None:
-            labels = getattr(data, f"{split}_y")
-            keep = stratified_subset(labels, size, torch.Generator().manual_seed(seed))
-            keep = keep.to(labels.device)
-            changes[f"{split}_x"] = getattr(data, f"{split}_x")[keep]
-            changes[f"{split}_y"] = labels[keep]
-    return dataclasses.replace(data, **changes) if changes else data
+    splits = _subsets(
+        [data.train_x, data.train_y, data.test_x, data.test_y], subset, test_subset, seed
+    )
+    names = ("train_x", "train_y", "test_x", "test_y")
+    return dataclasses.replace(data, **dict(zip(names, splits, strict=True)))
+
+
+def uint8_subsets(
+    tensors: list[torch.Tensor],
+    classes: tuple[str, ...] | list[str],
+    subset: int | None = None,
+    test_subset: int | None = None,
+    seed: int = 0,
+) -> ArrayData:
+    """:func:`~grab_exp.data.arrays.array_data_from_uint8` of the subsets only: the same
+    examples and values as :func:`take_subsets` of the whole converted dataset, with only the
+    kept images converted to float32 (a job on 10,000 of CIFAR-10's 60,000 converts 10,000).
+
+    Args:
+        tensors: ``[train images (N, 3, 32, 32) uint8, train labels (N,), test images, test
+            labels]``.
+        classes: Class names in label order.
+        subset, test_subset, seed: As :func:`take_subsets`.
+    """
+    return array_data_from_uint8(*_subsets(tensors, subset, test_subset, seed), classes=classes)
+
+
+def _subsets(tensors: list[torch.Tensor], subset, test_subset, seed) -> list[torch.Tensor]:
+    """``[train_x, train_y, test_x, test_y]`` restricted to each split's subset (all sizes are
+    checked before anything is selected)."""
+    train_x, train_y, test_x, test_y = tensors
+    _checked_size("dataset.subset", subset, len(train_y))
+    _checked_size("dataset.test_subset", test_subset, len(test_y))
+    out = []
+    for x, y, setting, size in (
+        (train_x, train_y, "dataset.subset", subset),
+        (test_x, test_y, "dataset.test_subset", test_subset),
+    ):
+        keep = kept_indices(y, setting, size, seed)
+        out += [x, y] if keep is None else [x[keep], y[keep]]
+    return out

@@ -19,9 +19,11 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from PIL import Image
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from grab_exp.data import (
     ArrayData,
+    array_data_from_uint8,
     load_cifar10,
     load_cifar10_jpeg,
     make_synthetic,
@@ -32,6 +34,7 @@ from grab_exp.data import (
 from grab_exp.data.cifar10_jpeg import DEFAULT_ARCHIVE, load_or_decode, resolve_archive
 from grab_exp.data.jpeg_archive import _decode_with_pil, _decode_with_torchvision
 from grab_exp.data.paths import repo_root
+from grab_exp.data.subset import uint8_subsets
 from grab_exp.data.tensor_cache import file_sha256
 from grab_exp.models import LogReg
 
@@ -362,3 +365,50 @@ def test_every_dataset_config_instantiates(config_path, tmp_path, jpeg_cache_dir
     data = instantiate(config)
     assert isinstance(data, ArrayData)
     assert data.train_x.shape[1:] == (3, 32, 32) and data.num_classes == 10
+
+
+@pytest.mark.parametrize(("subset", "test_subset"), [(None, None), (37, None), (None, 11), (50, 9)])
+def test_uint8_subsets_equal_the_subsets_of_the_converted_dataset(subset, test_subset):
+    """Bit for bit the old order (convert all, then select), for every combination of sizes."""
+    g = torch.Generator().manual_seed(3)
+    tensors = [
+        torch.randint(0, 256, (120, 3, 4, 4), generator=g, dtype=torch.uint8),
+        torch.randint(0, 10, (120,), generator=g),
+        torch.randint(0, 256, (40, 3, 4, 4), generator=g, dtype=torch.uint8),
+        torch.randint(0, 10, (40,), generator=g),
+    ]
+    classes = [str(k) for k in range(10)]
+    old = take_subsets(array_data_from_uint8(*tensors, classes=classes), subset, test_subset, 5)
+    new = uint8_subsets(tensors, classes, subset, test_subset, 5)
+    for name in ("train_x", "train_y", "test_x", "test_y"):
+        assert torch.equal(getattr(new, name), getattr(old, name)), name
+    with pytest.raises(ValueError, match=r"^dataset\.test_subset: got 41; allowed"):
+        uint8_subsets(tensors, classes, 10, 41)
+
+
+class FloatConversions(TorchDispatchMode):
+    """Counts the uint8 elements converted to float32 inside the block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func.overloadpacket is torch.ops.aten._to_copy and args[0].dtype == torch.uint8:
+            self.elements += out.numel() if out.dtype == torch.float32 else 0
+        return out
+
+
+@needs_archive
+def test_the_jpeg_loader_converts_only_the_kept_images(tmp_path):
+    """A job on 1,000 + 200 examples converts those (the loader converted all 60,000 first),
+    and its dataset equals the subset of the whole converted one."""
+    whole = load_cifar10_jpeg(ARCHIVE, cache_dir=tmp_path)  # decodes once into the cache
+    with FloatConversions() as counted:
+        part = load_cifar10_jpeg(ARCHIVE, cache_dir=tmp_path, subset=1000, test_subset=200)
+    assert counted.elements == (1000 + 200) * 3 * 32 * 32
+    expected = take_subsets(whole, 1000, 200)
+    for name in ("train_x", "train_y", "test_x", "test_y"):
+        assert torch.equal(getattr(part, name), getattr(expected, name)), name
