@@ -58,6 +58,21 @@ def local_cuda_index(local_rank: int, count: int, visible: str | None) -> int:
     )
 
 
+def rank_cuda_index(device: str, count: int, env: dict[str, str]) -> int:
+    """The GPU a job with ``device`` (``cuda``, ``cuda:k`` or ``auto``) trains on: ``k`` when
+    named, else its local rank's (:func:`local_cuda_index`, from ``LOCAL_RANK`` and
+    ``CUDA_VISIBLE_DEVICES`` in ``env``; rank 0 alone).
+
+    Args:
+        device: The job's ``device`` setting.
+        count: GPUs this process sees.
+        env: The environment (``os.environ``).
+    """
+    if ":" in device:
+        return torch.device(device).index
+    return local_cuda_index(int(env.get("LOCAL_RANK", "0")), count, env.get("CUDA_VISIBLE_DEVICES"))
+
+
 def init_distributed(
     backend: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S, device: str = "auto"
 ) -> tuple[ProcessGroupComm, torch.device]:
@@ -88,9 +103,7 @@ def init_distributed(
     kwargs = {}
     if backend == "nccl":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        index = local_cuda_index(local_rank, count, os.environ.get("CUDA_VISIBLE_DEVICES"))
-        resolved = torch.device("cuda", index)
+        resolved = torch.device("cuda", rank_cuda_index("cuda", count, dict(os.environ)))
         torch.cuda.set_device(resolved)
         if "device_id" in inspect.signature(dist.init_process_group).parameters:  # torch >= 2.3
             kwargs["device_id"] = resolved

@@ -15,6 +15,7 @@ from hydra.utils import get_class, get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from grab_exp.balance import Ordering
+from grab_exp.distributed.join import rank_cuda_index
 from grab_exp.distributed.orderings import DistributedOrdering
 from grab_exp.optim import GSNROptimizer
 from grab_exp.per_sample.compiled import COMPILABLE_METHODS
@@ -75,9 +76,12 @@ def _model_size(cfg: DictConfig) -> int:
 
 
 def _memory_bytes(device: str) -> int:
-    """The memory of the device a job with ``device`` trains on (a GPU's, else this machine's)."""
+    """The memory of the device a job with ``device`` trains on (its rank's GPU's, else this
+    machine's), read before the job sets its device: the device's properties, since
+    ``mem_get_info`` would make a CUDA context on the current GPU (GPU 0, on every rank)."""
     if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
-        return torch.cuda.mem_get_info(torch.device(device).index if ":" in device else None)[1]
+        index = rank_cuda_index(device, torch.cuda.device_count(), dict(os.environ))
+        return torch.cuda.get_device_properties(index).total_memory
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 

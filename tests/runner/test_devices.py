@@ -5,6 +5,7 @@ tensors. The CUDA side of each is in ``test_gpu_readiness.py``."""
 
 from __future__ import annotations
 
+import inspect
 import socket
 
 import pytest
@@ -16,7 +17,8 @@ from helpers import make
 from grab_exp.balance.projection import describe
 from grab_exp.devices import resolve_device, set_cuda_policy
 from grab_exp.distributed.comm import cpu_tensors
-from grab_exp.distributed.join import init_distributed, local_cuda_index
+from grab_exp.distributed.join import init_distributed, local_cuda_index, rank_cuda_index
+from grab_exp.runner import config_check
 from grab_exp.runner.checkpoint import (
     CHECKPOINT_NAME,
     FORMAT,
@@ -186,3 +188,21 @@ def test_backend_auto_with_device_cpu_joins_with_gloo_on_any_machine(monkeypatch
         assert comm.gather_objects({"t": torch.ones(2)})[0]["t"].device.type == "cpu"
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    ("device", "count", "env", "index"),
+    [
+        ("cuda", 4, {"LOCAL_RANK": "2"}, 2),  # torchrun's rank 2: its own GPU, not GPU 0
+        ("auto", 4, {"LOCAL_RANK": "3"}, 3),
+        ("cuda", 4, {}, 0),  # one process
+        ("cuda:1", 4, {"LOCAL_RANK": "3"}, 1),  # named: as named
+        ("cuda", 1, {"LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": "5"}, 0),  # its launcher's one GPU
+    ],
+)
+def test_the_memory_check_asks_about_the_gpu_the_rank_will_train_on(device, count, env, index):
+    """``validate_config`` runs before the rank sets its device: it must neither ask GPU 0 for
+    every rank nor make a context there (``mem_get_info`` would; device properties do not)."""
+    assert rank_cuda_index(device, count, env) == index
+    source = inspect.getsource(config_check._memory_bytes)
+    assert "mem_get_info" not in source.split('"""')[-1]  # the code, not its docstring
