@@ -122,7 +122,10 @@ check() {  # check NAME SECONDS COMMAND...: its output to logs/NAME.log, its lin
     if ((limit < 5)); then
         rc=124 verdict="NOT RUN (the ${budget} s budget is spent)"
     else
-        timeout --signal=INT --kill-after=20 "$limit" "$@" >"$scratch/logs/$name.log" 2>&1
+        # with-sigint: a shell that started this script in the background ignores SIGINT, and
+        # its children inherit that; the check's own command must stop on timeout's SIGINT
+        timeout --signal=INT --kill-after=20 "$limit" "$PYTHON" "$repo/scripts/gpu_rehearsal.py" \
+            with-sigint "$@" >"$scratch/logs/$name.log" 2>&1
         rc=$?
         ((rc == 0)) || verdict="FAILED (exit $rc$( ((rc == 124 || rc == 137)) && echo ", over ${limit} s"))"
     fi

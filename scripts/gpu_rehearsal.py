@@ -9,6 +9,10 @@ no extras), so that a venv with ``FOLDER`` on its path sees these and nothing el
 device tool brings back (at most 8 files, 16 MiB each, 64 MiB together, no more than 2 folders
 down, names of letters, digits, ``.``, ``_`` and ``-``); prints the files.
 
+``python scripts/gpu_rehearsal.py with-sigint COMMAND...``: runs ``COMMAND`` (``exec``) with
+SIGINT at its default action, whatever this process inherited: a child of a shell that runs
+it in the background would otherwise ignore ``timeout --signal=INT``.
+
 ``python scripts/gpu_rehearsal.py compile-limit PROBE_JSONL``: prints the compile tests' time
 limit in seconds: 4 cold compiles per xdist worker (6 tests on 4 workers, 2 graphs each) of the
 probe's cold compile on CUDA, x 1.5, + 20; 150 when the file has none.
@@ -85,6 +89,14 @@ def limits(folder: str) -> None:
         sys.exit(1)
 
 
+def with_sigint(*command: str) -> None:
+    import os
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # an ignored signal stays ignored across exec
+    os.execvp(command[0], list(command))
+
+
 COMPILES_PER_WORKER, MARGIN, START_S, DEFAULT_COMPILE_LIMIT_S = 4, 1.5, 20, 150
 
 
@@ -103,5 +115,10 @@ def compile_limit(probe: str) -> None:
 
 
 if __name__ == "__main__":
-    commands = {"link": link, "limits": limits, "compile-limit": compile_limit}
+    commands = {
+        "link": link,
+        "limits": limits,
+        "compile-limit": compile_limit,
+        "with-sigint": with_sigint,
+    }
     commands[sys.argv[1]](*sys.argv[2:])

@@ -4,14 +4,21 @@ Each worker process leaves the terminal's process group when it takes its first 
 Ctrl-C or a signal to the group reaches only the sweep's own process, which relays it to every
 worker once (:class:`~grab_exp.runner.sweeper.SweepStop`). A worker remembers a stop signal for
 its whole life (:func:`~grab_exp.runner.signals.latch_stop_signals`): its running job stops at
-the next step boundary, and no job queued behind it starts (nor gets a directory).
+the next step boundary, and no job queued behind it starts (nor gets a directory). A worker also
+stops when the sweep's process dies (a SIGKILL after a time limit's SIGINT): within a second it
+sends itself SIGTERM, its job stops the same way, and the worker exits instead of training on,
+holding a GPU, outside every process group.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import sys
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,16 +36,44 @@ log = logging.getLogger("grab_exp")
 
 
 class _Worker:
-    """Set up once per joblib worker process: its own process group, stop signals latched."""
+    """Set up once per joblib worker process: its own process group, stop signals latched, and
+    a watch on the sweep's process."""
 
     ready = False
+    parent = 0  # the sweep's process
+    running = False  # a job runs in this worker now
 
     @classmethod
     def join(cls) -> None:
         if not cls.ready:
             os.setpgrp()  # a terminal's Ctrl-C or a group kill reaches the sweeper, which relays
             latch_stop_signals()
+            cls.parent = os.getppid()
+            threading.Thread(target=cls._watch, name="grab_exp-sweep-watch", daemon=True).start()
             cls.ready = True
+
+    @classmethod
+    def _watch(cls, every_s: float = 1.0) -> None:
+        """Once the sweep's process is gone (this worker was re-parented): SIGTERM to itself, so
+        a running job stops at its next step boundary, then exit when no job runs. (The kernel's
+        ``PR_SET_PDEATHSIG`` fires when the thread that forked the worker ends, which in
+        joblib's executor is not the sweep's end.)"""
+        while os.getppid() == cls.parent:
+            time.sleep(every_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+        while cls.running:
+            time.sleep(every_s)
+        cls.leave_if_orphaned()
+
+    @classmethod
+    def leave_if_orphaned(cls) -> None:
+        """Exit once the sweep's process died: no one is left to report to (joblib's worker
+        would otherwise wait for work that never comes)."""
+        if os.getppid() != cls.parent:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(OSError, ValueError):
+                    stream.flush()
+            os._exit(128 + (stop_received() or signal.SIGTERM))
 
 
 def execute_job(idx: int, overrides: Sequence[str], *args: Any) -> JobReturn:
@@ -46,7 +81,12 @@ def execute_job(idx: int, overrides: Sequence[str], *args: Any) -> JobReturn:
     _Worker.join()
     if (signum := stop_received()) is not None:
         return not_started(overrides, signum)
-    return plugin_execute_job(idx, overrides, *args)
+    _Worker.running = True
+    try:
+        return plugin_execute_job(idx, overrides, *args)
+    finally:
+        _Worker.running = False
+        _Worker.leave_if_orphaned()
 
 
 class JoblibLocalLauncher(JoblibLauncher):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -151,3 +152,26 @@ def test_the_probe_refuses_bad_input_in_one_line(tmp_path, args, message):
     result = _run([*PROBE, *args], OUT="")
     assert result.returncode == 2 and result.stderr.startswith(message)
     assert result.stderr.count("\n") == 1 and not (tmp_path / "OUT").exists()
+
+
+def _ignoring_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell's background job starts
+
+
+def test_the_checks_commands_stop_on_sigint_even_when_started_with_it_ignored():
+    """gpu_check.sh runs each check through ``gpu_rehearsal.py with-sigint``: a command that
+    inherited an ignored SIGINT would outlive timeout's SIGINT until the SIGKILL 20 s later."""
+    show = [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT))"]
+    plain = subprocess.run(show, capture_output=True, text=True, preexec_fn=_ignoring_sigint)
+    assert plain.stdout.strip() in ("1", "Handlers.SIG_IGN")  # SIG_IGN: what the check inherits
+    wrapped = subprocess.run(
+        [*LIMITS[:2], "with-sigint", *show],
+        capture_output=True,
+        text=True,
+        preexec_fn=_ignoring_sigint,
+    )
+    assert wrapped.stdout.strip() == "<built-in function default_int_handler>"
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    timed = ["timeout", "--signal=INT", "--kill-after=60", "2", *LIMITS[:2], "with-sigint"]
+    result = subprocess.run([*timed, *sleeper], preexec_fn=_ignoring_sigint, timeout=60)
+    assert result.returncode == 124  # stopped by the SIGINT (137: only the SIGKILL stopped it)

@@ -8,6 +8,7 @@ regression on 64-256 generated examples), so each test takes seconds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -300,3 +301,32 @@ def test_more_sigterms_after_the_first_still_exit_143(tmp_path):
         time.sleep(0.005)
     status, output = job.finish()
     assert status == 143, output
+
+
+def test_a_killed_sweep_leaves_no_worker_training(tmp_path):
+    """SIGKILL to a joblib sweep's process (what a time limit sends after its SIGINT): its
+    workers, out of its process group, notice within a second, stop their jobs at a step
+    boundary, ``interrupted``, and exit, instead of training on."""
+    log_path = tmp_path / "sweep.log"
+    with open(log_path, "w") as log:
+        sweep = subprocess.Popen(
+            [*GRAB, "-m", *LONG, "seed=1,2", *JOBLIB],
+            cwd=tmp_path,
+            env=cli_env(OMP_NUM_THREADS="1"),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    pids: list[int] = []
+    try:
+        _running_jobs(tmp_path / "outputs", 2)
+        pids = [s["pid"] for s in _summaries(tmp_path).values()]
+        assert len(pids) == 2 and sweep.pid not in pids  # the jobs run in the workers
+        os.kill(sweep.pid, signal.SIGKILL)
+        sweep.wait(timeout=SIGNAL_TIMEOUT_S)
+        wait_for(lambda: not any(map(_alive, pids)), SIGNAL_TIMEOUT_S, "the workers to end")
+    finally:
+        for pid in [*pids, sweep.pid]:  # whatever is left, if the test failed
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert {s["status"] for s in _summaries(tmp_path).values()} == {"interrupted"}
