@@ -68,7 +68,7 @@ def paired_markdown(table: pd.DataFrame) -> str:
             if part.empty:
                 continue
             wide = part.pivot_table(index="row", columns="seed", values="difference", sort=False)
-            shown = wide.map(lambda v: f"{v:+.4f}")
+            shown = wide.map(lambda v: "n/a" if pd.isna(v) else f"{v:+.4f}")  # n/a: no such run
             shown.columns = [f"seed {s}" for s in wide.columns]
             shown["mean"] = wide.mean(axis=1).map(lambda v: f"{v:+.4f}")
             better = (wide * sign > 0).sum(axis=1)
