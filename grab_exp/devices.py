@@ -15,7 +15,7 @@ _GRAPH_SAFE = False  # set by graph_safe()
 def graph_safe() -> Iterator[None]:
     """Inside it, code takes the path a captured step needs on every device: no host reads and
     no work outside torch (the CPU's numpy sign loop gives way to CUDA's kernels, the CPU's index
-    check defers). A CUDA graph capture and :class:`~grab_exp.runner.capture.TracedStep` run
+    check defers). A CUDA graph capture and :class:`~grab_exp.trace.TracedStep` run
     inside it; so does the bench when it counts CUDA's operators on the CPU."""
     global _GRAPH_SAFE
     before, _GRAPH_SAFE = _GRAPH_SAFE, True

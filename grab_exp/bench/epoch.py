@@ -41,9 +41,10 @@ from grab_exp.devices import graph_safe, set_cuda_policy
 from grab_exp.models import LeNet
 from grab_exp.per_sample import ClassicPipeline, PerSamplePipeline
 from grab_exp.report.table1_table import ROW_ORDER
-from grab_exp.runner.capture import CapturedStep, TracedStep, capture_step
+from grab_exp.runner.capture import CapturedStep, capture_step
 from grab_exp.runner.step import STAGES as STEP_STAGES
 from grab_exp.runner.step import StepParts, train_step, untimed
+from grab_exp.trace import TracedStep
 from grab_exp.validation import check_int_at_least
 
 ROWS = ROW_ORDER  # Table 1's rows, in the report's order

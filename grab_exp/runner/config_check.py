@@ -247,7 +247,7 @@ def _check_cuda_graph(cfg: DictConfig) -> None:
             "trainer.cuda_graph",
             True,
             f"false with device={cfg.device} (a CUDA graph needs CUDA; the CPU's traced replay, "
-            "grab_exp.runner.capture.TracedStep, tests capture and is no faster overall)",
+            "grab_exp.trace.TracedStep, tests capture and is no faster overall)",
         )
 
 

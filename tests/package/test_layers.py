@@ -2,7 +2,7 @@
 
 The layers, lowest first (docs/architecture.md, "How the code is organised"):
 
-0. ``validation``, ``devices``, ``data``, ``models``: no other part of grab_exp;
+0. ``validation``, ``devices``, ``trace``, ``data``, ``models``: no other part of grab_exp;
 1. ``grads``: a batch's per-sample gradients;
 2. ``balance`` (the orderings), ``sampler``, ``per_sample``, ``optim``, ``logging``;
 3. ``distributed``: orderings and collectives over workers;
@@ -22,6 +22,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "grab_exp"
 LAYERS = {
     "validation": 0,
     "devices": 0,
+    "trace": 0,
     "data": 0,
     "models": 0,
     "grads": 1,

@@ -1,6 +1,6 @@
 """A captured training step equals eager training: the CPU's proof for CUDA graphs.
 
-:class:`~grab_exp.runner.capture.TracedStep` records one whole ``train_step`` (forward, backward,
+:class:`~grab_exp.trace.TracedStep` records one whole ``train_step`` (forward, backward,
 per-sample gradients, GSNR, ordering, optimizer) operator by operator and replays it with the
 first step's Python values baked in, as a CUDA graph does. Each configuration trains two epochs
 eagerly and two through :func:`~grab_exp.runner.capture.capture_step` (an eager warm-up step,
@@ -17,18 +17,13 @@ import warnings
 import pytest
 import torch
 from grab_run import compose_job, train_epochs
-from helpers import BALANCES, GRADIENT_FREE, KERNELS, make
+from helpers import BALANCES, GRADIENT_FREE, KERNELS
 
-from grab_exp.runner.capture import (
-    CaptureError,
-    TracedStep,
-    capture_step,
-    make_capturable,
-    register_generators,
-)
+from grab_exp.runner.capture import capture_step, make_capturable, register_generators
 from grab_exp.runner.fingerprint import config_fingerprint
 from grab_exp.runner.lifecycle import _restore, _save
 from grab_exp.runner.resolvers import settings_hash
+from grab_exp.trace import TracedStep
 
 EPOCHS = 2
 SIZE = ("dataset.num_train=201",)  # 12 full batches of 16, then one of 9 (run eagerly)
@@ -115,52 +110,6 @@ def test_a_checkpoint_resumes_across_captured_and_eager_runs(tmp_path, balance, 
     _, rest = _train(overrides, captured=not first_captured, epochs=2, start=1, job=resumed)
     assert torch.equal(torch.cat([first_losses, rest]), whole_losses)
     _assert_same(_state(resumed, clips=False), _state(whole, clips=False))
-
-
-@pytest.mark.parametrize(
-    "read",
-    [
-        lambda x: x * 2 if x.sum() > 0 else x,  # a branch on a tensor
-        lambda x: x * x.sum().item(),
-        lambda x: x * x.tolist()[0],  # no aten operator: the TorchFunctionMode sees it
-        lambda x: torch.from_numpy(x.numpy() * 2),
-    ],
-    ids=["branch", "item", "tolist", "numpy"],
-)
-def test_a_host_read_in_a_step_fails_the_capture(read):
-    with pytest.raises(CaptureError, match="host"):
-        TracedStep(read, (torch.ones(3),))
-
-
-def test_a_pair_step_replayed_after_an_odd_sized_step_is_refused():
-    """Pair balance's lead is the parity of the rows stepped: a captured even step is right at
-    every replay, unless an odd-sized step changed the parity in between; that is refused."""
-    bal = make("pair", 40, 5)
-    z, order = torch.randn(40, 5), bal.order
-    bal.step(z[order[0:4]])
-    traced = TracedStep(bal.step, (z[order[4:8]],))  # made without a lead
-    bal.step(z[order[8:11]])  # odd-sized: the example at 10 now leads
-    traced.replay()
-    with pytest.raises(ValueError, match="odd-sized step"):
-        bal.set_epoch(1)
-
-
-def test_a_replay_repeats_the_first_steps_python_values():
-    """The analogue of a CUDA graph: Python values are baked in, tensors are read anew."""
-    counter = {"calls": 0}
-    total = torch.zeros(())
-
-    def step(x: torch.Tensor) -> torch.Tensor:
-        counter["calls"] += 1
-        total.add_(x.sum() * counter["calls"])
-        return total
-
-    x = torch.ones(2)
-    traced = TracedStep(step, (x,))
-    x.fill_(3.0)
-    traced.replay()
-    assert counter["calls"] == 1  # the replay ran no Python
-    assert total.item() == 2.0 + 6.0  # 1 * sum(ones) at the trace, then 1 * sum(3s)
 
 
 # ------------------------------------------------------------------ CUDA graphs (gpu)
