@@ -1,6 +1,7 @@
 """The one job lifecycle of ``python -m grab_exp``, for every kind of job.
 
-validate -> connect (one process, simulated or torchrun workers) -> lock the run directory
+validate (once: a job that Hydra's callback or the sweep checked in this process is not checked
+again) -> connect (one process, simulated or torchrun workers) -> lock the run directory
 (rank 0) -> resolve it (skip a finished run, resume an interrupted one, or keep an old one
 aside) -> build -> train epochs, each checkpointed atomically and logged -> final summary, also
 on failure or on a stop signal (status ``interrupted``) -> unlock.
@@ -24,6 +25,7 @@ from grab_exp.logging.files import WriteError, remove_stale_temp_files, shown
 from grab_exp.logging.local import LocalStore
 from grab_exp.logging.wandb_logger import build_wandb_logger
 from grab_exp.runner.build import TrainingJob, build_job
+from grab_exp.runner.callbacks import take_checked
 from grab_exp.runner.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from grab_exp.runner.config_check import validate_config
 from grab_exp.runner.connect import connect
@@ -170,8 +172,7 @@ def _end_summary(store: LocalStore, status: str, **fields: Any) -> None:
             raise
 
 
-def _run(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> dict[str, Any]:
-    fingerprint = config_fingerprint(cfg)
+def _run(cfg: DictConfig, strategy: Strategy, run_dir: Path, fingerprint: dict) -> dict[str, Any]:
     if (final := finished_run(run_dir, cfg.overwrite, fingerprint["config"])) is not None:
         return final
     _prepare_run_dir(run_dir, cfg, strategy)
@@ -238,6 +239,17 @@ def _lock(run_dir: Path, strategy: Strategy) -> RunLock | None:
     return lock
 
 
+def _checked_fingerprint(cfg: DictConfig) -> dict[str, Any]:
+    """The job's fingerprint, validated: by Hydra's callback or the sweep in this process, else
+    here (a caller outside Hydra's command line, a joblib worker)."""
+    if HydraConfig.initialized():
+        hydra = HydraConfig.get()
+        if checked := take_checked(Path(hydra.runtime.output_dir), hydra.overrides.task):
+            return checked
+    validate_config(cfg)
+    return config_fingerprint(cfg)
+
+
 def run_job(cfg: DictConfig) -> dict[str, Any]:
     """Run (or resume, or skip) the job that ``cfg`` describes; return its final metrics.
 
@@ -249,14 +261,14 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         JobInterrupted: SIGTERM or SIGINT stopped the job at a step boundary; the run is
             ``interrupted`` and the same command resumes it from its last checkpoint.
     """
-    validate_config(cfg)
+    fingerprint = _checked_fingerprint(cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     with stop_on_signals():
         strategy = connect(cfg)
         try:
             lock = _lock(run_dir, strategy)
             try:
-                return _run(cfg, strategy, run_dir)
+                return _run(cfg, strategy, run_dir, fingerprint)
             finally:
                 if lock:
                     lock.release()
