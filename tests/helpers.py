@@ -30,9 +30,14 @@ KERNELS = ["deterministic", "probabilistic"]
 
 
 def make(name: str, n: int, d: int, *, batch_size: int = 4, depth: int | None = None, **kw):
-    """make_ordering; passes ``batch_size`` only to recursive_pair, ``depth`` only to recursive."""
-    from grab_exp.balance import make_ordering
+    """make_ordering; passes ``batch_size`` only to recursive_pair, ``depth`` only to recursive,
+    the gradient options (kernel, c, normalize, dtype, projection_*) only to an ordering that
+    reads gradients (the others take none: ``tests/balance/test_validation.py``)."""
+    from grab_exp.balance import GradientOrdering, Ordering, make_ordering
 
+    if not Ordering.choices()[name].needs_grads:
+        gradient_options = GradientOrdering.options() - Ordering.options()
+        kw = {k: v for k, v in kw.items() if k not in gradient_options}
     if name == "recursive_pair":
         kw["batch_size"] = batch_size
     if name == "recursive" and depth is not None:

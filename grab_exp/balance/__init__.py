@@ -1,4 +1,5 @@
-"""GraB orderings: one module per ordering, all built on :class:`Ordering`."""
+"""GraB orderings: one module per ordering, all built on :class:`Ordering` (those that read
+gradients on :class:`GradientOrdering`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from grab_exp.balance.base import Ordering
 from grab_exp.balance.batch import BatchBalance
 from grab_exp.balance.centered import CenteredBalance
 from grab_exp.balance.fixed import FixedOrder
+from grab_exp.balance.gradient import GradientOrdering
 from grab_exp.balance.kernels import DeterministicKernel, ProbabilisticKernel, SignKernel
 from grab_exp.balance.mean import MeanBalance
 from grab_exp.balance.pair import PairBalance
@@ -20,6 +22,7 @@ def make_ordering(name: str, n: int, d: int, **kwargs) -> Ordering:
     """Build a single-process ordering by its name (rr, so, fixed, mean, pair, ...)."""
     choices = Ordering.choices()
     check_choice("balance", name, choices)
+    choices[name].check_options(kwargs)
     return choices[name](n, d, **kwargs)
 
 
@@ -28,6 +31,7 @@ __all__ = [
     "CenteredBalance",
     "DeterministicKernel",
     "FixedOrder",
+    "GradientOrdering",
     "MeanBalance",
     "Ordering",
     "PairBalance",

@@ -1,4 +1,4 @@
-"""The ``Ordering`` base class: epochs, positions, keys, next orders, projection, checkpoints.
+"""The ``Ordering`` base class: epochs, positions, keys, next orders, checkpoints.
 
 An ordering owns the order of the current epoch and is the ``torch.utils.data.Sampler`` over
 it. Training steps hand it the per-sample gradients of the next ``B`` examples of that order;
@@ -9,10 +9,15 @@ An ordering that serves several data-parallel workers (:mod:`grab_exp.distribute
 order per worker: ``order`` and ``keys`` are ``(*lanes, n)``, with ``lanes = ()`` for one
 worker and ``(L,)`` for the ``L`` workers of a process. Everything here works on the last
 dimension, so both share this code.
+
+What only the orderings that read gradients need (a sign kernel, normalization, the balancing
+state's dtype, a projection) is :class:`~grab_exp.balance.gradient.GradientOrdering`'s: an
+ordering that reads none (``rr``, ``so``, ``fixed``) takes none of those options.
 """
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
@@ -20,12 +25,11 @@ from typing import Any, ClassVar
 import torch
 from torch.utils.data import Sampler
 
-from grab_exp.balance.kernels import make_kernel
-from grab_exp.balance.projection import balance_projection, describe
+from grab_exp.balance.projection import BlockProjection, describe
 from grab_exp.balance.signs import UNVISITED_KEY
-from grab_exp.balance.tensors import IndexCheck, as_dtype, counting
-from grab_exp.grads.batch import grad_rows, rows_of
-from grab_exp.grads.rows import GradRows, keep_views, kept_view
+from grab_exp.balance.tensors import IndexCheck, counting
+from grab_exp.grads.batch import rows_of
+from grab_exp.grads.rows import keep_views
 from grab_exp.validation import check_choice, check_int_at_least
 
 FIRST_EPOCH = ("random", "identity")
@@ -37,22 +41,16 @@ class Ordering(Sampler[int]):
     Args:
         n: number of examples (per worker, with lanes).
         d: length of one flattened per-sample gradient.
-        kernel: sign kernel, ``deterministic`` or ``probabilistic``.
-        c: the probabilistic kernel's scale (> 0).
-        normalize: scale every balanced vector to unit norm first.
         seed: seed of the ordering's ``torch.Generator`` (first order, kernel draws).
         first_epoch: order of epoch 0, ``random`` (seeded) or ``identity``.
-        dtype: dtype of the balancing state (``torch.float32`` or a name).
-        device: device of the balancing state and of the orders.
-        projection_dim: ``None``, or ``k < d``: balance seeded ``k``-dim sketches ``g R``
-            (see :func:`~grab_exp.balance.projection.balance_projection`; ``R`` has its own
-            random stream, independent of the generator's).
-        projection_kind, projection_block_rows: ``R``'s entries and rows generated at once.
+        device: device of the orders (and of a gradient ordering's balancing state).
         lanes: the leading shape of ``order`` and ``keys``: ``()`` or ``(L,)`` workers.
     """
 
     name: ClassVar[str] = ""
-    needs_grads: ClassVar[bool] = True
+    needs_grads: ClassVar[bool] = False
+    #: the sketch a gradient ordering balances with (none here: see ``GradientOrdering``)
+    projection: BlockProjection | None = None
     #: reads factored gradients as factors (False: the ordering materializes them anyway)
     reads_factors: ClassVar[bool] = True
     #: serves data-parallel workers (``balance=`` with ``distributed=true``)
@@ -70,43 +68,51 @@ class Ordering(Sampler[int]):
         """The registered orderings by name: single-process ones, or data-parallel ones."""
         return {n: c for n, c in Ordering.registry.items() if c.distributed == distributed}
 
+    @classmethod
+    def options(cls) -> set[str]:
+        """The keyword options its constructor takes (those of every class it passes
+        ``**kwargs`` on to included)."""
+        names: set[str] = set()
+        for klass in cls.__mro__:
+            if "__init__" not in vars(klass) or klass in (Sampler, object):
+                continue
+            parameters = inspect.signature(vars(klass)["__init__"]).parameters.values()
+            names |= {p.name for p in parameters if p.kind is p.KEYWORD_ONLY}
+            if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+                break
+        return names
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """Refuse an option the ordering does not take, in one line naming what it takes.
+
+        Raises:
+            ValueError: ``balance.<option>: ...; allowed: ...``.
+        """
+        allowed = cls.options()
+        for key in options:
+            if key not in allowed:
+                why = " (it reads no gradients)" if not cls.needs_grads else ""
+                raise ValueError(
+                    f"balance.{key}: {cls.name or cls.__name__} takes no {key}{why}; allowed: "
+                    f"{', '.join(sorted(allowed))}"
+                )
+
     def __init__(
         self,
         n: int,
         d: int,
         *,
-        kernel: str = "deterministic",
-        c: float = 30.0,
-        normalize: bool = False,
         seed: int = 0,
         first_epoch: str = "random",
-        dtype: torch.dtype | str = torch.float32,
         device: torch.device | str = "cpu",
-        projection_dim: int | None = None,
-        projection_kind: str = "rademacher",
-        projection_block_rows: int = 4096,
         lanes: tuple[int, ...] = (),
     ) -> None:
         check_int_at_least("n", n, 1)
         check_int_at_least("d", d, 1)
         check_choice("balance.first_epoch", first_epoch, FIRST_EPOCH)
         self.n, self.d, self.lanes = n, d, tuple(lanes)
-        self.kernel = make_kernel(kernel, c)
-        self.normalize = bool(normalize)
-        self.dtype = as_dtype(dtype)
         self.device = torch.device(device)
-        self.projection = balance_projection(
-            self.name,
-            self.needs_grads,
-            d,
-            projection_dim,
-            kind=projection_kind,
-            block_rows=projection_block_rows,
-            seed=seed,
-            dtype=self.dtype,
-            device=self.device,
-        )
-        self.dim = d if self.projection is None else self.projection.k  # balanced length
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
         self.epoch = 0
@@ -114,7 +120,6 @@ class Ordering(Sampler[int]):
         self._index_check = IndexCheck(self.device)
         self.order = self._first_order(first_epoch)  # (*lanes, n)
         self.keys = self._fresh_keys()  # (*lanes, n)
-        self._scratch_buffers: dict[str, torch.Tensor] = {}
         self._init_state()
         for k in self.state_tensors:  # long-lived: their views are made once (see keep_views)
             setattr(self, k, keep_views(getattr(self, k)))
@@ -123,24 +128,9 @@ class Ordering(Sampler[int]):
     def _init_state(self) -> None:
         """Allocate the ordering's state tensors (named in ``state_tensors``)."""
 
-    def _balance(self, grads: Any, positions: torch.Tensor) -> None:
-        """Balance the gradients of visit positions ``positions (B,)`` (what :meth:`_grad_rows`
-        gave). The positions are device values: a step reads none on the host.
-
-        For one worker they are ``B`` rows of length ``dim`` (``d``, or ``projection_dim`` when
-        sketched): a materialized ``(B, dim)`` matrix or factors (:mod:`grab_exp.grads`), read
-        only through the ``GradRows`` operations.
-        """
-        raise NotImplementedError
-
-    def _grad_rows(self, grads: torch.Tensor | Mapping[str, torch.Tensor]) -> GradRows:
-        """One step's gradients as :meth:`_balance` reads them, on the ordering's device."""
-        matrix = {
-            "projection": self.projection,
-            "out": self._flat_buffer,
-            "keep_factors": self.reads_factors,
-        }
-        return grad_rows(grads, self.d, self.device, self.dtype, **matrix)
+    def _take(self, grads: Any, positions: torch.Tensor) -> None:
+        """Read one step's gradients for visit positions ``positions (B,)`` (device values: a
+        step reads none on the host); an ordering that needs no gradients reads nothing."""
 
     def _end_epoch(self) -> None:
         """Finish the epoch's keys and reset per-epoch state (before the reorder)."""
@@ -209,8 +199,7 @@ class Ordering(Sampler[int]):
         rows = self._rows_per_lane(rows_of(grads, indices, self.needs_grads))
         positions = self._visit_positions(rows)  # (rows,)
         self._check_rows(rows, positions, indices)
-        if self.needs_grads:
-            self._balance(self._grad_rows(grads), positions)
+        self._take(grads, positions)
         self.position += rows
 
     def set_epoch(self, epoch: int) -> None:
@@ -231,9 +220,9 @@ class Ordering(Sampler[int]):
 
     @property
     def takes_factors(self) -> bool:
-        """Whether factored per-sample gradients save work here: the ordering reads them as
-        factors and no sketch materializes them."""
-        return self.reads_factors and self.projection is None
+        """Whether factored per-sample gradients save work here (never for an ordering that
+        reads no gradients)."""
+        return False
 
     @classmethod
     def capture_batch_sizes(cls, batch_size: int) -> str | None:
@@ -242,10 +231,7 @@ class Ordering(Sampler[int]):
         return None
 
     def prepare_capture(self) -> None:
-        """Make what a captured step needs and must not make itself (before the capture): the
-        projection's ``R``, stored on the device (it is drawn from re-seeded generators)."""
-        if self.projection is not None:
-            self.projection.store()
+        """Make what a captured step needs and must not make itself (before the capture)."""
 
     def state_bytes(self) -> int:
         """Bytes held by the ordering's state (orders, keys, accumulators, ...)."""
@@ -318,25 +304,6 @@ class Ordering(Sampler[int]):
     def _fresh_keys(self) -> torch.Tensor:
         keys = UNVISITED_KEY + torch.arange(self.n, device=self.device)  # (n,)
         return keys.expand(*self.lanes, self.n).clone()  # (*lanes, n)
-
-    def _prepare(self, vectors: GradRows) -> GradRows:
-        """Apply the ``normalize`` option (in place where the vectors are scratch)."""
-        return vectors.normalized() if self.normalize else vectors
-
-    def _scratch(self, slot: str, rows: int, width: int | None = None) -> torch.Tensor:
-        """A reusable ``(rows, width or dim)`` buffer (per-step allocations fault pages on CPU)."""
-        buffer = self._scratch_buffers.get(slot)
-        if buffer is None or buffer.shape[0] < rows:
-            buffer = torch.empty(rows, width or self.dim, dtype=self.dtype, device=self.device)
-            buffer = self._scratch_buffers[slot] = keep_views(buffer)
-        return kept_view(buffer, rows, lambda: buffer[:rows])
-
-    def _flat_buffer(self, rows: int) -> torch.Tensor | None:
-        """The scratch rows for a dict of gradients that lives on this device."""
-        return self._scratch("flat", rows, self.d)
-
-    def _thresholds(self, count: int) -> torch.Tensor:
-        return self.kernel.thresholds(count, self.generator, self.dtype, self.device)
 
     def _visit_positions(self, rows: int, back: int = 0) -> torch.Tensor:
         """``(rows,)`` visit positions on the device from ``back`` before the next one (past the

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from grab_exp.balance.base import Ordering
+from grab_exp.balance.gradient import GradientOrdering
 from grab_exp.grads.rows import DenseRows, GradRows, constant, keep_views
 
 
-class CenteredBalance(Ordering):
+class CenteredBalance(GradientOrdering):
     """Balances ``v = g - m``, ``m`` the mean raw gradient of the previous epoch.
 
     In the first epoch ``m = 0``. If an epoch steps no example, ``m`` is kept.

@@ -11,7 +11,6 @@ class FixedOrder(Ordering):
     """``fixed``: ``0, 1, ..., n-1`` every epoch (no gradients)."""
 
     name = "fixed"
-    needs_grads = False
 
     def _first_order(self, first_epoch: str) -> torch.Tensor:
         return torch.arange(self.n, device=self.device)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from grab_exp.balance.base import Ordering
+from grab_exp.balance.gradient import GradientOrdering
 from grab_exp.balance.signs import pair_keys, sequential_signs
 from grab_exp.grads.rows import GradRows
 
@@ -19,7 +19,7 @@ LEAD_CHANGED = (
 )
 
 
-class PairBalance(Ordering):
+class PairBalance(GradientOrdering):
     """``pair``: consecutive visited examples form pairs; their difference is balanced.
 
     ``v = g_first - g_second``, ``s = sign(v, acc)``, ``acc += s v``; on ``+`` the

@@ -214,8 +214,6 @@ PROJECTION_SEED_OFFSET = 0x9E3779B9  # the projection's seed: (balance seed + th
 
 
 def balance_projection(
-    ordering: str,
-    needs_grads: bool,
     d: int,
     dim: int | None,
     *,
@@ -234,8 +232,6 @@ def balance_projection(
     the ordering's generator (first order, kernel thresholds).
 
     Args:
-        ordering: the ordering's name (for messages).
-        needs_grads: whether it reads gradients (gradient-free ones accept only ``None``).
         d: gradient values per example.
         dim: ``projection_dim``: ``None``, or an integer in ``[1, d)`` (a sketch as long
             as the gradient saves nothing).
@@ -251,10 +247,6 @@ def balance_projection(
     check_int_at_least("balance.projection_block_rows", block_rows, 1)
     if dim is None:
         return None
-    if not needs_grads:
-        raise ValueError(
-            f"balance.projection_dim: got {dim!r} but {ordering} uses no gradients; allowed: null"
-        )
     if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim < d:
         raise ValueError(
             f"balance.projection_dim: got {dim!r} with d={d} gradient values per "

@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from grab_exp.balance.base import Ordering
+from grab_exp.balance.gradient import GradientOrdering
 from grab_exp.balance.kernels import signs_from
 from grab_exp.balance.recursive import node_accumulators
 from grab_exp.balance.signs import UNBALANCED_KEY
@@ -14,7 +14,7 @@ from grab_exp.grads.rows import GradRows, inverse_norms
 from grab_exp.validation import check_power_of_two
 
 
-class RecursivePairBalance(Ordering):
+class RecursivePairBalance(GradientOrdering):
     """``recursive_pair``: per mini-batch of ``b`` (a power of two), recursively pair.
 
     At a node, a group's consecutive members are paired, every pair difference is

@@ -11,7 +11,6 @@ class RandomReshuffle(Ordering):
     """``rr``: every epoch a new permutation from the seeded generator (no gradients)."""
 
     name = "rr"
-    needs_grads = False
 
     def _next_order(self) -> torch.Tensor:
         return self._random_order()

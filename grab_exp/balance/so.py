@@ -11,7 +11,6 @@ class ShuffleOnce(Ordering):
     """``so``: a seeded random permutation drawn once, then fixed (no gradients)."""
 
     name = "so"
-    needs_grads = False
 
     def _first_order(self, first_epoch: str) -> torch.Tensor:
         return self._random_order()

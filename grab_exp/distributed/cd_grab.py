@@ -18,12 +18,13 @@ from typing import Any
 
 import torch
 
+from grab_exp.balance import GradientOrdering
 from grab_exp.balance.signs import pair_keys, sequential_signs
 from grab_exp.distributed.orderings import DistributedOrdering
 from grab_exp.grads.rows import normalize_rows
 
 
-class CoordinatedGraB(DistributedOrdering):
+class CoordinatedGraB(DistributedOrdering, GradientOrdering):
     """``cd_grab``. Options beyond :class:`DistributedOrdering`'s:
 
     Args:

@@ -31,7 +31,8 @@ class DistributedOrdering(Ordering):
         comm: the communicator (``world_size`` must be ``W``).
         seed: the run's seed (each worker derives its own from it, see :func:`rank_seeds`).
         device: device of the orders and of the balancing state.
-        **options: the :class:`~grab_exp.balance.Ordering` options the ordering uses.
+        **options: the :class:`~grab_exp.balance.Ordering` options the ordering uses (a
+            gradient ordering's, :class:`~grab_exp.balance.GradientOrdering`, with it).
     """
 
     distributed = True
@@ -125,9 +126,10 @@ class _PerWorkerOrdering(DistributedOrdering):
     def _fresh_keys(self) -> torch.Tensor:
         return torch.empty(0, dtype=torch.long, device=self.device)  # the workers keep theirs
 
-    def _balance(self, grads: torch.Tensor, positions: torch.Tensor) -> None:
-        for worker, rows in zip(self.workers, grads, strict=True):
-            worker.step(rows)  # (B, d)
+    def _take(self, grads: Any, positions: torch.Tensor) -> None:
+        if self.needs_grads:  # each worker's own rows (B, d)
+            for worker, rows in zip(self.workers, self._grad_rows(grads), strict=True):
+                worker.step(rows)
 
     def _advance(self) -> None:  # the workers warn of examples they were not given
         self._index_check.raise_if_bad()
@@ -168,7 +170,6 @@ class DistributedRandomReshuffle(_PerWorkerOrdering):
     """``d_rr``: every worker reshuffles its shard each epoch (seeded per rank)."""
 
     name = "d_rr"
-    needs_grads = False
     worker_ordering = "rr"
 
 
@@ -176,4 +177,5 @@ class IndependentGraB(_PerWorkerOrdering):
     """``d_grab``: every worker runs pair balance on its own shard, no coordination."""
 
     name = "d_grab"
+    needs_grads = True
     worker_ordering = "pair"

@@ -140,6 +140,7 @@ def _check_single_balance(cfg: DictConfig, cls: type[Ordering]) -> None:
     an ordering that balances within mini-batches must see the run's own batch size.
     """
     options = _options(cfg.balance)
+    cls.check_options(options)
     if "depth" in options:
         _check_depth(cfg, options["depth"], options.get("projection_dim"))
     if "batch_size" in options:

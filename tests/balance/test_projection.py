@@ -207,10 +207,8 @@ def test_bad_projection_options_fail_before_any_work(options, message):
 
 
 @pytest.mark.parametrize("name", GRADIENT_FREE)
-def test_gradient_free_orderings_refuse_a_projection(name):
-    with pytest.raises(ValueError, match=f"projection_dim: got 8 but {name} uses no gradients"):
-        make(name, 10, 100, projection_dim=8)
-    assert make(name, 10, 100, projection_dim=None).projection is None
+def test_gradient_free_orderings_have_no_projection(name):
+    assert make(name, 10, 100).projection is None
 
 
 def test_sampler_passes_the_projection_options_through():
@@ -220,7 +218,7 @@ def test_sampler_passes_the_projection_options_through():
     grads = {name: torch.randn(16, *p.shape) for name, p in model.named_parameters()}
     sampler.step(grads)  # the dict vmap(grad) returns
     assert sampler.acc.shape == (63, 32)
-    with pytest.raises(ValueError, match=r"balance\.projection_dim: got 32 but rr uses no"):
+    with pytest.raises(ValueError, match=r"balance\.projection_dim: rr takes no projection_dim"):
         GraBSampler(64, balance="rr", projection_dim=32)
 
 

@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import ALL_ORDERINGS, BALANCES, current_order, make, random_grads, run_epochs
+from grab_run import compose_config
+from helpers import (
+    ALL_ORDERINGS,
+    BALANCES,
+    GRADIENT_FREE,
+    current_order,
+    make,
+    random_grads,
+    run_epochs,
+)
+
+from grab_exp.balance import Ordering, make_ordering
+from grab_exp.runner.config_check import ConfigError, validate_config
+from grab_exp.sampler import GraBSampler
 
 
 def raises_one_line(match, fn, *args, **kwargs) -> str:
@@ -93,3 +106,47 @@ def test_set_epoch_cannot_go_back():
     bal.set_epoch(1)
     with pytest.raises(ValueError, match="epoch"):
         bal.set_epoch(0)
+
+
+GRADIENT_OPTIONS = {
+    "kernel": "probabilistic",
+    "c": 5.0,
+    "normalize": True,
+    "dtype": "float64",
+    "projection_dim": 8,
+    "projection_kind": "gaussian",
+    "projection_block_rows": 16,
+}
+
+
+@pytest.mark.parametrize("option", sorted(GRADIENT_OPTIONS))
+@pytest.mark.parametrize("name", GRADIENT_FREE)
+def test_gradient_free_orderings_take_no_gradient_option(name, option):
+    """``rr``, ``so`` and ``fixed`` read no gradients: a kernel, a projection or a dtype given
+    to one is refused in one line naming the option and what the ordering takes, not ignored."""
+    value = GRADIENT_OPTIONS[option]
+    with pytest.raises(
+        ValueError,
+        match=rf"^balance\.{option}: {name} takes no {option} "
+        r"\(it reads no gradients\); allowed: device, first_epoch, lanes, seed$",
+    ):
+        make_ordering(name, 10, 100, **{option: value})
+    with pytest.raises(ValueError, match=rf"^balance\.{option}: {name} takes no {option}"):
+        GraBSampler(10, 100, balance=name, **{option: value})
+
+
+@pytest.mark.parametrize("name", GRADIENT_FREE)
+def test_a_config_giving_a_gradient_free_ordering_a_kernel_is_refused(name):
+    """The same refusal through the runner's validation (``+balance.kernel``: the ordering's
+    YAML has no such key, so Hydra's own override would already refuse ``balance.kernel``)."""
+    cfg = compose_config(["experiment=smoke", f"balance={name}", "+balance.kernel=probabilistic"])
+    with pytest.raises(ConfigError, match=rf"^balance\.kernel: {name} takes no kernel"):
+        validate_config(cfg)
+
+
+@pytest.mark.parametrize("option", sorted(GRADIENT_OPTIONS))
+def test_gradient_orderings_take_every_gradient_option(option):
+    value = GRADIENT_OPTIONS[option]
+    for name in BALANCES:
+        assert option in Ordering.choices()[name].options()
+    make("mean", 10, 100, **{option: value})  # built, not refused

@@ -1,0 +1,124 @@
+"""``GradientOrdering``: the base of the orderings that read per-sample gradients.
+
+Beyond :class:`~grab_exp.balance.base.Ordering`'s options it holds what balancing needs: the
+sign kernel, normalization, the balancing state's dtype and an optional projection, and it
+hands each step's gradients to :meth:`GradientOrdering._balance` as ``GradRows``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+
+from grab_exp.balance.base import Ordering
+from grab_exp.balance.kernels import make_kernel
+from grab_exp.balance.projection import balance_projection
+from grab_exp.balance.tensors import as_dtype
+from grab_exp.grads.batch import grad_rows
+from grab_exp.grads.rows import GradRows, keep_views, kept_view
+
+
+class GradientOrdering(Ordering):
+    """An ordering that balances per-sample gradients.
+
+    Args:
+        n: number of examples (per worker, with lanes).
+        d: length of one flattened per-sample gradient.
+        kernel: sign kernel, ``deterministic`` or ``probabilistic``.
+        c: the probabilistic kernel's scale (> 0).
+        normalize: scale every balanced vector to unit norm first.
+        dtype: dtype of the balancing state (``torch.float32`` or a name).
+        projection_dim: ``None``, or ``k < d``: balance seeded ``k``-dim sketches ``g R``
+            (see :func:`~grab_exp.balance.projection.balance_projection`; ``R`` has its own
+            random stream, independent of the generator's).
+        projection_kind, projection_block_rows: ``R``'s entries and rows generated at once.
+        **options: :class:`~grab_exp.balance.base.Ordering`'s (``seed``, ``first_epoch``,
+            ``device``, ``lanes``).
+    """
+
+    needs_grads: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        n: int,
+        d: int,
+        *,
+        kernel: str = "deterministic",
+        c: float = 30.0,
+        normalize: bool = False,
+        dtype: torch.dtype | str = torch.float32,
+        projection_dim: int | None = None,
+        projection_kind: str = "rademacher",
+        projection_block_rows: int = 4096,
+        **options: Any,
+    ) -> None:
+        self.kernel = make_kernel(kernel, c)
+        self.normalize = bool(normalize)
+        self.dtype = as_dtype(dtype)
+        self.projection = balance_projection(
+            d,
+            projection_dim,
+            kind=projection_kind,
+            block_rows=projection_block_rows,
+            seed=options.get("seed", 0),
+            dtype=self.dtype,
+            device=torch.device(options.get("device", "cpu")),
+        )
+        self.dim = d if self.projection is None else self.projection.k  # balanced length
+        self._scratch_buffers: dict[str, torch.Tensor] = {}
+        super().__init__(n, d, **options)
+
+    def _balance(self, grads: Any, positions: torch.Tensor) -> None:
+        """Balance the gradients of visit positions ``positions (B,)`` (what :meth:`_grad_rows`
+        gave). The positions are device values: a step reads none on the host.
+
+        For one worker they are ``B`` rows of length ``dim`` (``d``, or ``projection_dim`` when
+        sketched): a materialized ``(B, dim)`` matrix or factors (:mod:`grab_exp.grads`), read
+        only through the ``GradRows`` operations.
+        """
+        raise NotImplementedError
+
+    def _take(self, grads: Any, positions: torch.Tensor) -> None:
+        self._balance(self._grad_rows(grads), positions)
+
+    def _grad_rows(self, grads: torch.Tensor | Mapping[str, torch.Tensor]) -> GradRows:
+        """One step's gradients as :meth:`_balance` reads them, on the ordering's device."""
+        matrix = {
+            "projection": self.projection,
+            "out": self._flat_buffer,
+            "keep_factors": self.reads_factors,
+        }
+        return grad_rows(grads, self.d, self.device, self.dtype, **matrix)
+
+    @property
+    def takes_factors(self) -> bool:
+        """Whether factored per-sample gradients save work here: the ordering reads them as
+        factors and no sketch materializes them."""
+        return self.reads_factors and self.projection is None
+
+    def prepare_capture(self) -> None:
+        """Store the projection's ``R`` on the device before a capture (it is drawn from
+        re-seeded generators, which a captured step cannot do)."""
+        if self.projection is not None:
+            self.projection.store()
+
+    def _prepare(self, vectors: GradRows) -> GradRows:
+        """Apply the ``normalize`` option (in place where the vectors are scratch)."""
+        return vectors.normalized() if self.normalize else vectors
+
+    def _scratch(self, slot: str, rows: int, width: int | None = None) -> torch.Tensor:
+        """A reusable ``(rows, width or dim)`` buffer (per-step allocations fault pages on CPU)."""
+        buffer = self._scratch_buffers.get(slot)
+        if buffer is None or buffer.shape[0] < rows:
+            buffer = torch.empty(rows, width or self.dim, dtype=self.dtype, device=self.device)
+            buffer = self._scratch_buffers[slot] = keep_views(buffer)
+        return kept_view(buffer, rows, lambda: buffer[:rows])
+
+    def _flat_buffer(self, rows: int) -> torch.Tensor | None:
+        """The scratch rows for a dict of gradients that lives on this device."""
+        return self._scratch("flat", rows, self.d)
+
+    def _thresholds(self, count: int) -> torch.Tensor:
+        return self.kernel.thresholds(count, self.generator, self.dtype, self.device)
