@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from grab_exp.runner.resolvers import variant_dir
+
 RESULTS = Path("results")
 GRAB = ["mean", "pair", "batch", "recursive", "recursive_pair"]
 #: Table 1's rows in the ``epoch`` files (``rr-classic``: the plain loop; ``rr``: per-sample)
@@ -81,7 +83,9 @@ def mib(size: float) -> str:
 
 def table1() -> None:
     runs = pd.read_csv(RESULTS / "table1" / "runs.csv")
-    runs["row"] = runs["variant"] + runs["pipeline"].map({"classic": "-classic", "functional": ""})
+    runs["row"] = [
+        variant_dir(v, p) for v, p in zip(runs["variant"], runs["pipeline"], strict=True)
+    ]
     first = runs[runs["epoch"] == 1].groupby("seed")[["train/loss", "test/acc"]].nunique()
     print("epoch 1: distinct values across the 7 rows, per seed\n", first)
     last = runs[runs["epoch"] == runs["epoch"].max()].pivot(index="seed", columns="row")
@@ -111,7 +115,7 @@ def table1() -> None:
     paper = pd.read_csv(RESULTS / "paper_table1.csv")
     mean = last[["train/loss", "test/acc"]].mean()
     for _, row in paper.iterrows():
-        key = row["variant"] + ("-classic" if row["pipeline"] == "classic" else "")
+        key = variant_dir(row["variant"], row["pipeline"])
         gap_loss = mean["train/loss"][key] - row["train_loss_epoch5"]
         gap_acc = 100 * (mean["test/acc"][key] - row["test_acc_epoch5"])
         print(f"{key}: ours - paper at ep. 5: loss {gap_loss:+.3f} acc {gap_acc:+.2f} points")

@@ -40,7 +40,7 @@ from grab_exp.bench.timing import EpochCursor, synchronize
 from grab_exp.devices import graph_safe, set_cuda_policy
 from grab_exp.models import LeNet
 from grab_exp.per_sample import ClassicPipeline, PerSamplePipeline
-from grab_exp.report.table1_table import ROW_ORDER
+from grab_exp.report.table1_table import ROW_ORDER, row_key
 from grab_exp.runner.capture import CapturedStep, capture_step
 from grab_exp.runner.step import STAGES as STEP_STAGES
 from grab_exp.runner.step import StepParts, train_step, untimed
@@ -84,7 +84,7 @@ class Row:
 
 def row_name(variant: str, pipeline: str, optimizer: str = "sgd") -> str:
     """``rr-classic``, ``mean``, ``rr+vr_momentum``: the row's name in the table and JSON."""
-    name = variant if pipeline == "functional" else f"{variant}-{pipeline}"
+    name = row_key(variant, pipeline)
     return name if optimizer == "sgd" else f"{name}+{optimizer}"
 
 

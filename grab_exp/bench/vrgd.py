@@ -13,17 +13,28 @@ from __future__ import annotations
 import argparse
 
 import torch
+from omegaconf import OmegaConf
 
 from grab_exp.bench.epoch import EPOCH_EXAMPLES, build_row, summarize, time_rows
 from grab_exp.bench.machine import add_device_option, bench_parser, describe_machine, write_report
+from grab_exp.runner.identity import CONF_DIR
 
-#: arm -> (pipeline, optimizer option), as conf/arm/<arm>.yaml composes it (ordering: rr)
-ARMS = {
-    "sgd_momentum": ("classic", "sgd"),
-    "vr_momentum": ("functional", "vr_momentum"),
-    "adam": ("classic", "adam"),
-    "vr_adam": ("functional", "vr_adam"),
-}
+
+def arm_choices(arm: str) -> tuple[str, str]:
+    """``(pipeline, optimizer)`` that ``conf/arm/<arm>.yaml`` overrides (ordering: rr)."""
+    defaults = OmegaConf.load(CONF_DIR / "arm" / f"{arm}.yaml").defaults
+    chosen = {key.rsplit("/", 1)[-1]: value for entry in defaults for key, value in entry.items()}
+    return chosen["pipeline"], chosen["optimizer"]
+
+
+def sweep_arms() -> list[str]:
+    """The arms of ``experiment=vrgd_large_batch``'s sweep, in its order (the first is the base)."""
+    experiment = OmegaConf.load(CONF_DIR / "experiment" / "vrgd_large_batch.yaml")
+    return str(experiment.hydra.sweeper.params.arm).split(",")
+
+
+#: arm -> (pipeline, optimizer option), read from conf/ (the arms exist there only)
+ARMS = {arm: arm_choices(arm) for arm in sweep_arms()}
 
 
 def time_batch(batch: int, args, device: torch.device) -> list[dict]:

@@ -23,6 +23,7 @@ from grab_exp.report.collect import Record
 from grab_exp.report.frames import ReportWarning, concat_runs, warn_skip
 from grab_exp.report.render import cell, percent, seconds
 from grab_exp.runner.identity import CONF_DIR
+from grab_exp.runner.resolvers import variant_dir
 
 
 def table1_rows() -> tuple[tuple[str, str], ...]:
@@ -53,8 +54,8 @@ STYLES += (("-", "D"), ((0, (3, 1, 1, 1, 1, 1)), "P"))
 
 
 def row_key(variant: str, pipeline: str) -> str:
-    """The row's short key, as in run directory names: ``rr``, ``rr-classic``, ``mean``..."""
-    return variant if pipeline == "functional" else f"{variant}-{pipeline}"
+    """The row's short key, its run directories' name: ``rr``, ``rr-classic``, ``mean``..."""
+    return variant_dir(variant, pipeline)
 
 
 def row_label(variant: str, pipeline: str) -> str:

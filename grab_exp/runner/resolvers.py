@@ -16,7 +16,9 @@ NEUTRAL_PREFIXES = ("logger.", "hydra.", "hydra/")
 
 
 def variant_dir(balance: str, pipeline: str) -> str:
-    """``<variant>`` for the functional pipeline, ``<variant>-<pipeline>`` otherwise."""
+    """``<variant>`` for the functional pipeline, ``<variant>-<pipeline>`` otherwise: a run
+    directory's first part, and the one key of a (variant, pipeline) row everywhere (Table 1's
+    report, the epoch benchmark, ``scripts/results_numbers.py``)."""
     return balance if pipeline == "functional" else f"{balance}-{pipeline}"
 
 

@@ -26,6 +26,7 @@ from grab_exp.bench.operators import OperatorCount, operator_times
 from grab_exp.models import MLP
 from grab_exp.per_sample import PerSamplePipeline
 from grab_exp.report.table1_table import read_epoch_bench
+from grab_exp.runner.callbacks import hydra_config_of
 from grab_exp.runner.step import StepParts, train_step
 from grab_exp.sampler import GraBSampler
 
@@ -442,3 +443,28 @@ def test_the_load_average_is_read_when_the_benchmark_starts(monkeypatch):
     monkeypatch.setattr(machine.os, "getloadavg", lambda: next(loads))
     machine.bench_parser("epoch", "A benchmark.")
     assert machine.describe_machine(CPU)["load_avg_1m"] == 0.25
+
+
+def test_the_vrgd_bench_times_the_arms_that_hydra_composes(compose):
+    """``bench vrgd``'s arms are read from conf/: each one's pipeline and optimizer are what
+    ``experiment=vrgd_large_batch arm=<arm>`` trains with, in the sweep's order."""
+    from grab_exp.bench.vrgd import ARMS
+
+    cfg = compose(["experiment=vrgd_large_batch"], hydra=True)
+    assert list(ARMS) == str(cfg.hydra.sweeper.params.arm).split(",")
+    for arm, (pipeline, optimizer) in ARMS.items():
+        choices = compose(["experiment=vrgd_large_batch", f"arm={arm}"], hydra=True)
+        chosen = choices.hydra.runtime.choices
+        assert (chosen["pipeline"], chosen["optimizer"]) == (pipeline, optimizer), arm
+
+
+def test_every_row_key_is_its_run_directory_name(compose):
+    """The bench's, the report's and the run directories' key of a row are one rule."""
+    from grab_exp.report.table1_table import ROW_ORDER, row_key
+
+    for variant, pipeline in ROW_ORDER:
+        cfg = compose(["experiment=table1", f"row={row_key(variant, pipeline).replace('-', '_')}"],
+                      hydra=True)  # fmt: skip
+        with hydra_config_of(cfg):
+            run_dir = Path(cfg.hydra.run.dir)
+        assert run_dir.parent.name == row_key(variant, pipeline) == row_name(variant, pipeline)
