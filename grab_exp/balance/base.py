@@ -220,9 +220,9 @@ class Ordering(Sampler[int]):
 
     @property
     def takes_factors(self) -> bool:
-        """Whether factored per-sample gradients save work here (never for an ordering that
-        reads no gradients)."""
-        return False
+        """Whether factored per-sample gradients save work here: the ordering reads them as
+        factors (or reads none, as functional RR) and no sketch materializes them."""
+        return self.reads_factors and self.projection is None
 
     @classmethod
     def capture_batch_sizes(cls, batch_size: int) -> str | None:

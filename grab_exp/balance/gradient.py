@@ -92,12 +92,6 @@ class GradientOrdering(Ordering):
         }
         return grad_rows(grads, self.d, self.device, self.dtype, **matrix)
 
-    @property
-    def takes_factors(self) -> bool:
-        """Whether factored per-sample gradients save work here: the ordering reads them as
-        factors and no sketch materializes them."""
-        return self.reads_factors and self.projection is None
-
     def prepare_capture(self) -> None:
         """Store the projection's ``R`` on the device before a capture (it is drawn from
         re-seeded generators, which a captured step cannot do)."""
