@@ -34,8 +34,10 @@ class GradientOrdering(Ordering):
             (see :func:`~grab_exp.balance.projection.balance_projection`; ``R`` has its own
             random stream, independent of the generator's).
         projection_kind, projection_block_rows: ``R``'s entries and rows generated at once.
-        **options: :class:`~grab_exp.balance.base.Ordering`'s (``seed``, ``first_epoch``,
-            ``device``, ``lanes``).
+        seed: the ordering's seed (its generator's, and ``R``'s through its own offset).
+        device: device of the orders and of the balancing state.
+        **options: the rest of :class:`~grab_exp.balance.base.Ordering`'s (``first_epoch``,
+            ``lanes``).
     """
 
     needs_grads: ClassVar[bool] = True
@@ -52,6 +54,8 @@ class GradientOrdering(Ordering):
         projection_dim: int | None = None,
         projection_kind: str = "rademacher",
         projection_block_rows: int = 4096,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
         **options: Any,
     ) -> None:
         self.kernel = make_kernel(kernel, c)
@@ -62,13 +66,13 @@ class GradientOrdering(Ordering):
             projection_dim,
             kind=projection_kind,
             block_rows=projection_block_rows,
-            seed=options.get("seed", 0),
+            seed=seed,
             dtype=self.dtype,
-            device=torch.device(options.get("device", "cpu")),
+            device=torch.device(device),
         )
         self.dim = d if self.projection is None else self.projection.k  # balanced length
         self._scratch_buffers: dict[str, torch.Tensor] = {}
-        super().__init__(n, d, **options)
+        super().__init__(n, d, seed=seed, device=device, **options)
 
     def _balance(self, grads: Any, positions: torch.Tensor) -> None:
         """Balance the gradients of visit positions ``positions (B,)`` (what :meth:`_grad_rows`
