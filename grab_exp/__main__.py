@@ -11,11 +11,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from grab_exp.runner.errors import JobEndError, error_record, user_error_line
-from grab_exp.runner.override_keys import unknown_key_error
-from grab_exp.runner.resolvers import register_resolvers
-from grab_exp.runner.schema import register_schema
-from grab_exp.runner.signals import JobInterrupted, hand_over
+from grab_exp.runner.config.schema import register_schema
+from grab_exp.runner.launch.override_keys import unknown_key_error
+from grab_exp.runner.rundir.resolvers import register_resolvers
+from grab_exp.runner.training.errors import JobEndError, error_record, user_error_line
+from grab_exp.runner.training.signals import JobInterrupted, hand_over
 
 register_resolvers()
 register_schema()
@@ -30,7 +30,7 @@ SHORTHANDS = {
 def rerun_effect(run_dir: Path) -> str:
     """What the same command does next: resume from the last whole epoch's checkpoint, or
     start over when no epoch had finished (nothing to resume)."""
-    from grab_exp.runner.checkpoint import CHECKPOINT_NAME
+    from grab_exp.runner.rundir.checkpoint import CHECKPOINT_NAME
 
     if (run_dir / CHECKPOINT_NAME).is_file():
         return "the same command resumes it"
@@ -73,7 +73,7 @@ def main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
     from grab_exp.distributed.comm import end_process
-    from grab_exp.runner.lifecycle import run_job  # after Hydra set up logging
+    from grab_exp.runner.training.job import run_job  # after Hydra set up logging
 
     warn_if_sweep_preset_runs_once()
     in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN  # the sweeper reports, not the job

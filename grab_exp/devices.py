@@ -57,7 +57,7 @@ def _indexed(device: torch.device) -> torch.device:
 
 def resolve_device(device: str) -> torch.device:
     """``auto`` -> ``cuda`` when available, else ``cpu``; others as given (checked by
-    :func:`~grab_exp.runner.config_check.validate_config`). ``cuda:k`` becomes the current
+    :func:`~grab_exp.runner.config.check.validate_config`). ``cuda:k`` becomes the current
     CUDA device (where kernels and CUDA generators without an index go)."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

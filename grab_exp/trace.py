@@ -12,8 +12,8 @@ replay makes new tensors for what the step makes (a Python reference to one, suc
 ``param.grad``, keeps the traced step's), and on the CPU it is no faster than eager training
 overall (``results/bench/epoch_1t.json``, the ``:graph`` rows).
 
-The training step's capture (:mod:`grab_exp.runner.capture`) uses it off CUDA; the tests and the
-epoch benchmark use it to prove that a step reads no host value.
+The training step's capture (:mod:`grab_exp.runner.training.capture`) uses it off CUDA; the tests
+and the epoch benchmark use it to prove that a step reads no host value.
 """
 
 from __future__ import annotations

@@ -49,8 +49,8 @@ from grab_exp.models import LeNet
 from grab_exp.optim import VRSGD, VRAdam, VRMomentum
 from grab_exp.per_sample import PerSamplePipeline
 from grab_exp.per_sample.rules.conv2d import grouped_weight_grads
-from grab_exp.runner.capture import capture_step
-from grab_exp.runner.step import StepParts, train_step
+from grab_exp.runner.training.capture import capture_step
+from grab_exp.runner.training.step import StepParts, train_step
 
 KERNELS = ("deterministic", "probabilistic")
 BATCH = 16

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from grab_exp.runner.resolvers import variant_dir
+from grab_exp.runner.rundir.resolvers import variant_dir
 
 RESULTS = Path("results")
 GRAB = ["mean", "pair", "batch", "recursive", "recursive_pair"]

@@ -25,13 +25,13 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from grab_exp.__main__ import expand_shorthands
-from grab_exp.runner.build import TrainingJob, build_job
-from grab_exp.runner.config_check import validate_config
-from grab_exp.runner.connect import connect
-from grab_exp.runner.epoch import train_steps
-from grab_exp.runner.progress import Progress
-from grab_exp.runner.resolvers import register_resolvers
-from grab_exp.runner.schema import register_schema
+from grab_exp.runner.config.check import validate_config
+from grab_exp.runner.config.schema import register_schema
+from grab_exp.runner.rundir.resolvers import register_resolvers
+from grab_exp.runner.training.build import TrainingJob, build_job
+from grab_exp.runner.training.connect import connect
+from grab_exp.runner.training.epoch import train_steps
+from grab_exp.runner.training.progress import Progress
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
@@ -250,7 +250,7 @@ def run_job_here(overrides: Iterable[str], run_dir: Path) -> dict:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
-    from grab_exp.runner.lifecycle import run_job
+    from grab_exp.runner.training.job import run_job
 
     previous = HydraConfig.instance().cfg
     try:

@@ -17,7 +17,7 @@ generators differ): every rank applies the same projection and at most one
 
 All three give ``E<vR, wR> = <v, w>``.
 
-A captured step (:mod:`grab_exp.runner.capture`) cannot re-seed a generator: :meth:`store`
+A captured step (:mod:`grab_exp.runner.training.capture`) cannot re-seed a generator: :meth:`store`
 keeps every block on the device first (``d x k`` values), and the projection reads them from
 there, with the same values.
 """

@@ -41,9 +41,9 @@ from grab_exp.devices import graph_safe, set_cuda_policy
 from grab_exp.models import LeNet
 from grab_exp.per_sample import ClassicPipeline, PerSamplePipeline
 from grab_exp.report.table1_table import ROW_ORDER, row_key
-from grab_exp.runner.capture import CapturedStep, capture_step
-from grab_exp.runner.step import STAGES as STEP_STAGES
-from grab_exp.runner.step import StepParts, train_step, untimed
+from grab_exp.runner.training.capture import CapturedStep, capture_step
+from grab_exp.runner.training.step import STAGES as STEP_STAGES
+from grab_exp.runner.training.step import StepParts, train_step, untimed
 from grab_exp.trace import TracedStep
 from grab_exp.validation import check_int_at_least
 
@@ -158,8 +158,8 @@ def _timed_stages(row: Row, device: torch.device):
 
 
 def bench_step(row: Row, x: torch.Tensor, y: torch.Tensor, stage=untimed) -> None:
-    """The training step of :mod:`grab_exp.runner.step` on the row's next batch positions (a
-    ``:graph`` row's captured step; it times no stages).
+    """The training step of :mod:`grab_exp.runner.training.step` on the row's next batch positions
+    (a ``:graph`` row's captured step; it times no stages).
 
     ``stage(name, fn)`` runs (and may time) each part. The fixed batch ``x``, ``y`` stands in
     for the examples at the ordering's next positions; past the end a new epoch starts.

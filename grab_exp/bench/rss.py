@@ -2,7 +2,7 @@
 
 ``python -m grab_exp.bench rss`` runs every arm in a fresh subprocess: the MLP 3072 -> 2048 ->
 2048 -> 10 (10.5M parameters), batch 16, SGD with momentum, ``--steps`` training steps of
-:func:`grab_exp.runner.step.train_step`, then the process's peak resident set size
+:func:`grab_exp.runner.training.step.train_step`, then the process's peak resident set size
 (``ru_maxrss``). The arms: classic RR (plain ``loss.backward()``), and GraB mean with per-sample
 gradients ``factored`` (Linear layers as factors, no ``(B, d)`` matrix) and ``hooks``
 (materialized into the reused ``(B, d)`` buffer). The difference to classic's peak includes the
@@ -23,7 +23,7 @@ from torch.nn import functional as F
 from grab_exp.bench.machine import bench_parser, describe_machine, write_report
 from grab_exp.models import MLP
 from grab_exp.per_sample import ClassicPipeline, PerSamplePipeline
-from grab_exp.runner.step import StepParts, train_step
+from grab_exp.runner.training.step import StepParts, train_step
 from grab_exp.sampler import GraBSampler
 
 #: arm -> (ordering, pipeline method; ``classic``: no per-sample gradients)

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from grab_exp.bench.epoch import EPOCH_EXAMPLES, build_row, summarize, time_rows
 from grab_exp.bench.machine import add_device_option, bench_parser, describe_machine, write_report
-from grab_exp.runner.identity import CONF_DIR
+from grab_exp.runner.rundir.identity import CONF_DIR
 
 
 def arm_choices(arm: str) -> tuple[str, str]:

@@ -1,6 +1,6 @@
 """The one reader of runs: run directories (``metrics.csv``, ``summary.json``, ``.hydra/``) and W&B
 runs, each into a record ``(frame, identity)``: its tidy frame (:mod:`grab_exp.report.frames`) and
-its identity (:func:`grab_exp.runner.identity.read_identity`).
+its identity (:func:`grab_exp.runner.rundir.identity.read_identity`).
 
 Runs that cannot be used (unfinished, missing or corrupt files, kept-aside ``*.old<k>`` copies)
 are skipped with a :class:`ReportWarning` that names them. W&B runs come from the public API
@@ -28,7 +28,7 @@ from grab_exp.report.frames import (
     metric_columns,
     warn_skip,
 )
-from grab_exp.runner.identity import read_identity
+from grab_exp.runner.rundir.identity import read_identity
 
 METRICS_FILE = "metrics.csv"
 SUMMARY_FILE = "summary.json"

@@ -22,8 +22,8 @@ from grab_exp.logging.files import shown
 from grab_exp.report.collect import Record
 from grab_exp.report.frames import ReportWarning, concat_runs, warn_skip
 from grab_exp.report.render import cell, percent, seconds
-from grab_exp.runner.identity import CONF_DIR
-from grab_exp.runner.resolvers import variant_dir
+from grab_exp.runner.rundir.identity import CONF_DIR
+from grab_exp.runner.rundir.resolvers import variant_dir
 
 
 def table1_rows() -> tuple[tuple[str, str], ...]:

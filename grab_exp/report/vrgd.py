@@ -30,7 +30,7 @@ from grab_exp.logging.files import shown, without_run_cwd
 from grab_exp.report.collect import METRICS_FILE, SUMMARY_FILE, find_run_dirs, read_runs
 from grab_exp.report.frames import RunLoadError, warn_skip
 from grab_exp.report.render import STYLE, save_figure, to_markdown
-from grab_exp.runner.identity import read_config
+from grab_exp.runner.rundir.identity import read_config
 
 ARMS = ("sgd_momentum", "vr_momentum", "adam", "vr_adam")
 ARM_LABELS = {

@@ -1,7 +1,8 @@
-"""``hydra/sweeper=grab``: :class:`grab_exp.runner.sweeper.Sweeper` under Hydra's plugin package."""
+"""``hydra/sweeper=grab``: :class:`grab_exp.runner.launch.sweeper.Sweeper` under Hydra's plugin
+package."""
 
-from grab_exp.runner.sweeper import Sweeper
+from grab_exp.runner.launch.sweeper import Sweeper
 
 
 class GrabSweeper(Sweeper):
-    """See :class:`grab_exp.runner.sweeper.Sweeper`."""
+    """See :class:`grab_exp.runner.launch.sweeper.Sweeper`."""

@@ -20,7 +20,7 @@ from grab_exp.balance.projection import KINDS, PROJECTION_SEED_OFFSET, BlockProj
 from grab_exp.distributed import CoordinatedGraB, SimulatedComm, split_shards
 from grab_exp.models import LeNet
 from grab_exp.per_sample import PerSamplePipeline
-from grab_exp.runner.config_check import ConfigError, validate_config
+from grab_exp.runner.config.check import ConfigError, validate_config
 from grab_exp.sampler import GraBSampler
 
 EXACT_KINDS = ("rademacher", "countsketch")  # entries ±1/4 (k = 16) or ±1: exact on integers

@@ -16,7 +16,7 @@ from helpers import (
 )
 
 from grab_exp.balance import Ordering, make_ordering
-from grab_exp.runner.config_check import ConfigError, validate_config
+from grab_exp.runner.config.check import ConfigError, validate_config
 from grab_exp.sampler import GraBSampler
 
 

@@ -26,8 +26,8 @@ from grab_exp.bench.operators import OperatorCount, operator_times
 from grab_exp.models import MLP
 from grab_exp.per_sample import PerSamplePipeline
 from grab_exp.report.table1_table import read_epoch_bench
-from grab_exp.runner.callbacks import hydra_config_of
-from grab_exp.runner.step import StepParts, train_step
+from grab_exp.runner.launch.checks import hydra_config_of
+from grab_exp.runner.training.step import StepParts, train_step
 from grab_exp.sampler import GraBSampler
 
 CPU = torch.device("cpu")

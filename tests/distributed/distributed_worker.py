@@ -99,10 +99,10 @@ def run_training(comm, device) -> list[torch.Tensor]:
     from hydra.utils import instantiate
 
     from grab_exp.distributed.sync import parameter_checksum
-    from grab_exp.runner.build import build_job
-    from grab_exp.runner.data_parallel import DataParallel
-    from grab_exp.runner.epoch import run_epoch
-    from grab_exp.runner.progress import Progress
+    from grab_exp.runner.training.build import build_job
+    from grab_exp.runner.training.data_parallel import DataParallel
+    from grab_exp.runner.training.epoch import run_epoch
+    from grab_exp.runner.training.progress import Progress
 
     cfg = compose_config(TRAINING)
     strategy = DataParallel(comm, device, simulated=False)

@@ -292,7 +292,7 @@ def _hydra_job(run_dir: Path, epochs: int) -> dict:
 
 def test_hydra_job_simulates_workers_and_resumes_exactly(tmp_path):
     from grab_exp.logging.local import LocalStore
-    from grab_exp.runner.checkpoint import load_checkpoint
+    from grab_exp.runner.rundir.checkpoint import load_checkpoint
 
     straight = _hydra_job(tmp_path / "straight", epochs=3)
     _hydra_job(tmp_path / "resumed", epochs=2)
@@ -366,7 +366,7 @@ def test_slurm_task_variables_become_torchrun_variables(monkeypatch):
 def test_distributed_true_shorthand_composes_with_its_keys_and_bad_options_are_refused():
     from hydra.errors import ConfigCompositionException
 
-    from grab_exp.runner.config_check import ConfigError, validate_config
+    from grab_exp.runner.config.check import ConfigError, validate_config
 
     cfg = compose_config(["distributed=true", "distributed.workers=8", "distributed.timeout_s=30"])
     assert cfg.distributed.enabled and cfg.distributed.workers == 8
@@ -382,8 +382,8 @@ def test_distributed_true_shorthand_composes_with_its_keys_and_bad_options_are_r
 def test_a_cd_grab_state_from_before_the_one_ordering_base_is_refused_in_one_line():
     """cd_grab's state gained n, d and its projection (its sketch now has its own random
     stream, so an older sketched state could not continue); the checkpoint says so."""
-    from grab_exp.runner.schema import ConfigError
-    from grab_exp.runner.strategy import restore_ordering
+    from grab_exp.runner.config.schema import ConfigError
+    from grab_exp.runner.training.strategy import restore_ordering
 
     ordering = build_ordering("cd_grab", torch.arange(20).reshape(2, 10), 3, SimulatedComm(2))
     state = ordering.state_dict()

@@ -23,9 +23,9 @@ from torch.nn import functional as F
 from grab_exp.models import LeNet
 from grab_exp.per_sample import FuncPerSample, PerSamplePipeline, make_per_sample
 from grab_exp.per_sample.compiled import COMPILE_MODES
-from grab_exp.runner.checkpoint import CHECKPOINT_NAME
-from grab_exp.runner.config_check import ConfigError, validate_config
-from grab_exp.runner.resolvers import settings_hash
+from grab_exp.runner.config.check import ConfigError, validate_config
+from grab_exp.runner.rundir.checkpoint import CHECKPOINT_NAME
+from grab_exp.runner.rundir.resolvers import settings_hash
 
 # a small MLP keeps compilation short; 72 = 4 * 16 + 8: the short last batch is a second graph
 SMALL_MODEL = ("model=mlp", "model.hidden=[16]", "batch_size=16", "dataset.num_train=72")

@@ -1,6 +1,6 @@
-"""``runner.identity.read_identity`` through the report's reader: the runner's identity block, the
-same dict derived for runs written before it (the committed ``results/``), and W&B runs identified
-from their config."""
+"""``runner.rundir.identity.read_identity`` through the report's reader: the runner's identity
+block, the same dict derived for runs written before it (the committed ``results/``), and W&B
+runs identified from their config."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from grab_exp.report import ReportWarning, read_api_runs, read_runs, runs_frame
-from grab_exp.runner.identity import IDENTITY_KEYS, read_identity
+from grab_exp.runner.rundir.identity import IDENTITY_KEYS, read_identity
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 BASE = {"arm": None, "row": None, "world_size": 1, "overrides_hash": ""}

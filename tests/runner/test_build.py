@@ -8,8 +8,8 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from grab_exp.runner.build import build_job
-from grab_exp.runner.strategy import SingleProcess
+from grab_exp.runner.training.build import build_job
+from grab_exp.runner.training.strategy import SingleProcess
 
 
 @pytest.mark.parametrize(

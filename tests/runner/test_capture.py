@@ -1,13 +1,13 @@
 """A captured training step equals eager training: the CPU's proof for CUDA graphs.
 
 :class:`~grab_exp.trace.TracedStep` records one whole ``train_step`` (forward, backward,
-per-sample gradients, GSNR, ordering, optimizer) operator by operator and replays it with the
-first step's Python values baked in, as a CUDA graph does. Each configuration trains two epochs
-eagerly and two through :func:`~grab_exp.runner.capture.capture_step` (an eager warm-up step,
-the traced step, replays for the rest of the first epoch and all of the second; the short last
-batch of 201 examples eagerly) and must end bit for bit where eager training ends: every step's
-loss, the orders, keys and ordering state, the model, the optimizer. A step that read a host
-value that changes between steps (a position, a pending flag) would replay the first step's.
+per-sample gradients, GSNR, ordering, optimizer) operator by operator and replays it with the first
+step's Python values baked in, as a CUDA graph does. Each configuration trains two epochs eagerly
+and two through :func:`~grab_exp.runner.training.capture.capture_step` (an eager warm-up step, the
+traced step, replays for the rest of the first epoch and all of the second; the short last batch of
+201 examples eagerly) and must end bit for bit where eager training ends: every step's loss, the
+orders, keys and ordering state, the model, the optimizer. A step that read a host value that
+changes between steps (a position, a pending flag) would replay the first step's.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import torch
 from grab_run import compose_job, train_epochs
 from helpers import BALANCES, GRADIENT_FREE, KERNELS
 
-from grab_exp.runner.capture import capture_step, make_capturable, register_generators
-from grab_exp.runner.fingerprint import config_fingerprint
-from grab_exp.runner.lifecycle import _restore, _save
-from grab_exp.runner.resolvers import settings_hash
+from grab_exp.runner.config.fingerprint import config_fingerprint
+from grab_exp.runner.rundir.resolvers import settings_hash
+from grab_exp.runner.training.capture import capture_step, make_capturable, register_generators
+from grab_exp.runner.training.job import _restore, _save
 from grab_exp.trace import TracedStep
 
 EPOCHS = 2

@@ -35,7 +35,7 @@ from torch.nn import functional as F
 from grab_exp.__main__ import user_error_line
 from grab_exp.balance import Ordering
 from grab_exp.data import ArrayData
-from grab_exp.runner.config_check import validate_config
+from grab_exp.runner.config.check import validate_config
 
 GROUP_OPTIONS = group_options()
 PRESET_GROUPS = ("experiment", "row", "arm")  # whole-run presets, merged at the root

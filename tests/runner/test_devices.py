@@ -18,15 +18,15 @@ from grab_exp.balance.projection import describe
 from grab_exp.devices import resolve_device, set_cuda_policy
 from grab_exp.distributed.comm import cpu_tensors
 from grab_exp.distributed.join import init_distributed, local_cuda_index, rank_cuda_index
-from grab_exp.runner import config_check
-from grab_exp.runner.checkpoint import (
+from grab_exp.runner.config import check as config_check
+from grab_exp.runner.config.check import validate_config
+from grab_exp.runner.config.schema import ConfigError
+from grab_exp.runner.rundir.checkpoint import (
     CHECKPOINT_NAME,
     FORMAT,
     cuda_states_to_restore,
     upgrade,
 )
-from grab_exp.runner.config_check import validate_config
-from grab_exp.runner.schema import ConfigError
 
 CUDA_GENERATOR_STATE = torch.zeros(16, dtype=torch.uint8)  # a CUDA generator's state: 16 bytes
 

@@ -15,10 +15,10 @@ from grab_exp.balance import make_ordering
 from grab_exp.balance.signs import sequential_signs
 from grab_exp.devices import resolve_device
 from grab_exp.distributed.comm import cpu_tensors
-from grab_exp.runner.checkpoint import CHECKPOINT_NAME, restore_rng_states
-from grab_exp.runner.config_check import validate_config
-from grab_exp.runner.connect import connect
-from grab_exp.runner.schema import ConfigError
+from grab_exp.runner.config.check import validate_config
+from grab_exp.runner.config.schema import ConfigError
+from grab_exp.runner.rundir.checkpoint import CHECKPOINT_NAME, restore_rng_states
+from grab_exp.runner.training.connect import connect
 from grab_exp.sampler import GraBSampler
 
 pytestmark = pytest.mark.gpu

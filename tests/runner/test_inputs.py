@@ -25,9 +25,9 @@ from run_files import run_artifacts
 from grab_exp.__main__ import user_error_line
 from grab_exp.balance import Ordering
 from grab_exp.data import load_cifar10
-from grab_exp.runner import lifecycle as run_module
-from grab_exp.runner.config_check import ConfigError, validate_config
-from grab_exp.runner.override_keys import unknown_key_error
+from grab_exp.runner.config.check import ConfigError, validate_config
+from grab_exp.runner.launch.override_keys import unknown_key_error
+from grab_exp.runner.training import job as run_module
 
 # a tiny synthetic run: if validation ever let a bad case through, it would end in seconds
 TINY = ["dataset=synthetic", "dataset.num_train=64", "dataset.num_test=32", "epochs=1"]

@@ -26,8 +26,8 @@ from grab_run import SMOKE, Job, cli_env
 from run_files import computed, read_rows, run_dirs, temp_files, wait_for
 
 from grab_exp.logging.local import LocalStore
-from grab_exp.runner.checkpoint import CHECKPOINT_NAME
-from grab_exp.runner.lock import LOCK_NAME, RunDirInUseError, RunLock
+from grab_exp.runner.rundir.checkpoint import CHECKPOINT_NAME
+from grab_exp.runner.rundir.lock import LOCK_NAME, RunDirInUseError, RunLock
 
 EPOCHS = 3
 # 512 examples in batches of 16: 32 steps per epoch, about a second each on a small CPU
@@ -170,7 +170,7 @@ def test_the_same_command_resumes_to_the_uninterrupted_result(runs, name):
 
 HOLD = (
     "import sys, time\n"
-    "from grab_exp.runner.lock import RunLock\n"
+    "from grab_exp.runner.rundir.lock import RunLock\n"
     "RunLock(sys.argv[1]).acquire()\n"
     "print('locked', flush=True)\n"
     "time.sleep(120)\n"

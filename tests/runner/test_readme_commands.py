@@ -20,7 +20,7 @@ from grab_run import ARCHIVE, REPO_ROOT, cifar10_in_place, compose_config, run_c
 
 from grab_exp.report.cli import COMMANDS
 from grab_exp.report.cli import parser as report_parser
-from grab_exp.runner.config_check import validate_config
+from grab_exp.runner.config.check import validate_config
 
 READMES = [
     REPO_ROOT / "README.md",

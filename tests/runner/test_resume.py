@@ -32,8 +32,8 @@ from run_files import computed, parse_rows, read_rows, run_dirs, temp_files, wai
 from wandb_reader import read_offline_run
 
 from grab_exp.logging.files import DamagedFileError
-from grab_exp.runner.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
-from grab_exp.runner.resolvers import register_resolvers
+from grab_exp.runner.rundir.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from grab_exp.runner.rundir.resolvers import register_resolvers
 
 N, D, B, ORDER_EPOCHS = 37, 3, 4, 4
 

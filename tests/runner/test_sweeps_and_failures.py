@@ -23,8 +23,8 @@ import torch
 from grab_run import GRAB, Job, cli_env, run_cli
 from run_files import read_rows, wait_for
 
-from grab_exp.runner.checkpoint import CHECKPOINT_NAME
-from grab_exp.runner.lock import LOCK_NAME, RunLock
+from grab_exp.runner.rundir.checkpoint import CHECKPOINT_NAME
+from grab_exp.runner.rundir.lock import LOCK_NAME, RunLock
 
 TINY = ["experiment=smoke", "model=logreg", "dataset.num_test=32", "progress=none", "device=cpu"]
 LONG = [*TINY, "dataset.num_train=256", "epochs=400"]  # a job that trains until it is stopped

@@ -24,8 +24,8 @@ from omegaconf import OmegaConf
 from sync_guard import SyncGuard
 
 from grab_exp.balance import Ordering
-from grab_exp.runner.epoch import train_steps
-from grab_exp.runner.progress import Progress
+from grab_exp.runner.training.epoch import train_steps
+from grab_exp.runner.training.progress import Progress
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 

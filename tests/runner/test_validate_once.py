@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from grab_exp.runner import config_check, fingerprint
+from grab_exp.runner.config import check as config_check
+from grab_exp.runner.config import fingerprint
 
 SMOKE = ("experiment=smoke", "epochs=1", "progress=none")
 
@@ -70,7 +71,7 @@ def test_a_job_nothing_checked_validates_itself(tmp_path, counted):
     a bad value is refused before any work."""
     from grab_run import run_job_here
 
-    from grab_exp.runner.schema import ConfigError
+    from grab_exp.runner.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match="batch_size"):
         run_job_here(["experiment=smoke", "batch_size=0"], tmp_path / "run")

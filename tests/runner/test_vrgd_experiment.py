@@ -12,8 +12,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from grab_exp.bench.vrgd import main as bench_main
 from grab_exp.report.cli import main as report_cli
 from grab_exp.report.vrgd import add_bench_times, per_run, summarize, time_to_target
-from grab_exp.runner.config_check import validate_config
-from grab_exp.runner.resolvers import settings_hash, sqrt_batch_lr
+from grab_exp.runner.config.check import validate_config
+from grab_exp.runner.rundir.resolvers import settings_hash, sqrt_batch_lr
 
 ARMS = {  # arm -> (optimizer option, pipeline, family whose base lr it shares)
     "sgd_momentum": ("sgd", "classic", "momentum"),

@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
-from grab_exp.runner.build import TrainingJob
-from grab_exp.runner.capture import CapturedStep
-from grab_exp.runner.progress import Progress
-from grab_exp.runner.signals import check_stop
-from grab_exp.runner.step import train_step
+from grab_exp.runner.training.build import TrainingJob
+from grab_exp.runner.training.capture import CapturedStep
+from grab_exp.runner.training.progress import Progress
+from grab_exp.runner.training.signals import check_stop
+from grab_exp.runner.training.step import train_step
 
 
 def _synchronize(device: torch.device) -> None:

@@ -4,7 +4,7 @@
 itself rejects a wrong type (``epochs=two``) or an unknown key (``trainer.compiled=true``) while
 composing. What types cannot say (ranges and choices) is declared once here in :data:`RANGES`
 and :data:`CHOICES`; :func:`check_values` checks them. Rules that tie several keys together
-live in :mod:`grab_exp.runner.config_check`.
+live in :mod:`grab_exp.runner.config.check`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from grab_exp.logging.wandb_mode import MODES as WANDB_MODES
 from grab_exp.per_sample import COMPILE_MODES
-from grab_exp.runner.progress import PROGRESS_MODES
 
 SCHEMA_NAME = "run_schema"
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
@@ -119,6 +118,8 @@ RANGES: dict[str, tuple[str, str, float]] = {
 }
 #: the largest seed: seeds are 32-bit (as NumPy's), so no two seeds ever alias one generator
 SEED_MAX = 2**32 - 1
+#: the progress display's modes (:class:`~grab_exp.runner.training.progress.Progress`)
+PROGRESS_MODES = ("auto", "bar", "line", "none")
 CHOICES: dict[str, tuple[str, ...]] = {
     "progress": PROGRESS_MODES,
     "trainer.compile_mode": COMPILE_MODES,

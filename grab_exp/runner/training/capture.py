@@ -28,7 +28,7 @@ import torch
 
 from grab_exp.devices import graph_safe
 from grab_exp.optim import device_step
-from grab_exp.runner.step import StepParts, train_step
+from grab_exp.runner.training.step import StepParts, train_step
 from grab_exp.trace import TracedStep
 
 StepFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -178,7 +178,7 @@ def make_capturable(optimizer: torch.optim.Optimizer) -> None:
 
 
 def capture_step(parts: StepParts) -> CapturedStep:
-    """:func:`~grab_exp.runner.step.train_step` of ``parts``, captured on its device at its
+    """:func:`~grab_exp.runner.training.step.train_step` of ``parts``, captured on its device at its
     second call: the ordering's projection stored and the optimizer made capturable first, the
     ordering's generator registered (its probabilistic thresholds draw anew at each replay)."""
 

@@ -11,10 +11,10 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from grab_exp.runner.config.schema import PROGRESS_MODES
 from grab_exp.validation import check_choice
 
 log = logging.getLogger("grab_exp")
-PROGRESS_MODES = ("auto", "bar", "line", "none")
 LOSS_REFRESH_STEPS = 200  # the bar's loss needs a host sync: refresh it this rarely
 #: line mode: a step line after this many steps of the first epoch (the job is running) ...
 LINE_FIRST_STEP = 10

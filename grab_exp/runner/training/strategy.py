@@ -1,10 +1,11 @@
 """What differs between a job in one process and one over data-parallel workers.
 
-The job lifecycle (:mod:`grab_exp.runner.lifecycle`) and the epoch (:mod:`grab_exp.runner.epoch`)
-use only the small interface of :class:`Strategy`: build the ordering, shard the batches, reduce
-gradients, finish an epoch, evaluate, and move the ordering's state in and out of checkpoints.
-:class:`SingleProcess` is one process alone; :mod:`grab_exp.runner.data_parallel` the workers;
-:func:`~grab_exp.runner.connect.connect` picks one.
+The job lifecycle (:mod:`grab_exp.runner.training.job`) and the epoch
+(:mod:`grab_exp.runner.training.epoch`) use only the small interface of :class:`Strategy`: build the
+ordering, shard the batches, reduce gradients, finish an epoch, evaluate, and move the ordering's
+state in and out of checkpoints. :class:`SingleProcess` is one process alone;
+:mod:`grab_exp.runner.training.data_parallel` the workers;
+:func:`~grab_exp.runner.training.connect.connect` picks one.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from torch import nn
 
 from grab_exp.balance import Ordering
 from grab_exp.models.evaluate import evaluate
-from grab_exp.runner.schema import ConfigError
+from grab_exp.runner.config.schema import ConfigError
 
 #: ``(n=, d=, seed=, device=, ...) -> Ordering``: the ``balance`` config, instantiated
 OrderingFactory = Callable[..., Ordering]

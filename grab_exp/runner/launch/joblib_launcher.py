@@ -1,13 +1,13 @@
 """``hydra/launcher=joblib_local``: the joblib plugin's launcher, made to stop with its sweep.
 
-Each worker process leaves the terminal's process group when it takes its first job, so a
-Ctrl-C or a signal to the group reaches only the sweep's own process, which relays it to every
-worker once (:class:`~grab_exp.runner.sweeper.SweepStop`). A worker remembers a stop signal for
-its whole life (:func:`~grab_exp.runner.signals.latch_stop_signals`): its running job stops at
-the next step boundary, and no job queued behind it starts (nor gets a directory). A worker also
-stops when the sweep's process dies (a SIGKILL after a time limit's SIGINT): within a second it
-sends itself SIGTERM, its job stops the same way, and the worker exits instead of training on,
-holding a GPU, outside every process group.
+Each worker process leaves the terminal's process group when it takes its first job, so a Ctrl-C or
+a signal to the group reaches only the sweep's own process, which relays it to every worker once
+(:class:`~grab_exp.runner.launch.sweeper.SweepStop`). A worker remembers a stop signal for its whole
+life (:func:`~grab_exp.runner.training.signals.latch_stop_signals`): its running job stops at the
+next step boundary, and no job queued behind it starts (nor gets a directory). A worker also stops
+when the sweep's process dies (a SIGKILL after a time limit's SIGINT): within a second it sends
+itself SIGTERM, its job stops the same way, and the worker exits instead of training on, holding a
+GPU, outside every process group.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from hydra_plugins.hydra_joblib_launcher._core import process_joblib_cfg
 from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
 from joblib import Parallel, delayed
 
-from grab_exp.runner.signals import latch_stop_signals, stop_received
-from grab_exp.runner.sweeper import STOP, not_started, outcome_of
+from grab_exp.runner.launch.sweeper import STOP, not_started, outcome_of
+from grab_exp.runner.training.signals import latch_stop_signals, stop_received
 
 log = logging.getLogger("grab_exp")
 

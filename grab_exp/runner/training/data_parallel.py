@@ -24,8 +24,8 @@ from grab_exp.distributed.join import init_distributed
 from grab_exp.distributed.orderings import DistributedOrdering
 from grab_exp.distributed.shards import split_shards
 from grab_exp.distributed.sync import average_gradients_, check_identical_models, evaluate_shared
-from grab_exp.runner.schema import ConfigError
-from grab_exp.runner.strategy import OrderingFactory, Strategy, restore_ordering
+from grab_exp.runner.config.schema import ConfigError
+from grab_exp.runner.training.strategy import OrderingFactory, Strategy, restore_ordering
 
 log = logging.getLogger("grab_exp")
 

@@ -12,10 +12,10 @@ from pathlib import Path
 from hydra.errors import InstantiationException
 
 from grab_exp.logging.files import DamagedFileError, WriteError
-from grab_exp.runner.lock import RunDirInUseError
-from grab_exp.runner.schema import ConfigError
+from grab_exp.runner.config.schema import ConfigError
+from grab_exp.runner.rundir.lock import RunDirInUseError
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1]
+PACKAGE_DIR = Path(__file__).resolve().parents[2]  # grab_exp/
 
 
 class NonFiniteLossError(RuntimeError):
@@ -67,7 +67,7 @@ def error_record(error: BaseException) -> dict[str, str]:
 
 class JobEndError(Exception):
     """How a job of a multirun ended other than ``finished``; Hydra records it as the job's
-    return, and :class:`~grab_exp.runner.sweeper.Sweeper` reads it (picklable: plain args).
+    return, and :class:`~grab_exp.runner.launch.sweeper.Sweeper` reads it (picklable: plain args).
 
     Attributes:
         kind: ``failed``, ``interrupted`` or ``not started``.

@@ -3,7 +3,7 @@
 :class:`Sweeper` (``hydra/sweeper=grab``, the default of ``conf/config.yaml``) is Hydra's basic
 sweeper (same jobs, same order, ``hydra.sweeper.params`` included) plus three things:
 
-* **Every job is checked before any starts** (:func:`~grab_exp.runner.callbacks.job_problem`):
+* **Every job is checked before any starts** (:func:`~grab_exp.runner.launch.checks.job_problem`):
   one job that cannot run (an invalid value) starts none; the sweep exits 1 with one line per
   such job and writes nothing. With ``hydra.sweeper.fail_fast=true`` the first failed job also
   stops the sweep.
@@ -35,9 +35,9 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
-from grab_exp.runner.callbacks import job_problem, run_dir_of
-from grab_exp.runner.errors import JobEndError, error_record
-from grab_exp.runner.signals import STOP_SIGNALS
+from grab_exp.runner.launch.checks import job_problem, run_dir_of
+from grab_exp.runner.training.errors import JobEndError, error_record
+from grab_exp.runner.training.signals import STOP_SIGNALS
 
 log = logging.getLogger("grab_exp")
 

@@ -1,7 +1,7 @@
 """Startup validation of a composed config, before any data is loaded.
 
-Types and unknown keys are Hydra's job (:mod:`grab_exp.runner.schema`); ranges and choices are
-declared there too. What is left here are the rules that tie keys together, or a key to its
+Types and unknown keys are Hydra's job (:mod:`grab_exp.runner.config.schema`); ranges and choices
+are declared there too. What is left here are the rules that tie keys together, or a key to its
 ``_target_`` class. Every failure is one :class:`ConfigError` line,
 ``<key>: got <value>; allowed: ...``.
 """
@@ -9,6 +9,8 @@ declared there too. What is left here are the rules that tie keys together, or a
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Any
 
 import torch
 from hydra.utils import get_class, get_method, instantiate
@@ -19,10 +21,10 @@ from grab_exp.distributed.join import rank_cuda_index
 from grab_exp.distributed.orderings import DistributedOrdering
 from grab_exp.optim import GSNROptimizer
 from grab_exp.per_sample.compiled import COMPILABLE_METHODS
-from grab_exp.runner.schema import ConfigError, check_values, config_error
+from grab_exp.runner.config.schema import ConfigError, check_values, config_error
 from grab_exp.validation import check_power_of_two
 
-__all__ = ["ConfigError", "validate_config"]
+__all__ = ["ConfigError", "keep_checked", "take_checked", "validate_config"]
 #: the most memory an ordering's balancing state may take (``balance.depth``'s bound)
 MAX_BALANCE_BYTES = 16 * 2**30
 #: training and test examples of CIFAR-10 (a dataset config without ``num_train``/``num_test``)
@@ -270,3 +272,19 @@ def validate_config(cfg: DictConfig) -> None:
         raise
     except (ValueError, TypeError, FileNotFoundError) as error:
         raise ConfigError(str(error).splitlines()[0]) from error
+
+
+#: (run directory, task overrides) -> the fingerprint of the job config checked for it in this
+#: process, until the job takes it (:func:`take_checked`)
+_CHECKED: dict[tuple[str, tuple[str, ...]], dict[str, Any]] = {}
+
+
+def keep_checked(run_dir: Path, task_overrides: Any, fingerprint: dict[str, Any]) -> None:
+    """Keep the fingerprint of a job that passed every check before Hydra wrote anything."""
+    _CHECKED[str(run_dir), tuple(task_overrides)] = fingerprint
+
+
+def take_checked(run_dir: Path, task_overrides: Any) -> dict[str, Any] | None:
+    """The fingerprint :func:`keep_checked` kept for the job at ``run_dir`` with
+    ``task_overrides`` in this process (once: it is forgotten), else ``None``."""
+    return _CHECKED.pop((str(run_dir), tuple(task_overrides)), None)

@@ -5,11 +5,12 @@ folder or its log exist: the config's values (:func:`validate_config`, the one v
 its run directory (not held by a live job, no earlier run of another config). Hydra calls
 :class:`ValidateFirst` (registered in ``conf/config.yaml``, ``hydra.callbacks``) for a single
 run after composing its config and before it writes anything; a sweep's
-:class:`~grab_exp.runner.sweeper.Sweeper` runs :func:`job_problem` on each job before it
-launches any. A job checked so in the process that runs it is checked once: its fingerprint is
-kept (:func:`take_checked`) for :func:`~grab_exp.runner.lifecycle.run_job`, which validates only
-a job that nothing checked in its process (a caller outside Hydra's command line, a joblib
-worker) and checks the directory under its lock.
+:class:`~grab_exp.runner.launch.sweeper.Sweeper` runs :func:`job_problem` on each job before it
+launches any. A job checked so in the process that runs it is checked once: its fingerprint is kept
+(:func:`~grab_exp.runner.config.check.take_checked`) for
+:func:`~grab_exp.runner.training.job.run_job`, which validates only a job that nothing checked in
+its process (a caller outside Hydra's command line, a joblib worker) and checks the directory under
+its lock.
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from grab_exp.logging.files import DamagedFileError
-from grab_exp.runner.config_check import validate_config
-from grab_exp.runner.fingerprint import config_fingerprint
-from grab_exp.runner.lock import RunDirInUseError, check_free
-from grab_exp.runner.rundir import check_run_dir_config
-from grab_exp.runner.schema import ConfigError
+from grab_exp.runner.config.check import keep_checked, validate_config
+from grab_exp.runner.config.fingerprint import config_fingerprint
+from grab_exp.runner.config.schema import ConfigError
+from grab_exp.runner.rundir.lock import RunDirInUseError, check_free
+from grab_exp.runner.rundir.state import check_run_dir_config
 
 
 @contextlib.contextmanager
@@ -54,27 +55,12 @@ def run_dir_of(config: DictConfig) -> Path:
         return Path(config.hydra.run.dir).absolute()
 
 
-#: (run directory, task overrides) -> the fingerprint of the job config checked for it in this
-#: process, until the job takes it (:func:`take_checked`)
-_CHECKED: dict[tuple[str, tuple[str, ...]], dict[str, Any]] = {}
-
-
-def _job_key(run_dir: Path, task_overrides: Any) -> tuple[str, tuple[str, ...]]:
-    return str(run_dir), tuple(task_overrides)
-
-
-def take_checked(run_dir: Path, task_overrides: Any) -> dict[str, Any] | None:
-    """The fingerprint of the job at ``run_dir`` with ``task_overrides`` when
-    :func:`job_problem` passed it in this process (once: it is forgotten), else ``None``."""
-    return _CHECKED.pop(_job_key(run_dir, task_overrides), None)
-
-
 def job_problem(config: DictConfig) -> str | None:
     """The one-line reason a composed job config cannot run, or ``None`` when it can.
 
     Its values first, then its run directory: held by a live job, an unreadable summary, or an
     earlier run of another config there. A job that can run keeps its fingerprint for
-    :func:`take_checked`.
+    :func:`~grab_exp.runner.config.check.take_checked`.
     """
     run_dir = run_dir_of(config)
     try:
@@ -85,7 +71,7 @@ def job_problem(config: DictConfig) -> str | None:
         check_run_dir_config(run_dir, config.overwrite, fingerprint["config"], say_unknown=False)
     except (ConfigError, RunDirInUseError, DamagedFileError) as error:
         return str(error)
-    _CHECKED[_job_key(run_dir, config.hydra.overrides.task)] = fingerprint
+    keep_checked(run_dir, config.hydra.overrides.task, fingerprint)
     return None
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from grab_exp.devices import resolve_device, set_cuda_policy
-from grab_exp.runner.data_parallel import connect_data_parallel
-from grab_exp.runner.strategy import SingleProcess, Strategy
+from grab_exp.runner.training.data_parallel import connect_data_parallel
+from grab_exp.runner.training.strategy import SingleProcess, Strategy
 
 
 def connect(cfg: DictConfig) -> Strategy:

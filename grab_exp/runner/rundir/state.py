@@ -9,7 +9,7 @@ from typing import Any
 
 from grab_exp.logging.files import DamagedFileError, shown
 from grab_exp.logging.local import SUMMARY_FILE, LocalStore
-from grab_exp.runner.fingerprint import check_same_config
+from grab_exp.runner.config.fingerprint import check_same_config
 
 log = logging.getLogger("grab_exp")
 RUN_ARTIFACTS = ("metrics.csv", "summary.json", "checkpoint.pt", "wandb")
@@ -74,7 +74,7 @@ def check_run_dir_config(
     run_dir: Path, overwrite: bool, config: dict[str, Any], say_unknown: bool = True
 ) -> None:
     """Refuse a run directory whose earlier run recorded another config (see
-    :mod:`grab_exp.runner.fingerprint`); with ``say_unknown``, log it when it recorded none.
+    :mod:`grab_exp.runner.config.fingerprint`); with ``say_unknown``, log it when it recorded none.
 
     Raises:
         ConfigDriftError: the earlier run's config differs from ``config``.

@@ -1,8 +1,8 @@
 """An override of a key the config does not have: one line naming the closest key that exists.
 
 Hydra itself refuses ``balance.kernal=x`` while composing (the schema makes the config strict,
-:mod:`grab_exp.runner.schema`), but its hint is ``+balance.kernal=x``, which would add the typo
-as a new key. :func:`unknown_key_error` composes the command's config once before Hydra does
+:mod:`grab_exp.runner.config.schema`), but its hint is ``+balance.kernal=x``, which would add the
+typo as a new key. :func:`unknown_key_error` composes the command's config once before Hydra does
 and, for an unknown key, returns ``<key>: no such key; did you mean <closest>?`` instead
 (``difflib`` over every key of the composed config).
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterator
-from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -21,10 +20,9 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from grab_exp.runner.resolvers import register_resolvers
-from grab_exp.runner.schema import register_schema
-
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+from grab_exp.runner.config.schema import register_schema
+from grab_exp.runner.rundir.identity import CONF_DIR
+from grab_exp.runner.rundir.resolvers import register_resolvers
 
 
 def _overrides(argv: list[str]) -> list[Override]:

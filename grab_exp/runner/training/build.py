@@ -11,10 +11,10 @@ from torch.nn import functional as F
 
 from grab_exp.data import ArrayData
 from grab_exp.optim import CLIP_HIGH, CLIP_LOW, GSNROptimizer
-from grab_exp.runner.capture import CapturedStep, capture_step
-from grab_exp.runner.schema import ConfigError
-from grab_exp.runner.step import StepParts
-from grab_exp.runner.strategy import Strategy
+from grab_exp.runner.config.schema import ConfigError
+from grab_exp.runner.training.capture import CapturedStep, capture_step
+from grab_exp.runner.training.step import StepParts
+from grab_exp.runner.training.strategy import Strategy
 
 TRAINING_COLUMNS = (  # what every job logs per epoch
     "epoch",

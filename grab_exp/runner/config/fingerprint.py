@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from grab_exp.runner.schema import ConfigError
+from grab_exp.runner.config.schema import ConfigError
 
 log = logging.getLogger("grab_exp")
 #: keys that do not change what a run computes: where it logs, how it shows progress, whether

@@ -67,7 +67,7 @@ def config_subdir(overwrite: bool) -> str | None:
     """
     from hydra.core.hydra_config import HydraConfig
 
-    from grab_exp.runner.rundir import will_skip
+    from grab_exp.runner.rundir.state import will_skip
 
     try:
         run_dir = HydraConfig.get().runtime.output_dir
