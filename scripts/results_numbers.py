@@ -4,11 +4,13 @@
 
 Run from the repository root: ``python scripts/results_numbers.py`` writes them to
 ``results/numbers.md`` (the one home of every number the READMEs and ``docs/`` quote; ``--check``
-only says whether that file is current, ``--bench DIR --out -`` prints another folder's bench
-files). Comparisons of two arms are paired by
-seed; with 3 seeds a paired t-test has 2 degrees of freedom. Every bench number is one line
-``label = value``: the label names the file (without ``.json``), the row and the quantity, e.g.
-``epoch_1t.mean.ratio = 1.68``; the READMEs quote these values.
+only says whether that file and the pages' quotes are current, ``--bench DIR --out -`` prints
+another folder's bench files). A page quotes a number as ``<!--n:label-->value<!--/n-->``; the
+script rewrites each quoted value in ``README.md``, ``docs/*.md`` and ``results/**/README.md``
+from numbers.md, so a number lives in one place and the prose cannot go stale.
+Comparisons of two arms are paired by seed; with 3 seeds a paired t-test has 2 degrees of
+freedom. Every bench number is one line ``label = value``: the label names the file (without
+``.json``), the row and the quantity, e.g. ``epoch_1t.mean.ratio = 1.68``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import io
 import itertools
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -71,6 +74,11 @@ def span(values, digits: int) -> str:
     return low if low == high else f"{low}-{high}"
 
 
+def signed_span(values, digits: int) -> str:
+    """``low to high`` of ``values``, signed, at ``digits`` decimals."""
+    return f"{min(values):+.{digits}f} to {max(values):+.{digits}f}"
+
+
 def mb(size: float) -> str:
     """Bytes in decimal units, 3 significant digits: ``21.3 MB``, ``803 kB``."""
     return f"{size / 1e6:.3g} MB" if size >= 1e6 else f"{size / 1e3:.3g} kB"
@@ -81,14 +89,18 @@ def mib(size: float) -> str:
     return f"{size / MIB:,.2f} MiB" if size < 10 * MIB else f"{size / MIB:,.0f} MiB"
 
 
-def table1() -> None:
-    runs = pd.read_csv(RESULTS / "table1" / "runs.csv")
+def table1(folder: str = "table1", label: str = "table1") -> None:
+    """Table 1's paired comparisons at the runs' last epoch: ``folder``'s ``runs.csv`` (5-epoch
+    runs in ``table1``, 100-epoch runs in ``table1/100-epochs``), labels under ``label``."""
+    runs = pd.read_csv(RESULTS / folder / "runs.csv")
     runs["row"] = [
         variant_dir(v, p) for v, p in zip(runs["variant"], runs["pipeline"], strict=True)
     ]
+    final = runs["epoch"].max()
+    print(f"[{label}] {len(runs['run'].unique())} runs, final epoch {final}")
     first = runs[runs["epoch"] == 1].groupby("seed")[["train/loss", "test/acc"]].nunique()
     print("epoch 1: distinct values across the 7 rows, per seed\n", first)
-    last = runs[runs["epoch"] == runs["epoch"].max()].pivot(index="seed", columns="row")
+    last = runs[runs["epoch"] == final].pivot(index="seed", columns="row")
     loss, acc = last["train/loss"], last["test/acc"]
     print("seeds:", list(loss.index))
     d_loss = loss[GRAB].sub(loss["rr"], axis=0)
@@ -101,6 +113,13 @@ def table1() -> None:
         "of",
         d_loss.size,
     )
+    if label != "table1":
+        show(f"{label}.grab_minus_rr.loss", signed_span(d_loss.to_numpy().ravel(), 3))
+        show(f"{label}.grab_minus_rr.acc_points", signed_span(d_acc.to_numpy().ravel(), 1))
+        for seed in d_acc.index:
+            show(f"{label}.grab_minus_rr.acc_points.seed{seed}", signed_span(d_acc.loc[seed], 1))
+        rr_acc = (100 * acc["rr"]).round(2).tolist()
+        show(f"{label}.rr.acc_points_per_seed", rr_acc)
     print("rank of each GraB row per seed (1 = best), loss\n", loss[GRAB].rank(axis=1))
     print("rank per seed, accuracy\n", acc[GRAB].rank(axis=1, ascending=False))
     lowest = {}
@@ -110,15 +129,37 @@ def table1() -> None:
             p = paired_p(frame[a], frame[b])
             print(f"{a} - {b} {name}: per seed {diff.round(4).tolist()} paired t p={p:.3f}")
             lowest[name] = min(lowest.get(name, (2.0, "")), (p, f"{a} vs {b}"))
-        show(f"table1.pairs.{name}.min_p", f"{lowest[name][0]:.3f} ({lowest[name][1]})")
-    show("table1.pairs.min_p", f"{min(p for p, _ in lowest.values()):.3f}")
+        show(f"{label}.pairs.{name}.min_p", f"{lowest[name][0]:.3f} ({lowest[name][1]})")
+    show(f"{label}.pairs.min_p", f"{min(p for p, _ in lowest.values()):.3f}")
     paper = pd.read_csv(RESULTS / "paper_table1.csv")
     mean = last[["train/loss", "test/acc"]].mean()
+    column = "epoch5" if final == 5 else "final"
     for _, row in paper.iterrows():
         key = variant_dir(row["variant"], row["pipeline"])
-        gap_loss = mean["train/loss"][key] - row["train_loss_epoch5"]
-        gap_acc = 100 * (mean["test/acc"][key] - row["test_acc_epoch5"])
-        print(f"{key}: ours - paper at ep. 5: loss {gap_loss:+.3f} acc {gap_acc:+.2f} points")
+        gap_loss = mean["train/loss"][key] - row[f"train_loss_{column}"]
+        gap_acc = 100 * (mean["test/acc"][key] - row[f"test_acc_{column}"])
+        print(f"{key}: ours - paper at ep. {final}: loss {gap_loss:+.3f} acc {gap_acc:+.2f} points")
+    if final > 10:
+        early(runs, label)
+
+
+def early(runs: pd.DataFrame, label: str) -> None:
+    """Which GraB row leads on the seed means in each of the first 10 epochs, and the spread of
+    the five at the last epoch (the report's "recursive leads early, all end close")."""
+    means = runs.groupby(["epoch", "row"])[["train/loss", "test/acc"]].mean()
+    loss = means["train/loss"].unstack()[GRAB]
+    acc = means["test/acc"].unstack()[GRAB]
+    for epoch in range(2, 11):
+        print(
+            f"epoch {epoch}: lowest mean loss {loss.loc[epoch].idxmin()}, "
+            f"highest mean acc {acc.loc[epoch].idxmax()}"
+        )
+    leads = sum(loss.loc[e].idxmin().startswith("recursive") for e in range(2, 11))
+    show(f"{label}.recursive_lowest_loss_epochs_2_10", f"{leads} of 9")
+    final = loss.index.max()
+    show(f"{label}.grab_spread.loss", f"{loss.loc[final].max() - loss.loc[final].min():.4f}")
+    spread = 100 * (acc.loc[final].max() - acc.loc[final].min())
+    show(f"{label}.grab_spread.acc_points", f"{spread:.2f}")
 
 
 def vrgd() -> None:
@@ -508,26 +549,74 @@ def render(bench_folder: Path) -> str:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         table1()
+        table1("table1/100-epochs", "table1_100")
         vrgd()
         bench(bench_folder)
     return HEADER + out.getvalue() + "```\n"
+
+
+#: a quoted number in a page: ``<!--n:label-->value<!--/n-->``; the script rewrites ``value``
+QUOTE = re.compile(r"<!--n:([^>\s]+)-->(.*?)<!--/n-->")
+
+
+def quoting_pages(root: Path = Path(".")) -> list[Path]:
+    """The pages that quote numbers.md: the README, ``docs/`` and the READMEs under results/."""
+    readme = [root / "README.md"] if (root / "README.md").is_file() else []
+    return [
+        *readme,
+        *sorted((root / "docs").glob("*.md")),
+        *sorted((root / "results").glob("**/README.md")),
+    ]
+
+
+def labelled(numbers: str) -> dict[str, str]:
+    """Every ``label = value`` line of numbers.md, as a dict."""
+    pairs = (line.split(" = ", 1) for line in numbers.splitlines() if " = " in line)
+    return {label: value for label, value in pairs if label and not any(c.isspace() for c in label)}
+
+
+def quote(page: Path, values: dict[str, str]) -> str:
+    """``page``'s text with every quoted number set to numbers.md's value of its label.
+
+    Raises:
+        ValueError: a quote names a label numbers.md does not have.
+    """
+
+    def current(match: re.Match) -> str:
+        label = match.group(1)
+        if label not in values:
+            raise ValueError(f"{page}: quotes {label!r}, which results/numbers.md does not have")
+        return f"<!--n:{label}-->{values[label]}<!--/n-->"
+
+    return QUOTE.sub(current, page.read_text())
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bench", type=Path, default=RESULTS / "bench", help="the bench files")
     parser.add_argument("--out", default=str(NUMBERS), help="where to write them (- prints)")
-    parser.add_argument("--check", action="store_true", help="only say whether --out is current")
+    parser.add_argument(
+        "--check", action="store_true", help="only say whether --out and the pages are current"
+    )
     args = parser.parse_args(argv)
     text = render(args.bench)
     if args.out == "-":
         print(text, end="")
-    elif args.check:
-        if not Path(args.out).is_file() or Path(args.out).read_text() != text:
-            print(f"{args.out} is stale: run python scripts/results_numbers.py", file=sys.stderr)
-            return 1
-    else:
-        Path(args.out).write_text(text)
+        return 0
+    values = labelled(text)
+    pages = {page: quote(page, values) for page in quoting_pages()}
+    if args.check:
+        stale = (
+            [args.out] if not Path(args.out).is_file() or Path(args.out).read_text() != text else []
+        )
+        stale += [str(page) for page, new in pages.items() if page.read_text() != new]
+        for name in stale:
+            print(f"{name} is stale: run python scripts/results_numbers.py", file=sys.stderr)
+        return 1 if stale else 0
+    Path(args.out).write_text(text)
+    for page, new in pages.items():
+        if page.read_text() != new:
+            page.write_text(new)
     return 0
 
 
