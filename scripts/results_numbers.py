@@ -141,6 +141,17 @@ def table1(folder: str = "table1", label: str = "table1") -> None:
         print(f"{key}: ours - paper at ep. {final}: loss {gap_loss:+.3f} acc {gap_acc:+.2f} points")
     if final > 10:
         early(runs, label)
+        wall_times(sorted(runs["run"].unique()), label)
+
+
+def wall_times(run_dirs: list[str], label: str) -> None:
+    """The runs' own wall times (``summary.json``'s ``wall_time_s``) and machines."""
+    summaries = [json.loads((Path(d) / "summary.json").read_text()) for d in run_dirs]
+    hours = [s["wall_time_s"] / 3600 for s in summaries]
+    show(f"{label}.wall_time.sum_h", f"{sum(hours):.1f}")
+    show(f"{label}.wall_time.per_run_h", span(hours, 1))
+    show(f"{label}.machines", sorted({s["machine"]["cpu"] for s in summaries}))
+    show(f"{label}.commits", sorted({s["git_commit"][:7] for s in summaries}))
 
 
 def early(runs: pd.DataFrame, label: str) -> None:
@@ -264,6 +275,7 @@ def bench_epoch(folder: Path, name: str) -> None:
     if factored:
         show(f"{name}.table1.factored_grads_ms", span(factored, 1))
     show(f"{name}.table1.per_sample_grads_over_classic", span([g / classic for g in per_sample], 1))
+    _peak_spans(name, rows)
     vrgd = [r for row, r in rows.items() if "+vr_" in row]
     if vrgd:
         show(f"{name}.vrgd_rows.gsnr_ms", span([r["breakdown_ms"]["gsnr"] for r in vrgd], 1))
@@ -273,6 +285,16 @@ def bench_epoch(folder: Path, name: str) -> None:
     show(f"{name}.mean.100_epochs_min", f"{100 * mean / 60:.0f}")
     # README.md's multirun: balance=mean,pair x seed=0,1, 100 epochs each, one after another
     show(f"{name}.multirun_mean_pair_2_seeds_100_epochs_h", f"{2 * 100 * (mean + pair) / 3600:.1f}")
+
+
+def _peak_spans(name: str, rows: dict[str, dict]) -> None:
+    """The peak step memory (MiB) of Table 1's per-sample rows, eager and traced (``:graph``)."""
+    eager = [rows[row]["peak_step_bytes"] / MIB for row in TABLE1_ROWS[1:]]
+    show(f"{name}.table1.per_sample_peak_step", span(eager, 2))
+    graphs = [rows[f"{row}:graph"] for row in TABLE1_ROWS[1:] if f"{row}:graph" in rows]
+    if graphs:
+        traced = [r["peak_step_bytes"] / MIB for r in graphs]
+        show(f"{name}.table1.graph.per_sample_peak_step", span(traced, 2))
 
 
 #: an operator under this many ms per step (or its change) is summed into "smaller operators"
@@ -305,8 +327,66 @@ def bench_profile(folder: Path, name: str) -> None:
         for stage, times in profile.items():
             ops = {op: t["ms"] for op, t in times["ops"].items()}
             show(f"{label}.{stage}", f"{times['ms']:.2f}: {_op_items(ops, times['other_ms'])}")
+            show(f"{label}.{stage}_ms", f"{times['ms']:.2f}")
+        ordering = profile["ordering"]
+        show(f"{label}.ordering.outside_ms", f"{ordering['other_ms']:.2f}")
+        for op, t in ordering["ops"].items():
+            if t["ms"] >= SHOWN_MS:
+                show(f"{label}.ordering.{op.removeprefix('aten::')}_ms", f"{t['ms']:.2f}")
         if row != "rr-classic":
             _over_classic(name, row, rows[row], classic)
+    show(f"{name}.profile.shown_ms", f"{SHOWN_MS:.2f}")
+    _profile_ranges(rows, name)
+
+
+def _op_ms(times: dict, op: str) -> float:
+    """The profiled ms of operator ``op`` (``aten::`` left off) in one stage, 0 when absent."""
+    return times["ops"].get(f"aten::{op}", {"ms": 0.0})["ms"]
+
+
+def _profile_ranges(rows: dict[str, dict], name: str) -> None:
+    """The ranges the page quotes: the per-sample stage of Table 1's per-sample rows and the
+    ordering stage of mean, pair and batch, over classic RR's (timed and profiled, its time
+    outside operators and its main operators) and profiled over timed; recursive's gather and
+    product operators."""
+    classic = rows["rr-classic"]
+    base = classic["profile"]
+    per_sample = [rows[row] for row in TABLE1_ROWS[1:]]
+    grads = [(r["profile"]["grads"], base["grads"]) for r in per_sample]
+    label = f"{name}.table1.over_classic"
+    timed = [r["breakdown_ms"]["grads"] - classic["breakdown_ms"]["grads"] for r in per_sample]
+    show(f"{name}.table1.over_classic_timed.grads", span(timed, 2))
+    show(f"{label}.grads", span([g["ms"] - b["ms"] for g, b in grads], 2))
+    show(f"{label}.grads.outside", span([g["other_ms"] - b["other_ms"] for g, b in grads], 2))
+    contiguous = [_op_ms(g, "contiguous") - _op_ms(b, "contiguous") for g, b in grads]
+    show(f"{label}.grads.contiguous", span(contiguous, 2))
+    conv = [abs(_op_ms(g, "convolution_backward") - _op_ms(b, "convolution_backward"))
+            for g, b in grads]  # fmt: skip
+    show(f"{label}.grads.convolution_backward_max_abs", f"{max(conv):.2f}")
+    over = [
+        g["ms"] / r["breakdown_ms"]["grads"] for r, (g, _) in zip(per_sample, grads, strict=True)
+    ]
+    show(f"{name}.table1.profile.grads.over_timed", span(over, 2))
+    three = [rows[row] for row in ("mean", "pair", "batch")]
+    order = [(r["profile"]["ordering"], base["ordering"]) for r in three]
+    label = f"{name}.mean_pair_batch.over_classic.ordering"
+    show(f"{label}.outside", span([o["other_ms"] - b["other_ms"] for o, b in order], 2))
+    products = [sum(_op_ms(o, op) - _op_ms(b, op) for op in ("matmul", "baddbmm_", "addmm"))
+                for o, b in order]  # fmt: skip
+    show(f"{label}.products", span(products, 2))
+    smaller = []
+    for o, b in order:
+        names = set(o["ops"]) | set(b["ops"])
+        diff = {op: _op_ms(o, op.removeprefix("aten::")) - _op_ms(b, op.removeprefix("aten::"))
+                for op in names}  # fmt: skip
+        smaller.append(sum(v for v in diff.values() if abs(v) < SHOWN_MS))
+    show(f"{label}.smaller", span(smaller, 2))
+    over = [o["ms"] / r["breakdown_ms"]["ordering"] for r, (o, _) in zip(three, order, strict=True)]
+    show(f"{name}.mean_pair_batch.profile.ordering.over_timed", span(over, 2))
+    ordering = rows["recursive"]["profile"]["ordering"]
+    gathers = ("matmul", "addmm_", "index_copy_", "index_select")
+    show(f"{name}.recursive.profile.ordering.products_and_copies_ms",
+         f"{sum(_op_ms(ordering, op) for op in gathers):.2f}")  # fmt: skip
 
 
 def _profiled_over_timed(rows: dict[str, dict], name: str) -> None:
@@ -497,6 +577,7 @@ def bench_before(folder: Path) -> None:
             _before_after(f"{label}.operators", old[row], new[row], keys, 0)
             keys = ("operators", "eager", "opt")
             _before_after(f"{label}.operators.opt", old[row], new[row], keys, 0)
+        _before_ranges(name, old, new)
     old = {r["variant"]: r["step_ms"] for r in read_bench(before, "orderings")["rows"]}
     new = {
         r["variant"]: r["step_ms"]
@@ -505,6 +586,39 @@ def bench_before(folder: Path) -> None:
     }
     for variant in GRAB:
         show(f"before.orderings.{variant}.step_ms", f"{old[variant]:.2f} -> {new[variant]:.2f}")
+    others = [v for v in GRAB if v != "recursive"]
+    change = [new[v] - old[v] for v in others]
+    show("before.orderings.but_recursive.step_ms_change", signed_span(change, 2))
+
+
+def _before_ranges(name: str, old: dict[str, dict], new: dict[str, dict]) -> None:
+    """Before -> after over rows of one ``epoch`` file: Table 1's ratios, the steps, ordering
+    stages and operators of its rows but classic RR and recursive, and the VRGD rows' ratios
+    (with RR) and GSNR stages."""
+    label = f"before.{name}"
+    ratio = [new[r]["ratio_to_classic_rr"] - old[r]["ratio_to_classic_rr"] for r in TABLE1_ROWS[1:]]
+    show(f"{label}.table1.ratio_change", signed_span(ratio, 2))
+    others = [r for r in TABLE1_ROWS[1:] if r != "recursive"]
+    step = [new[r]["step_ms"] - old[r]["step_ms"] for r in others]
+    show(f"{label}.table1_but_recursive.step_ms_change", signed_span(step, 2))
+    ordering = [
+        new[r]["breakdown_ms"]["ordering"] - old[r]["breakdown_ms"]["ordering"] for r in others
+    ]
+    show(f"{label}.table1_but_recursive.ordering_ms_change", signed_span(ordering, 2))
+    ops = [
+        new[r]["operators"]["eager"]["total"] - old[r]["operators"]["eager"]["total"]
+        for r in others
+    ]
+    show(f"{label}.table1_but_recursive.operators_change", signed_span(ops, 0))
+    vrgd = [r for r in old if "+vr_" in r and r in new]
+    with_rr = [r for r in vrgd if r.startswith("rr+")]
+    for key, rows, digits in (("rr_ratio", with_rr, 2), ("gsnr_ms", vrgd, 2)):
+        spans = [
+            span([(r["ratio_to_classic_rr"] if key == "rr_ratio" else r["breakdown_ms"]["gsnr"])
+                  for r in (side[row] for row in rows)], digits)
+            for side in (old, new)
+        ]  # fmt: skip
+        show(f"{label}.vrgd_rows.{key}", " -> ".join(spans))
 
 
 def bench_per_sample(folder: Path) -> None:

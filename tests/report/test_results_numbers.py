@@ -12,8 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-#: the pages that quote every measured number (``results/bench/README.md`` still writes some)
-QUOTING = [*PAGES, *(ROOT / "results" / d / "README.md" for d in ("", "vrgd", "distributed"))]
+#: the pages that quote every measured number: the README, ``docs/`` and all of results/**/README.md
+QUOTING = [*PAGES, *sorted((ROOT / "results").glob("**/README.md"))]
 #: a label of results/numbers.md quoted in a page: `file.row.quantity` (``<row>`` for any row)
 LABEL = re.compile(r"`((?:epoch_[12]t|rss|conv|vrgd|sweep|per_sample|orderings|projection)"
                    r"(?:\.[^.`\s]+){2,})`")  # fmt: skip
