@@ -19,15 +19,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from grab_exp.__main__ import expand_shorthands
 from grab_exp.runner.config.check import validate_config
-from grab_exp.runner.config.schema import register_schema
-from grab_exp.runner.rundir.resolvers import register_resolvers
+from grab_exp.runner.launch import override_keys
 from grab_exp.runner.training.build import TrainingJob, build_job
 from grab_exp.runner.training.connect import connect
 from grab_exp.runner.training.epoch import train_steps
@@ -64,13 +61,7 @@ def compose_config(overrides: Iterable[str] = (), *, hydra: bool = False) -> Dic
         overrides: Hydra command-line overrides (``distributed=true`` included).
         hydra: also return the ``hydra`` node (launcher, sweeper, runtime choices).
     """
-    register_resolvers()
-    register_schema()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(
-            "config", overrides=expand_shorthands(list(overrides)), return_hydra_config=hydra
-        )
+    return override_keys.compose_config(expand_shorthands(list(overrides)), hydra=hydra)
 
 
 def group_options() -> list[tuple[str, str]]:

@@ -25,25 +25,22 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
-from torch.nn import functional as F
 
-from grab_exp.balance import Ordering, make_ordering
+from grab_exp.balance import Ordering
 from grab_exp.bench.machine import add_device_option, bench_parser, describe_machine, write_report
 from grab_exp.bench.memory import memory_method, peak_step_bytes
 from grab_exp.bench.operators import OperatorCount, operator_times
 from grab_exp.bench.timing import EpochCursor, synchronize
 from grab_exp.devices import graph_safe, set_cuda_policy
-from grab_exp.models import LeNet
-from grab_exp.per_sample import ClassicPipeline, PerSamplePipeline
 from grab_exp.report.table1_table import ROW_ORDER, row_key
+from grab_exp.runner.launch.override_keys import compose_config
+from grab_exp.runner.training.build import build_parts
 from grab_exp.runner.training.capture import CapturedStep, capture_step
 from grab_exp.runner.training.step import STAGES as STEP_STAGES
 from grab_exp.runner.training.step import StepParts, train_step, untimed
+from grab_exp.runner.training.strategy import SingleProcess
 from grab_exp.trace import TracedStep
 from grab_exp.validation import check_int_at_least
 
@@ -56,7 +53,6 @@ GSNR_ROWS = (
     ("mean", "functional", "vr_momentum"),
 )
 EPOCH_EXAMPLES = 50_000
-OPTIMIZER_CONF = Path(__file__).resolve().parents[2] / "conf" / "optimizer"
 STAGES = tuple(s for s in STEP_STAGES if s != "reduce")  # one process: nothing to reduce
 
 
@@ -88,35 +84,24 @@ def row_name(variant: str, pipeline: str, optimizer: str = "sgd") -> str:
     return name if optimizer == "sgd" else f"{name}+{optimizer}"
 
 
-def make_optimizer(name: str, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """The optimizer exactly as ``optimizer=<name>`` configures it (``conf/optimizer/``)."""
-    return instantiate(OmegaConf.load(OPTIMIZER_CONF / f"{name}.yaml"))(model.parameters())
-
-
 def build_row(
     variant: str, pipeline: str, args, device: torch.device, optimizer="sgd", method=None
 ) -> Row:
-    """LeNet + the optimizer (the report's SGD by default) + pipeline + ordering for one row.
+    """One row as a training job builds it: ``balance=<variant> pipeline=<pipeline>
+    optimizer=<optimizer>`` composed from ``conf/`` (LeNet, seed 0, batch ``args.batch``) and
+    built by the runner's :func:`~grab_exp.runner.training.build.build_parts` for an epoch of
+    50,000 examples.
 
     ``method``: the per-sample method of a comparison row (named ``<row>@<method>``).
     """
-    torch.manual_seed(0)
-    model = LeNet().to(device)
-    options = {"depth": 5} if variant == "recursive" else {}
-    if variant == "recursive_pair":
-        options = {"batch_size": args.batch}
-    d = sum(p.numel() for p in model.parameters())
-    ordering = make_ordering(variant, EPOCH_EXAMPLES, d, device=device, **options)
-    if pipeline == "classic":
-        runner = ClassicPipeline(model, F.cross_entropy)
-    else:  # as the runner builds it: auto reads the ordering's takes_factors
-        runner = PerSamplePipeline(
-            model, F.cross_entropy, method=method or args.method, factors=ordering.takes_factors
-        )
-    step = StepParts(model, make_optimizer(optimizer, model), runner, ordering)
+    overrides = [f"balance={variant}", f"pipeline={pipeline}", f"optimizer={optimizer}"]
+    overrides += ["model=lenet", "seed=0", f"batch_size={args.batch}"]
+    if pipeline != "classic":
+        overrides.append(f"pipeline.method={method or args.method}")
+    step = build_parts(compose_config(overrides), EPOCH_EXAMPLES, SingleProcess(device))
     suffix = f"@{method}" if method else ""
     spec = (variant, pipeline, optimizer, method)
-    cursor = EpochCursor(ordering, args.batch)
+    cursor = EpochCursor(step.ordering, args.batch)
     return Row(row_name(variant, pipeline, optimizer) + suffix, step, spec, cursor=cursor)
 
 

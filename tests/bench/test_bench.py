@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from grab_run import grab_env, run_grab
+from grab_run import compose_job, grab_env, run_grab
 from run_files import computed, read_rows, run_dirs
 from torch.nn import functional as F
 
@@ -468,3 +468,27 @@ def test_every_row_key_is_its_run_directory_name(compose):
         with hydra_config_of(cfg):
             run_dir = Path(cfg.hydra.run.dir)
         assert run_dir.parent.name == row_key(variant, pipeline) == row_name(variant, pipeline)
+
+
+@pytest.mark.parametrize("row", ["rr_classic", "mean", "recursive", "recursive_pair"])
+def test_a_bench_row_is_built_as_its_training_job(row):
+    """``bench epoch`` builds a row from the configs that ``experiment=table1 row=<row>``
+    composes, through the runner's build: same model weights, ordering and its options,
+    optimizer settings and pipeline, so a change under conf/ reaches both."""
+    from grab_exp.report.table1_table import ROW_ORDER, row_key
+
+    variant, pipeline = next(r for r in ROW_ORDER if row_key(*r).replace("-", "_") == row)
+    settings = argparse.Namespace(batch=16, method="auto")
+    bench = epoch.build_row(variant, pipeline, settings, CPU)
+    job = compose_job([f"row={row}", "model=lenet", "seed=0", "batch_size=16"]).parts
+    assert type(bench.step.ordering) is type(job.ordering)
+    for key in ("depth", "batch_size"):  # recursive's, recursive_pair's
+        assert getattr(bench.step.ordering, key, None) == getattr(job.ordering, key, None), key
+    assert type(getattr(bench.step.ordering, "kernel", None)) is type(
+        getattr(job.ordering, "kernel", None)
+    )
+    assert bench.step.optimizer.defaults == job.optimizer.defaults
+    assert type(bench.step.pipeline) is type(job.pipeline)
+    assert getattr(bench.step.pipeline, "method", None) == getattr(job.pipeline, "method", None)
+    bench_weights, job_weights = bench.step.model.state_dict(), job.model.state_dict()
+    assert all(torch.equal(bench_weights[k], job_weights[k]) for k in job_weights)

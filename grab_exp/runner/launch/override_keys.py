@@ -46,13 +46,19 @@ def _groups() -> set[str]:
     return {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
 
 
-def _compose(overrides: list[str]) -> DictConfig:
+def compose_config(overrides: list[str], *, hydra: bool = False) -> DictConfig:
+    """``conf/config.yaml`` composed with ``overrides``, as ``python -m grab_exp`` composes a job.
+
+    Args:
+        overrides: Hydra overrides of one job (``balance=mean``, ``batch_size=16``).
+        hydra: also return the ``hydra`` node (launcher, sweeper, runtime choices).
+    """
     register_resolvers()
     register_schema()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return compose("config", overrides=overrides)
+            return compose("config", overrides=overrides, return_hydra_config=hydra)
     finally:
         GlobalHydra.instance().clear()
 
@@ -92,7 +98,7 @@ def unknown_key_error(argv: list[str]) -> str | None:
         return None
     jobs = [_one_job(o) for o in overrides if not o.key_or_group.startswith("hydra")]
     try:
-        _compose(jobs)
+        compose_config(jobs)
         return None
     except HydraException as error:
         cause = error.__cause__
@@ -103,6 +109,6 @@ def unknown_key_error(argv: list[str]) -> str | None:
         return None
     rest = [j for j in jobs if j.split("=", 1)[0] != key]
     try:
-        return closest_key_line(key, _compose(rest))
+        return closest_key_line(key, compose_config(rest))
     except (HydraException, OmegaConfBaseException):
         return f"{key}: no such key"

@@ -55,13 +55,12 @@ def compile_mode(cfg: DictConfig) -> str | None:
     return cfg.trainer.compile_mode if cfg.trainer.compile else None
 
 
-def build_job(cfg: DictConfig, data: ArrayData, strategy: Strategy) -> TrainingJob:
-    """Model (seeded init), optimizer, ordering and pipeline for ``data``."""
+def build_parts(cfg: DictConfig, n: int, strategy: Strategy) -> StepParts:
+    """Model (seeded init), optimizer, ordering of ``n`` examples and pipeline of ``cfg``."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         model = instantiate(cfg.model).to(strategy.device)
     optimizer = instantiate(cfg.optimizer)(model.parameters())
-    n = len(data.train_y)
     if isinstance(optimizer, GSNROptimizer):  # every batch (the last, short one too) splits
         try:
             optimizer.check_batches(cfg.batch_size, n)
@@ -75,6 +74,11 @@ def build_job(cfg: DictConfig, data: ArrayData, strategy: Strategy) -> TrainingJ
     pipeline = make_pipeline(
         model=model, loss_fn=F.cross_entropy, compile_mode=compile_mode(cfg), **options
     )
-    parts = StepParts(model, optimizer, pipeline, ordering, strategy.gradient_reducer(model))
+    return StepParts(model, optimizer, pipeline, ordering, strategy.gradient_reducer(model))
+
+
+def build_job(cfg: DictConfig, data: ArrayData, strategy: Strategy) -> TrainingJob:
+    """The step's parts (:func:`build_parts`) for ``data``, captured with ``trainer.cuda_graph``."""
+    parts = build_parts(cfg, len(data.train_y), strategy)
     captured = capture_step(parts) if cfg.trainer.cuda_graph else None
     return TrainingJob(parts, data, strategy, cfg.batch_size, cfg.eval_batch_size, captured)
