@@ -140,8 +140,87 @@ def table1(folder: str = "table1", label: str = "table1") -> None:
         gap_acc = 100 * (mean["test/acc"][key] - row[f"test_acc_{column}"])
         print(f"{key}: ours - paper at ep. {final}: loss {gap_loss:+.3f} acc {gap_acc:+.2f} points")
     if final > 10:
+        paper_gaps(last, paper, label)
+        epoch5(runs, label)
+        last_epochs(runs, label)
         early(runs, label)
+        rerun(runs, label)
         wall_times(sorted(runs["run"].unique()), label)
+
+
+def grab_minus_rr(runs: pd.DataFrame, epochs: range) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per seed (index) and row (columns): each row's train loss and test accuracy (points),
+    averaged over ``epochs``, minus functional RR's of the same seed."""
+    chosen = runs[runs["epoch"].isin(epochs)]
+    means = chosen.groupby(["seed", "row"])[["train/loss", "test/acc"]].mean().unstack()
+    loss, acc = means["train/loss"], 100 * means["test/acc"]
+    return loss.sub(loss["rr"], axis=0), acc.sub(acc["rr"], axis=0)
+
+
+def epoch5(runs: pd.DataFrame, label: str) -> None:
+    """GraB - RR per seed at epoch 5 of the 100-epoch runs (the report's early columns)."""
+    d_loss, d_acc = grab_minus_rr(runs, range(5, 6))
+    d_loss, d_acc = d_loss[GRAB], d_acc[GRAB]
+    show(f"{label}.ep5.grab_minus_rr.loss", signed_span(d_loss.to_numpy().ravel(), 3))
+    show(f"{label}.ep5.grab_minus_rr.acc_points", signed_span(d_acc.to_numpy().ravel(), 1))
+    both = int(((d_loss < 0) & (d_acc > 0)).sum().sum())
+    show(f"{label}.ep5.grab_beats_rr", f"{both} of {d_loss.size}")
+    for row in ("recursive", "recursive_pair", "mean"):
+        show(f"{label}.ep5.{row}_minus_rr.acc_points", signed_span(d_acc[row], 1))
+
+
+def last_epochs(runs: pd.DataFrame, label: str) -> None:
+    """GraB - RR per seed averaged over the last 10 epochs, and how much each row's test accuracy
+    moves from epoch to epoch there (std over those 10 epochs, points)."""
+    final = runs["epoch"].max()
+    tail = range(final - 9, final + 1)
+    d_loss, d_acc = grab_minus_rr(runs, tail)
+    show(f"{label}.last10.grab_minus_rr.loss", signed_span(d_loss[GRAB].to_numpy().ravel(), 3))
+    show(f"{label}.last10.grab_minus_rr.acc_points", signed_span(d_acc[GRAB].to_numpy().ravel(), 1))
+    for seed in d_acc.index:
+        show(
+            f"{label}.last10.grab_minus_rr.acc_points.seed{seed}",
+            signed_span(d_acc.loc[seed, GRAB], 1),
+        )
+    chosen = runs[runs["epoch"].isin(tail)]
+    sd = 100 * chosen.groupby(["seed", "row"])["test/acc"].std().unstack()
+    show(f"{label}.last10.acc_sd_points.rr", span(sd[["rr", "rr-classic"]].to_numpy().ravel(), 2))
+    show(f"{label}.last10.acc_sd_points.grab", span(sd[GRAB].to_numpy().ravel(), 2))
+
+
+def paper_gaps(last: pd.DataFrame, paper: pd.DataFrame, label: str) -> None:
+    """Ours - the paper's final columns (means over seeds), and the report's headline gap: mean
+    balance minus classic RR in test accuracy, ours per seed beside the paper's."""
+    keys = [variant_dir(v, p) for v, p in zip(paper["variant"], paper["pipeline"], strict=True)]
+    paper = paper.set_axis(keys)
+    ours = last[["train/loss", "test/acc"]].mean().unstack(level=0)
+    gap_loss = ours["train/loss"] - paper["train_loss_final"]
+    gap_acc = 100 * (ours["test/acc"] - paper["test_acc_final"])
+    rr = ["rr", "rr-classic"]
+    show(f"{label}.ours_minus_paper.grab.loss", signed_span(gap_loss[GRAB], 3))
+    show(f"{label}.ours_minus_paper.rr.loss", signed_span(gap_loss[rr], 3))
+    show(f"{label}.ours_minus_paper.acc_points", signed_span(gap_acc, 1))
+    acc = 100 * last["test/acc"]
+    headline = acc["mean"] - acc["rr-classic"]
+    show(f"{label}.mean_minus_rr_classic.acc_points", f"{headline.mean():+.1f}")
+    show(f"{label}.mean_minus_rr_classic.acc_points.per_seed", signed_span(headline, 1))
+    published = 100 * (
+        paper.loc["mean", "test_acc_final"] - paper.loc["rr-classic", "test_acc_final"]
+    )
+    show("paper.mean_minus_rr_classic.acc_points", f"{published:+.1f}")
+
+
+def rerun(runs: pd.DataFrame, label: str) -> None:
+    """The 100-epoch runs' first 5 epochs beside the 5-epoch runs of the same row and seed (two
+    commits, same configs): the largest differences, at epoch 1 and over epochs 1-5."""
+    short = pd.read_csv(RESULTS / "table1" / "runs.csv")
+    keys = ["variant", "pipeline", "seed", "epoch"]
+    both = short.merge(runs, on=keys, suffixes=("_5", "_100"))
+    for name, digits in (("train/loss", 4), ("test/acc", 4)):
+        diff = (both[f"{name}_5"] - both[f"{name}_100"]).abs()
+        key = f"{label}.vs_5_epoch_runs.{name.replace('/', '_')}"
+        show(f"{key}.max_epoch1", f"{diff[both['epoch'] == 1].max():.{digits}f}")
+        show(f"{key}.max", f"{diff.max():.{digits}f}")
 
 
 def wall_times(run_dirs: list[str], label: str) -> None:
@@ -167,6 +246,8 @@ def early(runs: pd.DataFrame, label: str) -> None:
         )
     leads = sum(loss.loc[e].idxmin().startswith("recursive") for e in range(2, 11))
     show(f"{label}.recursive_lowest_loss_epochs_2_10", f"{leads} of 9")
+    leads = sum(acc.loc[e].idxmax().startswith("recursive") for e in range(2, 11))
+    show(f"{label}.recursive_highest_acc_epochs_2_10", f"{leads} of 9")
     final = loss.index.max()
     show(f"{label}.grab_spread.loss", f"{loss.loc[final].max() - loss.loc[final].min():.4f}")
     spread = 100 * (acc.loc[final].max() - acc.loc[final].min())

@@ -101,11 +101,15 @@ def log_axis(ax) -> None:
 
 
 def save_figure(fig, out_dir: str | os.PathLike[str], stem: str) -> list[Path]:
-    """Write ``<stem>.png`` and ``<stem>.pdf`` under ``out_dir``; returns their paths."""
+    """Write ``<stem>.png`` and ``<stem>.pdf`` under ``out_dir``; returns their paths.
+
+    The PDF carries no creation date, so the same data gives the same bytes.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{stem}.png", out / f"{stem}.pdf"]
     with mpl.rc_context({"pdf.fonttype": 42}):  # TrueType fonts: editable, journal-friendly
         for path in paths:
-            fig.savefig(path, dpi=DPI, bbox_inches="tight")
+            metadata = {"CreationDate": None} if path.suffix == ".pdf" else None
+            fig.savefig(path, dpi=DPI, bbox_inches="tight", metadata=metadata)
     return paths

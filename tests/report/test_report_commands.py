@@ -92,14 +92,22 @@ def test_vrgd_regenerates_the_committed_tables(tmp_path):
 
 
 @pytest.mark.skipif(not committed("table1"), reason="no committed results/table1")
-def test_table1_regenerates_the_committed_tables(tmp_path, monkeypatch):
-    monkeypatch.chdir(REPO)  # results/README.md's command runs from the repository root
+@pytest.mark.parametrize(
+    ("runs", "report", "options"),
+    [
+        ("runs", "table1", []),  # 5 epochs
+        ("runs-100", "table1/100-epochs", ["--state", "results/bench/training_state.json"]),
+    ],
+)
+def test_table1_regenerates_the_committed_tables(runs, report, options, tmp_path, monkeypatch):
+    """results/README.md's commands, run from the repository root, give its files back."""
+    monkeypatch.chdir(REPO)
     out = tmp_path / "table1"
-    bench = ["--bench", "results/bench/epoch_1t.json"]
-    assert main(["table1", "results/table1/runs", "--out", str(out), *bench]) == 0
+    bench = ["--bench", "results/bench/epoch_1t.json", *options]
+    assert main(["table1", f"results/table1/{runs}", "--out", str(out), *bench]) == 0
     names = [f"{stem}.{ext}" for stem in ("table1", "table1_vs_paper") for ext in ("csv", "md")]
     for name in [*names, "table1.tex", "table1_vs_paper.tex", "runs.csv"]:
-        assert (out / name).read_bytes() == (RESULTS / "table1" / name).read_bytes(), name
+        assert (out / name).read_bytes() == (RESULTS / report / name).read_bytes(), name
 
 
 def test_table1_rows_are_the_rows_that_hydra_composes(compose):
@@ -142,3 +150,21 @@ def test_an_unknown_ordering_gets_its_own_rows(tmp_path):
     shown = pd.read_csv(tmp_path / "d" / "table.csv")
     assert shown["ordering"].tolist() == ["cd_grab", "d_rr", "reverse"]
     assert "reverse" in (tmp_path / "d" / "table.md").read_text().split("per seed:")[1]
+
+
+def test_a_figure_pdf_has_no_creation_date(tmp_path):
+    """The same figure saved twice gives the same PDF bytes (no timestamp in its metadata)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from grab_exp.report import save_figure
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    first = save_figure(fig, tmp_path / "a", "figure")[1].read_bytes()
+    second = save_figure(fig, tmp_path / "b", "figure")[1].read_bytes()
+    plt.close(fig)
+    assert b"/CreationDate" not in first
+    assert first == second
