@@ -89,9 +89,9 @@ def mib(size: float) -> str:
     return f"{size / MIB:,.2f} MiB" if size < 10 * MIB else f"{size / MIB:,.0f} MiB"
 
 
-def table1(folder: str = "table1", label: str = "table1") -> None:
+def table1(folder: str, label: str) -> None:
     """Table 1's paired comparisons at the runs' last epoch: ``folder``'s ``runs.csv`` (5-epoch
-    runs in ``table1``, 100-epoch runs in ``table1/100-epochs``), labels under ``label``."""
+    runs in ``table1-5-epochs``, 100-epoch runs in ``table1``), labels under ``label``."""
     runs = pd.read_csv(RESULTS / folder / "runs.csv")
     runs["row"] = [
         variant_dir(v, p) for v, p in zip(runs["variant"], runs["pipeline"], strict=True)
@@ -213,7 +213,7 @@ def paper_gaps(last: pd.DataFrame, paper: pd.DataFrame, label: str) -> None:
 def rerun(runs: pd.DataFrame, label: str) -> None:
     """The 100-epoch runs' first 5 epochs beside the 5-epoch runs of the same row and seed (two
     commits, same configs): the largest differences, at epoch 1 and over epochs 1-5."""
-    short = pd.read_csv(RESULTS / "table1" / "runs.csv")
+    short = pd.read_csv(RESULTS / "table1-5-epochs" / "runs.csv")
     keys = ["variant", "pipeline", "seed", "epoch"]
     both = short.merge(runs, on=keys, suffixes=("_5", "_100"))
     for name, digits in (("train/loss", 4), ("test/acc", 4)):
@@ -743,8 +743,8 @@ def render(bench_folder: Path) -> str:
     """``results/numbers.md`` as the committed files give it."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        table1()
-        table1("table1/100-epochs", "table1_100")
+        table1("table1-5-epochs", "table1")
+        table1("table1", "table1_100")
         vrgd()
         bench(bench_folder)
     return HEADER + out.getvalue() + "```\n"

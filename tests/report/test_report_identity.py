@@ -16,10 +16,10 @@ from grab_exp.runner.rundir.identity import IDENTITY_KEYS, read_identity
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 BASE = {"arm": None, "row": None, "world_size": 1, "overrides_hash": ""}
 LEGACY = {  # committed run -> the identity the runner now writes for such a run
-    "table1/runs/rr-classic/seed0-49b0123a": BASE
+    "table1-5-epochs/runs/rr-classic/seed0-49b0123a": BASE
     | {"experiment": "table1", "variant": "rr", "pipeline": "classic", "optimizer": "sgd",
        "row": "rr_classic", "batch_size": 16, "seed": 0, "overrides_hash": "49b0123a"},
-    "table1/runs/recursive_pair/seed42-49b0123a": BASE
+    "table1-5-epochs/runs/recursive_pair/seed42-49b0123a": BASE
     | {"experiment": "table1", "variant": "recursive_pair", "pipeline": "functional",
        "optimizer": "sgd", "row": "recursive_pair", "batch_size": 16, "seed": 42,
        "overrides_hash": "49b0123a"},
