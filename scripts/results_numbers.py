@@ -98,13 +98,11 @@ def table1(folder: str, label: str) -> None:
     ]
     final = runs["epoch"].max()
     print(f"[{label}] {len(runs['run'].unique())} runs, final epoch {final}")
-    first = runs[runs["epoch"] == 1].groupby("seed")[["train/loss", "test/acc"]].nunique()
-    print("epoch 1: distinct values across the 7 rows, per seed\n", first)
+    first_epoch(runs, label)
     last = runs[runs["epoch"] == final].pivot(index="seed", columns="row")
     loss, acc = last["train/loss"], last["test/acc"]
     print("seeds:", list(loss.index))
-    d_loss = loss[GRAB].sub(loss["rr"], axis=0)
-    d_acc = 100 * acc[GRAB].sub(acc["rr"], axis=0)
+    d_loss, d_acc = (d[GRAB] for d in grab_minus_rr(runs[runs["epoch"] == final]))
     print("GraB - RR per seed, train loss\n", d_loss.round(3))
     print("GraB - RR per seed, test acc (points)\n", d_acc.round(2))
     print(
@@ -131,16 +129,8 @@ def table1(folder: str, label: str) -> None:
             lowest[name] = min(lowest.get(name, (2.0, "")), (p, f"{a} vs {b}"))
         show(f"{label}.pairs.{name}.min_p", f"{lowest[name][0]:.3f} ({lowest[name][1]})")
     show(f"{label}.pairs.min_p", f"{min(p for p, _ in lowest.values()):.3f}")
-    paper = pd.read_csv(RESULTS / "paper_table1.csv")
-    mean = last[["train/loss", "test/acc"]].mean()
-    column = "epoch5" if final == 5 else "final"
-    for _, row in paper.iterrows():
-        key = variant_dir(row["variant"], row["pipeline"])
-        gap_loss = mean["train/loss"][key] - row[f"train_loss_{column}"]
-        gap_acc = 100 * (mean["test/acc"][key] - row[f"test_acc_{column}"])
-        print(f"{key}: ours - paper at ep. {final}: loss {gap_loss:+.3f} acc {gap_acc:+.2f} points")
+    paper_gaps(last, final, label)
     if final > 10:
-        paper_gaps(last, paper, label)
         epoch5(runs, label)
         last_epochs(runs, label)
         early(runs, label)
@@ -148,19 +138,31 @@ def table1(folder: str, label: str) -> None:
         wall_times(sorted(runs["run"].unique()), label)
 
 
-def grab_minus_rr(runs: pd.DataFrame, epochs: range) -> tuple[pd.DataFrame, pd.DataFrame]:
+def first_epoch(runs: pd.DataFrame, label: str) -> None:
+    """How many distinct values the 7 rows of a seed reach after epoch 1 (one shared random
+    permutation), and how far classic RR's plain backward lands from the per-sample rows."""
+    first = runs[runs["epoch"] == 1]
+    print(
+        "epoch 1: distinct values across the 7 rows, per seed\n",
+        first.groupby("seed")[["train/loss", "test/acc"]].nunique(),
+    )
+    per_sample = first[first["pipeline"] != "classic"].groupby("seed")["train/loss"]
+    show(f"{label}.epoch1.per_sample_rows_distinct_losses", int(per_sample.nunique().max()))
+    d_loss, _ = grab_minus_rr(first)
+    show(f"{label}.epoch1.classic_minus_rr.max_abs_loss", f"{d_loss['rr-classic'].abs().max():.4f}")
+
+
+def grab_minus_rr(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per seed (index) and row (columns): each row's train loss and test accuracy (points),
-    averaged over ``epochs``, minus functional RR's of the same seed."""
-    chosen = runs[runs["epoch"].isin(epochs)]
-    means = chosen.groupby(["seed", "row"])[["train/loss", "test/acc"]].mean().unstack()
+    averaged over the epochs of ``runs``, minus functional RR's of the same seed."""
+    means = runs.groupby(["seed", "row"])[["train/loss", "test/acc"]].mean().unstack()
     loss, acc = means["train/loss"], 100 * means["test/acc"]
     return loss.sub(loss["rr"], axis=0), acc.sub(acc["rr"], axis=0)
 
 
 def epoch5(runs: pd.DataFrame, label: str) -> None:
     """GraB - RR per seed at epoch 5 of the 100-epoch runs (the report's early columns)."""
-    d_loss, d_acc = grab_minus_rr(runs, range(5, 6))
-    d_loss, d_acc = d_loss[GRAB], d_acc[GRAB]
+    d_loss, d_acc = (d[GRAB] for d in grab_minus_rr(runs[runs["epoch"] == 5]))
     show(f"{label}.ep5.grab_minus_rr.loss", signed_span(d_loss.to_numpy().ravel(), 3))
     show(f"{label}.ep5.grab_minus_rr.acc_points", signed_span(d_acc.to_numpy().ravel(), 1))
     both = int(((d_loss < 0) & (d_acc > 0)).sum().sum())
@@ -173,8 +175,8 @@ def last_epochs(runs: pd.DataFrame, label: str) -> None:
     """GraB - RR per seed averaged over the last 10 epochs, and how much each row's test accuracy
     moves from epoch to epoch there (std over those 10 epochs, points)."""
     final = runs["epoch"].max()
-    tail = range(final - 9, final + 1)
-    d_loss, d_acc = grab_minus_rr(runs, tail)
+    chosen = runs[runs["epoch"] > final - 10]
+    d_loss, d_acc = grab_minus_rr(chosen)
     show(f"{label}.last10.grab_minus_rr.loss", signed_span(d_loss[GRAB].to_numpy().ravel(), 3))
     show(f"{label}.last10.grab_minus_rr.acc_points", signed_span(d_acc[GRAB].to_numpy().ravel(), 1))
     for seed in d_acc.index:
@@ -182,23 +184,31 @@ def last_epochs(runs: pd.DataFrame, label: str) -> None:
             f"{label}.last10.grab_minus_rr.acc_points.seed{seed}",
             signed_span(d_acc.loc[seed, GRAB], 1),
         )
-    chosen = runs[runs["epoch"].isin(tail)]
     sd = 100 * chosen.groupby(["seed", "row"])["test/acc"].std().unstack()
     show(f"{label}.last10.acc_sd_points.rr", span(sd[["rr", "rr-classic"]].to_numpy().ravel(), 2))
     show(f"{label}.last10.acc_sd_points.grab", span(sd[GRAB].to_numpy().ravel(), 2))
 
 
-def paper_gaps(last: pd.DataFrame, paper: pd.DataFrame, label: str) -> None:
-    """Ours - the paper's final columns (means over seeds), and the report's headline gap: mean
-    balance minus classic RR in test accuracy, ours per seed beside the paper's."""
+def paper_gaps(last: pd.DataFrame, final: int, label: str) -> None:
+    """Ours - the paper's columns at epoch ``final`` (5: its early columns; else its final ones),
+    seed means, per row; for the 100-epoch runs also their spans and the report's headline gap:
+    mean balance minus classic RR in test accuracy, ours per seed beside the paper's."""
+    paper = pd.read_csv(RESULTS / "paper_table1.csv")
     keys = [variant_dir(v, p) for v, p in zip(paper["variant"], paper["pipeline"], strict=True)]
     paper = paper.set_axis(keys)
-    ours = last[["train/loss", "test/acc"]].mean().unstack(level=0)
-    gap_loss = ours["train/loss"] - paper["train_loss_final"]
-    gap_acc = 100 * (ours["test/acc"] - paper["test_acc_final"])
-    rr = ["rr", "rr-classic"]
+    column = "epoch5" if final == 5 else "final"
+    ours = last[["train/loss", "test/acc"]].mean().unstack(level=0).loc[keys]
+    gap_loss = ours["train/loss"] - paper[f"train_loss_{column}"]
+    gap_acc = 100 * (ours["test/acc"] - paper[f"test_acc_{column}"])
+    for key in keys:
+        print(
+            f"{key}: ours - paper at ep. {final}: "
+            f"loss {gap_loss[key]:+.3f} acc {gap_acc[key]:+.2f} points"
+        )
+    if final <= 10:
+        return
     show(f"{label}.ours_minus_paper.grab.loss", signed_span(gap_loss[GRAB], 3))
-    show(f"{label}.ours_minus_paper.rr.loss", signed_span(gap_loss[rr], 3))
+    show(f"{label}.ours_minus_paper.rr.loss", signed_span(gap_loss[["rr", "rr-classic"]], 3))
     show(f"{label}.ours_minus_paper.acc_points", signed_span(gap_acc, 1))
     acc = 100 * last["test/acc"]
     headline = acc["mean"] - acc["rr-classic"]
@@ -216,11 +226,11 @@ def rerun(runs: pd.DataFrame, label: str) -> None:
     short = pd.read_csv(RESULTS / "table1-5-epochs" / "runs.csv")
     keys = ["variant", "pipeline", "seed", "epoch"]
     both = short.merge(runs, on=keys, suffixes=("_5", "_100"))
-    for name, digits in (("train/loss", 4), ("test/acc", 4)):
+    for name in ("train/loss", "test/acc"):
         diff = (both[f"{name}_5"] - both[f"{name}_100"]).abs()
         key = f"{label}.vs_5_epoch_runs.{name.replace('/', '_')}"
-        show(f"{key}.max_epoch1", f"{diff[both['epoch'] == 1].max():.{digits}f}")
-        show(f"{key}.max", f"{diff.max():.{digits}f}")
+        show(f"{key}.max_epoch1", f"{diff[both['epoch'] == 1].max():.4f}")
+        show(f"{key}.max", f"{diff.max():.4f}")
 
 
 def wall_times(run_dirs: list[str], label: str) -> None:
