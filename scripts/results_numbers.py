@@ -105,17 +105,13 @@ def table1(folder: str, label: str) -> None:
     d_loss, d_acc = (d[GRAB] for d in grab_minus_rr(runs[runs["epoch"] == final]))
     print("GraB - RR per seed, train loss\n", d_loss.round(3))
     print("GraB - RR per seed, test acc (points)\n", d_acc.round(2))
-    print(
-        "comparisons where GraB beats RR on both:",
-        int(((d_loss < 0) & (d_acc > 0)).sum().sum()),
-        "of",
-        d_loss.size,
-    )
+    print("comparisons where GraB beats RR on both:", beats_rr(d_loss, d_acc))
     if label != "table1":
         show(f"{label}.grab_minus_rr.loss", signed_span(d_loss.to_numpy().ravel(), 3))
         show(f"{label}.grab_minus_rr.acc_points", signed_span(d_acc.to_numpy().ravel(), 1))
         for seed in d_acc.index:
             show(f"{label}.grab_minus_rr.acc_points.seed{seed}", signed_span(d_acc.loc[seed], 1))
+        show(f"{label}.grab_beats_rr", beats_rr(d_loss, d_acc))
         rr_acc = (100 * acc["rr"]).round(2).tolist()
         show(f"{label}.rr.acc_points_per_seed", rr_acc)
     print("rank of each GraB row per seed (1 = best), loss\n", loss[GRAB].rank(axis=1))
@@ -136,6 +132,11 @@ def table1(folder: str, label: str) -> None:
         early(runs, label)
         rerun(runs, label)
         wall_times(sorted(runs["run"].unique()), label)
+
+
+def beats_rr(d_loss: pd.DataFrame, d_acc: pd.DataFrame) -> str:
+    """``k of n``: the (seed, row) comparisons with lower loss and higher accuracy than RR."""
+    return f"{int(((d_loss < 0) & (d_acc > 0)).sum().sum())} of {d_loss.size}"
 
 
 def first_epoch(runs: pd.DataFrame, label: str) -> None:
@@ -165,8 +166,9 @@ def epoch5(runs: pd.DataFrame, label: str) -> None:
     d_loss, d_acc = (d[GRAB] for d in grab_minus_rr(runs[runs["epoch"] == 5]))
     show(f"{label}.ep5.grab_minus_rr.loss", signed_span(d_loss.to_numpy().ravel(), 3))
     show(f"{label}.ep5.grab_minus_rr.acc_points", signed_span(d_acc.to_numpy().ravel(), 1))
-    both = int(((d_loss < 0) & (d_acc > 0)).sum().sum())
-    show(f"{label}.ep5.grab_beats_rr", f"{both} of {d_loss.size}")
+    show(f"{label}.ep5.grab_beats_rr", beats_rr(d_loss, d_acc))
+    for seed in d_acc.index:
+        show(f"{label}.ep5.grab_minus_rr.acc_points.seed{seed}", signed_span(d_acc.loc[seed], 1))
     for row in ("recursive", "recursive_pair", "mean"):
         show(f"{label}.ep5.{row}_minus_rr.acc_points", signed_span(d_acc[row], 1))
 
