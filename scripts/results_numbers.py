@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Recompute, from the committed raw runs and bench files, every number that ``README.md``,
-``results/README.md``, ``results/vrgd/README.md`` and ``results/bench/README.md`` quote.
+``results/README.md``, ``results/vrgd/README.md``, ``results/distributed/README.md`` and
+``results/bench/README.md`` quote.
 
 Run from the repository root: ``python scripts/results_numbers.py`` writes them to
 ``results/numbers.md`` (the one home of every number the READMEs and ``docs/`` quote; ``--check``
@@ -98,22 +99,24 @@ def table1(folder: str, label: str) -> None:
     ]
     final = runs["epoch"].max()
     print(f"[{label}] {len(runs['run'].unique())} runs, final epoch {final}")
+    show(f"{label}.runs", len(runs["run"].unique()))
     first_epoch(runs, label)
+    classic_equals_rr(runs, label)
     last = runs[runs["epoch"] == final].pivot(index="seed", columns="row")
+    table(last, label)
     loss, acc = last["train/loss"], last["test/acc"]
     print("seeds:", list(loss.index))
     d_loss, d_acc = (d[GRAB] for d in grab_minus_rr(runs[runs["epoch"] == final]))
     print("GraB - RR per seed, train loss\n", d_loss.round(3))
     print("GraB - RR per seed, test acc (points)\n", d_acc.round(2))
     print("comparisons where GraB beats RR on both:", beats_rr(d_loss, d_acc))
-    if label != "table1":
-        show(f"{label}.grab_minus_rr.loss", signed_span(d_loss.to_numpy().ravel(), 3))
-        show(f"{label}.grab_minus_rr.acc_points", signed_span(d_acc.to_numpy().ravel(), 1))
-        for seed in d_acc.index:
-            show(f"{label}.grab_minus_rr.acc_points.seed{seed}", signed_span(d_acc.loc[seed], 1))
-        show(f"{label}.grab_beats_rr", beats_rr(d_loss, d_acc))
-        rr_acc = (100 * acc["rr"]).round(2).tolist()
-        show(f"{label}.rr.acc_points_per_seed", rr_acc)
+    show(f"{label}.grab_minus_rr.loss", signed_span(d_loss.to_numpy().ravel(), 3))
+    show(f"{label}.grab_minus_rr.acc_points", signed_span(d_acc.to_numpy().ravel(), 1))
+    for seed in d_acc.index:
+        show(f"{label}.grab_minus_rr.acc_points.seed{seed}", signed_span(d_acc.loc[seed], 1))
+    show(f"{label}.grab_beats_rr", beats_rr(d_loss, d_acc))
+    rr_acc = (100 * acc["rr"]).round(2).tolist()
+    show(f"{label}.rr.acc_points_per_seed", rr_acc)
     print("rank of each GraB row per seed (1 = best), loss\n", loss[GRAB].rank(axis=1))
     print("rank per seed, accuracy\n", acc[GRAB].rank(axis=1, ascending=False))
     lowest = {}
@@ -122,10 +125,12 @@ def table1(folder: str, label: str) -> None:
             diff = frame[a] - frame[b]
             p = paired_p(frame[a], frame[b])
             print(f"{a} - {b} {name}: per seed {diff.round(4).tolist()} paired t p={p:.3f}")
+            show(f"{label}.pairs.{name}.{a}_minus_{b}.per_seed", diff.round(3).tolist())
             lowest[name] = min(lowest.get(name, (2.0, "")), (p, f"{a} vs {b}"))
         show(f"{label}.pairs.{name}.min_p", f"{lowest[name][0]:.3f} ({lowest[name][1]})")
     show(f"{label}.pairs.min_p", f"{min(p for p, _ in lowest.values()):.3f}")
     paper_gaps(last, final, label)
+    run_times(sorted(runs["run"].unique()), label)
     if final > 10:
         epoch5(runs, label)
         last_epochs(runs, label)
@@ -139,6 +144,51 @@ def beats_rr(d_loss: pd.DataFrame, d_acc: pd.DataFrame) -> str:
     return f"{int(((d_loss < 0) & (d_acc > 0)).sum().sum())} of {d_loss.size}"
 
 
+def table(last: pd.DataFrame, label: str) -> None:
+    """Table 1's cells at the last epoch: each row's train loss and test accuracy, mean ± std
+    (ddof 1) over the seeds, as ``table1.md`` writes them."""
+    for row in TABLE1_ROWS:
+        for column, name in (("train/loss", "train_loss"), ("test/acc", "test_acc")):
+            values = last[column][row]
+            show(f"{label}.{row}.{name}", f"{values.mean():.4f} ± {values.std(ddof=1):.4f}")
+
+
+def classic_equals_rr(runs: pd.DataFrame, label: str) -> None:
+    """Whether classic RR's metrics equal functional RR's, bit for bit, at every epoch and seed."""
+    keys, columns = ["seed", "epoch"], ["train/loss", "train/acc", "test/loss", "test/acc"]
+    rr = runs[runs["row"] == "rr"].set_index(keys)[columns].sort_index()
+    classic = runs[runs["row"] == "rr-classic"].set_index(keys)[columns].sort_index()
+    show(f"{label}.classic_equals_rr_every_epoch", bool((rr == classic).all().all()))
+
+
+def run_times(run_dirs: list[str], label: str) -> None:
+    """From the runs' ``summary.json``: the minutes from the first run's start (``updated_at`` -
+    ``wall_time_s``) to the last one's end, the minutes with 1, 2, ... runs going at once (those
+    that round to 0 left out), the commits and the torch versions."""
+    minutes, summaries = jobs_at_once([Path(d) / "summary.json" for d in run_dirs])
+    show(f"{label}.first_start_to_last_end_min", f"{sum(minutes.values()):.0f}")
+    going = ", ".join(f"{k}: {v:.0f}" for k, v in minutes.items() if k and round(v))
+    show(f"{label}.min_by_runs_at_once", going)
+    show(f"{label}.commits", sorted({s["git_commit"][:7] for s in summaries}))
+    show(f"{label}.torch", sorted({s["library_versions"]["torch"] for s in summaries}))
+
+
+def jobs_at_once(paths: list[Path]) -> tuple[dict[int, float], list[dict]]:
+    """Minutes during which 1, 2, ... of the runs (``summary.json`` at ``paths``) were going at
+    once, between the first one's start and the last one's end, and the summaries."""
+    summaries = [json.loads(path.read_text()) for path in paths]
+    ends = [pd.Timestamp(s["updated_at"]) for s in summaries]
+    starts = [
+        end - pd.Timedelta(seconds=s["wall_time_s"]) for end, s in zip(ends, summaries, strict=True)
+    ]
+    events = sorted([(t, 1) for t in starts] + [(t, -1) for t in ends])
+    minutes, going = {}, 0
+    for (time, step), (after, _) in itertools.pairwise(events):
+        going += step
+        minutes[going] = minutes.get(going, 0.0) + (after - time).total_seconds() / 60
+    return dict(sorted(minutes.items())), summaries
+
+
 def first_epoch(runs: pd.DataFrame, label: str) -> None:
     """How many distinct values the 7 rows of a seed reach after epoch 1 (one shared random
     permutation), and how far classic RR's plain backward lands from the per-sample rows."""
@@ -146,6 +196,10 @@ def first_epoch(runs: pd.DataFrame, label: str) -> None:
     print(
         "epoch 1: distinct values across the 7 rows, per seed\n",
         first.groupby("seed")[["train/loss", "test/acc"]].nunique(),
+    )
+    show(
+        f"{label}.epoch1.rows_distinct_losses",
+        int(first.groupby("seed")["train/loss"].nunique().max()),
     )
     per_sample = first[first["pipeline"] != "classic"].groupby("seed")["train/loss"]
     show(f"{label}.epoch1.per_sample_rows_distinct_losses", int(per_sample.nunique().max()))
@@ -207,11 +261,19 @@ def paper_gaps(last: pd.DataFrame, final: int, label: str) -> None:
             f"{key}: ours - paper at ep. {final}: "
             f"loss {gap_loss[key]:+.3f} acc {gap_acc[key]:+.2f} points"
         )
-    if final <= 10:
-        return
+        show(f"{label}.{key}.minus_paper.loss", f"{gap_loss[key]:+.3f}")
+        show(f"{label}.{key}.minus_paper.acc_points", f"{gap_acc[key]:+.2f}")
+        if final <= 10:  # the paper's columns Table 1 sets beside ours
+            show(
+                f"paper.{key}.train_loss_{column}", f"{paper.loc[key, f'train_loss_{column}']:.4f}"
+            )
+            show(f"paper.{key}.test_acc_{column}", f"{paper.loc[key, f'test_acc_{column}']:.4f}")
     show(f"{label}.ours_minus_paper.grab.loss", signed_span(gap_loss[GRAB], 3))
     show(f"{label}.ours_minus_paper.rr.loss", signed_span(gap_loss[["rr", "rr-classic"]], 3))
+    show(f"{label}.ours_minus_paper.grab.acc_points", signed_span(gap_acc[GRAB], 1))
     show(f"{label}.ours_minus_paper.acc_points", signed_span(gap_acc, 1))
+    if final <= 10:
+        return
     acc = 100 * last["test/acc"]
     headline = acc["mean"] - acc["rr-classic"]
     show(f"{label}.mean_minus_rr_classic.acc_points", f"{headline.mean():+.1f}")
@@ -242,7 +304,6 @@ def wall_times(run_dirs: list[str], label: str) -> None:
     show(f"{label}.wall_time.sum_h", f"{sum(hours):.1f}")
     show(f"{label}.wall_time.per_run_h", span(hours, 1))
     show(f"{label}.machines", sorted({s["machine"]["cpu"] for s in summaries}))
-    show(f"{label}.commits", sorted({s["git_commit"][:7] for s in summaries}))
 
 
 def early(runs: pd.DataFrame, label: str) -> None:
@@ -268,7 +329,9 @@ def early(runs: pd.DataFrame, label: str) -> None:
 
 def vrgd() -> None:
     runs = pd.read_csv(RESULTS / "vrgd" / "vrgd_runs.csv")
+    show("vrgd_runs.runs", len(runs))
     acc = runs.pivot_table(index=["batch_size", "seed"], columns="arm", values="final_test_acc")
+    gaps = []
     for vr, plain in (("vr_momentum", "sgd_momentum"), ("vr_adam", "adam")):
         for batch, part in acc.groupby(level=0):
             diff = 100 * (part[vr] - part[plain])
@@ -277,6 +340,12 @@ def vrgd() -> None:
                 f"{vr} - {plain} @ {batch}: per seed {diff.round(2).tolist()} "
                 f"mean {diff.mean():+.2f} points, paired t p={p:.2f}"
             )
+            key = f"vrgd_runs.{vr}_minus_{plain}.B{batch}"
+            show(f"{key}.acc_points.per_seed", ", ".join(f"{d:+.2f}" for d in diff))
+            show(f"{key}.acc_points", f"{diff.mean():+.2f}")
+            show(f"{key}.p", f"{p:.2f}")
+            gaps.append(diff)
+    show("vrgd_runs.vr_minus_plain.max_acc_points", f"{max(d.max() for d in gaps):+.2f}")
     a = acc.loc[4096]
     va, vb = a["adam"].var(ddof=1), a["vr_adam"].var(ddof=1)
     f = va / vb
@@ -285,6 +354,10 @@ def vrgd() -> None:
         f"4096 final acc Adam {(100 * a['adam']).round(2).tolist()}, "
         f"VR-Adam {(100 * a['vr_adam']).round(2).tolist()}; F={f:.2f} two-sided p={p:.2f}"
     )
+    show("vrgd_runs.B4096.adam_over_vr_adam.variance_ratio", f"{f:.2f}")
+    show("vrgd_runs.B4096.adam_over_vr_adam.variance_ratio_p", f"{p:.2f}")
+    vrgd_targets(runs)
+    vrgd_table()
     print("steps per epoch:", {b: math.ceil(50_000 / b) for b in (256, 1024, 4096)})
     clips = []
     for path in sorted((RESULTS / "vrgd" / "runs").glob("vr_*/batch*/seed*/metrics.csv")):
@@ -297,6 +370,92 @@ def vrgd() -> None:
         .agg(["min", "mean", "max"])
         .round(3)
     )
+    for (arm, column), values in clips.melt("arm", ["gsnr/clip_low", "gsnr/clip_high"]).groupby(
+        ["arm", "variable"]
+    )["value"]:
+        key = f"vrgd_runs.{arm}.{column.removeprefix('gsnr/')}_pct"
+        show(key, span(100 * values, 0))
+        show(f"{key}.mean", f"{100 * values.mean():.0f}")
+    summaries = sorted((RESULTS / "vrgd" / "runs").glob("*/*/*/summary.json"))
+    run_times([str(p.parent) for p in summaries], "vrgd_runs")
+    cells = itertools.groupby(summaries, key=lambda p: p.parts[-4:-2])  # (arm, batch<B>), seeds
+    for (arm, batch), paths in cells:
+        seconds = [json.loads(p.read_text())["wall_time_s"] for p in paths]
+        label = f"vrgd_runs.{arm}.B{batch.removeprefix('batch')}.wall_time"
+        show(f"{label}.s", ", ".join(f"{t:.0f}" for t in sorted(seconds)))
+        show(f"{label}.min", span([t / 60 for t in seconds], 1))
+
+
+def vrgd_targets(runs: pd.DataFrame) -> None:
+    """The epochs to 45% of each VR arm minus its plain arm's, per seed (the largest difference,
+    batches 256 and 1024, where every seed reached it), and at batch 4096 the final accuracy of
+    the seeds that did not reach 45% and the lowest momentum run."""
+    epochs = runs.pivot_table(index=["batch_size", "seed"], columns="arm", values="epochs_to_0.45")
+    both = epochs.loc[[256, 1024]]
+    diff = pd.concat([both["vr_momentum"] - both["sgd_momentum"], both["vr_adam"] - both["adam"]])
+    show("vrgd_runs.B256_B1024.epochs_to_45.vr_minus_plain.max_abs", f"{diff.abs().max():.0f}")
+    large = runs[runs["batch_size"] == 4096]
+    for arm, part in large.groupby("arm"):
+        short = part[part["epochs_to_0.45"].isna()]["final_test_acc"]
+        show(f"vrgd_runs.B4096.{arm}.reached_45", f"{len(part) - len(short)} of {len(part)}")
+        if len(short):
+            show(f"vrgd_runs.B4096.{arm}.not_reached_45.final_acc_pct", span(100 * short, 2))
+            show(f"vrgd_runs.B4096.{arm}.not_reached_45.short_points", span(45 - 100 * short, 2))
+        show(
+            f"vrgd_runs.B4096.{arm}.lowest_final_acc_pct",
+            f"{100 * part['final_test_acc'].min():.1f}",
+        )
+
+
+#: the columns of ``vrgd_table.csv`` the page quotes: label, column, format, scale
+VRGD_COLUMNS = [
+    ("final_acc_pct", "final_test_acc_mean", "{:.2f}", 100),
+    ("final_acc_std_points", "final_test_acc_std", "{:.2f}", 100),
+    ("epochs_to_45", "epochs_to_0.45_mean", "{:.1f}", 1),
+    ("idle_time_to_45_s", "bench_time_to_0.45_s", "{:.0f}", 1),
+]
+
+
+def vrgd_table() -> None:
+    """The cells of ``vrgd_table.csv`` (``vrgd_table.md``'s numbers) that the page quotes."""
+    table = pd.read_csv(RESULTS / "vrgd" / "vrgd_table.csv")
+    for r in table.to_dict("records"):
+        for name, column, form, scale in VRGD_COLUMNS:
+            if not pd.isna(r[column]):
+                show(
+                    f"vrgd_table.B{r['batch_size']}.{r['arm']}.{name}",
+                    form.format(scale * r[column]),
+                )
+
+
+def distributed() -> None:
+    """The 2-worker runs (``distributed/per_epoch.csv``): the table's cells (train loss at epochs
+    1, 2, 5 and 10, test accuracy at 10, mean ± std over the seeds), CD-GraB's final train loss
+    minus D-RR's and D-GraB's per seed, the epochs where its mean is below D-RR's, how many
+    distinct train losses the orderings of a seed have after epoch 1; the runs' commits."""
+    runs = pd.read_csv(RESULTS / "distributed" / "per_epoch.csv")
+    final = runs["epoch"].max()
+    cells = [("train/loss", "train_loss", e) for e in (1, 2, 5, final)]
+    for variant, part in runs.groupby("variant"):
+        for column, name, epoch in [*cells, ("test/acc", "test_acc", final)]:
+            values = part[part["epoch"] == epoch][column]
+            key = f"distributed.{variant}.{name}.ep{epoch}"
+            show(key, f"{values.mean():.4f} ± {values.std(ddof=1):.4f}")
+    loss = runs.pivot_table(index=["epoch", "seed"], columns="variant", values="train/loss")
+    for other in ("d_rr", "d_grab"):
+        diff = (loss["cd_grab"] - loss[other]).loc[final]
+        show(
+            f"distributed.cd_grab_minus_{other}.loss.per_seed", ", ".join(f"{d:+.3f}" for d in diff)
+        )
+    means = loss.groupby(level=0).mean()
+    below = [int(e) for e in means.index if means.loc[e, "cd_grab"] < means.loc[e, "d_rr"]]
+    show("distributed.cd_grab_below_d_rr.epochs", below)
+    first = runs[runs["epoch"] == 1].groupby("seed")["train/loss"].nunique().max()
+    show("distributed.epoch1.distinct_losses", int(first))
+    paths = sorted((RESULTS / "distributed" / "runs").glob("*/*/summary.json"))
+    summaries = [json.loads(path.read_text()) for path in paths]
+    show("distributed.runs", len(summaries))
+    show("distributed.commits", sorted({s["git_commit"][:7] for s in summaries}))
 
 
 # ------------------------------------------------------------------ the bench files
@@ -344,21 +503,17 @@ def bench_epoch(folder: Path, name: str) -> None:
             if ms is not None:
                 show(f"{label}.{stage}_ms", f"{ms:.2f}")
         show(f"{label}.peak_step", mib(r["peak_step_bytes"]))
-        for path, counts in r.get("operators", {}).items():  # eager, cuda_path, captured
-            if path == "captured":  # per step outside the graph, and the graph's kernels
-                show(f"{label}.operators.captured.per_step", counts["per_step"])
-                show(f"{label}.operators.captured.kernels", counts["kernels"])
-                continue
-            suffix = "" if path == "eager" else f".{path}"
-            show(f"{label}.operators{suffix}", counts["total"])
-            stages = ", ".join(f"{stage} {n}" for stage, n in counts.items() if stage != "total")
-            show(f"{label}.operators{suffix}.stages", stages)
+        _row_operators(label, r.get("operators", {}))
+        eager = rows.get(row.removesuffix(":graph"))
+        if row.endswith(":graph") and eager is not None:
+            show(f"{label}.over_eager_pct", f"{100 * (r['step_ms'] / eager['step_ms'] - 1):+.1f}")
         twin = rows.get(f"{row}@hooks")
         if twin is not None and twin["method"] == r["method"]:  # the same code, run twice
             show(
                 f"{label}.same_code_vs_hooks_row_pct",
                 f"{100 * (twin['step_ms'] / r['step_ms'] - 1):+.0f}",
             )
+    _stages_below_step(name, rows)
     table1 = [rows[row] for row in TABLE1_ROWS]
     show(f"{name}.table1.epoch_s", span([r["epoch_s"] for r in table1], 0))
     per_sample = [r["breakdown_ms"]["grads"] for r in table1[1:]]
@@ -369,6 +524,8 @@ def bench_epoch(folder: Path, name: str) -> None:
         show(f"{name}.table1.factored_grads_ms", span(factored, 1))
     show(f"{name}.table1.per_sample_grads_over_classic", span([g / classic for g in per_sample], 1))
     _peak_spans(name, rows)
+    if "operators" in rows["rr"]:
+        _operator_spans(name, rows)
     vrgd = [r for row, r in rows.items() if "+vr_" in row]
     if vrgd:
         show(f"{name}.vrgd_rows.gsnr_ms", span([r["breakdown_ms"]["gsnr"] for r in vrgd], 1))
@@ -380,6 +537,33 @@ def bench_epoch(folder: Path, name: str) -> None:
     show(f"{name}.multirun_mean_pair_2_seeds_100_epochs_h", f"{2 * 100 * (mean + pair) / 3600:.1f}")
 
 
+def _row_operators(label: str, operators: dict[str, dict]) -> None:
+    """One row's operators per step: ``eager`` and ``cuda_path``, the total, the stages in one
+    line and each stage; ``captured``, those outside the graph and the graph's kernels."""
+    for path, counts in operators.items():  # eager, cuda_path, captured
+        if path == "captured":  # per step outside the graph, and the graph's kernels
+            show(f"{label}.operators.captured.per_step", counts["per_step"])
+            show(f"{label}.operators.captured.kernels", counts["kernels"])
+            continue
+        suffix = "" if path == "eager" else f".{path}"
+        show(f"{label}.operators{suffix}", counts["total"])
+        stages = {stage: n for stage, n in counts.items() if stage != "total"}
+        show(f"{label}.operators{suffix}.stages", ", ".join(f"{k} {n}" for k, n in stages.items()))
+        for stage, n in stages.items():
+            show(f"{label}.operators{suffix}.{stage}", n)
+
+
+def _stages_below_step(name: str, rows: dict[str, dict]) -> None:
+    """In how many rows with a breakdown the timed stages add up to less than ``step_ms``, and
+    the rows where they do not."""
+    staged = [r for r in rows.values() if any(ms is not None for ms in r["breakdown_ms"].values())]
+    covered = [
+        r["row"] for r in staged if sum(filter(None, r["breakdown_ms"].values())) >= r["step_ms"]
+    ]
+    show(f"{name}.stages_below_step", f"{len(staged) - len(covered)} of {len(staged)} rows")
+    show(f"{name}.stages_not_below_step", covered)
+
+
 def _peak_spans(name: str, rows: dict[str, dict]) -> None:
     """The peak step memory (MiB) of Table 1's per-sample rows, eager and traced (``:graph``)."""
     eager = [rows[row]["peak_step_bytes"] / MIB for row in TABLE1_ROWS[1:]]
@@ -388,6 +572,38 @@ def _peak_spans(name: str, rows: dict[str, dict]) -> None:
     if graphs:
         traced = [r["peak_step_bytes"] / MIB for r in graphs]
         show(f"{name}.table1.graph.per_sample_peak_step", span(traced, 2))
+
+
+def _operator_spans(name: str, rows: dict[str, dict]) -> None:
+    """The operator counts the page gives for groups of rows (``operators``): the gradient stage
+    of Table 1's factored rows and of their ``@hooks`` rows, SGD's stage in Table 1's rows, the
+    GSNR stage of the VRGD rows; captured, the operators outside the graph of every row and the
+    graph's kernels minus the row's CUDA path (Table 1's rows, the VRGD rows)."""
+
+    def eager(group: list[dict], stage: str) -> str:
+        return span([r["operators"]["eager"][stage] for r in group], 0)
+
+    table1 = [rows[row] for row in TABLE1_ROWS]
+    factored = [r for r in table1 if r["method"] == "factored"]
+    hooks = [rows[f"{row}@hooks"] for row in TABLE1_ROWS[1:] if f"{row}@hooks" in rows]
+    vrgd = [r for row, r in rows.items() if "+vr_" in row]
+    show(f"{name}.table1.factored.operators.grads", eager(factored, "grads"))
+    if hooks:
+        show(f"{name}.table1.hooks.operators.grads", eager(hooks, "grads"))
+    show(f"{name}.table1.operators.opt", eager(table1, "opt"))
+    show(f"{name}.vrgd_rows.operators.gsnr", eager(vrgd, "gsnr"))
+    captured = [r["operators"]["captured"] for r in rows.values() if "captured" in r["operators"]]
+    if not captured:
+        return
+    show(f"{name}.operators.captured.per_step", span([c["per_step"] for c in captured], 0))
+    for group, key in ((table1, "table1"), (vrgd, "vrgd_rows")):
+        extra = [
+            r["operators"]["captured"]["kernels"] - r["operators"]["cuda_path"]["total"]
+            for r in group
+        ]
+        show(f"{name}.{key}.operators.captured.kernels_minus_cuda_path", span(extra, 0))
+        kernels = [r["operators"]["captured"]["kernels"] for r in group]
+        show(f"{name}.{key}.operators.captured.kernels", span(kernels, 0))
 
 
 #: an operator under this many ms per step (or its change) is summed into "smaller operators"
@@ -584,7 +800,9 @@ def bench_rss(folder: Path) -> None:
 def bench_conv(folder: Path) -> None:
     """Per-sample convolution weight gradients: every formulation at every layer shape."""
     faster = {True: [], False: []}  # channels-last over the default layout, by C < 8
-    for r in read_bench(folder, "conv")["rows"]:
+    rows = read_bench(folder, "conv")["rows"]
+    show("conv.shapes", len(rows))
+    for r in rows:
         label = f"conv.{r['C']}to{r['O']}_k{r['kernel']}_H{r['H']}"
         ms = r["ms"]
         for form, value in ms.items():
@@ -635,6 +853,8 @@ def bench_sweep(folder: Path) -> None:
             f"{r['max_abs_loss_diff_vs_sequential']:.1e}",
         )
         show(f"{label}.torch_threads_seen", r["torch_threads_seen"])
+        show(f"{label}.jobs", r["jobs"])
+        show(f"{label}.processes", r["processes"])
 
 
 def _before_after(label: str, old: dict, new: dict, keys: tuple[str, ...], digits: int) -> None:
@@ -655,6 +875,7 @@ def bench_before(folder: Path) -> None:
     if not before.is_dir():
         return
     show("before.commit", (before / "commit.txt").read_text().strip()[:7])
+    show("before.epoch_1t_2t.same_operators", _same_operators(before))
     for name in ("epoch_1t", "epoch_2t"):
         old = {r["row"]: r for r in read_bench(before, name)["rows"]}
         new = {r["row"]: r for r in read_bench(folder, name)["rows"]}
@@ -668,8 +889,9 @@ def bench_before(folder: Path) -> None:
                 _before_after(f"{label}.{stage}_ms", old[row], new[row], keys, 2)
             keys = ("operators", "eager", "total")
             _before_after(f"{label}.operators", old[row], new[row], keys, 0)
-            keys = ("operators", "eager", "opt")
-            _before_after(f"{label}.operators.opt", old[row], new[row], keys, 0)
+            for stage in ("ordering", "gsnr", "opt"):
+                keys = ("operators", "eager", stage)
+                _before_after(f"{label}.operators.{stage}", old[row], new[row], keys, 0)
         _before_ranges(name, old, new)
     old = {r["variant"]: r["step_ms"] for r in read_bench(before, "orderings")["rows"]}
     new = {
@@ -704,6 +926,10 @@ def _before_ranges(name: str, old: dict[str, dict], new: dict[str, dict]) -> Non
     ]
     show(f"{label}.table1_but_recursive.operators_change", signed_span(ops, 0))
     vrgd = [r for r in old if "+vr_" in r and r in new]
+    gsnr_ops = [
+        span([side[r]["operators"]["eager"]["gsnr"] for r in vrgd], 0) for side in (old, new)
+    ]
+    show(f"{label}.vrgd_rows.operators.gsnr", " -> ".join(gsnr_ops))
     with_rr = [r for r in vrgd if r.startswith("rr+")]
     for key, rows, digits in (("rr_ratio", with_rr, 2), ("gsnr_ms", vrgd, 2)):
         spans = [
@@ -723,11 +949,33 @@ def bench_per_sample(folder: Path) -> None:
             show(f"per_sample.{row['model']}.{path}.over_plain", f"{ratio:.2f}")
 
 
+def _same_operators(folder: Path) -> bool:
+    """Whether ``epoch_1t.json`` and ``epoch_2t.json`` in ``folder`` count the same operators
+    (eager, total and per stage) in every row both have."""
+    one, two = (
+        {r["row"]: r["operators"]["eager"] for r in read_bench(folder, name)["rows"]
+         if "eager" in r.get("operators", {})}
+        for name in ("epoch_1t", "epoch_2t")
+    )  # fmt: skip
+    return all(two[row] == counts for row, counts in one.items() if row in two)
+
+
+def bench_settings(folder: Path, name: str) -> None:
+    """The options a bench file ran with (``settings``), one label each: ``<file>.settings.<key>``
+    (repeats, steps, warm-up, batch, ...); its output path and command are left out."""
+    for key, value in read_bench(folder, name)["settings"].items():
+        if key not in ("out", "command") and not isinstance(value, (list, dict)):
+            show(f"{name}.settings.{key}", value)
+
+
 def bench(folder: Path) -> None:
     bench_machines(folder)
+    for name in BENCH_FILES:
+        bench_settings(folder, name)
     for name in ("epoch_1t", "epoch_2t"):
         bench_epoch(folder, name)
         bench_profile(folder, name)
+    show("epoch_1t_2t.same_operators", _same_operators(folder))
     bench_before(folder)
     bench_orderings(folder)
     bench_projection(folder)
@@ -758,6 +1006,7 @@ def render(bench_folder: Path) -> str:
         table1("table1-5-epochs", "table1")
         table1("table1", "table1_100")
         vrgd()
+        distributed()
         bench(bench_folder)
     return HEADER + out.getvalue() + "```\n"
 

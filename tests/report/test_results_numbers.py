@@ -19,6 +19,56 @@ LABEL = re.compile(r"`((?:epoch_[12]t|rss|conv|vrgd|sweep|per_sample|orderings|p
                    r"(?:\.[^.`\s]+){2,})`")  # fmt: skip
 #: a measured time, ratio or size written out in prose (what only numbers.md may hold)
 MEASURED = re.compile(r"\b\d+\.\d+ ?(?:ms\b|s\b|x\b|\u00d7|MiB|GiB)")
+#: unitless measured numbers written out in prose (outside code and quotes): counts of operators
+#: or kernels (and what a stage dispatches), percentages, ranges, decimals of two or more places,
+#: "k of n" counts, durations
+UNITLESS = {
+    "count": re.compile(r"(?<![\w.])\d[\d,]*\s+(?:\w+\s+)?(?:operators?|kernels?)\b"),
+    "dispatched": re.compile(r"\bdispatch(?:es|ed)?\s+\d+(?![\w.])"),
+    "percentage": re.compile(r"(?<![\w.])[+\-\u2212]?\d+(?:\.\d+)?\s?%"),
+    "range": re.compile(r"(?<![\w.\-])\d+(?:\.\d+)?[-\u2013]\d+(?:\.\d+)?(?![\w.\-])"),
+    "decimal": re.compile(r"(?<![\w.])[+\-\u2212]?\d+\.\d{2,}(?![\w.])"),
+    "k of n": re.compile(r"(?<![\w.])\d+ of \d+(?![\w.])"),
+    "duration": re.compile(r"(?<![\w.])\d[\d,.]*\s?(?:minutes?|hours?)\b"),
+}
+#: code (fenced blocks and spans: commands, options, labels), which UNITLESS does not read
+CODE = re.compile(r"^```.*?^```|`[^`\n]*`", re.S | re.M)
+#: what UNITLESS finds in a page and may stay, because it is not read from a committed result
+ALLOWED = {
+    "README.md": {
+        "8969\u20138981",  # the paper's pages
+        "2-3",  # jobs at a time: measured; quote table1_100.min_by_runs_at_once (not this change's)
+    },
+    "docs/experiments.md": {
+        "0.001", "0.01",  # conf/: lr, weight decay
+        "2-3",  # jobs at a time: measured; quote table1_100.min_by_runs_at_once (not this change's)
+    },
+    "docs/troubleshooting.md": {"0.001", "0.05"},  # an example error message's config values
+    "docs/vrgd.md": {
+        "3.2\u20136.1", "6.1 minutes",  # measured; quote vrgd_runs.vr_adam.B1024.wall_time.min
+    },
+    "docs/which-models-work.md": {"62%"},  # an example error message
+    "results/README.md": {
+        "0.001", "0.01",  # conf/: lr, weight decay
+        "1-100", "91-100", "2-10",  # epoch ranges
+        "25%", "45%",  # the VRGD report's accuracy targets
+    },
+    "results/bench/README.md": {
+        "0.001", "0.01",  # conf/: lr, weight decay
+        "0-4",  # tree levels
+        "95%",  # LeNet's Linear layers' share of its weights (the model, not a result)
+        "3.97",  # the (16, 62,006) float32 buffer in MB
+        "0.74",  # CIFAR-10 as float32 in GB
+        "1.00",  # classic RR's ratio to itself
+        # the sitting before (its files only in git, at 2df3396: --bench prints them)
+        "0.00", "0.04", "0.11", "2.90", "1.32", "1.38", "1.79", "1.41",
+    },
+    "results/distributed/README.md": {"0.01", "0.001"},  # the command's lr, conf's weight decay
+    "results/vrgd/README.md": {
+        "0.02", "0.001", "0.999", "0.08",  # conf/: learning rates, Adam's beta
+        "25%", "45%",  # the report's accuracy targets
+    },
+}  # fmt: skip
 
 
 def _script():
@@ -64,6 +114,55 @@ def test_pages_write_no_measured_number_by_hand(page):
     text = _script().QUOTE.sub("", page.read_text())
     written = [m.group(0) for m in MEASURED.finditer(text)]
     assert not written, f"{page.name} writes measured numbers by hand: {written}"
+
+
+def _unitless(text: str) -> list[str]:
+    """The unitless numbers ``text`` writes by hand: UNITLESS outside quotes and code."""
+    prose = CODE.sub("", _script().QUOTE.sub("", text))
+    return [m.group(0) for pattern in UNITLESS.values() for m in pattern.finditer(prose)]
+
+
+@pytest.mark.parametrize("page", QUOTING, ids=lambda p: str(p.relative_to(ROOT)))
+def test_pages_write_no_unitless_measured_number_by_hand(page):
+    """Counts, percentages, ranges and decimals read from the committed files come from
+    results/numbers.md too; ALLOWED names the few that are not results."""
+    allowed = ALLOWED.get(str(page.relative_to(ROOT)), set())
+    written = [n for n in _unitless(page.read_text()) if n not in allowed]
+    assert not written, f"{page.name} writes measured numbers by hand: {written}"
+
+
+def test_the_allowlist_names_only_what_the_pages_write():
+    pages = {str(page.relative_to(ROOT)): page for page in QUOTING}
+    for name, allowed in ALLOWED.items():
+        stale = allowed - set(_unitless(pages[name].read_text()))
+        assert not stale, f"{name} no longer writes {sorted(stale)}: drop them from ALLOWED"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a classic step dispatches 84 operators",
+        "the gradient stage dispatches 58 (61 on the hook path)",
+        "the graph holds 551 kernels",
+        "one fewer in the VRGD rows (181-302)",
+        "clipped 23\u201342% of its elements",
+        "the smallest p is 0.118 here",
+        "in all 15 of 15 comparisons",
+        "the sweep took 78 minutes",
+    ],
+)
+def test_a_hand_written_count_is_caught(text, tmp_path):
+    page = tmp_path / "README.md"
+    page.write_text(text + "\n")
+    assert _unitless(page.read_text()), text
+
+
+def test_a_quoted_count_or_code_is_not_caught():
+    text = (
+        "dispatches <!--n:epoch_1t.rr-classic.operators-->84<!--/n--> operators "
+        "(`--repeats 30`, `epochs 1-100`)\n```bash\nrun --n 50,000 --p 0.118\n```\n"
+    )
+    assert _unitless(text) == []
 
 
 def test_every_quoted_number_is_current(monkeypatch):
