@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from grab_exp.bench.machine import add_device_option, bench_parser, describe_machine, write_report
-from grab_exp.bench.timing import synchronize
+from grab_exp.bench.machine import add_device_option, bench_parser, bench_report, write_report
+from grab_exp.bench.timing import interleaved_seconds
 from grab_exp.per_sample.rules.conv2d import conv2d_grads
 
 #: ``(C, O, kernel, H)``: LeNet's two convolutions, then wider and deeper layers
@@ -85,18 +84,7 @@ def bench_shape(shape: tuple, batch: int, repeats: int, device: torch.device) ->
     layer = nn.Conv2d(channels, out_channels, kernel).to(device)
     a = torch.randn(batch, channels, height, height, generator=generator).to(device)
     g = torch.randn(layer(a).shape, generator=generator).to(device)
-    calls = formulations(layer, a, g)
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(3):
-        for call in calls.values():
-            call()
-    for _ in range(repeats):
-        for name, call in calls.items():
-            synchronize(device)
-            start = time.perf_counter()
-            call()
-            synchronize(device)
-            times[name].append(time.perf_counter() - start)
+    times = interleaved_seconds(formulations(layer, a, g), device, repeats)
     medians = {name: statistics.median(t) * 1e3 for name, t in times.items()}
     return {"C": channels, "O": out_channels, "kernel": kernel, "H": height, "ms": medians}
 
@@ -120,11 +108,5 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for row in rows:
         label = f"{row['C']} -> {row['O']}, {row['kernel']}, {row['H']}"
         print(label.ljust(18) + "".join(f"{row['ms'][n]:>23.3f}" for n in names))
-    report = {
-        "benchmark": "conv",
-        "settings": vars(args),
-        "machine": describe_machine(device),
-        "rows": rows,
-    }
-    write_report(args.out, report)
+    write_report(args.out, bench_report("conv", args, device, rows=rows))
     return rows

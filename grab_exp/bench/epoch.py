@@ -22,20 +22,20 @@ import functools
 import gc
 import math
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from grab_exp.balance import Ordering
-from grab_exp.bench.machine import add_device_option, bench_parser, describe_machine, write_report
+from grab_exp.bench.machine import add_device_option, bench_parser, bench_report, write_report
 from grab_exp.bench.memory import memory_method, peak_step_bytes
 from grab_exp.bench.operators import OperatorCount, operator_times
-from grab_exp.bench.timing import EpochCursor, synchronize
+from grab_exp.bench.timing import EpochCursor, make_batch, timed
 from grab_exp.devices import graph_safe, set_cuda_policy
-from grab_exp.report.table1_table import ROW_ORDER, row_key
+from grab_exp.report.table1_table import ROW_ORDER
 from grab_exp.runner.launch.override_keys import compose_config
+from grab_exp.runner.rundir.resolvers import variant_dir
 from grab_exp.runner.training.build import build_parts
 from grab_exp.runner.training.capture import CapturedStep, capture_step
 from grab_exp.runner.training.step import STAGES as STEP_STAGES
@@ -80,7 +80,7 @@ class Row:
 
 def row_name(variant: str, pipeline: str, optimizer: str = "sgd") -> str:
     """``rr-classic``, ``mean``, ``rr+vr_momentum``: the row's name in the table and JSON."""
-    name = row_key(variant, pipeline)
+    name = variant_dir(variant, pipeline)
     return name if optimizer == "sgd" else f"{name}+{optimizer}"
 
 
@@ -125,17 +125,9 @@ def captured_rows(args, device: torch.device) -> bool:
     return args.captured == "yes" or (args.captured == "auto" and device.type == "cuda")
 
 
-def _timed(fn, device: torch.device) -> tuple[object, float]:
-    synchronize(device)
-    start = time.perf_counter()
-    out = fn()
-    synchronize(device)
-    return out, time.perf_counter() - start
-
-
 def _timed_stages(row: Row, device: torch.device):
     def stage(name: str, fn):
-        out, seconds = _timed(fn, device)
+        out, seconds = timed(fn, device)
         row.parts[name].append(seconds)
         return out
 
@@ -156,14 +148,6 @@ def bench_step(row: Row, x: torch.Tensor, y: torch.Tensor, stage=untimed) -> Non
         train_step(row.step, x, y, indices, stage)
 
 
-def make_batch(batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """A fixed CIFAR-10-shaped batch: ``(B, 3, 32, 32)`` inputs and ``(B,)`` labels."""
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(batch, 3, 32, 32, generator=generator).to(device)  # (B, 3, 32, 32)
-    y = torch.randint(0, 10, (batch,), generator=generator).to(device)  # (B,)
-    return x, y
-
-
 def time_rows(
     rows: list[Row], args, device: torch.device, after_repeat: Callable[[int], object] | None = None
 ) -> None:
@@ -175,7 +159,7 @@ def time_rows(
             bench_step(row, x, y)
     for repeat in range(1, args.repeats + 1):
         for row in rows:
-            _, seconds = _timed(
+            _, seconds = timed(
                 lambda row=row: [bench_step(row, x, y) for _ in range(args.steps)], device
             )
             row.step_times.append(seconds / args.steps)
@@ -285,13 +269,10 @@ def summarize(rows: list[Row], args, device: torch.device) -> dict:
                 "profile": row.profile,
             }
         )
-    return {
-        "benchmark": "epoch",
-        "settings": {**vars(args), "device": str(device), "epoch_examples": EPOCH_EXAMPLES},
-        "machine": describe_machine(device),
-        "memory_method": memory_method(device),
-        "rows": results,
-    }
+    settings = {"device": str(device), "epoch_examples": EPOCH_EXAMPLES}
+    return bench_report(
+        "epoch", args, device, settings, memory_method=memory_method(device), rows=results
+    )
 
 
 def _ms(value: float | None, width: int) -> str:

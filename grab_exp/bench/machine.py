@@ -121,6 +121,16 @@ def add_device_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def bench_report(
+    name: str, args, device: torch.device, settings: dict | None = None, **entries
+) -> dict:
+    """A benchmark's JSON report: ``benchmark`` (``name``), ``settings`` (the options, updated
+    with ``settings``), ``machine`` (:func:`describe_machine` of ``device``), then ``entries``
+    (``rows``, ...)."""
+    report = {"benchmark": name, "settings": {**vars(args), **(settings or {})}}
+    return {**report, "machine": describe_machine(device), **entries}
+
+
 def write_report(path: str | Path, report: dict) -> None:
     """Write a benchmark's report as indented JSON, creating the folder; atomically (a
     temporary file renamed over it), so a killed benchmark leaves its last complete write."""

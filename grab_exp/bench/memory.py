@@ -14,7 +14,7 @@ steps (model, optimizer and ordering state, last gradients).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from itertools import accumulate
 
 import torch
@@ -33,6 +33,11 @@ CPU_METHOD = (
     "torch.profiler (profile_memory=True) over two consecutive steps: maximum of the running "
     "sum of the second step's CPU allocation (+bytes) and free (-bytes) events in time order"
 )
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """The bytes of ``tensors``' elements."""
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def memory_method(device: torch.device) -> str:

@@ -11,7 +11,7 @@ import argparse
 import torch
 
 from grab_exp.balance import Ordering, make_ordering
-from grab_exp.bench.machine import add_device_option, bench_parser, describe_machine, write_report
+from grab_exp.bench.machine import add_device_option, bench_parser, bench_report, write_report
 from grab_exp.bench.timing import EpochCursor, median_seconds
 
 
@@ -24,12 +24,7 @@ def bench_variant(name: str, n: int, d: int, batch: int, repeats: int, device, *
     generator = torch.Generator(device=device).manual_seed(0)
     grads = torch.randn(batch, d, generator=generator, device=device)  # (B, d)
     cursor = EpochCursor(ordering, batch)
-
-    def one_step() -> None:
-        cursor.next()
-        ordering.step(grads)
-
-    seconds = median_seconds(one_step, torch.device(device), repeats)
+    seconds = median_seconds(lambda: cursor.step(grads), torch.device(device), repeats)
     row = {"variant": name, **options}
     return {**row, "step_ms": seconds * 1e3, "state_bytes": ordering.state_bytes()}
 
@@ -68,11 +63,5 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for row in rows:
         label = row["variant"] + (f" D={row['depth']}" if "depth" in row else "")
         print(f"{label:<20}{row['step_ms']:>12.3f}{row['state_bytes']:>16,}")
-    report = {
-        "benchmark": "orderings",
-        "settings": vars(args),
-        "machine": describe_machine(torch.device(args.device)),
-        "rows": rows,
-    }
-    write_report(args.out, report)
+    write_report(args.out, bench_report("orderings", args, torch.device(args.device), rows=rows))
     return rows

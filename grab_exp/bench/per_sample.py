@@ -10,14 +10,14 @@ reported with its one-line reason instead of a time.
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Callable
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from grab_exp.bench.machine import add_device_option, bench_parser, describe_machine, write_report
+from grab_exp.bench.machine import add_device_option, bench_parser, bench_report, write_report
+from grab_exp.bench.timing import interleaved_seconds
 from grab_exp.models import LeNet
 from grab_exp.per_sample import batchnorm_to_groupnorm, make_per_sample
 from grab_exp.per_sample.verify import per_example_grads
@@ -123,14 +123,7 @@ def bench_model(name: str, repeats: int, device: torch.device) -> dict:
     x, y = (t.to(device) for t in batch(torch.Generator().manual_seed(0)))
     methods = _methods(model, loss_fn, x, y)
     timed = {m: f for m, f in methods.items() if callable(f)}
-    times: dict[str, list[float]] = {m: [] for m in timed}
-    for _ in range(repeats):
-        for method, step in timed.items():
-            start = time.perf_counter()
-            step()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times[method].append(time.perf_counter() - start)
+    times = interleaved_seconds(timed, device, repeats, warmup=0)
     ms = {m: sorted(t)[len(t) // 2] * 1e3 for m, t in times.items()}
     return {
         "model": name,
@@ -164,7 +157,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f"--models: unknown {unknown} (allowed: {', '.join(MODELS)}), or --repeats < 1"
         )
     device = torch.device(args.device)
-    machine = describe_machine(device)
     rows = [bench_model(name, args.repeats, device) for name in names]
     for row in rows:
         over = row["over_plain"]
@@ -172,6 +164,5 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(f"{row['model']:>12}: {cells}")
         for method, reason in row["refused"].items():
             print(f"{'':>12}  {method} refused: {reason}")
-    report = {"benchmark": "per_sample", "settings": vars(args), "machine": machine, "rows": rows}
-    write_report(args.out, report)
+    write_report(args.out, bench_report("per_sample", args, device, rows=rows))
     return rows

@@ -15,14 +15,15 @@ sketch: materializing the factored blocks, which the sketch reads block by block
 from __future__ import annotations
 
 import argparse
+import functools
 
 import torch
 from torch.nn import functional as F
 
 from grab_exp.balance import make_ordering
-from grab_exp.bench.machine import add_device_option, bench_parser, describe_machine, write_report
-from grab_exp.bench.memory import memory_method, peak_step_bytes
-from grab_exp.bench.timing import EpochCursor, median_seconds
+from grab_exp.bench.machine import add_device_option, bench_parser, bench_report, write_report
+from grab_exp.bench.memory import memory_method, peak_step_bytes, tensor_bytes
+from grab_exp.bench.timing import EpochCursor, make_batch, median_seconds
 from grab_exp.models import MLP
 from grab_exp.per_sample import PerSamplePipeline
 
@@ -39,9 +40,7 @@ def gradients(hidden: tuple[int, ...], batch: int, device: torch.device, factors
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = MLP(hidden=hidden).to(device)
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(batch, 3, 32, 32, generator=generator).to(device)  # (B, 3, 32, 32)
-    y = torch.randint(0, 10, (batch,), generator=generator).to(device)  # (B,)
+    x, y = make_batch(batch, device)  # (B, 3, 32, 32), (B,)
     pipeline = PerSamplePipeline(model, F.cross_entropy, factors=factors)
     seconds = median_seconds(lambda: pipeline(x, y), device, 3, warmup=1)
     _, grads = pipeline(x, y)
@@ -63,12 +62,7 @@ def bench_ordering(name: str, kind: str | None, made: dict, d: int, args, device
         options.update(projection_dim=args.k, projection_kind=kind)
     ordering = make_ordering(name, args.n, d, device=device, **options)
     grads, _, _, method = made[ordering.takes_factors]
-    cursor = EpochCursor(ordering, grads.rows)
-
-    def one_step() -> None:
-        cursor.next()
-        ordering.step(grads)
-
+    one_step = functools.partial(EpochCursor(ordering, grads.rows).step, grads)
     seconds = median_seconds(one_step, device, args.repeats, warmup=args.warmup)
     return {
         "variant": name,
@@ -80,9 +74,7 @@ def bench_ordering(name: str, kind: str | None, made: dict, d: int, args, device
         "step_peak_bytes": peak_step_bytes(one_step, device),
         # buffers the ordering keeps between steps besides its state (the (B, d) concatenation
         # of a gradient dict without projection; only (B, k) ones with it)
-        "scratch_bytes": sum(
-            t.numel() * t.element_size() for t in ordering._scratch_buffers.values()
-        ),
+        "scratch_bytes": tensor_bytes(ordering._scratch_buffers.values()),
     }
 
 
@@ -142,16 +134,17 @@ def main(argv: list[str] | None = None) -> dict:
     made = {factors: gradients(hidden, args.batch, device, factors) for factors in (True, False)}
     d = made[False][1]
     rows = [bench_ordering(v, k, made, d, args, device) for v in VARIANTS for k in PROJECTIONS]
-    report = {
-        "benchmark": "projection",
-        "settings": {**vars(args), "hidden": list(hidden), "d": d, "device": str(device)},
-        "machine": describe_machine(device),
-        "memory_method": memory_method(device),
-        "grads_ms": {method: seconds * 1e3 for _, _, seconds, method in made.values()},
+    report = bench_report(
+        "projection",
+        args,
+        device,
+        {"hidden": list(hidden), "d": d, "device": str(device)},
+        memory_method=memory_method(device),
+        grads_ms={method: seconds * 1e3 for _, _, seconds, method in made.values()},
         # the alternative to the hook path's rows for a sketch: materialize the factors
-        "materialize_ms": materialize_seconds(made[True][0], device, args.repeats) * 1e3,
-        "rows": with_ratios(rows),
-    }
+        materialize_ms=materialize_seconds(made[True][0], device, args.repeats) * 1e3,
+        rows=with_ratios(rows),
+    )
     print_table(report)
     write_report(args.out, report)
     return report

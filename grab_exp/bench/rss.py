@@ -20,7 +20,7 @@ import sys
 import torch
 from torch.nn import functional as F
 
-from grab_exp.bench.machine import bench_parser, describe_machine, write_report
+from grab_exp.bench.machine import bench_parser, bench_report, write_report
 from grab_exp.models import MLP
 from grab_exp.per_sample import ClassicPipeline, PerSamplePipeline
 from grab_exp.runner.training.step import StepParts, train_step
@@ -86,11 +86,6 @@ def main(argv: list[str] | None = None) -> dict:
             f"{row['arm']:<15}{row['peak_rss_bytes'] / 2**20:>10.0f} MB peak RSS"
             f"{row['above_classic_bytes'] / 2**20:>10.0f} MB above classic"
         )
-    report = {
-        "benchmark": "rss",
-        "settings": vars(args),
-        "machine": describe_machine(torch.device("cpu")),
-        "rows": rows,
-    }
+    report = bench_report("rss", args, torch.device("cpu"), rows=rows)
     write_report(args.out, report)
     return report

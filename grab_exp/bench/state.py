@@ -19,19 +19,15 @@ scratch on the CPU, cuDNN workspaces on CUDA) are not counted.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable
 
 import torch
 
-from grab_exp.bench.epoch import ROWS, Row, bench_step, build_row, make_batch
-from grab_exp.bench.machine import add_device_option, bench_parser, describe_machine, write_report
-from grab_exp.bench.memory import memory_method, peak_step_bytes
+from grab_exp.bench.epoch import ROWS, Row, bench_step, build_row
+from grab_exp.bench.machine import add_device_option, bench_parser, bench_report, write_report
+from grab_exp.bench.memory import memory_method, peak_step_bytes, tensor_bytes
+from grab_exp.bench.timing import make_batch
 
 PARTS = ("model", "gradients", "optimizer", "per_sample", "ordering", "step_peak")
-
-
-def _bytes(tensors: Iterable[torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def training_state(row: Row, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> dict:
@@ -40,9 +36,9 @@ def training_state(row: Row, x: torch.Tensor, y: torch.Tensor, device: torch.dev
     params = list(step.model.parameters())
     states = step.optimizer.state.values()
     sizes = {
-        "model": _bytes(params),
-        "gradients": _bytes(p.grad for p in params if p.grad is not None),
-        "optimizer": _bytes(t for s in states for t in s.values() if torch.is_tensor(t)),
+        "model": tensor_bytes(params),
+        "gradients": tensor_bytes(p.grad for p in params if p.grad is not None),
+        "optimizer": tensor_bytes(t for s in states for t in s.values() if torch.is_tensor(t)),
         "per_sample": step.pipeline.state_bytes(),
         "ordering": row.ordering.state_bytes(),
         "step_peak": peak_step_bytes(lambda: bench_step(row, x, y), device),
@@ -77,12 +73,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"{'row':<16}" + "".join(f"{p:>12}" for p in (*PARTS, "total")) + "   (MiB)")
     for r in rows:
         print(f"{r['row']:<16}" + "".join(f"{r[p] / 2**20:>12.3f}" for p in (*PARTS, "total")))
-    report = {
-        "benchmark": "state",
-        "settings": vars(args),
-        "machine": describe_machine(device),
-        "memory_method": memory_method(device),
-        "rows": rows,
-    }
+    report = bench_report("state", args, device, memory_method=memory_method(device), rows=rows)
     write_report(args.out, report)
     return rows

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from hydra.experimental.callback import Callback
 
-from grab_exp.bench.machine import bench_parser, describe_machine, write_report
+from grab_exp.bench.machine import bench_parser, bench_report, write_report
 from grab_exp.report.collect import METRICS_FILE, read_metrics
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -233,12 +233,8 @@ def main(argv: list[str] | None = None) -> dict:
         warm_data_cache()
     runs = [run_setting(setting, args) for setting in settings]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    report = {
-        "benchmark": "sweep",
-        "settings": {**vars(args), "command": command_template(args)},
-        "machine": describe_machine(device),
-        "results": summarize(settings, runs),
-    }
+    command = {"command": command_template(args)}
+    report = bench_report("sweep", args, device, command, results=summarize(settings, runs))
     print_table(report)
     write_report(args.out, report)
     return report

@@ -1,4 +1,5 @@
-"""Timing helpers: medians of repeats, device-synchronized; an ordering's next batches."""
+"""Timing helpers: medians of repeats, device-synchronized; an ordering's next batches; a
+fixed batch."""
 
 from __future__ import annotations
 
@@ -32,6 +33,19 @@ class EpochCursor:
         self.stepped += self.rows
         return indices
 
+    def step(self, grads) -> None:
+        """The ordering's ``step`` on ``grads`` at the next batch (:meth:`next`)."""
+        self.next()
+        self.ordering.step(grads)
+
+
+def make_batch(batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed CIFAR-10-shaped batch: ``(B, 3, 32, 32)`` inputs and ``(B,)`` labels."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, 3, 32, 32, generator=generator).to(device)  # (B, 3, 32, 32)
+    y = torch.randint(0, 10, (batch,), generator=generator).to(device)  # (B,)
+    return x, y
+
 
 def synchronize(device: torch.device) -> None:
     """Wait for queued work on ``device`` (a no-op on the CPU)."""
@@ -39,17 +53,32 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def timed(fn: Callable[[], object], device: torch.device) -> tuple[object, float]:
+    """``fn()``'s result and its wall seconds, ``device`` synchronized before and after."""
+    synchronize(device)
+    start = time.perf_counter()
+    out = fn()
+    synchronize(device)
+    return out, time.perf_counter() - start
+
+
+def interleaved_seconds(
+    calls: dict[str, Callable[[], object]], device: torch.device, repeats: int, warmup: int = 3
+) -> dict[str, list[float]]:
+    """Wall seconds of each call over ``repeats`` interleaved rounds (call 1, call 2, ..., call
+    1, ...) after ``warmup`` untimed rounds, each call timed on its own; name -> its times."""
+    for _ in range(warmup):
+        for call in calls.values():
+            call()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, call in calls.items():
+            times[name].append(timed(call, device)[1])
+    return times
+
+
 def median_seconds(
     fn: Callable[[], object], device: torch.device, repeats: int, warmup: int = 3
 ) -> float:
     """Median wall time of ``fn()`` over ``repeats`` calls after ``warmup`` calls."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(interleaved_seconds({"fn": fn}, device, repeats, warmup)["fn"])

@@ -13,28 +13,21 @@ from __future__ import annotations
 import argparse
 
 import torch
-from omegaconf import OmegaConf
 
 from grab_exp.bench.epoch import EPOCH_EXAMPLES, build_row, summarize, time_rows
-from grab_exp.bench.machine import add_device_option, bench_parser, describe_machine, write_report
-from grab_exp.runner.rundir.identity import CONF_DIR
+from grab_exp.bench.machine import add_device_option, bench_parser, bench_report, write_report
+from grab_exp.report.table1_table import conf_choices, swept
 
 
 def arm_choices(arm: str) -> tuple[str, str]:
     """``(pipeline, optimizer)`` that ``conf/arm/<arm>.yaml`` overrides (ordering: rr)."""
-    defaults = OmegaConf.load(CONF_DIR / "arm" / f"{arm}.yaml").defaults
-    chosen = {key.rsplit("/", 1)[-1]: value for entry in defaults for key, value in entry.items()}
+    chosen = conf_choices("arm", arm)
     return chosen["pipeline"], chosen["optimizer"]
 
 
-def sweep_arms() -> list[str]:
-    """The arms of ``experiment=vrgd_large_batch``'s sweep, in its order (the first is the base)."""
-    experiment = OmegaConf.load(CONF_DIR / "experiment" / "vrgd_large_batch.yaml")
-    return str(experiment.hydra.sweeper.params.arm).split(",")
-
-
-#: arm -> (pipeline, optimizer option), read from conf/ (the arms exist there only)
-ARMS = {arm: arm_choices(arm) for arm in sweep_arms()}
+#: arm -> (pipeline, optimizer option), read from conf/ (the arms exist there only), in the order
+#: of ``experiment=vrgd_large_batch``'s sweep (the first is the base)
+ARMS = {arm: arm_choices(arm) for arm in swept("vrgd_large_batch", "arm")}
 
 
 def time_batch(batch: int, args, device: torch.device) -> list[dict]:
@@ -74,12 +67,8 @@ def main(argv: list[str] | None = None) -> dict:
     device = torch.device(args.device)
     batches = [int(b) for b in args.batches.split(",")]
     rows = [row for batch in batches for row in time_batch(batch, args, device)]
-    report = {
-        "benchmark": "vrgd",
-        "settings": {**vars(args), "device": str(device), "epoch_examples": EPOCH_EXAMPLES},
-        "machine": describe_machine(device),
-        "rows": rows,
-    }
+    settings = {"device": str(device), "epoch_examples": EPOCH_EXAMPLES}
+    report = bench_report("vrgd", args, device, settings, rows=rows)
     print(f"{'batch':>6} {'arm':<13} {'step ms':>9} {'epoch s':>8} {'x sgd':>6} {'gsnr ms':>8}")
     for r in rows:
         gsnr = "-" if r["gsnr_ms"] is None else f"{r['gsnr_ms']:.1f}"

@@ -26,7 +26,7 @@ from grab_exp.report.table1_figures import figure1, figure2
 from grab_exp.report.table1_table import (
     DEFAULT_PAPER_CSV,
     ROW_ORDER,
-    EpochBench,
+    BenchRows,
     Table1,
     build_table1,
     color_of,
@@ -46,7 +46,7 @@ from grab_exp.report.table1_table import (
 __all__ = [
     "DEFAULT_PAPER_CSV",
     "ROW_ORDER",
-    "EpochBench",
+    "BenchRows",
     "ReportWarning",
     "RunLoadError",
     "Table1",

@@ -1,4 +1,4 @@
-"""The tidy run frame: its columns, the check of a metrics table, stacking; the report's errors.
+"""The tidy run frame: its columns and the check of a metrics table; the report's errors.
 
 One row per (run, epoch): ``run`` (where it came from), ``variant``, ``pipeline``, ``seed``,
 ``device``, ``epoch`` and the metric columns (``train/loss``, ``test/acc``, ``time/epoch_s``,
@@ -98,10 +98,3 @@ def _metrics_problem(metrics: pd.DataFrame) -> str | None:
 def metric_columns(frame: pd.DataFrame) -> list[str]:
     """The metric columns of a frame (everything but :data:`ID_COLUMNS`)."""
     return [c for c in frame.columns if c not in ID_COLUMNS]
-
-
-def concat_runs(frames: list[pd.DataFrame]) -> pd.DataFrame:
-    """Stack per-run frames; an empty frame with the id columns when there are none."""
-    if not frames:
-        return pd.DataFrame(columns=list(ID_COLUMNS))
-    return pd.concat(frames, ignore_index=True)

@@ -20,24 +20,30 @@ from omegaconf import OmegaConf
 
 from grab_exp.logging.files import shown
 from grab_exp.report.collect import Record
-from grab_exp.report.frames import ReportWarning, concat_runs, warn_skip
+from grab_exp.report.frames import ID_COLUMNS, ReportWarning, warn_skip
 from grab_exp.report.render import cell, percent, seconds
 from grab_exp.runner.rundir.identity import CONF_DIR
 from grab_exp.runner.rundir.resolvers import variant_dir
 
 
+def conf_choices(group: str, name: str) -> dict[str, str]:
+    """What the defaults of ``conf/<group>/<name>.yaml`` choose, group -> option, e.g.
+    ``{"balance": "mean", "pipeline": "functional"}``."""
+    defaults = OmegaConf.load(CONF_DIR / group / f"{name}.yaml").defaults
+    return {key.rsplit("/", 1)[-1]: value for entry in defaults for key, value in entry.items()}
+
+
+def swept(experiment: str, key: str) -> list[str]:
+    """The values ``conf/experiment/<experiment>.yaml`` sweeps ``key`` over, in its order."""
+    params = OmegaConf.load(CONF_DIR / "experiment" / f"{experiment}.yaml").hydra.sweeper.params
+    return [value.strip() for value in str(params[key]).split(",")]
+
+
 def table1_rows() -> tuple[tuple[str, str], ...]:
     """Table 1's rows as ``(variant, pipeline)``, in the order ``conf/experiment/table1.yaml``
     sweeps them, each from the ``/balance`` and ``/pipeline`` of its ``conf/row/<row>.yaml``."""
-    sweep = OmegaConf.load(CONF_DIR / "experiment" / "table1.yaml").hydra.sweeper.params.row
-    rows = []
-    for name in str(sweep).split(","):
-        defaults = OmegaConf.load(CONF_DIR / "row" / f"{name.strip()}.yaml").defaults
-        chosen = {
-            key.rsplit("/", 1)[-1]: value for entry in defaults for key, value in entry.items()
-        }
-        rows.append((chosen["balance"], chosen["pipeline"]))
-    return tuple(rows)
+    rows = (conf_choices("row", name) for name in swept("table1", "row"))
+    return tuple((chosen["balance"], chosen["pipeline"]) for chosen in rows)
 
 
 #: Table 1's rows, in the report's order, as ``(variant, pipeline)`` (see :func:`table1_rows`).
@@ -51,11 +57,6 @@ COLORS = ("#7f7f7f", "#000000", "#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC
 EXTRA_COLORS = ("#56B4E9", "#F0E442", "#8c564b", "#17becf", "#bcbd22", "#9467bd")
 STYLES = (((0, (1, 1.2)), "o"), ("--", "x"), ("-", "s"), ("-.", "^"), ((0, (5, 1.5)), "v"))
 STYLES += (("-", "D"), ((0, (3, 1, 1, 1, 1, 1)), "P"))
-
-
-def row_key(variant: str, pipeline: str) -> str:
-    """The row's short key, its run directories' name: ``rr``, ``rr-classic``, ``mean``..."""
-    return variant_dir(variant, pipeline)
 
 
 def row_label(variant: str, pipeline: str) -> str:
@@ -88,7 +89,7 @@ def color_of(variant: str, pipeline: str) -> str:
     rank = row_rank(variant, pipeline)[0]
     if rank < len(COLORS):
         return COLORS[rank]
-    return EXTRA_COLORS[sum(map(ord, row_key(variant, pipeline))) % len(EXTRA_COLORS)]
+    return EXTRA_COLORS[sum(map(ord, variant_dir(variant, pipeline))) % len(EXTRA_COLORS)]
 
 
 def line_style(variant: str, pipeline: str) -> tuple[object, str]:
@@ -101,7 +102,10 @@ def runs_frame(runs: Iterable[Record]) -> pd.DataFrame:
     """The tidy frame of Table 1's runs (records of :mod:`grab_exp.report.collect`), in the
     report's order; of two runs sharing variant, pipeline and seed, the later one is dropped with
     a warning (pass one sweep's runs)."""
-    frame = concat_runs([run_frame for run_frame, _ in runs])
+    frames = [run_frame for run_frame, _ in runs]
+    if not frames:
+        return pd.DataFrame(columns=list(ID_COLUMNS))
+    frame = pd.concat(frames, ignore_index=True)
     ids = frame[["run", "variant", "pipeline", "seed"]].drop_duplicates()
     duplicated = ids.duplicated(["variant", "pipeline", "seed"])
     for _, row in ids[duplicated].iterrows():
@@ -122,17 +126,19 @@ def runs_frame(runs: Iterable[Record]) -> pd.DataFrame:
 
 
 @dataclass
-class EpochBench:
-    """Per-row idle-machine times: ``variant``, ``pipeline``, ``step_ms``, ``epoch_s``.
+class BenchRows:
+    """Table 1's rows of a ``python -m grab_exp.bench`` JSON: ``variant``, ``pipeline`` and the
+    file's values (an ``epoch`` benchmark's ``step_ms`` and ``epoch_s``, :func:`read_epoch_bench`;
+    a ``state`` one's ``state_mb``, :func:`read_training_state`).
 
     Attributes:
-        times: One row per Table 1 row of the file.
+        rows: One row per Table 1 row of the file.
         source: The JSON file, as the report's captions name it.
         machine: The file's ``machine`` block (``commit``, ``dirty``, ``torch_threads``,
             ``cpu``, ``gpu``...; files written before a key existed lack it).
     """
 
-    times: pd.DataFrame
+    rows: pd.DataFrame
     source: str
     machine: dict = field(default_factory=dict)
 
@@ -154,14 +160,18 @@ class EpochBench:
 
 
 def read_bench_rows(
-    path: str | os.PathLike[str], benchmark: str, columns: dict[str, Callable[[dict], float]]
-) -> tuple[pd.DataFrame, dict]:
-    """Table 1's rows of a ``python -m grab_exp.bench <benchmark>`` JSON, and the whole file.
+    path: str | os.PathLike[str],
+    benchmark: str,
+    columns: dict[str, Callable[[dict], float]],
+    name: str | None = None,
+) -> BenchRows:
+    """Table 1's rows of a ``python -m grab_exp.bench <benchmark>`` JSON.
 
     Args:
         path: The JSON file.
         benchmark: The benchmark that must have written it.
         columns: Column name -> its value from a row of the file.
+        name: How captions cite the file (default: ``path`` relative to the working directory).
 
     Raises:
         ValueError: not a ``benchmark`` file, or without Table 1's rows.
@@ -169,18 +179,18 @@ def read_bench_rows(
     data = json.loads(Path(path).read_text())
     if data.get("benchmark") != benchmark:
         raise ValueError(f"{path}: not a `python -m grab_exp.bench {benchmark}` file")
-    keys = {row_key(*row): row for row in ROW_ORDER}
+    keys = {variant_dir(*row): row for row in ROW_ORDER}  # the rows' run directory names
     rows = [
         {"variant": keys[r["row"]][0], "pipeline": keys[r["row"]][1],
-         **{name: value(r) for name, value in columns.items()}}
+         **{column: value(r) for column, value in columns.items()}}
         for r in data["rows"] if r["row"] in keys
     ]  # fmt: skip
     if not rows:
         raise ValueError(f"{path}: no Table 1 row ({', '.join(keys)})")
-    return pd.DataFrame(rows), data
+    return BenchRows(pd.DataFrame(rows), name or shown(path), data.get("machine", {}))
 
 
-def read_epoch_bench(path: str | os.PathLike[str], name: str | None = None) -> EpochBench:
+def read_epoch_bench(path: str | os.PathLike[str], name: str | None = None) -> BenchRows:
     """The Table 1 rows of an ``epoch`` benchmark JSON (its VRGD rows are left out).
 
     ``name`` is how captions cite the file (default: ``path`` relative to the working directory).
@@ -189,34 +199,20 @@ def read_epoch_bench(path: str | os.PathLike[str], name: str | None = None) -> E
         ValueError: not an ``epoch`` benchmark, or without Table 1's rows.
     """
     columns = {"step_ms": lambda r: float(r["step_ms"]), "epoch_s": lambda r: float(r["epoch_s"])}
-    times, data = read_bench_rows(path, "epoch", columns)
-    return EpochBench(times, name or shown(path), data.get("machine", {}))
+    return read_bench_rows(path, "epoch", columns, name)
 
 
-def read_training_state(path: str | os.PathLike[str], name: str | None = None) -> TrainingState:
-    """The Table 1 rows of a ``state`` benchmark JSON (``python -m grab_exp.bench state``).
+def read_training_state(path: str | os.PathLike[str], name: str | None = None) -> BenchRows:
+    """The Table 1 rows of a ``state`` benchmark JSON (``python -m grab_exp.bench state``):
+    ``state_mb``, the MiB allocated for model, gradients, optimizer, per-sample buffer, ordering
+    state and the step's peak.
 
     ``name`` is how captions cite the file (default: ``path`` relative to the working directory).
 
     Raises:
         ValueError: not a ``state`` benchmark, or without Table 1's rows.
     """
-    sizes, _ = read_bench_rows(path, "state", {"state_mb": lambda r: r["total"] / 2**20})
-    return TrainingState(sizes, name or shown(path))
-
-
-@dataclass
-class TrainingState:
-    """Per-row training-state memory: ``variant``, ``pipeline``, ``state_mb`` (MiB allocated for
-    model, gradients, optimizer, per-sample buffer, ordering state and the step's peak).
-
-    Attributes:
-        sizes: One row per Table 1 row of the file.
-        source: The JSON file, as the report's captions name it.
-    """
-
-    sizes: pd.DataFrame
-    source: str
+    return read_bench_rows(path, "state", {"state_mb": lambda r: r["total"] / 2**20}, name)
 
 
 # ------------------------------------------------------------------ the numbers
@@ -252,7 +248,7 @@ class Table1:
             runs that logged no step peak), ``rss`` or ``mixed``.
         devices: The distinct devices the runs trained on.
         time_source: The benchmark file of ``bench_epoch_s`` (``None``: no time overheads).
-        time_machine: Its commit, threads and processor (:meth:`EpochBench.describe_machine`).
+        time_machine: Its commit, threads and processor (:meth:`BenchRows.describe_machine`).
         memory_file: The ``state`` benchmark file of the memory column (``None``: the runs').
     """
 
@@ -323,8 +319,8 @@ def peak_memory(epochs: pd.DataFrame) -> tuple[float, str]:
 def build_table1(
     frame: pd.DataFrame,
     early_epoch: int = EARLY_EPOCH,
-    bench: EpochBench | None = None,
-    state: TrainingState | None = None,
+    bench: BenchRows | None = None,
+    state: BenchRows | None = None,
 ) -> Table1:
     """Aggregate the tidy run frame into Table 1 (see :class:`Table1`).
 
@@ -350,7 +346,7 @@ def build_table1(
     sources = set(runs["mem_source"])
     source = sources.pop() if len(sources) == 1 else "mixed"
     if state is not None:
-        runs = runs.merge(state.sizes, how="left").assign(peak_mem_mb=lambda r: r["state_mb"])
+        runs = runs.merge(state.rows, how="left").assign(peak_mem_mb=lambda r: r["state_mb"])
         runs = runs.drop(columns="state_mb").assign(mem_source="state")
         source = "state"
     renames = {
@@ -368,12 +364,17 @@ def build_table1(
         renames["peak_mem_mb"],
     ]
     data = aggregate(runs, metrics)
-    times = bench.times[["variant", "pipeline", "epoch_s"]] if bench else None
-    if times is not None:
+    if bench:
+        times = bench.rows[["variant", "pipeline", "epoch_s"]]
         data = data.merge(times.rename(columns={"epoch_s": "bench_epoch_s"}), how="left")
     else:
         data["bench_epoch_s"] = float("nan")
-    add_overheads(data, "bench_epoch_s", renames["peak_mem_mb"] + "_mean")
+    # time: the idle-machine benchmark's only (a job's own timing on a shared machine is never
+    # turned into an overhead)
+    if not add_overheads(data, "bench_epoch_s", renames["peak_mem_mb"] + "_mean"):
+        warnings.warn(
+            "no functional RR row: overheads are not computed", ReportWarning, stacklevel=2
+        )
     devices = sorted(runs["device"].astype(str).unique().tolist())
     return Table1(
         data,
@@ -408,20 +409,18 @@ def aggregate(runs: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def add_overheads(data: pd.DataFrame, time_column: str, memory_column: str) -> None:
-    """Add ``time_overhead_pct`` and ``mem_overhead_pct`` relative to the functional RR row.
+def add_overheads(data: pd.DataFrame, time_column: str, memory_column: str) -> bool:
+    """Add ``time_overhead_pct`` and ``mem_overhead_pct``: ``time_column`` and ``memory_column``
+    in % over the functional RR row's (NaN without one).
 
-    ``time_column`` is the idle-machine benchmark's (NaN without one): a job's own timing on a
-    shared machine is never turned into an overhead.
+    Returns:
+        Whether ``data`` has a functional RR row.
     """
     base = data[(data["variant"] == BASELINE[0]) & (data["pipeline"] == BASELINE[1])]
-    if base.empty:
-        warnings.warn(
-            "no functional RR row: overheads are not computed", ReportWarning, stacklevel=3
-        )
     for name, column in (("time_overhead_pct", time_column), ("mem_overhead_pct", memory_column)):
         reference = float(base[column].iloc[0]) if not base.empty else float("nan")
         data[name] = 100.0 * (data[column] / reference - 1.0)
+    return not base.empty
 
 
 def versus_rr(table: Table1) -> pd.DataFrame:
@@ -464,23 +463,23 @@ def decimals(metric: str) -> int:
 
 
 def epoch_note(table: Table1) -> tuple[str, str]:
-    """Header notes of the final and early columns, e.g. ``("final, ep. 100", "ep. 5")``;
+    """The epochs of the final and early columns, e.g. ``("ep. 100", "ep. 5")``;
     the early one reads ``ep. 3, last`` when the runs stopped before epoch 5."""
     finals = table.final_epochs
     final = f"ep. {finals[0]}" if len(finals) == 1 else f"ep. {finals[0]}-{finals[-1]}"
     early = f"ep. {table.early_epoch}"
     if table.early_epoch < EARLY_EPOCH:
         early += ", last"
-    return f"final, {final}", early
+    return final, early
 
 
 def headers(table: Table1) -> dict[str, str]:
     """Display header of each metric of ``table``."""
     final, early = epoch_note(table)
     names = [
-        f"Train loss ({final})",
+        f"Train loss (final, {final})",
         f"Train loss ({early})",
-        f"Test acc. ({final})",
+        f"Test acc. (final, {final})",
         f"Test acc. ({early})",
         "Time (s/epoch, during the runs)",
         _MEMORY_NAMES[table.memory_source],
@@ -524,8 +523,8 @@ def caption(table: Table1) -> str:
     )
     return (
         "Table 1 reproduced: mean ± std over seeds (Seeds = count); final columns at "
-        f"{final.removeprefix('final, ')}, early columns at {early}; time during the runs = "
-        "mean training seconds per epoch as the jobs measured them (machine load included; "
+        f"{final}, early columns at {early}; time during the runs = mean training seconds per "
+        "epoch as the jobs measured them (machine load included; "
         f"not comparable between rows); {bench}; memory = {memory}; "
         f"overheads relative to RR (functional). Device: {', '.join(table.devices)}."
     )
@@ -544,14 +543,16 @@ PAPER_CANDIDATES = (
 PAPER_HARDWARE = "NVIDIA GeForce RTX 2060 GPU (12-core AMD Ryzen 1920X CPU, 64 GB RAM)"
 PAPER_EPOCHS = 100
 PAPER_SEEDS = "0, 7, 42"
-PAPER_COLUMNS = (
-    "train_loss_final",
-    "train_loss_epoch5",
-    "test_acc_final",
-    "test_acc_epoch5",
-    "train_time_s_per_epoch",
-    "peak_gpu_mem_mb",
-)
+#: the published table's columns, in the order of :attr:`Table1.metrics`, and their headers
+#: (``{memory}``: what our memory column measures, :data:`MEMORY_MEANING`)
+PAPER_COLUMNS = {
+    "train_loss_final": f"Train loss (final, ep. {PAPER_EPOCHS})",
+    "train_loss_epoch5": "Train loss (ep. 5)",
+    "test_acc_final": f"Test acc. (final, ep. {PAPER_EPOCHS})",
+    "test_acc_epoch5": "Test acc. (ep. 5)",
+    "train_time_s_per_epoch": "Time (s/epoch)",
+    "peak_gpu_mem_mb": "Peak GPU mem. (MB; ours: {memory})",
+}
 
 
 def default_paper_csv() -> Path:
@@ -575,13 +576,7 @@ def read_paper(path: str | os.PathLike[str] | None = None) -> pd.DataFrame:
     missing = [c for c in ("variant", "pipeline", *PAPER_COLUMNS) if c not in paper.columns]
     if missing:
         raise ValueError(f"{path} lacks columns {missing}")
-    base = paper[(paper["variant"] == BASELINE[0]) & (paper["pipeline"] == BASELINE[1])]
-    for name, column in (
-        ("time_overhead_pct", "train_time_s_per_epoch"),
-        ("mem_overhead_pct", "peak_gpu_mem_mb"),
-    ):
-        reference = float(base[column].iloc[0]) if not base.empty else float("nan")
-        paper[name] = 100.0 * (paper[column] / reference - 1.0)
+    add_overheads(paper, "train_time_s_per_epoch", "peak_gpu_mem_mb")
     return paper
 
 
@@ -643,15 +638,8 @@ MEMORY_MEANING = {
 
 
 def _paper_header(table: Table1, metric: str) -> str:
-    column = paper_metric_map(table)[metric]
-    return {
-        "train_loss_final": f"Train loss (final, ep. {PAPER_EPOCHS})",
-        "train_loss_epoch5": "Train loss (ep. 5)",
-        "test_acc_final": f"Test acc. (final, ep. {PAPER_EPOCHS})",
-        "test_acc_epoch5": "Test acc. (ep. 5)",
-        "train_time_s_per_epoch": "Time (s/epoch)",
-        "peak_gpu_mem_mb": f"Peak GPU mem. (MB; ours: {MEMORY_MEANING[table.memory_source]})",
-    }[column]
+    header = PAPER_COLUMNS[paper_metric_map(table)[metric]]
+    return header.format(memory=MEMORY_MEANING[table.memory_source])
 
 
 def hardware_note(table: Table1, hardware: str | None = None) -> str:
@@ -661,14 +649,13 @@ def hardware_note(table: Table1, hardware: str | None = None) -> str:
     lines = [
         f"- Paper: {PAPER_HARDWARE}; {PAPER_EPOCHS} epochs; seeds {PAPER_SEEDS}; "
         "means only (no std published).",
-        f"- Ours: device {ours}; final columns at {final.removeprefix('final, ')}; early "
-        f"columns at {early}; seeds per row as in the Seeds column.",
+        f"- Ours: device {ours}; final columns at {final}; early columns at {early}; seeds per "
+        "row as in the Seeds column.",
     ]
     if table.final_epochs != [PAPER_EPOCHS]:
         lines.append(
-            f"- Our final columns are at {final.removeprefix('final, ')}, the paper's at "
-            f"ep. {PAPER_EPOCHS}: "
-            "compare the early (epoch 5) columns, and the final ones only as a trend."
+            f"- Our final columns are at {final}, the paper's at ep. {PAPER_EPOCHS}: compare "
+            "the early (epoch 5) columns, and the final ones only as a trend."
         )
     if table.memory_source == "cuda_step":
         lines.append(

@@ -32,18 +32,13 @@ from grab_exp.report.frames import RunLoadError, warn_skip
 from grab_exp.report.render import STYLE, save_figure, to_markdown
 from grab_exp.runner.rundir.identity import read_config
 
-ARMS = ("sgd_momentum", "vr_momentum", "adam", "vr_adam")
-ARM_LABELS = {
-    "sgd_momentum": "SGD-momentum",
-    "vr_momentum": "VR-Momentum",
-    "adam": "Adam",
-    "vr_adam": "VR-Adam",
-}
-ARM_STYLE = {  # one color per optimizer family; the VR arm dashed
-    "sgd_momentum": ("tab:blue", "-"),
-    "vr_momentum": ("tab:blue", "--"),
-    "adam": ("tab:orange", "-"),
-    "vr_adam": ("tab:orange", "--"),
+#: arm -> (label, color, line style), in the tables' order: one color per optimizer family, the
+#: VR arm dashed; any other arm is shown under its own name, gray and dash-dotted
+ARMS = {
+    "sgd_momentum": ("SGD-momentum", "tab:blue", "-"),
+    "vr_momentum": ("VR-Momentum", "tab:blue", "--"),
+    "adam": ("Adam", "tab:orange", "-"),
+    "vr_adam": ("VR-Adam", "tab:orange", "--"),
 }
 DEFAULT_TARGETS = (0.25, 0.45)
 HYDRA_FILES = tuple(f".hydra/{name}.yaml" for name in ("config", "hydra", "overrides"))
@@ -143,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
 
 def arm_rank(arm: str) -> tuple[int, str]:
     """Sort key: the arms of :data:`ARMS` in their order, any others after, by name."""
-    return (ARMS.index(arm), "") if arm in ARMS else (len(ARMS), arm)
+    return (list(ARMS).index(arm), "") if arm in ARMS else (len(ARMS), arm)
 
 
 def learning_rate(run_dir: str) -> float:
@@ -236,7 +231,7 @@ def display_table(table: pd.DataFrame, targets: Iterable[float]) -> pd.DataFrame
     shown = pd.DataFrame(
         {
             "Batch": table["batch_size"].astype(str),
-            "Optimizer": table["arm"].map(ARM_LABELS).fillna(table["arm"]),
+            "Optimizer": [ARMS[arm][0] if arm in ARMS else arm for arm in table["arm"]],
             "lr": table["lr"].map(lambda v: f"{v:.4g}"),
             "Seeds": table["seeds"].astype(str),
             "Final test acc. (%)": [
@@ -289,9 +284,9 @@ def figure(report: Report) -> Figure:
             runs = frame[frame["batch_size"] == batch]
             curves = runs.groupby(["arm", "epoch"])[["test/acc", "train_time_s"]].mean()
             for arm in [a for a in arms if a in curves.index.get_level_values(0)]:
-                color, style = ARM_STYLE.get(arm, ("tab:gray", "-."))
+                label, color, style = ARMS.get(arm, (arm, "tab:gray", "-."))
                 curve = curves.loc[arm]
-                kw = {"color": color, "linestyle": style, "label": ARM_LABELS.get(arm, arm)}
+                kw = {"color": color, "linestyle": style, "label": label}
                 seconds = (
                     curve.index * epoch_s.get((arm, batch), float("nan"))
                     if idle

@@ -27,6 +27,7 @@ from grab_exp.models import MLP
 from grab_exp.per_sample import PerSamplePipeline
 from grab_exp.report.table1_table import read_epoch_bench
 from grab_exp.runner.launch.checks import hydra_config_of
+from grab_exp.runner.rundir.resolvers import variant_dir
 from grab_exp.runner.training.step import StepParts, train_step
 from grab_exp.sampler import GraBSampler
 
@@ -414,7 +415,7 @@ def test_a_killed_epoch_bench_leaves_a_file_the_report_reads(tmp_path):
     report = json.loads(out.read_text())
     assert not report["complete"] and report["done"][-1].startswith("timing ")
     assert all(r["peak_step_bytes"] is None for r in report["rows"])  # not measured yet
-    times = read_epoch_bench(out).times
+    times = read_epoch_bench(out).rows
     assert len(times) == len(ROWS) and (times["step_ms"] > 0).all()
 
 
@@ -460,14 +461,14 @@ def test_the_vrgd_bench_times_the_arms_that_hydra_composes(compose):
 
 def test_every_row_key_is_its_run_directory_name(compose):
     """The bench's, the report's and the run directories' key of a row are one rule."""
-    from grab_exp.report.table1_table import ROW_ORDER, row_key
+    from grab_exp.report.table1_table import ROW_ORDER
 
     for variant, pipeline in ROW_ORDER:
-        cfg = compose(["experiment=table1", f"row={row_key(variant, pipeline).replace('-', '_')}"],
-                      hydra=True)  # fmt: skip
+        row = variant_dir(variant, pipeline).replace("-", "_")
+        cfg = compose(["experiment=table1", f"row={row}"], hydra=True)
         with hydra_config_of(cfg):
             run_dir = Path(cfg.hydra.run.dir)
-        assert run_dir.parent.name == row_key(variant, pipeline) == row_name(variant, pipeline)
+        assert run_dir.parent.name == variant_dir(variant, pipeline) == row_name(variant, pipeline)
 
 
 @pytest.mark.parametrize("row", ["rr_classic", "mean", "recursive", "recursive_pair"])
@@ -475,9 +476,9 @@ def test_a_bench_row_is_built_as_its_training_job(row):
     """``bench epoch`` builds a row from the configs that ``experiment=table1 row=<row>``
     composes, through the runner's build: same model weights, ordering and its options,
     optimizer settings and pipeline, so a change under conf/ reaches both."""
-    from grab_exp.report.table1_table import ROW_ORDER, row_key
+    from grab_exp.report.table1_table import ROW_ORDER
 
-    variant, pipeline = next(r for r in ROW_ORDER if row_key(*r).replace("-", "_") == row)
+    variant, pipeline = next(r for r in ROW_ORDER if variant_dir(*r).replace("-", "_") == row)
     settings = argparse.Namespace(batch=16, method="auto")
     bench = epoch.build_row(variant, pipeline, settings, CPU)
     job = compose_job([f"row={row}", "model=lenet", "seed=0", "batch_size=16"]).parts
