@@ -6,7 +6,7 @@ from omegaconf import DictConfig
 
 from grab_exp.devices import resolve_device, set_cuda_policy
 from grab_exp.runner.training.data_parallel import connect_data_parallel
-from grab_exp.runner.training.strategy import SingleProcess, Strategy
+from grab_exp.runner.training.strategy import Strategy
 
 
 def connect(cfg: DictConfig) -> Strategy:
@@ -15,6 +15,6 @@ def connect(cfg: DictConfig) -> Strategy:
     if options.enabled or options.simulate_workers:
         strategy = connect_data_parallel(cfg)
     else:
-        strategy = SingleProcess(resolve_device(cfg.device))
+        strategy = Strategy(resolve_device(cfg.device))
     set_cuda_policy(strategy.device, cfg.trainer.tf32)
     return strategy

@@ -1,16 +1,11 @@
 """What differs between a job in one process and one over data-parallel workers.
 
-The job lifecycle (:mod:`grab_exp.runner.training.job`) and the epoch
-(:mod:`grab_exp.runner.training.epoch`) use only the small interface of :class:`Strategy`: build the
-ordering, shard the batches, reduce gradients, finish an epoch, evaluate, and move the ordering's
-state in and out of checkpoints. :class:`SingleProcess` is one process alone;
-:mod:`grab_exp.runner.training.data_parallel` the workers;
-:func:`~grab_exp.runner.training.connect.connect` picks one.
+:class:`Strategy` is one process alone, :mod:`grab_exp.runner.training.data_parallel` the
+workers; :func:`~grab_exp.runner.training.connect.connect` picks one.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
@@ -25,8 +20,13 @@ from grab_exp.runner.config.schema import ConfigError
 OrderingFactory = Callable[..., Ordering]
 
 
-class Strategy(ABC):
-    """How a job spreads over processes.
+class Strategy:
+    """How a job spreads over processes; this base is one process training alone on ``device``.
+
+    The job and its epochs use only this small interface: build the ordering, shard the
+    batches, reduce gradients, finish an epoch, evaluate, and move the ordering's state in and
+    out of checkpoints. :class:`~grab_exp.runner.training.data_parallel.DataParallel` overrides
+    it for data-parallel workers.
 
     Attributes:
         kind: ``single`` or ``data_parallel``; recorded in checkpoints.
@@ -36,65 +36,65 @@ class Strategy(ABC):
         extra_columns: metric columns of this strategy beyond the common ones.
     """
 
-    kind: ClassVar[str]
+    kind: ClassVar[str] = "single"
     extra_columns: ClassVar[tuple[str, ...]] = ()
-    device: torch.device
-    world_size: int
-    is_writer: bool
 
-    @abstractmethod
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.world_size = 1
+        self.is_writer = True
+
     def make_ordering(self, factory: OrderingFactory, n: int, d: int, seed: int) -> Ordering:
         """The run's ordering over ``n`` examples with ``d``-value gradients."""
+        return factory(n=n, d=d, seed=seed, device=self.device)
 
-    @abstractmethod
     def index_batches(self, ordering: Ordering, batch_size: int) -> Iterator[torch.Tensor]:
         """The epoch's batches as ``(B,)`` index tensors on the device (worker-major)."""
+        return ordering.index_batches(batch_size)
 
-    @abstractmethod
     def gradient_reducer(self, model: nn.Module) -> Callable[[], None] | None:
         """What averages ``param.grad`` over the workers after the backward, if anything."""
+        return None
 
-    @abstractmethod
     def start_epoch(self, ordering: Ordering) -> None:
         """Note what :meth:`end_epoch` reports relative to the epoch's start."""
 
-    @abstractmethod
     def end_epoch(
         self, model: nn.Module, ordering: Ordering, loss_sum: torch.Tensor, steps: int
     ) -> dict[str, Any]:
         """The mean step loss (``train/running_loss``) and this strategy's extra columns."""
+        return {"train/running_loss": loss_sum.item() / steps}
 
-    @abstractmethod
     def evaluate(
         self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
     ) -> tuple[float, float]:
         """Mean loss and accuracy on a whole split."""
+        loss, acc = evaluate(model, x, y, batch_size)
+        return loss.item(), acc.item()
 
-    @abstractmethod
     def ordering_state(self, ordering: Ordering) -> Any:
         """The ordering's state for the checkpoint (collective in data-parallel jobs)."""
+        return ordering.state_dict()
 
-    @abstractmethod
     def load_ordering_state(self, ordering: Ordering, state: dict[str, Any]) -> None:
         """Restore the ordering from a checkpoint written by a job of the same kind."""
+        restore_ordering(ordering, state["ordering"])
 
-    @abstractmethod
     def barrier(self, name: str) -> None:
         """Wait for every worker."""
 
-    @abstractmethod
     def from_writer(self, value: Any, name: str) -> Any:
         """Rank 0's ``value`` on every worker."""
+        return value
 
-    @abstractmethod
     def summary_fields(self) -> dict[str, Any]:
         """Fields of ``summary.json`` that only this kind of job has."""
+        return {}
 
-    @abstractmethod
     def run_name(self, variant: str, pipeline: str, seed: int) -> str:
         """The W&B run's display name."""
+        return f"{variant}-{pipeline}-seed{seed}"
 
-    @abstractmethod
     def log_start(self, ordering: Ordering) -> None:
         """Log what a reader should know before the first epoch."""
 
@@ -110,59 +110,8 @@ def restore_ordering(ordering: Ordering, state: dict[str, Any]) -> None:
         ) from error
 
 
-class SingleProcess(Strategy):
-    """One process training alone on ``device``: one ordering over all examples."""
-
-    kind: ClassVar[str] = "single"
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.world_size = 1
-        self.is_writer = True
-
-    def make_ordering(self, factory: OrderingFactory, n: int, d: int, seed: int) -> Ordering:
-        return factory(n=n, d=d, seed=seed, device=self.device)
-
-    def index_batches(self, ordering: Ordering, batch_size: int) -> Iterator[torch.Tensor]:
-        return ordering.index_batches(batch_size)
-
-    def gradient_reducer(self, model: nn.Module) -> Callable[[], None] | None:
-        return None
-
-    def start_epoch(self, ordering: Ordering) -> None:
-        pass
-
-    def end_epoch(
-        self, model: nn.Module, ordering: Ordering, loss_sum: torch.Tensor, steps: int
-    ) -> dict[str, Any]:
-        return {"train/running_loss": loss_sum.item() / steps}
-
-    def evaluate(
-        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
-    ) -> tuple[float, float]:
-        loss, acc = evaluate(model, x, y, batch_size)
-        return loss.item(), acc.item()
-
-    def ordering_state(self, ordering: Ordering) -> Any:
-        return ordering.state_dict()
-
-    def load_ordering_state(self, ordering: Ordering, state: dict[str, Any]) -> None:
-        restore_ordering(ordering, state["ordering"])
-
-    def barrier(self, name: str) -> None:
-        pass
-
-    def from_writer(self, value: Any, name: str) -> Any:
-        return value
-
-    def summary_fields(self) -> dict[str, Any]:
-        return {}
-
-    def run_name(self, variant: str, pipeline: str, seed: int) -> str:
-        return f"{variant}-{pipeline}-seed{seed}"
-
-    def log_start(self, ordering: Ordering) -> None:
-        pass
+#: the single-process strategy's name where a caller builds one (the bench, tests)
+SingleProcess = Strategy
 
 
 def check_checkpoint_kind(strategy: Strategy, state: dict[str, Any]) -> None:
