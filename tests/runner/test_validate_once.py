@@ -1,17 +1,21 @@
-"""A job's config is validated and fingerprinted once, on its way from the command line to
-training: Hydra's callback checks it before anything is written, and the job reuses that check.
+"""A job's config is composed, validated and fingerprinted once, on its way from the command line
+to training: Hydra's callback (or the sweep) checks it before anything is written, and the job
+trains on that config and reuses that check.
 """
 
 from __future__ import annotations
 
 import json
+import pickle
 import runpy
 import sys
 
 import pytest
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
 from grab_exp.runner.config import check as config_check
 from grab_exp.runner.config import fingerprint
+from grab_exp.runner.launch import override_keys
 
 SMOKE = ("experiment=smoke", "epochs=1", "progress=none")
 
@@ -37,6 +41,29 @@ def counted(monkeypatch):
     return counts
 
 
+@pytest.fixture
+def composed(monkeypatch):
+    """Counts of compositions while the test runs: Hydra's of a whole config (``config``: its
+    mode check, then the run's or the sweep's, and every sweep job's), of each sweep job
+    (``job``), and grab_exp's own (``ours``)."""
+    counts = {"config": 0, "job": 0, "ours": 0}
+
+    def counting(method, key):
+        def count(*args, **kwargs):
+            counts[key] += 1
+            return method(*args, **kwargs)
+
+        return count
+
+    for owner, name, key in (
+        (ConfigLoaderImpl, "load_configuration", "config"),
+        (ConfigLoaderImpl, "load_sweep_config", "job"),
+        (override_keys, "compose_config", "ours"),
+    ):
+        monkeypatch.setattr(owner, name, counting(getattr(owner, name), key))
+    return counts
+
+
 def _grab_exp(monkeypatch, tmp_path, *args: str) -> None:
     """``python -m grab_exp *args`` in this process, in ``tmp_path``."""
     monkeypatch.setattr(sys, "argv", ["grab_exp", *args])
@@ -49,21 +76,60 @@ def _status(run_dir) -> str:
     return json.loads((run_dir / "summary.json").read_text())["status"]
 
 
-def test_a_single_run_validates_and_fingerprints_its_config_once(tmp_path, monkeypatch, counted):
-    """The callback validates and fingerprints; the job trains on its check."""
+def test_a_single_run_composes_validates_and_fingerprints_its_config_once(
+    tmp_path, monkeypatch, counted, composed
+):
+    """Hydra composes the config (its mode check, then the run: Hydra's own two), grab_exp
+    composes none of its own (every key of the command is known without composing); the
+    callback validates and fingerprints; the job trains on its check."""
     run_dir = tmp_path / "run"
-    _grab_exp(monkeypatch, tmp_path, *SMOKE, f"hydra.run.dir={run_dir}")
+    _grab_exp(monkeypatch, tmp_path, *SMOKE, "optimizer.lr=0.01", f"hydra.run.dir={run_dir}")
     assert _status(run_dir) == "finished"
     assert counted == {"validations": 1, "fingerprints": 1}
+    assert composed == {"config": 2, "job": 0, "ours": 0}
 
 
-def test_each_job_of_a_sweep_is_validated_once(tmp_path, monkeypatch, counted):
-    """The sweep checks every job before any starts; each job (basic launcher, in this
-    process) trains on that check."""
+def test_each_job_of_a_sweep_is_composed_and_validated_once(
+    tmp_path, monkeypatch, counted, composed
+):
+    """The sweep composes and checks every job before any starts; each job (basic launcher, in
+    this process) trains on that config and that check."""
     sweep_dir = tmp_path / "sweep"
     _grab_exp(monkeypatch, tmp_path, "-m", *SMOKE, "seed=1,2", f"hydra.sweep.dir={sweep_dir}")
     assert [_status(d) for d in sorted(sweep_dir.glob("*/seed*"))] == ["finished"] * 2
     assert counted == {"validations": 2, "fingerprints": 2}
+    # Hydra's mode check and the sweep's own config, then one per job (a job's composition is
+    # a load_configuration too); before the launcher took the checked configs: 7 and 4
+    assert composed == {"config": 4, "job": 2, "ours": 0}
+
+
+class HydrasLoader:
+    """Stands for Hydra's config loader: what it composes is told apart from a checked config."""
+
+    def load_sweep_config(self, master, overrides):
+        return ("composed by Hydra", overrides)
+
+
+def test_a_joblib_worker_gets_its_jobs_checked_config(tmp_path, monkeypatch):
+    """What a joblib task carries (pickled, one job's check only) hands the worker the job's
+    config as the sweep composed it and keeps its fingerprint for the job, so the worker
+    neither composes nor validates it again; another job's config is Hydra's to compose."""
+    from grab_run import compose_config
+
+    from grab_exp.runner.launch.checks import run_dir_of
+    from grab_exp.runner.launch.sweeper import CheckedJobs
+
+    monkeypatch.chdir(tmp_path)
+    config = compose_config(["experiment=smoke", "seed=3"], hydra=True)
+    fingerprint_of = {"config": {"seed": 3}}
+
+    loader = CheckedJobs(HydrasLoader(), {("seed=3",): (config, fingerprint_of), ("seed=4",): None})
+    task = pickle.loads(pickle.dumps(loader.only(["seed=3"])))
+    assert list(task.checked) == [("seed=3",)]
+    assert task.load_sweep_config(None, ["seed=3"]) == config
+    kept = config_check.take_checked(run_dir_of(config), config.hydra.overrides.task)
+    assert kept == fingerprint_of
+    assert task.load_sweep_config(None, ["seed=3"]) == ("composed by Hydra", ["seed=3"])
 
 
 def test_a_job_nothing_checked_validates_itself(tmp_path, counted):

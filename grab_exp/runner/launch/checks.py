@@ -1,16 +1,14 @@
 """Checks before Hydra creates anything: one job, or each job of a sweep.
 
-:func:`job_problem` is every check a job passes before its run directory, its ``.hydra/``
-folder or its log exist: the config's values (:func:`validate_config`, the one validator), then
-its run directory (not held by a live job, no earlier run of another config). Hydra calls
-:class:`ValidateFirst` (registered in ``conf/config.yaml``, ``hydra.callbacks``) for a single
-run after composing its config and before it writes anything; a sweep's
-:class:`~grab_exp.runner.launch.sweeper.Sweeper` runs :func:`job_problem` on each job before it
-launches any. A job checked so in the process that runs it is checked once: its fingerprint is kept
+:func:`check_job` is every check a job passes before its run directory, its ``.hydra/`` folder
+or its log exist: the config's values (:func:`validate_config`, the one validator), then its run
+directory (not held by a live job, no earlier run of another config). Hydra calls
+:class:`ValidateFirst` (``conf/config.yaml``'s ``hydra.callbacks``) for a single run before it
+writes anything; a sweep's :class:`~grab_exp.runner.launch.sweeper.Sweeper` checks each job
+before it launches any. The job's fingerprint is kept
 (:func:`~grab_exp.runner.config.check.take_checked`) for
-:func:`~grab_exp.runner.training.job.run_job`, which validates only a job that nothing checked in
-its process (a caller outside Hydra's command line, a joblib worker) and checks the directory under
-its lock.
+:func:`~grab_exp.runner.training.job.run_job`, which validates only a job that nothing checked
+(a caller outside Hydra's command line) and checks the directory again under its lock.
 """
 
 from __future__ import annotations
@@ -22,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from grab_exp.logging.files import DamagedFileError
 from grab_exp.runner.config.check import keep_checked, validate_config
@@ -55,36 +52,29 @@ def run_dir_of(config: DictConfig) -> Path:
         return Path(config.hydra.run.dir).absolute()
 
 
-def job_problem(config: DictConfig) -> str | None:
-    """The one-line reason a composed job config cannot run, or ``None`` when it can.
+#: what :func:`check_job` refuses a job with, each one line for users
+JOB_ERRORS = (ConfigError, RunDirInUseError, DamagedFileError)
 
-    Its values first, then its run directory: held by a live job, an unreadable summary, or an
-    earlier run of another config there. A job that can run keeps its fingerprint for
-    :func:`~grab_exp.runner.config.check.take_checked`.
+
+def check_job(config: DictConfig) -> dict[str, Any]:
+    """Check a composed job config: its values first, then its run directory (held by a live
+    job, an unreadable summary, or an earlier run of another config there).
+
+    Returns:
+        The job's fingerprint, also kept for
+        :func:`~grab_exp.runner.config.check.take_checked`.
+
+    Raises:
+        ConfigError, RunDirInUseError, DamagedFileError: one line (:data:`JOB_ERRORS`).
     """
     run_dir = run_dir_of(config)
-    try:
-        with hydra_config_of(config):
-            validate_config(config)
-            fingerprint = config_fingerprint(config)
-        check_free(run_dir)
-        check_run_dir_config(run_dir, config.overwrite, fingerprint["config"], say_unknown=False)
-    except (ConfigError, RunDirInUseError, DamagedFileError) as error:
-        return str(error)
+    with hydra_config_of(config):
+        validate_config(config)
+        fingerprint = config_fingerprint(config)
+    check_free(run_dir)
+    check_run_dir_config(run_dir, config.overwrite, fingerprint["config"], say_unknown=False)
     keep_checked(run_dir, config.hydra.overrides.task, fingerprint)
-    return None
-
-
-def sweep_jobs(config: DictConfig) -> list[list[str]]:
-    """Every job's overrides of a basic-sweeper multirun, in Hydra's job order."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
-    params = config.hydra.sweeper.get("params")
-    params = OmegaConf.to_container(params) if params else {}
-    arguments = [f"{key}={value}" for key, value in params.items()]
-    arguments += list(config.hydra.overrides.task)
-    overrides = OverridesParser.create().parse_overrides(arguments)
-    return [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+    return fingerprint
 
 
 class ValidateFirst(Callback):
@@ -92,5 +82,7 @@ class ValidateFirst(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         """One job: its problem as the one ``error: ...`` line, exit status 1."""
-        if problem := job_problem(config):
-            sys.exit(f"error: {problem}")
+        try:
+            check_job(config)
+        except JOB_ERRORS as error:
+            sys.exit(f"error: {error}")

@@ -24,12 +24,13 @@ from typing import Any
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, configure_log, setup_globals
+from hydra.types import HydraContext
 from hydra_plugins.hydra_joblib_launcher._core import execute_job as plugin_execute_job
 from hydra_plugins.hydra_joblib_launcher._core import process_joblib_cfg
 from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
 from joblib import Parallel, delayed
 
-from grab_exp.runner.launch.sweeper import STOP, not_started, outcome_of
+from grab_exp.runner.launch.sweeper import STOP, CheckedJobs, not_started, outcome_of
 from grab_exp.runner.training.signals import latch_stop_signals, stop_received
 
 log = logging.getLogger("grab_exp")
@@ -107,7 +108,7 @@ class JoblibLocalLauncher(JoblibLauncher):
         log.info("launching %d jobs in %s joblib workers", len(job_overrides), joblib_cfg["n_jobs"])
         state = Singleton.get_state()
         tasks = (
-            delayed(_numbered)(idx, initial_job_idx + idx, overrides, *self._task(), state)
+            delayed(_numbered)(idx, initial_job_idx + idx, overrides, *self._task(overrides), state)
             for idx, overrides in enumerate(job_overrides)
         )
         returns: dict[int, JobReturn] = {}
@@ -117,8 +118,13 @@ class JoblibLocalLauncher(JoblibLauncher):
                 STOP.request(signal.SIGTERM, "fail_fast")
         return [returns[idx] for idx in range(len(job_overrides))]
 
-    def _task(self) -> tuple:
-        return self.hydra_context, self.config, self.task_function
+    def _task(self, overrides: Sequence[str]) -> tuple:
+        """What a worker runs the job with: Hydra's context carries only this job's check."""
+        loader = self.hydra_context.config_loader
+        if isinstance(loader, CheckedJobs):
+            loader = loader.only(overrides)
+        context = HydraContext(config_loader=loader, callbacks=self.hydra_context.callbacks)
+        return context, self.config, self.task_function
 
 
 def _numbered(idx: int, number: int, overrides: Sequence[str], *args: Any) -> tuple:

@@ -2,15 +2,18 @@
 
 Hydra itself refuses ``balance.kernal=x`` while composing (the schema makes the config strict,
 :mod:`grab_exp.runner.config.schema`), but its hint is ``+balance.kernal=x``, which would add the
-typo as a new key. :func:`unknown_key_error` composes the command's config once before Hydra does
-and, for an unknown key, returns ``<key>: no such key; did you mean <closest>?`` instead
-(``difflib`` over every key of the composed config).
+typo as a new key. :func:`unknown_key_error` returns ``<key>: no such key; did you mean
+<closest>?`` instead (``difflib`` over every key of the composed config). A command whose keys
+are all known without composing (the schema's, or a key of some option of its group) costs no
+composition of its own: Hydra composes the job's config, and nothing else does.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Iterator
+from dataclasses import fields
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -20,7 +23,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from grab_exp.runner.config.schema import register_schema
+from grab_exp.runner.config.schema import RunConfig, register_schema
 from grab_exp.runner.rundir.identity import CONF_DIR
 from grab_exp.runner.rundir.resolvers import register_resolvers
 
@@ -85,16 +88,33 @@ def closest_key_line(key: str, cfg: DictConfig) -> str:
     return f"{key}: no such key; allowed: {', '.join(siblings)}"
 
 
+@functools.cache
+def known_keys() -> frozenset[str]:
+    """Every key a job's config may have, known without composing: the schema's, and for each
+    group node (``model``, ``balance``...) the keys of any of its options (shared files
+    included)."""
+    keys = set(dotted_keys(OmegaConf.to_container(OmegaConf.structured(RunConfig))))
+    for group in (f.name for f in fields(RunConfig) if (CONF_DIR / f.name).is_dir()):
+        for path in (CONF_DIR / group).glob("*.yaml"):
+            option = OmegaConf.load(path)
+            for entry in option.pop("defaults", []):
+                if isinstance(entry, str) and entry.startswith("/"):
+                    option.merge_with(OmegaConf.load(CONF_DIR / f"{entry[1:].split('@')[0]}.yaml"))
+            keys.update(f"{group}.{key}" for key in dotted_keys(OmegaConf.to_container(option)))
+    return frozenset(keys)
+
+
 def unknown_key_error(argv: list[str]) -> str | None:
     """The one line for an override of a key that the composed config lacks, else ``None``.
 
-    Composes only when the command sets a key (not just group choices); any other problem is
-    left to Hydra and the validation.
+    Composes only when the command sets a key that no option has (:func:`known_keys`); a key of
+    another option than the chosen one is left to Hydra, as is any other problem.
     """
     overrides = _overrides(argv)
     plain = [o for o in overrides if o.type == OverrideType.CHANGE and o.package is None]
     groups = _groups()
-    if not any(o.key_or_group.split("/")[0] not in groups | {"hydra"} for o in plain):
+    keys = {o.key_or_group for o in plain if o.key_or_group.split("/")[0] not in groups}
+    if not {k for k in keys if k.split(".")[0] != "hydra"} - known_keys():
         return None
     jobs = [_one_job(o) for o in overrides if not o.key_or_group.startswith("hydra")]
     try:

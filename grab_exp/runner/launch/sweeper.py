@@ -3,10 +3,11 @@
 :class:`Sweeper` (``hydra/sweeper=grab``, the default of ``conf/config.yaml``) is Hydra's basic
 sweeper (same jobs, same order, ``hydra.sweeper.params`` included) plus three things:
 
-* **Every job is checked before any starts** (:func:`~grab_exp.runner.launch.checks.job_problem`):
+* **Every job is checked before any starts** (:func:`~grab_exp.runner.launch.checks.check_job`):
   one job that cannot run (an invalid value) starts none; the sweep exits 1 with one line per
   such job and writes nothing. With ``hydra.sweeper.fail_fast=true`` the first failed job also
-  stops the sweep.
+  stops the sweep. The launcher trains each job on the config the check composed and on its
+  check (:class:`CheckedJobs`): a job is composed and validated once.
 * **A failed job does not stop its siblings**: each job reports its end to the sweeper (its
   error line, or that it was interrupted) instead of ending the process.
 * **SIGTERM or SIGINT stop the whole sweep**: the sweeper relays the signal to the running
@@ -33,9 +34,10 @@ from typing import Any
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.utils import JobReturn, JobStatus
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
-from grab_exp.runner.launch.checks import job_problem, run_dir_of
+from grab_exp.runner.config.check import keep_checked
+from grab_exp.runner.launch.checks import JOB_ERRORS, check_job, run_dir_of
 from grab_exp.runner.training.errors import JobEndError, error_record
 from grab_exp.runner.training.signals import STOP_SIGNALS
 
@@ -113,6 +115,39 @@ def not_started(overrides: Sequence[str], signum: int) -> JobReturn:
     return JobReturn(overrides=list(overrides), status=JobStatus.FAILED, _return_value=end)
 
 
+class CheckedJobs:
+    """The sweep's config loader, which hands the launcher each job's config as the sweep's
+    check composed it and keeps its fingerprint for the job (in a joblib worker too, where the
+    loader travels with the job's task). Other jobs and calls go to Hydra's loader.
+
+    Args:
+        loader: Hydra's config loader.
+        checked: a job's overrides -> its composed config and fingerprint.
+    """
+
+    def __init__(self, loader: Any, checked: dict[tuple[str, ...], tuple[DictConfig, dict]]):
+        self.loader, self.checked = loader, checked
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("loader", "checked"):  # unpickling: not set yet
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+    def only(self, overrides: Sequence[str]) -> CheckedJobs:
+        """This loader with one job's check only (what a joblib task carries)."""
+        key = tuple(overrides)
+        return CheckedJobs(self.loader, {key: self.checked[key]} if key in self.checked else {})
+
+    def load_sweep_config(self, master_config: DictConfig, sweep_overrides: list[str]) -> Any:
+        """The job's checked config (once), else Hydra's composition of it."""
+        if (checked := self.checked.pop(tuple(sweep_overrides), None)) is None:
+            return self.loader.load_sweep_config(master_config, sweep_overrides)
+        config, fingerprint = checked
+        keep_checked(run_dir_of(config), config.hydra.overrides.task, fingerprint)
+        OmegaConf.set_readonly(config.hydra, None)  # as composed: the check's HydraConfig set it
+        return config
+
+
 def runs_in_process(launcher: object) -> bool:
     """Whether ``launcher`` is Hydra's basic one (by name: Hydra's plugin scan defines its
     classes twice)."""
@@ -147,14 +182,18 @@ class Sweeper(BasicSweeper):
         return [list(job) for batch in self.split_arguments(overrides, None) for job in batch]
 
     def _check(self, jobs: list[list[str]]) -> tuple[list[str], dict[int, str]]:
-        """Each job's run directory, and the one-line problem of each job that cannot run."""
+        """Each job's run directory, and the one-line problem of each job that cannot run; the
+        launcher then loads the checked configs (:class:`CheckedJobs`)."""
         loader = self.hydra_context.config_loader
-        dirs, problems = [], {}
+        dirs, problems, checked = [], {}, {}
         for number, overrides in enumerate(jobs):
             config = loader.load_sweep_config(self.config, overrides)
             dirs.append(str(run_dir_of(config)))
-            if problem := job_problem(config):
-                problems[number] = problem
+            try:
+                checked[tuple(overrides)] = config, check_job(config)
+            except JOB_ERRORS as error:
+                problems[number] = str(error)
+        self.hydra_context.config_loader = CheckedJobs(loader, checked)
         return dirs, problems
 
     def sweep(self, arguments: list[str]) -> Any:
