@@ -37,16 +37,11 @@ CODE = re.compile(r"^```.*?^```|`[^`\n]*`", re.S | re.M)
 ALLOWED = {
     "README.md": {
         "8969\u20138981",  # the paper's pages
-        "2-3",  # jobs at a time: measured; quote table1_100.min_by_runs_at_once (not this change's)
     },
     "docs/experiments.md": {
         "0.001", "0.01",  # conf/: lr, weight decay
-        "2-3",  # jobs at a time: measured; quote table1_100.min_by_runs_at_once (not this change's)
     },
     "docs/troubleshooting.md": {"0.001", "0.05"},  # an example error message's config values
-    "docs/vrgd.md": {
-        "3.2\u20136.1", "6.1 minutes",  # measured; quote vrgd_runs.vr_adam.B1024.wall_time.min
-    },
     "docs/which-models-work.md": {"62%"},  # an example error message
     "results/README.md": {
         "0.001", "0.01",  # conf/: lr, weight decay
