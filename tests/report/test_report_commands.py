@@ -74,12 +74,20 @@ def committed(folder: str) -> bool:
     return (RESULTS / folder / "runs").is_dir()
 
 
+def assert_regenerated(out: Path, folder: Path, expected: list[str]) -> None:
+    """Every file the report wrote to ``out`` (``expected`` among them) is the committed file of
+    the same name in ``folder``, byte for byte: tables, figures and their PDFs alike."""
+    written = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
+    assert set(map(Path, expected)) <= set(written), written
+    for name in written:
+        assert (out / name).read_bytes() == (folder / name).read_bytes(), name
+
+
 @pytest.mark.skipif(not committed("distributed"), reason="no committed results/distributed")
 def test_distributed_regenerates_the_committed_tables(tmp_path):
     out = tmp_path / "distributed"
     assert main(["distributed", str(RESULTS / "distributed" / "runs"), "--out", str(out)]) == 0
-    for name in ("table.csv", "table.md", "per_epoch.csv"):
-        assert (out / name).read_bytes() == (RESULTS / "distributed" / name).read_bytes(), name
+    assert_regenerated(out, RESULTS / "distributed", ["table.csv", "table.md", "per_epoch.csv"])
 
 
 @pytest.mark.skipif(not committed("vrgd"), reason="no committed results/vrgd")
@@ -87,8 +95,7 @@ def test_vrgd_regenerates_the_committed_tables(tmp_path):
     out, bench = tmp_path / "vrgd", RESULTS / "bench" / "vrgd.json"
     args = ["vrgd", str(RESULTS / "vrgd" / "runs"), "--out", str(out), "--bench", str(bench)]
     assert main(args) == 0
-    for name in ("vrgd_runs.csv", "vrgd_table.csv", "vrgd_table.md"):
-        assert (out / name).read_bytes() == (RESULTS / "vrgd" / name).read_bytes(), name
+    assert_regenerated(out, RESULTS / "vrgd", ["vrgd_runs.csv", "vrgd_table.csv", "vrgd_figure.png"])
 
 
 @pytest.mark.skipif(not committed("table1"), reason="no committed results/table1")
@@ -105,9 +112,9 @@ def test_table1_regenerates_the_committed_tables(report, options, tmp_path, monk
     out = tmp_path / "table1"
     bench = ["--bench", "results/bench/epoch_1t.json", *options]
     assert main(["table1", f"results/{report}/runs", "--out", str(out), *bench]) == 0
-    names = [f"{stem}.{ext}" for stem in ("table1", "table1_vs_paper") for ext in ("csv", "md")]
-    for name in [*names, "table1.tex", "table1_vs_paper.tex", "runs.csv"]:
-        assert (out / name).read_bytes() == (RESULTS / report / name).read_bytes(), name
+    tables = [f"{stem}.{ext}" for stem in ("table1", "table1_vs_paper") for ext in ("csv", "md")]
+    figures = [f"figure{k}.{ext}" for k in (1, 2) for ext in ("png", "pdf")]
+    assert_regenerated(out, RESULTS / report, [*tables, *figures, "table1_paired.csv", "runs.csv"])
 
 
 def test_table1_rows_are_the_rows_that_hydra_composes(compose):
