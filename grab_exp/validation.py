@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 
 def check_choice(setting: str, value: object, allowed: Iterable[str]) -> None:
@@ -16,19 +16,39 @@ def check_choice(setting: str, value: object, allowed: Iterable[str]) -> None:
         raise ValueError(f"{setting}: got {value!r}; allowed: {', '.join(options)}")
 
 
+def check_number(
+    setting: str, value: object, ok: Callable, allowed: str, kind: type | tuple = (int, float)
+) -> None:
+    """Raise unless ``value`` is a ``kind`` (never a bool) for which ``ok(value)`` holds.
+
+    Raises:
+        ValueError: ``"<setting>: got <value>; allowed: <allowed>"``.
+    """
+    if isinstance(value, bool) or not isinstance(value, kind) or not ok(value):
+        raise ValueError(f"{setting}: got {value!r}; allowed: {allowed}")
+
+
 def check_positive(setting: str, value: float) -> None:
     """Raise unless ``value`` is a number > 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{setting}: got {value!r}; allowed: a number > 0")
+    check_number(setting, value, lambda v: v > 0, "a number > 0")
+
+
+def check_non_negative(setting: str, value: float) -> None:
+    """Raise unless ``value`` is a number >= 0."""
+    check_number(setting, value, lambda v: v >= 0, "a number >= 0")
+
+
+def check_below_one(setting: str, value: float) -> None:
+    """Raise unless ``value`` is a number in ``[0, 1)``."""
+    check_number(setting, value, lambda v: 0 <= v < 1, "a number in [0, 1)")
 
 
 def check_int_at_least(setting: str, value: int, minimum: int) -> None:
     """Raise unless ``value`` is an integer >= ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{setting}: got {value!r}; allowed: an integer >= {minimum}")
+    check_number(setting, value, lambda v: v >= minimum, f"an integer >= {minimum}", int)
 
 
 def check_power_of_two(setting: str, value: int) -> None:
     """Raise unless ``value`` is a positive power of two (1, 2, 4, ...)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value & (value - 1):
-        raise ValueError(f"{setting}: got {value!r}; allowed: a power of two (1, 2, 4, 8, ...)")
+    allowed = "a power of two (1, 2, 4, 8, ...)"
+    check_number(setting, value, lambda v: v >= 1 and not v & (v - 1), allowed, int)

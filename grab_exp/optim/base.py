@@ -34,15 +34,16 @@ __all__ = [
     "CLIP_HIGH",
     "CLIP_LOW",
     "GSNROptimizer",
-    "check_below_one",
-    "check_non_negative",
     "device_step",
 ]
 
 CLIP_LOW = "gsnr/clip_low"
 CLIP_HIGH = "gsnr/clip_high"
 
-Lists = tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]
+#: a param group, and one tensor per parameter of it (its params, their grads or ratios)
+Group = dict[str, Any]
+Tensors = list[torch.Tensor]
+Lists = tuple[Tensors, Tensors, Tensors]
 
 
 def device_step(count: int | float | torch.Tensor, param: torch.Tensor) -> torch.Tensor:
@@ -59,18 +60,6 @@ def device_step(count: int | float | torch.Tensor, param: torch.Tensor) -> torch
         return count.to(device=param.device, dtype=dtype)
     value = count.item() if torch.is_tensor(count) else count  # a host value: no device sync
     return torch.full((), value, dtype=dtype, device=param.device)
-
-
-def check_non_negative(setting: str, value: float) -> None:
-    """Raise a one-line ``ValueError`` unless ``value`` is a number >= 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ValueError(f"{setting}: got {value!r}; allowed: a number >= 0")
-
-
-def check_below_one(setting: str, value: float) -> None:
-    """Raise a one-line ``ValueError`` unless ``value`` is a number in ``[0, 1)``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-        raise ValueError(f"{setting}: got {value!r}; allowed: a number in [0, 1)")
 
 
 class GSNROptimizer(torch.optim.Optimizer):
@@ -196,7 +185,7 @@ class GSNROptimizer(torch.optim.Optimizer):
             self._clip_counts.zero_()
         return {CLIP_LOW: low, CLIP_HIGH: high}
 
-    def _gather(self, group: dict[str, Any], pending: dict[int, torch.Tensor]) -> Lists:
+    def _gather(self, group: Group, pending: dict[int, torch.Tensor]) -> Lists:
         """The group's parameters that have a gradient, their gradients and their ratios."""
         params, grads, ratios = [], [], []
         for p in group["params"]:
@@ -243,23 +232,14 @@ class GSNROptimizer(torch.optim.Optimizer):
 
     @staticmethod
     def _scaled_with_decay(
-        group: dict[str, Any],
-        params: list[torch.Tensor],
-        grads: list[torch.Tensor],
-        ratios: list[torch.Tensor],
-    ) -> list[torch.Tensor]:
+        group: Group, params: Tensors, grads: Tensors, ratios: Tensors
+    ) -> Tensors:
         """``r ⊙ ḡ + weight_decay · θ`` per tensor (the decay on the unscaled parameter)."""
         step = torch._foreach_mul(grads, ratios)  # r ⊙ ḡ, one per tensor
         if group["weight_decay"] != 0:
             torch._foreach_add_(step, params, alpha=group["weight_decay"])
         return step
 
-    def _update(
-        self,
-        group: dict[str, Any],
-        params: list[torch.Tensor],
-        grads: list[torch.Tensor],
-        ratios: list[torch.Tensor],
-    ) -> None:
+    def _update(self, group: Group, params: Tensors, grads: Tensors, ratios: Tensors) -> None:
         """Update ``params`` in place from ``grads`` (ḡ) and ``ratios`` (r), both per tensor."""
         raise NotImplementedError

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from grab_exp.validation import check_number, check_positive
+
 __all__ = ["check_batch_sizes", "check_gsnr_settings", "resolve_groups"]
 
 
@@ -14,18 +16,10 @@ def check_gsnr_settings(gamma: float, groups: int | None, eps: float) -> None:
         groups: Number of groups ``k`` (an integer >= 2) or ``None`` (one example per group).
         eps: Relative regularizer of the variance, > 0.
     """
-    if _not_number(gamma) or not 0 < gamma <= 1:
-        raise ValueError(f"optimizer.gamma: got {gamma!r}; allowed: a number in (0, 1]")
-    if groups is not None and (isinstance(groups, bool) or not isinstance(groups, int)):
-        raise ValueError(f"optimizer.groups: got {groups!r}; allowed: null or an integer >= 2")
-    if groups is not None and groups < 2:
-        raise ValueError(f"optimizer.groups: got {groups!r}; allowed: null or an integer >= 2")
-    if _not_number(eps) or not eps > 0:
-        raise ValueError(f"optimizer.eps: got {eps!r}; allowed: a number > 0")
-
-
-def _not_number(value: object) -> bool:
-    return isinstance(value, bool) or not isinstance(value, (int, float))
+    check_number("optimizer.gamma", gamma, lambda v: 0 < v <= 1, "a number in (0, 1]")
+    if groups is not None:
+        check_number("optimizer.groups", groups, lambda v: v >= 2, "null or an integer >= 2", int)
+    check_positive("optimizer.eps", eps)
 
 
 def resolve_groups(batch: int, groups: int | None) -> int:

@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from grab_exp.optim.base import GSNROptimizer, check_below_one, check_non_negative, device_step
+from grab_exp.optim.base import Group, GSNROptimizer, Tensors, device_step
+from grab_exp.validation import check_below_one, check_non_negative
 
 __all__ = ["VRAdam"]
 
@@ -77,7 +78,7 @@ class VRAdam(GSNROptimizer):
         }
         super().__init__(params, defaults, gamma=gamma, groups=groups, eps=eps)
 
-    def _states(self, params: list[torch.Tensor]) -> list[dict[str, Any]]:
+    def _states(self, params: Tensors) -> list[dict[str, Any]]:
         states = []
         for p in params:
             state = self.state[p]
@@ -91,13 +92,7 @@ class VRAdam(GSNROptimizer):
             states.append(state)
         return states
 
-    def _update(
-        self,
-        group: dict[str, Any],
-        params: list[torch.Tensor],
-        grads: list[torch.Tensor],
-        ratios: list[torch.Tensor],
-    ) -> None:
+    def _update(self, group: Group, params: Tensors, grads: Tensors, ratios: Tensors) -> None:
         beta1, beta2 = group["betas"]
         beta3 = group["beta3"]
         states = self._states(params)

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from grab_exp.optim.base import GSNROptimizer, check_below_one, check_non_negative
+from grab_exp.optim.base import Group, GSNROptimizer, Tensors
+from grab_exp.validation import check_below_one, check_non_negative
 
 __all__ = ["VRMomentum"]
 
@@ -64,7 +65,7 @@ class VRMomentum(GSNROptimizer):
         }
         super().__init__(params, defaults, gamma=gamma, groups=groups, eps=eps)
 
-    def _momentum(self, group: dict[str, Any], params: list, step: list) -> list[torch.Tensor]:
+    def _momentum(self, group: Group, params: Tensors, step: Tensors) -> Tensors:
         """Update the buffers with ``step`` (torch's multi-tensor order); return them."""
         momentum, dampening = group["momentum"], group["dampening"]
         bufs = [self.state[p].get("momentum_buffer") for p in params]
@@ -79,13 +80,7 @@ class VRMomentum(GSNROptimizer):
                 bufs[i].mul_(momentum).add_(d, alpha=1 - dampening)
         return bufs
 
-    def _update(
-        self,
-        group: dict[str, Any],
-        params: list[torch.Tensor],
-        grads: list[torch.Tensor],
-        ratios: list[torch.Tensor],
-    ) -> None:
+    def _update(self, group: Group, params: Tensors, grads: Tensors, ratios: Tensors) -> None:
         step = self._scaled_with_decay(group, params, grads, ratios)
         if group["momentum"] != 0:
             bufs = self._momentum(group, params, step)

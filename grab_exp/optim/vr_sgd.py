@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from grab_exp.optim.base import GSNROptimizer, check_non_negative
+from grab_exp.optim.base import Group, GSNROptimizer, Tensors
+from grab_exp.validation import check_non_negative
 
 __all__ = ["VRSGD"]
 
@@ -43,12 +44,6 @@ class VRSGD(GSNROptimizer):
         defaults = {"lr": lr, "weight_decay": weight_decay}
         super().__init__(params, defaults, gamma=gamma, groups=groups, eps=eps)
 
-    def _update(
-        self,
-        group: dict[str, Any],
-        params: list[torch.Tensor],
-        grads: list[torch.Tensor],
-        ratios: list[torch.Tensor],
-    ) -> None:
+    def _update(self, group: Group, params: Tensors, grads: Tensors, ratios: Tensors) -> None:
         step = self._scaled_with_decay(group, params, grads, ratios)
         torch._foreach_add_(params, step, alpha=-group["lr"])
