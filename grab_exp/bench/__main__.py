@@ -42,13 +42,9 @@ def usage() -> str:
         "python -m grab_exp.bench <benchmark> --help lists its options. Benchmarks:",
     ]
     for name, module in BENCHMARKS.items():
-        lines.append(f"  {name:<{width}}  {build_description(module)}")
+        # its parser's description: the module docstring's first line
+        lines.append(f"  {name:<{width}}  {module.build_parser().description or ''}")
     return "\n".join(lines)
-
-
-def build_description(module: ModuleType) -> str:
-    """A benchmark's one-line description: its parser's (the module docstring's first line)."""
-    return module.build_parser().description or ""
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from grab_exp.balance import Ordering
 from grab_exp.bench.machine import add_device_option, bench_parser, bench_report, write_report
 from grab_exp.bench.memory import memory_method, peak_step_bytes
 from grab_exp.bench.operators import OperatorCount, operator_times
@@ -72,11 +71,6 @@ class Row:
     captured: CapturedStep | None = None  # a ``:graph`` row: its steps replay a capture
     cursor: EpochCursor | None = None  # the ordering's next batches (made by build_row)
 
-    @property
-    def ordering(self) -> Ordering:
-        """The row's ordering."""
-        return self.step.ordering
-
 
 def row_name(variant: str, pipeline: str, optimizer: str = "sgd") -> str:
     """``rr-classic``, ``mean``, ``rr+vr_momentum``: the row's name in the table and JSON."""
@@ -108,21 +102,17 @@ def build_row(
 def build_rows(args, device: torch.device) -> list[Row]:
     """Table 1's rows (classic RR first: the ratios' base), the VRGD rows, Table 1's per-sample
     rows again with ``--compare``'s method (e.g. ``mean@hooks``: materialized), then with
-    ``--captured`` Table 1's rows captured (``mean:graph``)."""
+    ``--captured`` (``auto``: on CUDA) Table 1's rows captured (``mean:graph``)."""
     rows = [build_row(v, p, args, device) for v, p in ROWS]
     rows += [build_row(v, p, args, device, optimizer=o) for v, p, o in GSNR_ROWS]
     compared = [(v, p) for v, p in ROWS if p == "functional"] if args.compare else []
     rows += [build_row(v, p, args, device, method=args.compare) for v, p in compared]
-    for variant, pipeline in ROWS if captured_rows(args, device) else ():
+    captured = args.captured == "yes" or (args.captured == "auto" and device.type == "cuda")
+    for variant, pipeline in ROWS if captured else ():
         row = build_row(variant, pipeline, args, device)
         row.name, row.captured = f"{row.name}:graph", capture_step(row.step)
         rows.append(row)
     return rows
-
-
-def captured_rows(args, device: torch.device) -> bool:
-    """Whether ``--captured`` (``auto``: on CUDA) adds the ``:graph`` rows."""
-    return args.captured == "yes" or (args.captured == "auto" and device.type == "cuda")
 
 
 def _timed_stages(row: Row, device: torch.device):
@@ -207,7 +197,7 @@ def captured_operators(row: Row, args, x: torch.Tensor, y: torch.Tensor) -> dict
     variant, pipeline, optimizer, method = row.spec
     twin = build_row(variant, pipeline, args, x.device, optimizer=optimizer, method=method)
     bench_step(twin, x, y)  # eager: what a step makes once
-    twin.ordering.prepare_capture()
+    twin.step.ordering.prepare_capture()
     indices = twin.cursor.next()  # (B,)
     traced = TracedStep(functools.partial(train_step, twin.step), (x, y, indices))
     return {"per_step": len((x, y, indices)) + 1, "kernels": traced.kernels}
@@ -263,7 +253,7 @@ def summarize(rows: list[Row], args, device: torch.device) -> dict:
                 "epoch_s": step * steps_per_epoch,
                 "ratio_to_classic_rr": step / base,
                 "breakdown_ms": {k: _median_ms(v) for k, v in row.parts.items()},
-                "ordering_state_bytes": row.ordering.state_bytes(),
+                "ordering_state_bytes": row.step.ordering.state_bytes(),
                 "peak_step_bytes": row.peak_step_bytes,
                 "operators": row.operators,
                 "profile": row.profile,
@@ -275,12 +265,8 @@ def summarize(rows: list[Row], args, device: torch.device) -> dict:
     )
 
 
-def _ms(value: float | None, width: int) -> str:
+def _cell(value: float | None, width: int) -> str:
     return f"{'-':>{width}}" if value is None else f"{value:>{width}.2f}"
-
-
-def _mib(size: int | None) -> str:
-    return f"{'-':>9}" if size is None else f"{size / 2**20:>9.2f}"
 
 
 def _ops(row: dict, path: str, key: str = "total") -> str:
@@ -295,13 +281,14 @@ def print_table(report: dict) -> None:
         f"{'graph':>8}"
     )
     for r in report["rows"]:
-        b = r["breakdown_ms"]
+        b, peak = r["breakdown_ms"], r["peak_step_bytes"]
         print(
             f"{r['row']:<20}{r['step_ms']:>9.2f}{r['epoch_s']:>9.1f}"
-            f"{r['ratio_to_classic_rr']:>10.2f}{_ms(b['grads'], 8)}{_ms(b['gsnr'], 7)}"
-            f"{_ms(b['ordering'], 9)}{_ms(b['opt'], 7)}{r['ordering_state_bytes'] / 2**20:>10.2f}"
-            f"{_mib(r['peak_step_bytes'])}{_ops(r, 'eager')}{_ops(r, 'cuda_path')}"
-            f"{_ops(r, 'captured', 'kernels')}"
+            f"{r['ratio_to_classic_rr']:>10.2f}{_cell(b['grads'], 8)}{_cell(b['gsnr'], 7)}"
+            f"{_cell(b['ordering'], 9)}{_cell(b['opt'], 7)}"
+            f"{r['ordering_state_bytes'] / 2**20:>10.2f}"
+            f"{_cell(None if peak is None else peak / 2**20, 9)}"
+            f"{_ops(r, 'eager')}{_ops(r, 'cuda_path')}{_ops(r, 'captured', 'kernels')}"
         )
     print(f"peak: {report['memory_method']}; graph: the kernels inside a captured step's graph")
 

@@ -40,7 +40,7 @@ def training_state(row: Row, x: torch.Tensor, y: torch.Tensor, device: torch.dev
         "gradients": tensor_bytes(p.grad for p in params if p.grad is not None),
         "optimizer": tensor_bytes(t for s in states for t in s.values() if torch.is_tensor(t)),
         "per_sample": step.pipeline.state_bytes(),
-        "ordering": row.ordering.state_bytes(),
+        "ordering": row.step.ordering.state_bytes(),
         "step_peak": peak_step_bytes(lambda: bench_step(row, x, y), device),
     }
     return {**sizes, "total": sum(sizes.values())}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +46,18 @@ def read_runs(paths: Iterable[str | os.PathLike[str]]) -> list[Record]:
     Raises:
         FileNotFoundError: a path does not exist.
     """
-    runs = []
-    for run_dir in find_run_dirs(paths):
+    return _usable(_read_run, find_run_dirs(paths))
+
+
+def _usable(read: Callable[[Any], Record], sources: Iterable[Any]) -> list[Record]:
+    """``read(source)`` of every source but those it raises :class:`RunLoadError` for (warned)."""
+    records = []
+    for source in sources:
         try:
-            runs.append(_read_run(run_dir))
+            records.append(read(source))
         except RunLoadError as error:
             warn_skip(str(error))
-    return runs
+    return records
 
 
 def find_run_dirs(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
@@ -163,15 +168,7 @@ def read_api_runs(runs: Iterable[Any]) -> list[Record]:
     Report runs (``job_type == "report"``) are ignored; unfinished runs and runs whose
     identity or history cannot be read are skipped with a warning naming them.
     """
-    records = []
-    for run in runs:
-        if getattr(run, "job_type", None) == "report":
-            continue
-        try:
-            records.append(_read_api_run(run))
-        except RunLoadError as error:
-            warn_skip(str(error))
-    return records
+    return _usable(_read_api_run, (r for r in runs if getattr(r, "job_type", None) != "report"))
 
 
 def _read_api_run(run: Any) -> Record:

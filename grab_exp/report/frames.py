@@ -66,7 +66,6 @@ def check_complete(
         RunLoadError: naming the run, what is missing and what to do.
     """
     last = final.get("epoch")
-    problem = None
     if last is not None and list(metrics["epoch"]) != list(range(1, int(last) + 1)):
         problem = f"epochs up to {metrics['epoch'].iloc[-1]} of the {last} the summary finished"
     else:

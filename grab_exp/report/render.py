@@ -42,11 +42,6 @@ def percent(value: float) -> str:
     return "—" if value is None or math.isnan(value) else f"{value:+.1f}%"
 
 
-def seconds(value: float) -> str:
-    """Seconds with two decimals; ``—`` when missing."""
-    return "—" if value is None or math.isnan(value) else f"{value:.2f}"
-
-
 def to_markdown(frame: pd.DataFrame) -> str:
     """A GitHub Markdown table of a frame of strings (first column left, others right)."""
     columns = [str(c) for c in frame.columns]

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from grab_exp.logging.files import shown
 from grab_exp.report.collect import Record
 from grab_exp.report.frames import ID_COLUMNS, ReportWarning, warn_skip
-from grab_exp.report.render import cell, percent, seconds
+from grab_exp.report.render import cell, percent
 from grab_exp.runner.rundir.identity import CONF_DIR
 from grab_exp.runner.rundir.resolvers import variant_dir
 
@@ -496,7 +496,7 @@ def display_frame(table: Table1) -> pd.DataFrame:
             cell(m, s, decimals(metric))
             for m, s in zip(data[f"{metric}_mean"], data[f"{metric}_std"], strict=True)
         ]
-    shown["Time, idle bench (s/epoch)"] = data["bench_epoch_s"].map(seconds)
+    shown["Time, idle bench (s/epoch)"] = data["bench_epoch_s"].map(lambda s: cell(s, None, 2))
     shown["Time overhead (idle bench)"] = data["time_overhead_pct"].map(percent)
     shown["Mem. overhead"] = data["mem_overhead_pct"].map(percent)
     return shown
