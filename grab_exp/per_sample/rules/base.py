@@ -50,7 +50,8 @@ class LayerRule:
     def mean(
         self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor, per_sample: list[torch.Tensor]
     ) -> list[torch.Tensor]:
-        """Batch-mean gradients ``[p.shape]``, as ``loss.backward()`` would give them.
+        """Batch-mean gradients ``[p.shape]``, as ``loss.backward()`` would give them (by
+        default the mean of the per-sample ones).
 
         Args:
             layer: The layer.
@@ -58,7 +59,7 @@ class LayerRule:
             g: The gradient of the batch MEAN loss at its output ``# (B, ...)`` (carries ``1/B``).
             per_sample: What :meth:`per_sample` returned for this batch.
         """
-        raise NotImplementedError
+        return [p.sum(dim=0).div_(g.shape[0]) for p in per_sample]
 
 
 #: Layer type -> its rule. Subclasses of a registered type use its rule too.

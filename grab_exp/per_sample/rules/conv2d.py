@@ -98,12 +98,12 @@ def unfold_weight_grads(
 
 
 def conv2d_mean_grads(
-    layer: nn.Conv2d, g: torch.Tensor, per_sample: list[torch.Tensor]
+    layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor, per_sample: list[torch.Tensor]
 ) -> list[torch.Tensor]:
     """Batch-mean ``[weight, bias]`` grads: a sum of ``B`` small per-sample blocks.
 
     ``g (B, O, H', W')`` is the gradient of the batch MEAN loss; ``per_sample`` what
-    :func:`conv2d_grads` returned.
+    :func:`conv2d_grads` returned (the input ``a`` is not read).
     """
     grads = [per_sample[0].sum(dim=0).div_(g.shape[0])]  # (O, C, kh, kw)
     if layer.bias is not None:
@@ -120,8 +120,5 @@ class Conv2dRule(LayerRule):
         zero_padded = layer.padding_mode == "zeros" and explicit_padding(layer) is not None
         return layer.groups == 1 and zero_padded
 
-    def per_sample(self, layer, a, g, out=(None, None)):
-        return conv2d_grads(layer, a, g, out)
-
-    def mean(self, layer, a, g, per_sample):
-        return conv2d_mean_grads(layer, g, per_sample)
+    per_sample = staticmethod(conv2d_grads)
+    mean = staticmethod(conv2d_mean_grads)

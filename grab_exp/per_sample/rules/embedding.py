@@ -37,8 +37,7 @@ class EmbeddingRule(LayerRule):
     def supports(self, layer):
         return layer.max_norm is None and not layer.scale_grad_by_freq and not layer.sparse
 
-    def per_sample(self, layer, a, g, out=(None,)):
-        return embedding_grads(layer, a, g, out)
+    per_sample = staticmethod(embedding_grads)
 
     def mean(self, layer, a, g, per_sample):
         weight = g.new_zeros(layer.weight.shape)  # (V, D)

@@ -37,9 +37,4 @@ def _sum_lead(t: torch.Tensor, lead: tuple[int, ...], out: torch.Tensor | None) 
 class LayerNormRule(LayerRule):
     """``nn.LayerNorm`` with ``elementwise_affine`` (with or without bias)."""
 
-    def per_sample(self, layer, a, g, out=(None, None)):
-        return layer_norm_grads(layer, a, g, out)
-
-    def mean(self, layer, a, g, per_sample):
-        batch = g.shape[0]
-        return [p.sum(dim=0).div_(batch) for p in per_sample]  # [(*S)]
+    per_sample = staticmethod(layer_norm_grads)
