@@ -95,7 +95,8 @@ def test_vrgd_regenerates_the_committed_tables(tmp_path):
     out, bench = tmp_path / "vrgd", RESULTS / "bench" / "vrgd.json"
     args = ["vrgd", str(RESULTS / "vrgd" / "runs"), "--out", str(out), "--bench", str(bench)]
     assert main(args) == 0
-    assert_regenerated(out, RESULTS / "vrgd", ["vrgd_runs.csv", "vrgd_table.csv", "vrgd_figure.png"])
+    expected = ["vrgd_runs.csv", "vrgd_table.csv", "vrgd_figure.png"]
+    assert_regenerated(out, RESULTS / "vrgd", expected)
 
 
 @pytest.mark.skipif(not committed("table1"), reason="no committed results/table1")

@@ -247,6 +247,35 @@ def test_an_unknown_key_names_the_closest_key(args, line):
     assert unknown_key_error([*TINY, *args]) == line
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["epochs=2", "optimizer.lr=0.1", "hydra.run.dir=somewhere"],
+        ["experiment=table1", "dataset.archive=x.tar.gz"],  # the preset's dataset option
+        ["-m", "experiment=vrgd_large_batch", "arm=vr_adam", "optimizer.beta3=0.9"],
+        ["row=recursive", "balance.depth=4", "pipeline.method=hooks"],
+    ],
+    ids=" ".join,
+)
+def test_a_command_of_known_keys_composes_nothing_of_its_own(args, monkeypatch):
+    """Each group's option is read from conf/ (root defaults, presets, the command's choices), so
+    the key check composes only to name an unknown key; Hydra composes the job."""
+    from grab_exp.runner.launch import override_keys
+
+    def compose(*args, **kwargs):
+        raise AssertionError("the key check composed a config")
+
+    monkeypatch.setattr(override_keys, "compose_config", compose)
+    assert unknown_key_error(args) is None
+
+
+def test_a_key_of_another_option_names_the_closest_key_of_this_one():
+    """``dataset.archive`` is a key of ``dataset=cifar10_jpeg``, not of the default ``cifar10``:
+    our line, not Hydra's advice to add it with ``+``."""
+    line = "dataset.archive: no such key; did you mean dataset.data_dir?"
+    assert unknown_key_error(["dataset.archive=x.tar.gz"]) == line
+
+
 def test_known_keys_and_group_choices_pass_the_key_check():
     assert (
         unknown_key_error([*TINY, "balance=recursive", "balance.depth=3", "-m", "seed=0,1"]) is None

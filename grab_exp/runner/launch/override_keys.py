@@ -4,8 +4,8 @@ Hydra itself refuses ``balance.kernal=x`` while composing (the schema makes the 
 :mod:`grab_exp.runner.config.schema`), but its hint is ``+balance.kernal=x``, which would add the
 typo as a new key. :func:`unknown_key_error` returns ``<key>: no such key; did you mean
 <closest>?`` instead (``difflib`` over every key of the composed config). A command whose keys
-are all known without composing (the schema's, or a key of some option of its group) costs no
-composition of its own: Hydra composes the job's config, and nothing else does.
+are all known without composing (the schema's, or a key of the option its group takes, read from
+``conf/``) costs no composition of its own: Hydra composes the job's config, nothing else does.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import difflib
 import functools
 from collections.abc import Iterator
 from dataclasses import fields
+from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -88,35 +89,69 @@ def closest_key_line(key: str, cfg: DictConfig) -> str:
     return f"{key}: no such key; allowed: {', '.join(siblings)}"
 
 
+#: the presets that choose other groups' options, in the order their choices apply
+PRESETS = ("experiment", "arm", "row")
+
+
+def _defaults(path: Path) -> list[tuple[str, str]]:
+    """``(group, option)`` of each group choice in a config file's defaults list
+    (``group: option``, ``override /group: option``, ``/group: option``)."""
+    choices = []
+    for entry in OmegaConf.load(path).get("defaults", []):
+        for key, value in entry.items() if isinstance(entry, DictConfig) else ():
+            choices.append((str(key).removeprefix("override ").strip().lstrip("/"), value))
+    return choices
+
+
+def chosen_options(choices: dict[str, str]) -> dict[str, str]:
+    """Each group's option as Hydra's defaults pick it, read from ``conf/``: the root config's,
+    then those of the presets picked (an experiment may pick an arm), then ``choices``, the
+    command's own group choices, which win."""
+    chosen = {group: option for group, option in _defaults(CONF_DIR / "config.yaml")}
+    for preset in PRESETS:
+        option = choices.get(preset, chosen.get(preset))
+        if option is not None and (path := CONF_DIR / preset / f"{option}.yaml").is_file():
+            chosen.update(_defaults(path))
+    return {**chosen, **choices}
+
+
 @functools.cache
-def known_keys() -> frozenset[str]:
-    """Every key a job's config may have, known without composing: the schema's, and for each
-    group node (``model``, ``balance``...) the keys of any of its options (shared files
-    included)."""
+def _option_keys(group: str, option: str) -> frozenset[str]:
+    """The dotted keys of ``conf/<group>/<option>.yaml`` (shared files it includes merged)."""
+    node = OmegaConf.load(CONF_DIR / group / f"{option}.yaml")
+    for entry in node.pop("defaults", []):
+        if isinstance(entry, str) and entry.startswith("/"):
+            node.merge_with(OmegaConf.load(CONF_DIR / f"{entry[1:].split('@')[0]}.yaml"))
+    return frozenset(f"{group}.{key}" for key in dotted_keys(OmegaConf.to_container(node)))
+
+
+def known_keys(choices: dict[str, str]) -> frozenset[str]:
+    """Every key the job's config has, known without composing it: the schema's, and those of
+    the option each group node (``model``, ``balance``...) takes (:func:`chosen_options`)."""
     keys = set(dotted_keys(OmegaConf.to_container(OmegaConf.structured(RunConfig))))
-    for group in (f.name for f in fields(RunConfig) if (CONF_DIR / f.name).is_dir()):
-        for path in (CONF_DIR / group).glob("*.yaml"):
-            option = OmegaConf.load(path)
-            for entry in option.pop("defaults", []):
-                if isinstance(entry, str) and entry.startswith("/"):
-                    option.merge_with(OmegaConf.load(CONF_DIR / f"{entry[1:].split('@')[0]}.yaml"))
-            keys.update(f"{group}.{key}" for key in dotted_keys(OmegaConf.to_container(option)))
+    chosen = chosen_options(choices)
+    for group in (f.name for f in fields(RunConfig) if f.name in chosen):
+        if (CONF_DIR / group / f"{chosen[group]}.yaml").is_file():
+            keys |= _option_keys(group, chosen[group])
     return frozenset(keys)
 
 
 def unknown_key_error(argv: list[str]) -> str | None:
     """The one line for an override of a key that the composed config lacks, else ``None``.
 
-    Composes only when the command sets a key that no option has (:func:`known_keys`); a key of
-    another option than the chosen one is left to Hydra, as is any other problem.
+    Composes only when the command sets a key that :func:`known_keys` does not know; any other
+    problem is left to Hydra and the validation.
     """
     overrides = _overrides(argv)
     plain = [o for o in overrides if o.type == OverrideType.CHANGE and o.package is None]
-    groups = _groups()
-    keys = {o.key_or_group for o in plain if o.key_or_group.split("/")[0] not in groups}
-    if not {k for k in keys if k.split(".")[0] != "hydra"} - known_keys():
-        return None
     jobs = [_one_job(o) for o in overrides if not o.key_or_group.startswith("hydra")]
+    groups = _groups()
+    choices = {
+        o.key_or_group: _one_job(o).split("=", 1)[1] for o in plain if o.key_or_group in groups
+    }
+    keys = {o.key_or_group for o in plain if o.key_or_group.split("/")[0] not in groups}
+    if not {k for k in keys if k.split(".")[0] != "hydra"} - known_keys(choices):
+        return None
     try:
         compose_config(jobs)
         return None
