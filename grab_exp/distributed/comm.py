@@ -4,8 +4,9 @@ Two communicators give the same CD-GraB code two backends:
 
 * :class:`ProcessGroupComm`: one rank of a real ``torch.distributed`` job (gloo on CPU,
   NCCL on GPU), launched by ``torchrun``; it owns one worker (``local_ranks == (rank,)``).
-* :class:`SimulatedComm`: ``W`` virtual workers inside one process; it owns all of them
-  (``local_ranks == (0, ..., W-1)``) and the all-gather is the stack of their tensors.
+* :data:`SimulatedComm` (the :class:`Communicator` itself): ``W`` virtual workers inside one
+  process; it owns all of them (``local_ranks == (0, ..., W-1)``) and the all-gather is the
+  stack of their tensors.
 
 Every collective of :class:`ProcessGroupComm` runs under the process group's timeout and
 turns a backend failure (a dead or hung peer) into a :class:`CollectiveError` that names the
@@ -22,6 +23,8 @@ from typing import NoReturn, TypeVar
 import torch
 import torch.distributed as dist
 
+from grab_exp.validation import check_int_at_least
+
 T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -31,7 +34,12 @@ class CollectiveError(RuntimeError):
 
 
 class Communicator:
-    """What the orderings and the trainer need from the workers' transport.
+    """What the orderings and the trainer need from the workers' transport; itself the
+    simulator (:data:`SimulatedComm`): ``W`` virtual workers in one process, gathering is
+    stacking.
+
+    Args:
+        world_size: number of virtual workers ``W``.
 
     Attributes:
         world_size: number of workers ``W``.
@@ -40,10 +48,12 @@ class Communicator:
         processes: number of processes (``W`` for a process group, 1 for the simulator).
     """
 
-    world_size: int = 1
-    rank: int = 0
-    local_ranks: tuple[int, ...] = (0,)
     processes: int = 1
+
+    def __init__(self, world_size: int = 1) -> None:
+        check_int_at_least("simulate_workers", world_size, 1)
+        self.world_size, self.rank = world_size, 0
+        self.local_ranks = tuple(range(world_size))
 
     def all_gather(self, local: torch.Tensor, name: str = "all_gather") -> torch.Tensor:
         """Gather every worker's tensor.
@@ -55,11 +65,16 @@ class Communicator:
         Returns:
             ``(W, *shape)``, row ``r`` from worker ``r``.
         """
-        raise NotImplementedError
+        if local.shape[0] != self.world_size:
+            raise ValueError(
+                f"{name}: got {local.shape[0]} rows; the simulator has {self.world_size}"
+            )
+        return local
 
     def all_reduce_sum_(self, tensor: torch.Tensor, name: str = "all_reduce") -> torch.Tensor:
-        """Sum ``tensor`` over the processes, in place, and return it."""
-        raise NotImplementedError
+        """Sum ``tensor`` over the processes, in place, and return it (in one process it is
+        the sum: its one model already averages over its workers)."""
+        return tensor
 
     def all_reduce_mean_(self, tensor: torch.Tensor, name: str = "all_reduce") -> torch.Tensor:
         """Average ``tensor`` over the processes, in place, and return it."""
@@ -73,29 +88,8 @@ class Communicator:
         """Wait for every process (a no-op in one process)."""
 
 
-class SimulatedComm(Communicator):
-    """``W`` virtual workers in one process: gathering is stacking.
-
-    Args:
-        world_size: number of virtual workers ``W``.
-    """
-
-    def __init__(self, world_size: int) -> None:
-        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-            raise ValueError(f"simulate_workers: got {world_size!r}; allowed: an integer >= 1")
-        self.world_size, self.rank = world_size, 0
-        self.local_ranks = tuple(range(world_size))
-
-    def all_gather(self, local: torch.Tensor, name: str = "all_gather") -> torch.Tensor:
-        if local.shape[0] != self.world_size:
-            raise ValueError(
-                f"{name}: got {local.shape[0]} rows; the simulator has {self.world_size}"
-            )
-        return local
-
-    def all_reduce_sum_(self, tensor: torch.Tensor, name: str = "all_reduce") -> torch.Tensor:
-        """A no-op: one process (its one model already averages over its workers)."""
-        return tensor
+#: ``W`` virtual workers in one process: the :class:`Communicator` itself
+SimulatedComm = Communicator
 
 
 class ProcessGroupComm(Communicator):
