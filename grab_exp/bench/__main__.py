@@ -5,29 +5,12 @@ from __future__ import annotations
 import sys
 from types import ModuleType
 
-from grab_exp.bench import (
-    conv,
-    epoch,
-    orderings,
-    per_sample,
-    projection,
-    rss,
-    state,
-    sweep,
-    vrgd,
-)
+from grab_exp.bench import conv, epoch, orderings, per_sample, projection, rss, state, sweep, vrgd
 
-#: name -> module; each module has ``build_parser()`` and ``main(argv)``
+#: name (the module's own) -> module; each module has ``build_parser()`` and ``main(argv)``
 BENCHMARKS: dict[str, ModuleType] = {
-    "orderings": orderings,
-    "epoch": epoch,
-    "sweep": sweep,
-    "projection": projection,
-    "vrgd": vrgd,
-    "rss": rss,
-    "conv": conv,
-    "per_sample": per_sample,
-    "state": state,
+    module.__name__.rsplit(".", 1)[-1]: module
+    for module in (orderings, epoch, sweep, projection, vrgd, rss, conv, per_sample, state)
 }
 
 

@@ -45,10 +45,8 @@ def load(args: argparse.Namespace) -> pd.DataFrame:
     Raises:
         ValueError: no finished run.
     """
-    frames = []
-    for frame, identity in read_runs(args.paths):
-        metrics = frame[["epoch", *metric_columns(frame)]]
-        frames.append(metrics.assign(variant=identity["variant"], seed=identity["seed"]))
+    runs = read_runs(args.paths)
+    frames = [frame[["epoch", *metric_columns(frame), "variant", "seed"]] for frame, _ in runs]
     if not frames:
         raise ValueError("no finished runs under the paths")
     return pd.concat(frames, ignore_index=True)
@@ -98,9 +96,9 @@ def table(frame: pd.DataFrame, epochs: list[int]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def paired(frame: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
-    """Per-seed final train-loss difference of each ordering to ``baseline``."""
+def paired(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per-seed final train-loss difference of each ordering to D-RR's (:data:`BASELINE`)."""
     last = frame[frame["epoch"] == frame["epoch"].max()].pivot(
         index="seed", columns="variant", values="train/loss"
     )
-    return last.sub(last[baseline], axis=0).drop(columns=baseline).round(4)
+    return last.sub(last[BASELINE], axis=0).drop(columns=BASELINE).round(4)

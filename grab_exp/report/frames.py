@@ -45,8 +45,7 @@ def check_metrics(metrics: pd.DataFrame, run_dir: Path | str, what: str) -> pd.D
     Raises:
         RunLoadError: naming ``run_dir`` and ``what`` and the problem.
     """
-    problem = _metrics_problem(metrics)
-    if problem:
+    if problem := _metrics_problem(metrics):
         raise RunLoadError(f"skipping {run_dir}: corrupt {what} ({problem})")
     numeric = metrics.apply(pd.to_numeric, errors="coerce")
     numeric["epoch"] = numeric["epoch"].astype(int)

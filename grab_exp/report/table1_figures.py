@@ -140,15 +140,11 @@ def figure2(table: Table1):
     data = table.data.iloc[::-1].reset_index(drop=True)  # first row on top
     colors = [color_of(v, p) for v, p in zip(data["variant"], data["pipeline"], strict=True)]
     if table.time_source:
-        time_panel = (
-            "bench_epoch_s",
-            "time_overhead_pct",
-            "Training time (s / epoch),\nidle bench",
-        )
+        column, overhead, where = "bench_epoch_s", "time_overhead_pct", "idle bench"
     else:
-        time_panel = ("time_s_per_epoch", None, "Training time (s / epoch),\nduring the runs")
+        column, overhead, where = "time_s_per_epoch", None, "during the runs"
     panels = (
-        time_panel,
+        (column, overhead, f"Training time (s / epoch),\n{where}"),
         (table.memory_metric, "mem_overhead_pct", _memory_title(table)),
     )
     with mpl.rc_context(STYLE):

@@ -73,10 +73,8 @@ def row_label(variant: str, pipeline: str) -> str:
 
 def row_rank(variant: str, pipeline: str) -> tuple[int, str, str]:
     """Sort key: the report's rows first in :data:`ROW_ORDER`, any others after, by name."""
-    try:
-        return ROW_ORDER.index((variant, pipeline)), "", ""
-    except ValueError:
-        return len(ROW_ORDER), variant, pipeline
+    row = (variant, pipeline)
+    return (ROW_ORDER.index(row), "", "") if row in ROW_ORDER else (len(ROW_ORDER), *row)
 
 
 def ordered_rows(rows: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -306,12 +304,10 @@ def peak_memory(epochs: pd.DataFrame) -> tuple[float, str]:
     lives on the GPU (about 704 MiB for CIFAR-10), the paper's on the host, so only the
     memory training steps add is comparable with the paper's peak GPU memory.
     """
-    step = epochs.get("mem/step_peak_cuda_mb")
-    if step is not None and step.notna().any():
-        return float(step.max()), "cuda_step"
-    cuda = epochs.get("mem/peak_cuda_mb")
-    if cuda is not None and cuda.notna().any():
-        return float(cuda.max()), "cuda"
+    for column, source in (("mem/step_peak_cuda_mb", "cuda_step"), ("mem/peak_cuda_mb", "cuda")):
+        peaks = epochs.get(column)
+        if peaks is not None and peaks.notna().any():
+            return float(peaks.max()), source
     rss = epochs.get("mem/peak_rss_mb")
     return (float(rss.max()) if rss is not None else float("nan")), "rss"
 
