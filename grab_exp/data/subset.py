@@ -7,6 +7,7 @@ import dataclasses
 import torch
 
 from grab_exp.data.arrays import ArrayData, array_data_from_uint8
+from grab_exp.validation import check_number
 
 
 def class_quotas(counts: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
@@ -56,8 +57,7 @@ def stratified_subset(y: torch.Tensor, k: int, generator: torch.Generator) -> to
     Raises:
         ValueError: If ``k`` is not an integer in ``1 .. N``.
     """
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= len(y):
-        raise ValueError(f"subset size: got {k!r}; allowed: an integer in 1..{len(y)}")
+    check_number("subset size", k, lambda v: 1 <= v <= len(y), f"an integer in 1..{len(y)}", int)
     labels = y.cpu()
     quotas = class_quotas(torch.bincount(labels), k, generator)
     picks = []
@@ -65,34 +65,6 @@ def stratified_subset(y: torch.Tensor, k: int, generator: torch.Generator) -> to
         members = torch.nonzero(labels == label).squeeze(1)
         picks.append(members[torch.randperm(len(members), generator=generator)[:quota]])
     return torch.sort(torch.cat(picks)).values
-
-
-def _checked_size(setting: str, size: int | None, available: int) -> int | None:
-    if size is None:
-        return None
-    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= available:
-        raise ValueError(f"{setting}: got {size!r}; allowed: null or an integer in 1..{available}")
-    return size
-
-
-def kept_indices(
-    labels: torch.Tensor, setting: str, size: int | None, seed: int
-) -> torch.Tensor | None:
-    """The sorted ``(size,)`` indices of a split's stratified subset, or ``None`` (keep all).
-
-    Args:
-        labels: ``(N,)`` the split's labels.
-        setting: The setting's name, for the error (``dataset.subset``).
-        size: Examples to keep, or ``None``.
-        seed: Seed of the selection; each split uses its own generator seeded with it.
-
-    Raises:
-        ValueError: One line naming ``setting`` when ``size`` is out of range.
-    """
-    size = _checked_size(setting, size, len(labels))
-    if size is None:
-        return None
-    return stratified_subset(labels, size, torch.Generator().manual_seed(seed)).to(labels.device)
 
 
 def take_subsets(
@@ -141,16 +113,27 @@ def uint8_subsets(
 
 
 def _subsets(tensors: list[torch.Tensor], subset, test_subset, seed) -> list[torch.Tensor]:
-    """``[train_x, train_y, test_x, test_y]`` restricted to each split's subset (all sizes are
-    checked before anything is selected)."""
+    """``[train_x, train_y, test_x, test_y]`` restricted to each split's stratified subset,
+    seeded with ``seed`` by a generator of its own (all sizes are checked, in one line naming
+    the setting, before anything is selected)."""
     train_x, train_y, test_x, test_y = tensors
-    _checked_size("dataset.subset", subset, len(train_y))
-    _checked_size("dataset.test_subset", test_subset, len(test_y))
-    out = []
-    for x, y, setting, size in (
+    splits = (
         (train_x, train_y, "dataset.subset", subset),
         (test_x, test_y, "dataset.test_subset", test_subset),
-    ):
-        keep = kept_indices(y, setting, size, seed)
-        out += [x, y] if keep is None else [x[keep], y[keep]]
+    )
+    for _, y, setting, size in splits:
+        _check_size(setting, size, len(y))
+    out = []
+    for x, y, _, size in splits:
+        if size is None:
+            out += [x, y]
+            continue
+        keep = stratified_subset(y, size, torch.Generator().manual_seed(seed)).to(y.device)
+        out += [x[keep], y[keep]]
     return out
+
+
+def _check_size(setting: str, size: int | None, available: int) -> None:
+    if size is not None:
+        allowed = f"null or an integer in 1..{available}"
+        check_number(setting, size, lambda v: 1 <= v <= available, allowed, int)
