@@ -1,9 +1,12 @@
 """Shared test set-up: ``gpu``-marked tests skip without CUDA; compose and CLI fixtures.
 
-The support modules beside this file (on ``sys.path`` for every test folder) are
-``grab_run`` (compose the config, run ``python -m grab_exp``, build its jobs), ``run_files``
-(read what a run wrote), ``wandb_reader`` (read an offline W&B run back), ``helpers`` and
-``reference_orderings`` (the orderings' tests).
+Pytest puts this file's folder, ``tests/``, on ``sys.path`` (the default ``prepend`` import
+mode), so every test imports the support package as ``support``: ``support.grab_run`` (compose
+the config, run ``python -m grab_exp``, build its jobs), ``support.run_files`` (read what a run
+wrote), ``support.wandb_reader`` (read an offline W&B run back), ``support.helpers`` and
+``support.reference_orderings`` (the orderings' tests), ``support.sync_guard`` (the CPU sync
+check), ``support.layer_harness`` and ``support.client_models`` (the per-sample tests) and
+``support.distributed_worker`` (one gloo rank, run as a script).
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from grab_run import RUN_TIMEOUT_S, compose_config, grab_env, run_grab
 from omegaconf import DictConfig
+from support.grab_run import RUN_TIMEOUT_S, compose_config, grab_env, run_grab
 
 
 def pytest_collection_modifyitems(config, items):

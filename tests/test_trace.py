@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import make
+from support.helpers import make
 
 from grab_exp.trace import CaptureError, TracedStep
 

@@ -16,8 +16,8 @@ from contextlib import AbstractContextManager, nullcontext
 import pytest
 import torch
 import torch._dynamo
-from grab_run import compose_config, compose_job, run_cli, train_epochs
 from hydra.errors import ConfigCompositionException
+from support.grab_run import compose_config, compose_job, run_cli, train_epochs
 from torch.nn import functional as F
 
 from grab_exp.models import LeNet

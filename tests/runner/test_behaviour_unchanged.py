@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from grab_run import cli_env, run_grab
+from support.grab_run import cli_env, run_grab
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 GOLDEN = json.loads((DATA / "golden_metrics.json").read_text())

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from grab_run import run_job_here
+from support.grab_run import run_job_here
 from torchvision.datasets import CIFAR10
 
 from grab_exp.data import cifar10 as ours

@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from grab_run import run_cli
-from run_files import read_rows
+from support.grab_run import run_cli
+from support.run_files import read_rows
 
 from grab_exp.report.collect import read_runs
 from grab_exp.report.frames import ReportWarning

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from grab_run import OFFLINE_ENV, compose_config, run_cli
 from hydra.errors import ConfigCompositionException, InstantiationException
-from run_files import run_artifacts
+from support.grab_run import OFFLINE_ENV, compose_config, run_cli
+from support.run_files import run_artifacts
 
 from grab_exp.__main__ import user_error_line
 from grab_exp.balance import Ordering

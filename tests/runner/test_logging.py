@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
-from wandb_reader import read_offline_run, read_offline_runs
+from support.wandb_reader import read_offline_run, read_offline_runs
 
 from grab_exp.logging import (
     LocalStore,

@@ -24,12 +24,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from grab_run import SMOKE, Job, grab_env
-from helpers import ALL_ORDERINGS, KERNELS, current_order, make, random_grads, run_epochs
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
-from run_files import computed, parse_rows, read_rows, run_dirs, temp_files, wait_for
-from wandb_reader import read_offline_run
+from support.grab_run import SMOKE, Job, grab_env
+from support.helpers import ALL_ORDERINGS, KERNELS, current_order, make, random_grads, run_epochs
+from support.run_files import computed, parse_rows, read_rows, run_dirs, temp_files, wait_for
+from support.wandb_reader import read_offline_run
 
 from grab_exp.logging.files import DamagedFileError
 from grab_exp.runner.rundir.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint

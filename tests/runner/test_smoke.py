@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from grab_run import ARCHIVE, needs_archive, run_cli
+from support.grab_run import ARCHIVE, needs_archive, run_cli
 
 SLOW_TIMEOUT_S = 900
 MIN_TEST_ACC = 0.25

@@ -69,7 +69,7 @@ def test_each_job_of_a_sweep_is_validated_once(tmp_path, monkeypatch, counted):
 def test_a_job_nothing_checked_validates_itself(tmp_path, counted):
     """A caller that skips Hydra's callback (here the runner called directly) is still checked:
     a bad value is refused before any work."""
-    from grab_run import run_job_here
+    from support.grab_run import run_job_here
 
     from grab_exp.runner.config.schema import ConfigError
 

@@ -29,8 +29,8 @@ from grab_exp.runner.training.build import TrainingJob, build_job
 from grab_exp.runner.training.connect import connect
 from grab_exp.runner.training.epoch import train_steps
 from grab_exp.runner.training.progress import Progress
+from support import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
 ARCHIVE = REPO_ROOT.parent / "shared" / "data" / "cifar10-jpeg.tar.gz"
 needs_archive = pytest.mark.skipif(
