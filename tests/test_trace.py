@@ -1,7 +1,7 @@
 """A traced step replays the operators it recorded, and refuses one that reads the host.
 
 :class:`~grab_exp.trace.TracedStep` is the CPU's analogue of a CUDA graph; the whole training
-step's capture, traced and replayed, is tested in ``tests/runner/test_capture.py``.
+step's capture, traced and replayed, is tested in ``tests/runner/training/test_capture.py``.
 """
 
 from __future__ import annotations

@@ -403,7 +403,7 @@ def test_only_errors_raised_by_grab_exp_become_one_line():
 
 def test_a_fail_fast_sweep_with_bad_jobs_lists_them_all_and_trains_nothing(tmp_path):
     """Job 0 is good, jobs 1 and 2 are not; with ``fail_fast`` as without it
-    (test_sweeps_and_failures.py): all errors at once, exit 1, nothing written."""
+    (runner/launch/test_sweeps_and_failures.py): all errors at once, exit 1, nothing written."""
     args = ["-m", *TINY, "seed=13", "batch_size=16,0,1000", "progress=none"]
     args.append("hydra.sweeper.fail_fast=true")
     result = run_cli(args, tmp_path, timeout=CLI_TIMEOUT_S)

@@ -26,6 +26,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
+from support import REPO_ROOT
 from support.grab_run import SMOKE, Job, grab_env
 from support.helpers import ALL_ORDERINGS, KERNELS, current_order, make, random_grads, run_epochs
 from support.run_files import computed, parse_rows, read_rows, run_dirs, temp_files, wait_for
@@ -109,7 +110,7 @@ def test_resume_restores_the_generator_and_accumulators(name):
 
 pytestmark = pytest.mark.slow
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = REPO_ROOT / "conf"
 EPOCHS = 3
 # 512 examples in batches of 16: 32 steps, about a second per epoch on a small CPU
 KILLED = [

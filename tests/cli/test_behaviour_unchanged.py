@@ -1,9 +1,10 @@
 """The runner computes what it computed before its redesign (commit 2eef9b3).
 
-``tests/data/golden_metrics.json`` holds the per-epoch metrics of five short runs recorded by
-``scripts/record_golden_metrics.py`` at that commit; the same commands must give the same
-numbers to float32 rounding. ``tests/data/run_before_redesign`` is a run directory that commit
-left after the first epoch of the ``mean`` case: resuming it must give the golden epoch 2.
+``tests/support/data/golden_metrics.json`` holds the per-epoch metrics of five short runs
+recorded by ``scripts/record_golden_metrics.py`` at that commit; the same commands must give the
+same numbers to float32 rounding. ``tests/support/data/run_before_redesign`` is a run directory
+that commit left after the first epoch of the ``mean`` case: resuming it must give the golden
+epoch 2.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from support import DATA_DIR
 from support.grab_run import cli_env, run_grab
 
-DATA = Path(__file__).resolve().parents[1] / "data"
-GOLDEN = json.loads((DATA / "golden_metrics.json").read_text())
+GOLDEN = json.loads((DATA_DIR / "golden_metrics.json").read_text())
 TOLERANCE = 2e-4  # float32 rounding, amplified over two epochs
 
 
@@ -41,7 +42,7 @@ def _assert_rows_equal(rows: list[dict[str, str]], golden: list[dict[str, float]
 def runs(tmp_path_factory) -> dict[str, list[dict[str, str]]]:
     """Every case, and the resumed run directory, run two at a time (one thread each)."""
     root = tmp_path_factory.mktemp("golden")
-    shutil.copytree(DATA / "run_before_redesign", root / "resumed" / "run")
+    shutil.copytree(DATA_DIR / "run_before_redesign", root / "resumed" / "run")
     jobs = {name: case["overrides"] for name, case in GOLDEN["cases"].items()}
     jobs["resumed"] = GOLDEN["cases"]["mean"]["overrides"]
     for name in jobs:
