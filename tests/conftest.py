@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import DictConfig
-from support.grab_run import RUN_TIMEOUT_S, compose_config, grab_env, run_grab
+from support.grab_run import RUN_TIMEOUT_S, compose_config, grab_env, run_grab, run_in_process
 
 
 def pytest_collection_modifyitems(config, items):
@@ -48,5 +48,16 @@ def grab(tmp_path: Path) -> Callable[..., object]:
 
     def run(args: list[str], timeout: float = RUN_TIMEOUT_S, **env: str):
         return run_grab(args, tmp_path, grab_env(tmp_path, **env), timeout)
+
+    return run
+
+
+@pytest.fixture
+def grab_here(tmp_path: Path) -> Callable[..., object]:
+    """``grab_here(args, **env)``: the ``grab`` fixture's run, in this process
+    (:func:`~support.grab_run.run_in_process`)."""
+
+    def run(args: list[str], **env: str):
+        return run_in_process(args, tmp_path, grab_env(tmp_path, **env))
 
     return run

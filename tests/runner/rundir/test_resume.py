@@ -441,12 +441,12 @@ def test_checkpoint_is_written_atomically(tmp_path):
     assert loaded["epoch"] == 0 and torch.equal(loaded["model"]["w"], torch.arange(3.0))
 
 
-def test_a_wandb_runs_checkpoint_refuses_a_changed_nested_setting(grab, tmp_path):
+def test_a_wandb_runs_checkpoint_refuses_a_changed_nested_setting(grab, grab_here, tmp_path):
     """The checkpoint holds the job's flat config, not the W&B run's nested one: with the summary
     gone, it alone still catches a changed nested setting (``optimizer.momentum``)."""
     run_dir = tmp_path / "run"
     base = [*SMOKE, "dataset.num_test=16", "logger=wandb", f"hydra.run.dir={run_dir}"]
-    assert grab([*base, "epochs=1"]).returncode == 0
+    assert grab_here([*base, "epochs=1"]).returncode == 0
     (run_dir / "summary.json").unlink()  # only the checkpoint is left to tell
     result = grab([*base, "epochs=2", "optimizer.momentum=0.5"])
     assert result.returncode != 0
