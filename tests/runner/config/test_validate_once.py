@@ -5,10 +5,9 @@ training: Hydra's callback checks it before anything is written, and the job reu
 from __future__ import annotations
 
 import json
-import runpy
-import sys
 
 import pytest
+from support.grab_run import run_in_process
 
 from grab_exp.runner.config import check as config_check
 from grab_exp.runner.config import fingerprint
@@ -37,31 +36,29 @@ def counted(monkeypatch):
     return counts
 
 
-def _grab_exp(monkeypatch, tmp_path, *args: str) -> None:
-    """``python -m grab_exp *args`` in this process, in ``tmp_path``."""
-    monkeypatch.setattr(sys, "argv", ["grab_exp", *args])
-    monkeypatch.delitem(sys.modules, "grab_exp.__main__", raising=False)
-    monkeypatch.chdir(tmp_path)
-    runpy.run_module("grab_exp", run_name="__main__")
+def _grab_exp(tmp_path, *args: str) -> None:
+    """``python -m grab_exp *args`` in this process (the counters see it), in ``tmp_path``."""
+    done = run_in_process(args, tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:]
 
 
 def _status(run_dir) -> str:
     return json.loads((run_dir / "summary.json").read_text())["status"]
 
 
-def test_a_single_run_validates_and_fingerprints_its_config_once(tmp_path, monkeypatch, counted):
+def test_a_single_run_validates_and_fingerprints_its_config_once(tmp_path, counted):
     """The callback validates and fingerprints; the job trains on its check."""
     run_dir = tmp_path / "run"
-    _grab_exp(monkeypatch, tmp_path, *SMOKE, f"hydra.run.dir={run_dir}")
+    _grab_exp(tmp_path, *SMOKE, f"hydra.run.dir={run_dir}")
     assert _status(run_dir) == "finished"
     assert counted == {"validations": 1, "fingerprints": 1}
 
 
-def test_each_job_of_a_sweep_is_validated_once(tmp_path, monkeypatch, counted):
+def test_each_job_of_a_sweep_is_validated_once(tmp_path, counted):
     """The sweep checks every job before any starts; each job (basic launcher, in this
     process) trains on that check."""
     sweep_dir = tmp_path / "sweep"
-    _grab_exp(monkeypatch, tmp_path, "-m", *SMOKE, "seed=1,2", f"hydra.sweep.dir={sweep_dir}")
+    _grab_exp(tmp_path, "-m", *SMOKE, "seed=1,2", f"hydra.sweep.dir={sweep_dir}")
     assert [_status(d) for d in sorted(sweep_dir.glob("*/seed*"))] == ["finished"] * 2
     assert counted == {"validations": 2, "fingerprints": 2}
 
