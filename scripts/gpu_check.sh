@@ -88,9 +88,10 @@ pytest_args=(-p no:cacheprovider -rA -o junit_family=xunit2)
 "$PYTHON" -c "import pytest_timeout" 2>/dev/null && pytest_args+=(--timeout=120)
 "$PYTHON" -c "import xdist" 2>/dev/null && [[ "$device" == cuda ]] && pytest_args+=(-n 4)
 # the test files that hold gpu tests (other files need packages the GPU machine lacks)
-gpu_files=(tests/test_torch_apis.py tests/runner/test_sync_free.py
-    tests/runner/test_gpu_readiness.py tests/balance/test_device_identity.py
-    tests/per_sample/test_per_sample_func.py tests/optim/test_vrgd.py tests/runner/test_capture.py)
+gpu_files=(tests/test_torch_apis.py tests/runner/training/test_sync_free.py
+    tests/test_gpu_readiness.py tests/balance/test_device_identity.py
+    tests/per_sample/test_per_sample_func.py tests/optim/test_vrgd.py
+    tests/runner/training/test_capture.py)
 
 started_all=$SECONDS
 failed=0

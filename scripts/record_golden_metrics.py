@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Record the per-epoch metrics of short reference runs (synthetic data, 2 epochs, one thread).
 
-``tests/runner/test_behaviour_unchanged.py`` runs the same commands and compares its metrics with
+``tests/cli/test_behaviour_unchanged.py`` runs the same commands and compares its metrics with
 the file this writes, so a refactoring of the runner cannot change what a run computes. Rerun it
 only when a change of results is intended, and say so in the commit:
 
-    python scripts/record_golden_metrics.py --out tests/data/golden_metrics.json
+    python scripts/record_golden_metrics.py --out tests/support/data/golden_metrics.json
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def run_case(overrides: list[str], root: Path) -> list[dict[str, float]]:
 def main() -> None:
     """Run every case and write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("tests/data/golden_metrics.json"))
+    parser.add_argument("--out", type=Path, default=Path("tests/support/data/golden_metrics.json"))
     args = parser.parse_args()
     golden = {"base": BASE, "cases": {}}
     for name, overrides in CASES.items():

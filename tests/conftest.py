@@ -1,9 +1,12 @@
 """Shared test set-up: ``gpu``-marked tests skip without CUDA; compose and CLI fixtures.
 
-The support modules beside this file (on ``sys.path`` for every test folder) are
-``grab_run`` (compose the config, run ``python -m grab_exp``, build its jobs), ``run_files``
-(read what a run wrote), ``wandb_reader`` (read an offline W&B run back), ``helpers`` and
-``reference_orderings`` (the orderings' tests).
+Pytest puts this file's folder, ``tests/``, on ``sys.path`` (the default ``prepend`` import
+mode), so every test imports the support package as ``support``: ``support.grab_run`` (compose
+the config, run ``python -m grab_exp``, build its jobs), ``support.run_files`` (read what a run
+wrote), ``support.wandb_reader`` (read an offline W&B run back), ``support.helpers`` and
+``support.reference_orderings`` (the orderings' tests), ``support.sync_guard`` (the CPU sync
+check), ``support.layer_harness`` and ``support.client_models`` (the per-sample tests) and
+``support.distributed_worker`` (one gloo rank, run as a script).
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from grab_run import RUN_TIMEOUT_S, compose_config, grab_env, run_grab
 from omegaconf import DictConfig
+from support.grab_run import RUN_TIMEOUT_S, compose_config, grab_env, run_grab, run_in_process
 
 
 def pytest_collection_modifyitems(config, items):
@@ -45,5 +48,16 @@ def grab(tmp_path: Path) -> Callable[..., object]:
 
     def run(args: list[str], timeout: float = RUN_TIMEOUT_S, **env: str):
         return run_grab(args, tmp_path, grab_env(tmp_path, **env), timeout)
+
+    return run
+
+
+@pytest.fixture
+def grab_here(tmp_path: Path) -> Callable[..., object]:
+    """``grab_here(args, **env)``: the ``grab`` fixture's run, in this process
+    (:func:`~support.grab_run.run_in_process`)."""
+
+    def run(args: list[str], **env: str):
+        return run_in_process(args, tmp_path, grab_env(tmp_path, **env))
 
     return run

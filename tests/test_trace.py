@@ -1,14 +1,14 @@
 """A traced step replays the operators it recorded, and refuses one that reads the host.
 
 :class:`~grab_exp.trace.TracedStep` is the CPU's analogue of a CUDA graph; the whole training
-step's capture, traced and replayed, is tested in ``tests/runner/test_capture.py``.
+step's capture, traced and replayed, is tested in ``tests/runner/training/test_capture.py``.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from helpers import make
+from support.helpers import make
 
 from grab_exp.trace import CaptureError, TracedStep
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import make, random_grads, run_epochs
+from support.helpers import make, random_grads, run_epochs
 
 from grab_exp.balance.recursive import RecursiveBalance
 from grab_exp.balance.signs import device_signs, sequential_signs, sign_keys

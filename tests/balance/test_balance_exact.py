@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import current_order, is_permutation, make, random_grads, run_epochs
-from reference_orderings import (
+from support.helpers import current_order, is_permutation, make, random_grads, run_epochs
+from support.reference_orderings import (
     batch_balance,
     mean_balance,
     recursive_balance,

@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from helpers import (
+from support.helpers import (
     ALL_ORDERINGS,
     BALANCES,
     KERNELS,

@@ -8,7 +8,7 @@ import weakref
 
 import pytest
 import torch
-from helpers import BALANCES, make, random_grads, run_epochs
+from support.helpers import BALANCES, make, random_grads, run_epochs
 from torch import nn
 from torch.nn import functional as F
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import BALANCES, KERNELS, make
+from support.helpers import BALANCES, KERNELS, make
 from test_balance_properties import discrepancy
 from torch import nn
 from torch.nn import functional as F

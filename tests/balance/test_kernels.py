@@ -7,8 +7,8 @@ import math
 
 import pytest
 import torch
-from helpers import BALANCES, current_order, make, random_grads, run_epochs
-from reference_orderings import reference_next
+from support.helpers import BALANCES, current_order, make, random_grads, run_epochs
+from support.reference_orderings import reference_next
 
 DELTA = 1e-10  # failure probability allowed to each statistical bound
 

@@ -11,8 +11,8 @@ import io
 
 import pytest
 import torch
-from grab_run import compose_config
-from helpers import BALANCES, GRADIENT_FREE, make, random_grads, run_epochs
+from support.grab_run import compose_config
+from support.helpers import BALANCES, GRADIENT_FREE, make, random_grads, run_epochs
 from torch.nn import functional as F
 from torch.profiler import ProfilerActivity, profile
 

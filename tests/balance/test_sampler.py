@@ -6,7 +6,7 @@ import io
 
 import pytest
 import torch
-from helpers import current_order, make, random_grads, run_epochs
+from support.helpers import current_order, make, random_grads, run_epochs
 from torch.utils.data import DataLoader, TensorDataset
 
 from grab_exp.sampler import GraBSampler, parameters_device

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from helpers import KERNELS, make, random_grads, run_epochs
+from support.helpers import KERNELS, make, random_grads, run_epochs
 
 from grab_exp.sampler import GraBSampler
 

@@ -1,9 +1,9 @@
 """recursive and recursive_pair give the orders and accumulators recorded before their rewrite.
 
-``tests/data/tree_orderings.pt`` holds, for D = 0, 1, 5 (recursive) and b = 8 (recursive_pair),
-both kernels and ``normalize`` on and off, the orders of 3 epochs and each epoch's final
-accumulators, recorded at commit a98284e by the all-node-product implementation
-(``tests/data/record_tree_orderings.py``, which also makes the gradients fed here).
+``tests/support/data/tree_orderings.pt`` holds, for D = 0, 1, 5 (recursive) and b = 8
+(recursive_pair), both kernels and ``normalize`` on and off, the orders of 3 epochs and each
+epoch's final accumulators, recorded at commit a98284e by the all-node-product implementation
+(``tests/support/data/record_tree_orderings.py``, which also makes the gradients fed here).
 
 Tolerances: float64, equal orders and accumulators within 1e-10 relative (of the largest entry);
 float32, equal orders and accumulators within 1e-4 relative (single rounding differs in the
@@ -13,13 +13,12 @@ order of the sums; these small cases have no near-tie dot products, so the order
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
+from support import DATA_DIR
 
-DATA = Path(__file__).resolve().parents[1] / "data"
-_spec = importlib.util.spec_from_file_location("record", DATA / "record_tree_orderings.py")
+_spec = importlib.util.spec_from_file_location("record", DATA_DIR / "record_tree_orderings.py")
 record = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(record)
 RECORDING = torch.load(record.OUT)

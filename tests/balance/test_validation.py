@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from grab_run import compose_config
-from helpers import (
+from support.grab_run import compose_config
+from support.helpers import (
     ALL_ORDERINGS,
     BALANCES,
     GRADIENT_FREE,

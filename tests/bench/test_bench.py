@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from grab_run import compose_job, grab_env, run_grab
-from run_files import computed, read_rows, run_dirs
+from support.grab_run import compose_job, grab_env, run_grab
+from support.run_files import computed, read_rows, run_dirs
 from torch.nn import functional as F
 
 from grab_exp.balance import Ordering

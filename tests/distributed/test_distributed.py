@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from distributed_worker import BATCH, CONFIGS, SEED, D, N, build_ordering, feed, fixed_grads
-from grab_run import compose_config, run_job_here
+from support import REPO_ROOT, TESTS_DIR
+from support.distributed_worker import BATCH, CONFIGS, SEED, D, N, build_ordering, feed, fixed_grads
+from support.grab_run import compose_config, run_job_here
 
 from grab_exp.distributed import BlockProjection, SimulatedComm, split_shards
 
-REPO = Path(__file__).resolve().parents[2]
 WORLD = 2
 HUNG_TIMEOUT_S = 10
 
@@ -42,7 +42,9 @@ def launch(args: list[str], tmp: Path, world: int = WORLD) -> list[subprocess.Po
         env_r = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}
         out, err = open(tmp / f"out{rank}.txt", "w"), open(tmp / f"err{rank}.txt", "w")  # noqa: SIM115
         procs.append(
-            subprocess.Popen([sys.executable, *args], cwd=REPO, env=env_r, stdout=out, stderr=err)
+            subprocess.Popen(
+                [sys.executable, *args], cwd=REPO_ROOT, env=env_r, stdout=out, stderr=err
+            )
         )
     return procs
 
@@ -77,9 +79,10 @@ def stop(procs: list[subprocess.Popen]) -> None:
 
 @pytest.fixture(scope="module")
 def gloo_job(tmp_path_factory):
-    """2 real gloo ranks of distributed_worker.py: their saved results, then still training."""
+    """2 real gloo ranks of ``support/distributed_worker.py``: their saved results, then still
+    training."""
     tmp = tmp_path_factory.mktemp("gloo")
-    procs = launch([str(REPO / "tests" / "distributed" / "distributed_worker.py"), str(tmp)], tmp)
+    procs = launch([str(TESTS_DIR / "support" / "distributed_worker.py"), str(tmp)], tmp)
     try:
         wait_for(lambda: all((tmp / f"rank{r}.pt").exists() for r in range(WORLD)), procs, tmp)
         ranks = [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
@@ -90,7 +93,7 @@ def gloo_job(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ranks(gloo_job) -> list[dict]:
-    """What each real rank saw (see distributed_worker.py)."""
+    """What each real rank saw (see support/distributed_worker.py)."""
     return gloo_job["ranks"]
 
 

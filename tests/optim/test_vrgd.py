@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from sync_guard import HostCopyGuard
+from support.sync_guard import HostCopyGuard
 from torch import nn
 
 from grab_exp.grads import flatten_grads

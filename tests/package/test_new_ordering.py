@@ -15,7 +15,7 @@ import sys
 import pandas as pd
 import pytest
 import torch
-from grab_run import REPO_ROOT, cli_env, run_grab
+from support.grab_run import REPO_ROOT, cli_env, run_grab
 
 MODULE = '''
 """A toy ordering: every epoch the previous one's order reversed."""

@@ -8,7 +8,7 @@ import importlib.util
 
 import pytest
 import torch
-from client_models import (
+from support.client_models import (
     GRUClassifier,
     PositionModel,
     SequenceFirst,

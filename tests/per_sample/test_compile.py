@@ -16,8 +16,15 @@ from contextlib import AbstractContextManager, nullcontext
 import pytest
 import torch
 import torch._dynamo
-from grab_run import compose_config, compose_job, run_cli, train_epochs
 from hydra.errors import ConfigCompositionException
+from support.grab_run import (
+    cli_env,
+    compose_config,
+    compose_job,
+    run_cli,
+    run_in_process,
+    train_epochs,
+)
 from torch.nn import functional as F
 
 from grab_exp.models import LeNet
@@ -143,7 +150,7 @@ def test_runner_trains_compiled_and_an_eager_run_loads_its_checkpoint(tmp_path):
     overrides = ["model=mlp", "model.hidden=[16]", "dataset.num_train=64", "dataset.num_test=32"]
     args = ["experiment=smoke", "epochs=1", "progress=none", "trainer.compile=true", "device=cpu"]
     args += overrides
-    result = run_cli(args, tmp_path, timeout=600)
+    result = run_in_process(args, tmp_path, cli_env(), merge_stderr=False)
     assert result.returncode == 0, result.stderr[-3000:]
     (summary_path,) = (tmp_path / "outputs" / "smoke").rglob("summary.json")
     summary = json.loads(summary_path.read_text())

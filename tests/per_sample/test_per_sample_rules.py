@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from layer_harness import LayerCase, build, check_layer, make_input, per_example_loop
+from support.layer_harness import LayerCase, build, check_layer, make_input, per_example_loop
 from torch import nn
 from torch.nn import functional as F
 

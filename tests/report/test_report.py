@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
-from wandb_reader import read_offline_runs
+from support.wandb_reader import read_offline_runs
 
 from grab_exp.report import (
     ReportWarning,

@@ -72,7 +72,7 @@ def temp_files(root: Path) -> list[Path]:
 def wait_for(predicate, timeout: float, what: str, job=None):
     """Poll ``predicate`` every 20 ms until it is truthy; fail after ``timeout`` seconds.
 
-    ``job`` (a :class:`grab_run.Job`): fail at once if its process ends first.
+    ``job`` (a :class:`support.grab_run.Job`): fail at once if its process ends first.
     """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

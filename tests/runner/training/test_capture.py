@@ -16,8 +16,8 @@ import warnings
 
 import pytest
 import torch
-from grab_run import compose_job, train_epochs
-from helpers import BALANCES, GRADIENT_FREE, KERNELS
+from support.grab_run import compose_job, train_epochs
+from support.helpers import BALANCES, GRADIENT_FREE, KERNELS
 
 from grab_exp.runner.config.fingerprint import config_fingerprint
 from grab_exp.runner.rundir.resolvers import settings_hash

@@ -4,21 +4,32 @@
   does (schema, resolvers and the ``distributed=true`` shorthand included).
 * :func:`run_grab` runs the real command in a subprocess; :class:`Job` starts one in the
   background. ``grab_env`` gives a subprocess offline W&B inside a temporary folder, ``cli_env``
-  no W&B at all.
+  no W&B at all. :func:`run_in_process` runs the same command in this process, for tests that
+  need a finished run's files but no exit status, signal or second process.
 * :func:`compose_job` builds the job the command would train, in this process, and
   :func:`train_epochs` trains it with the runner's own step loop.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
+import random
+import runpy
+import signal
 import subprocess
 import sys
-from collections.abc import Iterable
+import warnings
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -29,8 +40,8 @@ from grab_exp.runner.training.build import TrainingJob, build_job
 from grab_exp.runner.training.connect import connect
 from grab_exp.runner.training.epoch import train_steps
 from grab_exp.runner.training.progress import Progress
+from support import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
 ARCHIVE = REPO_ROOT.parent / "shared" / "data" / "cifar10-jpeg.tar.gz"
 needs_archive = pytest.mark.skipif(
@@ -171,6 +182,98 @@ def run_cli(
 ) -> subprocess.CompletedProcess[str]:
     """:func:`run_grab` without W&B and with stdout and stderr apart."""
     return run_grab(args, cwd, cli_env(**env), timeout, merge_stderr=False)
+
+
+def run_in_process(
+    args: Iterable[str],
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    *,
+    merge_stderr: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m grab_exp *args`` in ``cwd`` in this process, as :func:`run_grab` would in
+    a subprocess: the same entry point (``grab_exp/__main__.py`` run as ``__main__``, so the
+    shorthands, the key check, Hydra's composition, callbacks and run directory), ``env`` as the
+    whole environment (``grab_env``, ``cli_env``; its ``OMP_NUM_THREADS`` sets torch's threads),
+    its output captured. ``SystemExit`` gives the exit status.
+
+    Everything the run changes in this process comes back afterwards: the working directory,
+    ``sys.argv``, the environment, the logging handlers and levels Hydra configured (its log
+    files closed), Hydra's global state, the W&B singleton (torn down before and after), the
+    stop-signal handlers, torch's thread count and the random generators.
+    """
+    args, env = list(args), cli_env() if env is None else env
+    out, err = io.StringIO(), io.StringIO()
+    status = 0
+    with (
+        _restored_process_state(),
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(out if merge_stderr else err),
+    ):
+        os.environ.clear()
+        os.environ.update(env)
+        if threads := env.get("OMP_NUM_THREADS"):
+            torch.set_num_threads(int(threads))
+        os.chdir(cwd)
+        sys.argv = ["grab_exp", *args]  # argv[0]: runpy sets grab_exp/__main__.py's path
+        try:
+            with warnings.catch_warnings():  # grab_exp.__main__ is imported already (here)
+                warnings.filterwarnings("ignore", "'grab_exp.__main__' found", RuntimeWarning)
+                runpy.run_module("grab_exp", run_name="__main__", alter_sys=True)
+        except SystemExit as stop:
+            status = _exit_status(stop.code)
+    return subprocess.CompletedProcess([*GRAB, *args], status, out.getvalue(), err.getvalue())
+
+
+def _exit_status(code: object) -> int:
+    """The status ``sys.exit(code)`` gives a process (a message goes to stderr, status 1)."""
+    if code is None or isinstance(code, int):
+        return code or 0
+    print(code, file=sys.stderr)
+    return 1
+
+
+@contextlib.contextmanager
+def _restored_process_state() -> Iterator[None]:
+    """Put back what an in-process run changes in this process (see :func:`run_in_process`)."""
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    loggers = [logger for logger in loggers if isinstance(logger, logging.Logger)]
+    saved_loggers = [(lg, lg.level, lg.propagate, lg.disabled, lg.handlers[:]) for lg in loggers]
+    saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), sys.argv[:]
+    saved_signals = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    saved_hydra, threads = HydraConfig.instance().cfg, torch.get_num_threads()
+    rng = (torch.get_rng_state(), random.getstate(), np.random.get_state())
+    _wandb_teardown()
+    GlobalHydra.instance().clear()
+    try:
+        yield
+    finally:
+        _wandb_teardown()
+        GlobalHydra.instance().clear()
+        HydraConfig.instance().cfg = saved_hydra
+        for logger, level, propagate, disabled, handlers in saved_loggers:
+            for handler in logger.handlers:
+                if handler not in handlers:
+                    handler.close()
+            logger.handlers[:] = handlers
+            logger.setLevel(level)
+            logger.propagate, logger.disabled = propagate, disabled
+        for signum, handler in saved_signals.items():
+            signal.signal(signum, handler)
+        os.chdir(saved_cwd)
+        sys.argv = saved_argv
+        os.environ.clear()
+        os.environ.update(saved_env)
+        torch.set_num_threads(threads)
+        torch.set_rng_state(rng[0])
+        random.setstate(rng[1])
+        np.random.set_state(rng[2])
+
+
+def _wandb_teardown() -> None:
+    """End W&B's process-wide singleton and service, if a run started them."""
+    if "wandb" in sys.modules:
+        sys.modules["wandb"].teardown()
 
 
 class Job:

@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from grab_run import run_job_here
+from support import REPO_ROOT
+from support.grab_run import run_job_here
 from torchvision.datasets import CIFAR10
 
 from grab_exp.data import cifar10 as ours
@@ -142,7 +143,7 @@ def test_a_two_epoch_run_trains_on_the_downloaded_data(local_cifar10, tmp_path):
 
 
 def _script(name: str):
-    path = Path(__file__).resolve().parents[2] / "scripts" / f"{name}.py"
+    path = REPO_ROOT / "scripts" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

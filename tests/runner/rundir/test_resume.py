@@ -24,12 +24,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from grab_run import SMOKE, Job, grab_env
-from helpers import ALL_ORDERINGS, KERNELS, current_order, make, random_grads, run_epochs
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
-from run_files import computed, parse_rows, read_rows, run_dirs, temp_files, wait_for
-from wandb_reader import read_offline_run
+from support import REPO_ROOT
+from support.grab_run import SMOKE, Job, grab_env
+from support.helpers import ALL_ORDERINGS, KERNELS, current_order, make, random_grads, run_epochs
+from support.run_files import computed, parse_rows, read_rows, run_dirs, temp_files, wait_for
+from support.wandb_reader import read_offline_run
 
 from grab_exp.logging.files import DamagedFileError
 from grab_exp.runner.rundir.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
@@ -109,7 +110,7 @@ def test_resume_restores_the_generator_and_accumulators(name):
 
 pytestmark = pytest.mark.slow
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = REPO_ROOT / "conf"
 EPOCHS = 3
 # 512 examples in batches of 16: 32 steps, about a second per epoch on a small CPU
 KILLED = [
@@ -440,12 +441,12 @@ def test_checkpoint_is_written_atomically(tmp_path):
     assert loaded["epoch"] == 0 and torch.equal(loaded["model"]["w"], torch.arange(3.0))
 
 
-def test_a_wandb_runs_checkpoint_refuses_a_changed_nested_setting(grab, tmp_path):
+def test_a_wandb_runs_checkpoint_refuses_a_changed_nested_setting(grab, grab_here, tmp_path):
     """The checkpoint holds the job's flat config, not the W&B run's nested one: with the summary
     gone, it alone still catches a changed nested setting (``optimizer.momentum``)."""
     run_dir = tmp_path / "run"
     base = [*SMOKE, "dataset.num_test=16", "logger=wandb", f"hydra.run.dir={run_dir}"]
-    assert grab([*base, "epochs=1"]).returncode == 0
+    assert grab_here([*base, "epochs=1"]).returncode == 0
     (run_dir / "summary.json").unlink()  # only the checkpoint is left to tell
     result = grab([*base, "epochs=2", "optimizer.momentum=0.5"])
     assert result.returncode != 0

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 
 import torch
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
-CONF_BALANCE = Path(__file__).resolve().parents[1] / "conf" / "balance"
+from support import REPO_ROOT
+
+CONF_BALANCE = REPO_ROOT / "conf" / "balance"
 
 
 def single_process_orderings(reads_gradients: bool) -> list[str]:

@@ -7,7 +7,7 @@ warm up (allocator, cuDNN, compilation), then a whole epoch of ``train_steps`` -
 per-sample gradients, the GSNR, the ordering's step, the optimizer step, the progress display -
 with every host-device synchronization an error: on CUDA under
 ``torch.cuda.set_sync_debug_mode("error")``, on the CPU (so in CI) under
-:class:`~sync_guard.SyncGuard`, which refuses the operators that synchronize on CUDA.
+:class:`~support.sync_guard.SyncGuard`, which refuses the operators that synchronize on CUDA.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from contextlib import contextmanager
 
 import pytest
 import torch
-from grab_run import CONF_DIR, compose_job, train_epochs
-from helpers import ALL_ORDERINGS, KERNELS, make
 from hydra.utils import get_class
 from omegaconf import OmegaConf
-from sync_guard import SyncGuard
+from support.grab_run import CONF_DIR, compose_job, train_epochs
+from support.helpers import ALL_ORDERINGS, KERNELS, make
+from support.sync_guard import SyncGuard
 
 from grab_exp.balance import Ordering
 from grab_exp.runner.training.epoch import train_steps
@@ -33,7 +33,8 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 @contextmanager
 def no_host_sync(device: str, host_tensors: Iterable[torch.Tensor] = ()) -> Iterator[None]:
     """Every host-device synchronization in the block raises: on CUDA the sync debug mode's
-    error, on the CPU :class:`~sync_guard.HostSyncError` (``host_tensors``: see SyncGuard)."""
+    error, on the CPU :class:`~support.sync_guard.HostSyncError` (``host_tensors``: see
+    SyncGuard)."""
     if device == "cpu":
         with SyncGuard(host_tensors):
             yield

@@ -11,8 +11,8 @@ import socket
 import pytest
 import torch
 import torch.distributed as dist
-from grab_run import SMALL_RUN, compose_config, run_job_here
-from helpers import make
+from support.grab_run import SMALL_RUN, compose_config, run_job_here
+from support.helpers import make
 
 from grab_exp.balance.projection import describe
 from grab_exp.devices import resolve_device, set_cuda_policy

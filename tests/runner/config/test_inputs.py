@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from grab_run import OFFLINE_ENV, compose_config, run_cli
 from hydra.errors import ConfigCompositionException, InstantiationException
-from run_files import run_artifacts
+from support.grab_run import OFFLINE_ENV, compose_config, run_cli
+from support.run_files import run_artifacts
 
 from grab_exp.__main__ import user_error_line
 from grab_exp.balance import Ordering
@@ -432,7 +432,7 @@ def test_only_errors_raised_by_grab_exp_become_one_line():
 
 def test_a_fail_fast_sweep_with_bad_jobs_lists_them_all_and_trains_nothing(tmp_path):
     """Job 0 is good, jobs 1 and 2 are not; with ``fail_fast`` as without it
-    (test_sweeps_and_failures.py): all errors at once, exit 1, nothing written."""
+    (runner/launch/test_sweeps_and_failures.py): all errors at once, exit 1, nothing written."""
     args = ["-m", *TINY, "seed=13", "batch_size=16,0,1000", "progress=none"]
     args.append("hydra.sweeper.fail_fast=true")
     result = run_cli(args, tmp_path, timeout=CLI_TIMEOUT_S)

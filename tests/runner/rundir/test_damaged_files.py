@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from grab_run import run_cli
-from run_files import read_rows
+from support.grab_run import cli_env, run_cli, run_in_process
+from support.run_files import read_rows
 
 from grab_exp.report.collect import read_runs
 from grab_exp.report.frames import ReportWarning
@@ -66,7 +66,8 @@ def damaged(tmp_path_factory):
     root = tmp_path_factory.mktemp("damaged")
     base = root / "base" / "run"
     base.parent.mkdir()
-    finished = _run(base, [])
+    args = [*ARGS, f"hydra.run.dir={base}"]  # the finished run: its files are all it gives
+    finished = run_in_process(args, root / "base", cli_env(OMP_NUM_THREADS="1"), merge_stderr=False)
     assert finished.returncode == 0, finished.stderr
     copies = {}
     for case, (damage, _) in CASES.items():

@@ -22,8 +22,8 @@ import sys
 
 import pytest
 import torch
-from grab_run import SMOKE, Job, cli_env
-from run_files import computed, read_rows, run_dirs, temp_files, wait_for
+from support.grab_run import SMOKE, Job, cli_env
+from support.run_files import computed, read_rows, run_dirs, temp_files, wait_for
 
 from grab_exp.logging.local import LocalStore
 from grab_exp.runner.rundir.checkpoint import CHECKPOINT_NAME

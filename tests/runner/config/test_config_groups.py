@@ -16,7 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from grab_run import (
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import InstantiationException
+from hydra.plugins.launcher import Launcher
+from hydra.utils import get_class, instantiate
+from omegaconf import OmegaConf
+from support.grab_run import (
     ARCHIVE,
     CONF_DIR,
     cifar10_in_place,
@@ -24,11 +29,6 @@ from grab_run import (
     group_options,
     option_override,
 )
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import InstantiationException
-from hydra.plugins.launcher import Launcher
-from hydra.utils import get_class, instantiate
-from omegaconf import OmegaConf
 from torch import nn
 from torch.nn import functional as F
 

@@ -1,11 +1,11 @@
-"""The CPU sync guard (``tests/sync_guard.py``): it refuses each kind of operator that
+"""The CPU sync guard (``tests/support/sync_guard.py``): it refuses each kind of operator that
 synchronizes on CUDA, and lets the sync-free ones that the orderings and the step use run."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from sync_guard import HostSyncError, SyncGuard
+from support.sync_guard import HostSyncError, SyncGuard
 from torch.func import grad, vmap
 
 W = torch.arange(12.0).reshape(3, 4)

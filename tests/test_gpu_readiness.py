@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from grab_run import SMALL_RUN, compose_config, compose_job, run_job_here
-from run_files import computed, read_rows
+from support.grab_run import SMALL_RUN, compose_config, compose_job, run_job_here
+from support.run_files import computed, read_rows
 
 from grab_exp.balance import make_ordering
 from grab_exp.balance.signs import sequential_signs
@@ -78,8 +78,8 @@ def test_cuda_jobs_run_deterministic_cudnn_without_tf32_unless_asked(tf32):
 
 
 def test_jobs_that_tests_build_get_the_runs_cuda_policy():
-    """``grab_run.compose_job`` connects as a run does, so bit-for-bit asserts on CUDA hold in
-    any test order (torch's defaults: cuDNN autotuning, TF32 convolutions)."""
+    """``support.grab_run.compose_job`` connects as a run does, so bit-for-bit asserts on CUDA
+    hold in any test order (torch's defaults: cuDNN autotuning, TF32 convolutions)."""
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = False, True
     torch.backends.cudnn.allow_tf32 = True  # the legacy setter writes conv.fp32_precision too
     compose_job([], device="cuda")

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from grab_run import CONF_DIR, grab_env, run_cli, run_grab
+from support.grab_run import CONF_DIR, grab_env, run_cli, run_grab
 
 SMALL_RUN = ("experiment=smoke", "dataset.num_test=16", "progress=line")
 DIR_LINE = re.compile(r"run directory: (\S+) \((new|resumed|skipped)")

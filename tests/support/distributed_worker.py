@@ -1,4 +1,4 @@
-"""One rank of the 2-process gloo checks in ``test_distributed.py`` (run as a script).
+"""One rank of the 2-process gloo checks in ``tests/distributed/test_distributed.py`` (a script).
 
 Started once per rank with torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...).
 It feeds fixed seeded gradients to every distributed ordering, runs a short data-parallel
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: grab_run
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the support package
 N, D, BATCH, EPOCHS, SEED = 43, 6, 6, 3, 7  # 43 = 2 * 21 + 1: one dropped, odd last batch
 TIMEOUT_S = 15  # of the process group: rendezvous and every collective
 CONFIGS = {
@@ -95,7 +95,6 @@ TRAINING = [
 
 def run_training(comm, device) -> list[torch.Tensor]:
     """Two epochs of the runner's data-parallel job; the parameter checksum after each."""
-    from grab_run import compose_config
     from hydra.utils import instantiate
 
     from grab_exp.distributed.sync import parameter_checksum
@@ -103,6 +102,7 @@ def run_training(comm, device) -> list[torch.Tensor]:
     from grab_exp.runner.training.data_parallel import DataParallel
     from grab_exp.runner.training.epoch import run_epoch
     from grab_exp.runner.training.progress import Progress
+    from support.grab_run import compose_config
 
     cfg = compose_config(TRAINING)
     strategy = DataParallel(comm, device, simulated=False)
@@ -117,7 +117,7 @@ def run_training(comm, device) -> list[torch.Tensor]:
 def train_forever(out: str) -> None:
     """The runner's data-parallel job (``distributed=true``) in this rank, until a test kills a
     rank; the process group is the one :func:`main` joined."""
-    from grab_run import run_job_here
+    from support.grab_run import run_job_here
 
     run = [
         "experiment=smoke",

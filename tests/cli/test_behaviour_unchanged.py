@@ -1,9 +1,10 @@
 """The runner computes what it computed before its redesign (commit 2eef9b3).
 
-``tests/data/golden_metrics.json`` holds the per-epoch metrics of five short runs recorded by
-``scripts/record_golden_metrics.py`` at that commit; the same commands must give the same
-numbers to float32 rounding. ``tests/data/run_before_redesign`` is a run directory that commit
-left after the first epoch of the ``mean`` case: resuming it must give the golden epoch 2.
+``tests/support/data/golden_metrics.json`` holds the per-epoch metrics of five short runs
+recorded by ``scripts/record_golden_metrics.py`` at that commit; the same commands must give the
+same numbers to float32 rounding. ``tests/support/data/run_before_redesign`` is a run directory
+that commit left after the first epoch of the ``mean`` case: resuming it must give the golden
+epoch 2.
 """
 
 from __future__ import annotations
@@ -11,20 +12,19 @@ from __future__ import annotations
 import csv
 import json
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from grab_run import cli_env, run_grab
+from support import DATA_DIR
+from support.grab_run import cli_env, run_in_process
 
-DATA = Path(__file__).resolve().parents[1] / "data"
-GOLDEN = json.loads((DATA / "golden_metrics.json").read_text())
+GOLDEN = json.loads((DATA_DIR / "golden_metrics.json").read_text())
 TOLERANCE = 2e-4  # float32 rounding, amplified over two epochs
 
 
 def _run(overrides: list[str], run_dir: Path) -> list[dict[str, str]]:
     args = [*GOLDEN["base"], *overrides, f"hydra.run.dir={run_dir}"]
-    result = run_grab(args, run_dir.parent, cli_env(OMP_NUM_THREADS="1"))
+    result = run_in_process(args, run_dir.parent, cli_env(OMP_NUM_THREADS="1"))
     assert result.returncode == 0, result.stdout[-2000:]
     with open(run_dir / "metrics.csv", newline="") as handle:
         return list(csv.DictReader(handle))
@@ -39,16 +39,17 @@ def _assert_rows_equal(rows: list[dict[str, str]], golden: list[dict[str, float]
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, list[dict[str, str]]]:
-    """Every case, and the resumed run directory, run two at a time (one thread each)."""
+    """Every case, and the resumed run directory, one after another in this process (one
+    thread each)."""
     root = tmp_path_factory.mktemp("golden")
-    shutil.copytree(DATA / "run_before_redesign", root / "resumed" / "run")
+    shutil.copytree(DATA_DIR / "run_before_redesign", root / "resumed" / "run")
     jobs = {name: case["overrides"] for name, case in GOLDEN["cases"].items()}
     jobs["resumed"] = GOLDEN["cases"]["mean"]["overrides"]
     for name in jobs:
         (root / name).mkdir(exist_ok=True)
-    with ThreadPoolExecutor(2) as pool:
-        futures = {n: pool.submit(_run, o, root / n / "run") for n, o in jobs.items()}
-        return {name: future.result() for name, future in futures.items()} | {"root": root}
+    return {name: _run(overrides, root / name / "run") for name, overrides in jobs.items()} | {
+        "root": root
+    }
 
 
 @pytest.mark.slow

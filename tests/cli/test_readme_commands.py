@@ -16,7 +16,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from grab_run import ARCHIVE, REPO_ROOT, cifar10_in_place, compose_config, run_cli
+from support.grab_run import ARCHIVE, REPO_ROOT, cifar10_in_place, compose_config, run_cli
 
 from grab_exp.report.cli import COMMANDS
 from grab_exp.report.cli import parser as report_parser

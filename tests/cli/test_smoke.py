@@ -1,4 +1,5 @@
-"""End to end: ``python -m grab_exp`` from a fresh working directory.
+"""End to end: ``python -m grab_exp`` from a fresh working directory (its entry point run in this
+process: only the run's files are checked).
 
 * ``experiment=smoke`` (synthetic data, LeNet, mean balance, 2 epochs) finishes, in the
   directory its config names, with its identity in the summary;
@@ -13,9 +14,8 @@ import json
 from pathlib import Path
 
 import pytest
-from grab_run import ARCHIVE, needs_archive, run_cli
+from support.grab_run import ARCHIVE, cli_env, needs_archive, run_in_process
 
-SLOW_TIMEOUT_S = 900
 MIN_TEST_ACC = 0.25
 
 
@@ -40,8 +40,8 @@ def finished_run(cwd: Path, epochs: int) -> dict:
     return summary
 
 
-def test_smoke_experiment_finishes(grab, tmp_path, smoke_config):
-    result = grab(["experiment=smoke", "progress=line"])
+def test_smoke_experiment_finishes(grab_here, tmp_path, smoke_config):
+    result = grab_here(["experiment=smoke", "progress=line"])
     assert result.returncode == 0, result.stdout[-3000:]
     summary = finished_run(tmp_path, epochs=smoke_config.epochs)
     assert only_run_dir(tmp_path) == tmp_path / "outputs" / "smoke" / "mean" / "seed0"
@@ -71,7 +71,7 @@ def test_lenet_mean_balance_learns_cifar10_subset(tmp_path):
     ]
     # one intra-op thread: small per-sample-gradient batches gain nothing from more, and
     # on a shared CPU the extra threads only contend (about 2x faster here)
-    result = run_cli(args, tmp_path, timeout=SLOW_TIMEOUT_S, OMP_NUM_THREADS="1")
+    result = run_in_process(args, tmp_path, cli_env(OMP_NUM_THREADS="1"), merge_stderr=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = finished_run(tmp_path, epochs=2)
     acc = summary["final"]["test/acc"]

@@ -9,12 +9,12 @@ import subprocess
 import sys
 import textwrap
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
-from wandb_reader import read_offline_run, read_offline_runs
+from support import REPO_ROOT
+from support.wandb_reader import read_offline_run, read_offline_runs
 
 from grab_exp.logging import (
     LocalStore,
@@ -30,7 +30,7 @@ from grab_exp.logging import (
 )
 from grab_exp.logging.local import git_commit
 
-CONF_LOGGER = Path(__file__).resolve().parents[2] / "conf" / "logger"
+CONF_LOGGER = REPO_ROOT / "conf" / "logger"
 COLUMNS = ["train/loss", "train/acc", "mem/peak_cuda_mb", "time/epoch_s"]
 
 

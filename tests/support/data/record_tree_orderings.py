@@ -3,9 +3,9 @@
 
 Recorded with the package of commit a98284e (the all-node-product implementation, before the
 per-level one of issue 21): ``git worktree add /tmp/a98284e a98284e`` and
-``PYTHONPATH=/tmp/a98284e python tests/data/record_tree_orderings.py``. The file keeps the commit
-of the package that made it (the test checks it is a98284e); the test feeds the same gradients to
-today's code and compares.
+``PYTHONPATH=/tmp/a98284e python tests/support/data/record_tree_orderings.py``. The file keeps
+the commit of the package that made it (the test checks it is a98284e); the test feeds the same
+gradients to today's code and compares.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from grab_run import REPO_ROOT
+from support.grab_run import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "scripts" / "gpu_check.sh"
 LIMITS = [sys.executable, str(REPO_ROOT / "scripts" / "gpu_rehearsal.py"), "limits"]

@@ -10,10 +10,10 @@ import re
 from pathlib import Path
 
 import pytest
-from grab_run import grab_env, run_grab
 from omegaconf import OmegaConf
-from run_files import METRIC_COLUMNS, read_rows, run_dirs, temp_files
-from wandb_reader import read_offline_runs
+from support.grab_run import grab_env, run_grab
+from support.run_files import METRIC_COLUMNS, read_rows, run_dirs, temp_files
+from support.wandb_reader import read_offline_runs
 
 pytestmark = pytest.mark.slow
 

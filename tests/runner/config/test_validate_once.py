@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 import pickle
-import runpy
-import sys
 
 import pytest
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from support.grab_run import compose_config, run_in_process
 
 from grab_exp.runner.config import check as config_check
 from grab_exp.runner.config import fingerprint
@@ -64,12 +63,10 @@ def composed(monkeypatch):
     return counts
 
 
-def _grab_exp(monkeypatch, tmp_path, *args: str) -> None:
-    """``python -m grab_exp *args`` in this process, in ``tmp_path``."""
-    monkeypatch.setattr(sys, "argv", ["grab_exp", *args])
-    monkeypatch.delitem(sys.modules, "grab_exp.__main__", raising=False)
-    monkeypatch.chdir(tmp_path)
-    runpy.run_module("grab_exp", run_name="__main__")
+def _grab_exp(tmp_path, *args: str) -> None:
+    """``python -m grab_exp *args`` in this process (the counters see it), in ``tmp_path``."""
+    done = run_in_process(args, tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:]
 
 
 def _status(run_dir) -> str:
@@ -77,25 +74,23 @@ def _status(run_dir) -> str:
 
 
 def test_a_single_run_composes_validates_and_fingerprints_its_config_once(
-    tmp_path, monkeypatch, counted, composed
+    tmp_path, counted, composed
 ):
     """Hydra composes the config (its mode check, then the run: Hydra's own two), grab_exp
     composes none of its own (every key of the command is known without composing); the
     callback validates and fingerprints; the job trains on its check."""
     run_dir = tmp_path / "run"
-    _grab_exp(monkeypatch, tmp_path, *SMOKE, "optimizer.lr=0.01", f"hydra.run.dir={run_dir}")
+    _grab_exp(tmp_path, *SMOKE, "optimizer.lr=0.01", f"hydra.run.dir={run_dir}")
     assert _status(run_dir) == "finished"
     assert counted == {"validations": 1, "fingerprints": 1}
     assert composed == {"config": 2, "job": 0, "ours": 0}
 
 
-def test_each_job_of_a_sweep_is_composed_and_validated_once(
-    tmp_path, monkeypatch, counted, composed
-):
+def test_each_job_of_a_sweep_is_composed_and_validated_once(tmp_path, counted, composed):
     """The sweep composes and checks every job before any starts; each job (basic launcher, in
     this process) trains on that config and that check."""
     sweep_dir = tmp_path / "sweep"
-    _grab_exp(monkeypatch, tmp_path, "-m", *SMOKE, "seed=1,2", f"hydra.sweep.dir={sweep_dir}")
+    _grab_exp(tmp_path, "-m", *SMOKE, "seed=1,2", f"hydra.sweep.dir={sweep_dir}")
     assert [_status(d) for d in sorted(sweep_dir.glob("*/seed*"))] == ["finished"] * 2
     assert counted == {"validations": 2, "fingerprints": 2}
     # Hydra's mode check and the sweep's own config, then one per job (a job's composition is
@@ -114,8 +109,6 @@ def test_a_joblib_worker_gets_its_jobs_checked_config(tmp_path, monkeypatch):
     """What a joblib task carries (pickled, one job's check only) hands the worker the job's
     config as the sweep composed it and keeps its fingerprint for the job, so the worker
     neither composes nor validates it again; another job's config is Hydra's to compose."""
-    from grab_run import compose_config
-
     from grab_exp.runner.launch.checks import run_dir_of
     from grab_exp.runner.launch.sweeper import CheckedJobs
 
@@ -135,7 +128,7 @@ def test_a_joblib_worker_gets_its_jobs_checked_config(tmp_path, monkeypatch):
 def test_a_job_nothing_checked_validates_itself(tmp_path, counted):
     """A caller that skips Hydra's callback (here the runner called directly) is still checked:
     a bad value is refused before any work."""
-    from grab_run import run_job_here
+    from support.grab_run import run_job_here
 
     from grab_exp.runner.config.schema import ConfigError
 

@@ -20,8 +20,8 @@ import time
 
 import pytest
 import torch
-from grab_run import GRAB, Job, cli_env, run_cli
-from run_files import read_rows, wait_for
+from support.grab_run import GRAB, Job, cli_env, run_cli
+from support.run_files import read_rows, wait_for
 
 from grab_exp.runner.rundir.checkpoint import CHECKPOINT_NAME
 from grab_exp.runner.rundir.lock import LOCK_NAME, RunLock

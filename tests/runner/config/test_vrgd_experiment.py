@@ -6,8 +6,8 @@ import math
 
 import pandas as pd
 import pytest
-from grab_run import compose_config, grab_env, run_grab
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from support.grab_run import compose_config, grab_env, run_grab
 
 from grab_exp.bench.vrgd import main as bench_main
 from grab_exp.report.cli import main as report_cli
