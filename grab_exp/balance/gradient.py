@@ -89,12 +89,8 @@ class GradientOrdering(Ordering):
 
     def _grad_rows(self, grads: torch.Tensor | Mapping[str, torch.Tensor]) -> GradRows:
         """One step's gradients as :meth:`_balance` reads them, on the ordering's device."""
-        matrix = {
-            "projection": self.projection,
-            "out": self._flat_buffer,
-            "keep_factors": self.reads_factors,
-        }
-        return grad_rows(grads, self.d, self.device, self.dtype, **matrix)
+        options = {"out": self._flat_buffer, "keep_factors": self.reads_factors}
+        return grad_rows(grads, self.d, self.device, self.dtype, self.projection, **options)
 
     def prepare_capture(self) -> None:
         """Store the projection's ``R`` on the device before a capture (it is drawn from

@@ -14,11 +14,9 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
     """``torch.float32`` / ``torch.float64`` from a dtype or its name."""
-    if isinstance(dtype, torch.dtype):
-        check_choice("balance.dtype", str(dtype).removeprefix("torch."), DTYPES)
-        return dtype
-    check_choice("balance.dtype", dtype, DTYPES)
-    return DTYPES[dtype]
+    name = str(dtype).removeprefix("torch.") if isinstance(dtype, torch.dtype) else dtype
+    check_choice("balance.dtype", name, DTYPES)
+    return DTYPES[name]
 
 
 @functools.cache

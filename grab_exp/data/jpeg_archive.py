@@ -11,7 +11,7 @@ import io
 import re
 import tarfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,23 +45,17 @@ class DecodedSplit:
     labels: torch.Tensor
 
 
-def _archive_members(archive: Path) -> Iterator[EncodedImage]:
-    with tarfile.open(archive, mode="r:*") as tar:
+def _files(source: Path) -> Iterator[tuple[str, Callable[[], bytes]]]:
+    """``(relative name, reader of its bytes)`` of every file of a folder or archive."""
+    if source.is_dir():
+        for path in sorted(source.glob("*/*/*")):
+            if path.is_file():
+                yield path.relative_to(source).as_posix(), path.read_bytes
+        return
+    with tarfile.open(source, mode="r:*") as tar:
         for member in tar:
-            match = _MEMBER_PATTERN.match(member.name)
-            if match and member.isfile():
-                split, class_name, file_name = match.groups()
-                data = tar.extractfile(member).read()
-                yield EncodedImage(split, class_name, file_name, data)
-
-
-def _folder_members(folder: Path) -> Iterator[EncodedImage]:
-    for path in sorted(folder.glob("*/*/*")):
-        relative = path.relative_to(folder).as_posix()
-        match = _MEMBER_PATTERN.match(relative)
-        if match and path.is_file():
-            split, class_name, file_name = match.groups()
-            yield EncodedImage(split, class_name, file_name, path.read_bytes())
+            if member.isfile():
+                yield member.name, tar.extractfile(member).read
 
 
 def read_encoded_images(source: Path) -> list[EncodedImage]:
@@ -73,7 +67,8 @@ def read_encoded_images(source: Path) -> list[EncodedImage]:
     Returns:
         The encoded images, sorted by split, class, then file name.
     """
-    members = _folder_members(source) if source.is_dir() else _archive_members(source)
+    matches = ((_MEMBER_PATTERN.match(name), read) for name, read in _files(source))
+    members = [EncodedImage(*match.groups(), read()) for match, read in matches if match]
     return sorted(members, key=lambda image: (image.split, image.class_name, image.file_name))
 
 
