@@ -93,10 +93,9 @@ def build_row(
     if pipeline != "classic":
         overrides.append(f"pipeline.method={method or args.method}")
     step = build_parts(compose_config(overrides), EPOCH_EXAMPLES, SingleProcess(device))
-    suffix = f"@{method}" if method else ""
+    name = row_name(variant, pipeline, optimizer) + (f"@{method}" if method else "")
     spec = (variant, pipeline, optimizer, method)
-    cursor = EpochCursor(step.ordering, args.batch)
-    return Row(row_name(variant, pipeline, optimizer) + suffix, step, spec, cursor=cursor)
+    return Row(name, step, spec, cursor=EpochCursor(step.ordering, args.batch))
 
 
 def build_rows(args, device: torch.device) -> list[Row]:

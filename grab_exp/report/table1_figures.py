@@ -18,8 +18,8 @@ from grab_exp.report.table1_table import (
     Table1,
     color_of,
     line_style,
-    ordered_rows,
     row_label,
+    row_rank,
 )
 
 _PANELS = (("train/loss", "Train loss"), ("test/acc", "Test accuracy"))
@@ -76,7 +76,8 @@ def figure1(frame: pd.DataFrame, log_loss: bool = False, zoom_epochs: int | None
     """
     last = int(frame["epoch"].max())
     zoom = zoom_epochs or zoom_span(last)
-    rows = ordered_rows(zip(frame["variant"], frame["pipeline"], strict=True))
+    pairs = set(zip(frame["variant"], frame["pipeline"], strict=True))
+    rows = sorted(pairs, key=lambda row: row_rank(*row))  # the report's order
     same = identical_rows(frame, rows)
     seeds = sorted(frame.groupby(["variant", "pipeline"])["seed"].nunique().unique())
     with mpl.rc_context(STYLE):

@@ -77,11 +77,6 @@ def row_rank(variant: str, pipeline: str) -> tuple[int, str, str]:
     return (ROW_ORDER.index(row), "", "") if row in ROW_ORDER else (len(ROW_ORDER), *row)
 
 
-def ordered_rows(rows: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The distinct ``(variant, pipeline)`` pairs of ``rows`` in the report's order."""
-    return sorted(set(rows), key=lambda row: row_rank(*row))
-
-
 def color_of(variant: str, pipeline: str) -> str:
     """The row's color, one per row in every figure (see :data:`COLORS`)."""
     rank = row_rank(variant, pipeline)[0]
@@ -112,8 +107,6 @@ def runs_frame(runs: Iterable[Record]) -> pd.DataFrame:
             f"seed {row['seed']} was already collected (pass one sweep's directories)"
         )
     frame = frame[~frame["run"].isin(ids[duplicated]["run"])]
-    if frame.empty:
-        return frame.reset_index(drop=True)
     pairs = zip(frame["variant"], frame["pipeline"].fillna(""), strict=True)
     keyed = frame.assign(_rank=[row_rank(v, p) for v, p in pairs])
     keyed = keyed.sort_values(["_rank", "seed", "run", "epoch"], kind="stable")
