@@ -77,17 +77,13 @@ class LinearFactors(GradRows):
     def to(self, device, dtype) -> LinearFactors:
         return LinearFactors(self.a.to(device, dtype), self.delta.to(device, dtype), self.bias)
 
-    def weight_grads(self) -> torch.Tensor:
-        """The weight's ``(B, out, in)``."""
-        return torch.bmm(self.delta.transpose(1, 2), self.a)
-
     def bias_grads(self) -> torch.Tensor:
         """The bias's ``(B, out)``."""
         return self.delta.sum(dim=1)
 
     def write(self, out: torch.Tensor) -> None:
         weight, bias = self._split(out)  # (B, out, in), (B, out)
-        weight.copy_(self.weight_grads())
+        weight.copy_(torch.bmm(self.delta.transpose(1, 2), self.a))  # (B, out, in)
         if bias is not None:
             bias.copy_(self.bias_grads())
 

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from grab_exp.per_sample.modules import BATCHNORM
+from grab_exp.validation import check_int_at_least
 
 __all__ = ["batchnorm_to_groupnorm"]
 
@@ -33,8 +34,7 @@ def batchnorm_to_groupnorm(model: nn.Module, max_groups: int = 32) -> nn.Module:
     Raises:
         ValueError: ``max_groups < 1``, or ``model`` is itself a BatchNorm layer.
     """
-    if max_groups < 1:
-        raise ValueError(f"max_groups: must be >= 1; got {max_groups}")
+    check_int_at_least("max_groups", max_groups, 1)
     if isinstance(model, BATCHNORM):
         raise ValueError("batchnorm_to_groupnorm: the model is a BatchNorm layer; wrap it first")
     for module in list(model.modules()):

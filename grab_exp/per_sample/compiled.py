@@ -35,11 +35,6 @@ _CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 COMPILABLE_METHODS = ("auto", "func")
 
 
-def check_compile_mode(mode: str) -> None:
-    """Raise a one-line ``ValueError`` naming ``trainer.compile_mode`` unless ``mode`` is valid."""
-    check_choice("trainer.compile_mode", mode, COMPILE_MODES)
-
-
 def check_compile_method(method: str) -> None:
     """Raise a one-line ``ValueError`` unless per-sample ``method`` can be compiled."""
     if method not in COMPILABLE_METHODS:
@@ -55,8 +50,11 @@ def compile_step(fn: Callable[..., Any], mode: str) -> Callable[..., Any]:
 
     In the CUDA-graph modes every call first marks a new step, so the graph's outputs of the
     previous call (already consumed by then) may be overwritten.
+
+    Raises:
+        ValueError: one line naming ``trainer.compile_mode`` for an unknown ``mode``.
     """
-    check_compile_mode(mode)
+    check_choice("trainer.compile_mode", mode, COMPILE_MODES)
     compiled = torch.compile(fn, mode=mode, dynamic=False)
     if mode not in _CUDA_GRAPH_MODES:
         return compiled

@@ -23,9 +23,9 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
-from torch.utils._pytree import tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from grab_exp.per_sample.layout import Call, CallLayout, flat_tensors
+from grab_exp.per_sample.layout import Call, CallLayout
 from grab_exp.per_sample.rules.base import Outs
 
 __all__ = ["FuncFallback"]
@@ -88,7 +88,7 @@ class FuncFallback:
     def _replay(self, own, fixed, call, leaves, used, grads, unsqueeze):
         """``sum_k <g_k, out_k>`` of one example's replayed call (a ``()`` tensor)."""
         args, kwargs = tree_unflatten(leaves, call.spec)
-        outputs = flat_tensors(functional_call(self.layer, (own, fixed), tuple(args), kwargs))
+        outputs = tree_flatten(functional_call(self.layer, (own, fixed), tuple(args), kwargs))[0]
         total = 0
         for k, g in zip(used, grads, strict=True):
             total = total + (outputs[k] * unsqueeze(k, g)).sum()

@@ -154,13 +154,14 @@ class HookedPerSample(PerSampleGradients):
         return 0 if buffer is None else buffer.numel() * buffer.element_size()
 
     @contextlib.contextmanager
-    def quiet(self) -> Iterator[None]:
-        """Hooks idle: the model runs as a plain model (no expansion, nothing recorded)."""
-        mode, self._mode = self._mode, "idle"
+    def quiet(self, mode: str = "idle") -> Iterator[None]:
+        """Hooks idle: the model runs as a plain model (no expansion, nothing recorded); or, for
+        this path's own forwards, in ``mode`` (``probe``, ``record``)."""
+        before, self._mode = self._mode, mode
         try:
             yield
         finally:
-            self._mode = mode
+            self._mode = before
 
     def _pre_hook(self, name: str):
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> Any:
@@ -228,13 +229,9 @@ class HookedPerSample(PerSampleGradients):
 
     def _probe(self, x: torch.Tensor) -> dict[str, list[tuple]]:
         """Every hooked call's ``(input shapes, output shapes)`` in one forward of ``x``."""
-        self._calls = {}
-        self._mode, self._batch = "probe", len(x)
-        try:
-            with torch.enable_grad():  # the same path as training (no inference fast paths)
-                self.model(x)
-        finally:
-            self._mode = "idle"
+        self._calls, self._batch = {}, len(x)
+        with self.quiet("probe"), torch.enable_grad():  # as in training (no inference paths)
+            self.model(x)
         calls, self._calls = self._calls, {}
         return {
             n: [(shape_of(c.leaves), shape_of(c.outputs)) for c in cs] for n, cs in calls.items()
@@ -282,13 +279,10 @@ class HookedPerSample(PerSampleGradients):
         """Forward and backward on ``x (B, ...)``, ``y (B,)``."""
         if not self.layouts:
             self._prepare(x)
-        self._calls = {}
-        self._batch = batch = x.shape[0]
-        self._mode = "record"
-        try:
+        batch = x.shape[0]
+        self._calls, self._batch = {}, batch
+        with self.quiet("record"):
             logits = self.model(x)
-        finally:
-            self._mode = "idle"
         loss = self.loss_fn(logits, y)
         calls, self._calls = self._calls, {}
         self._check_calls(calls)

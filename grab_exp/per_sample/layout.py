@@ -17,17 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
-__all__ = ["CallLayout", "batch_dim", "expand_over_batch", "flat_tensors", "shape_of"]
+__all__ = ["CallLayout", "batch_dim", "expand_over_batch", "shape_of"]
 
 #: per leaf: its shape, or ``None`` for a leaf that is not a tensor
 Shapes = tuple[torch.Size | None, ...]
-
-
-def flat_tensors(tree: Any) -> list[Any]:
-    """The leaves of ``tree`` (tuples, lists, dicts of tensors and others), in pytree order."""
-    return tree_flatten(tree)[0]
 
 
 def shape_of(leaves: list[Any]) -> Shapes:
