@@ -39,7 +39,7 @@ from grab_exp.runner.training.build import build_parts
 from grab_exp.runner.training.capture import CapturedStep, capture_step
 from grab_exp.runner.training.step import STAGES as STEP_STAGES
 from grab_exp.runner.training.step import StepParts, train_step, untimed
-from grab_exp.runner.training.strategy import SingleProcess
+from grab_exp.runner.training.strategy import Strategy
 from grab_exp.trace import TracedStep
 from grab_exp.validation import check_int_at_least
 
@@ -92,7 +92,7 @@ def build_row(
     overrides += ["model=lenet", "seed=0", f"batch_size={args.batch}"]
     if pipeline != "classic":
         overrides.append(f"pipeline.method={method or args.method}")
-    step = build_parts(compose_config(overrides), EPOCH_EXAMPLES, SingleProcess(device))
+    step = build_parts(compose_config(overrides), EPOCH_EXAMPLES, Strategy(device))
     name = row_name(variant, pipeline, optimizer) + (f"@{method}" if method else "")
     spec = (variant, pipeline, optimizer, method)
     return Row(name, step, spec, cursor=EpochCursor(step.ordering, args.batch))

@@ -110,10 +110,6 @@ def restore_ordering(ordering: Ordering, state: dict[str, Any]) -> None:
         ) from error
 
 
-#: the single-process strategy's name where a caller builds one (the bench, tests)
-SingleProcess = Strategy
-
-
 def check_checkpoint_kind(strategy: Strategy, state: dict[str, Any]) -> None:
     """Refuse a checkpoint of another kind of job, of another number of workers, or written on
     another device type (CPU and CUDA generators differ: the orders could not continue)."""

@@ -9,7 +9,7 @@ import torch
 from hydra.utils import instantiate
 
 from grab_exp.runner.training.build import build_job
-from grab_exp.runner.training.strategy import SingleProcess
+from grab_exp.runner.training.strategy import Strategy
 
 
 @pytest.mark.parametrize(
@@ -26,5 +26,5 @@ from grab_exp.runner.training.strategy import SingleProcess
 def test_auto_factors_only_for_an_ordering_that_reads_them(compose, overrides, method):
     cfg = compose(["experiment=smoke", *overrides])
     data = instantiate(cfg.dataset)
-    job = build_job(cfg, data, SingleProcess(torch.device("cpu")))
+    job = build_job(cfg, data, Strategy(torch.device("cpu")))
     assert job.parts.pipeline.method == method
