@@ -27,9 +27,17 @@ from grab_exp.validation import check_choice, check_positive
 
 
 class SignKernel:
-    """Base class: produces the thresholds for ``count`` sign decisions."""
+    """Base class: produces the thresholds for ``count`` sign decisions.
+
+    Args:
+        c: the probabilistic kernel's scale (> 0; checked for every kernel).
+    """
 
     name: str = ""
+
+    def __init__(self, c: float = 30.0) -> None:
+        check_positive("balance.c", c)
+        self.c = float(c)
 
     def thresholds(
         self, count: int, generator: torch.Generator, dtype: torch.dtype, device: torch.device
@@ -47,9 +55,6 @@ class DeterministicKernel(SignKernel):
 
     name = "deterministic"
 
-    def __init__(self, c: float = 30.0) -> None:
-        check_positive("balance.c", c)
-
     def thresholds(self, count, generator, dtype, device):
         return constant(0.0, count, dtype, device)
 
@@ -58,10 +63,6 @@ class ProbabilisticKernel(SignKernel):
     """``+`` with probability ``clamp(1/2 - <v, acc>/(2c), 0, 1)`` (Alweiss et al.)."""
 
     name = "probabilistic"
-
-    def __init__(self, c: float = 30.0) -> None:
-        check_positive("balance.c", c)
-        self.c = float(c)
 
     def thresholds(self, count, generator, dtype, device):
         u = torch.rand(count, generator=generator, dtype=dtype, device=device)  # (count,)
@@ -81,8 +82,5 @@ def make_kernel(kernel: str | SignKernel, c: float = 30.0) -> SignKernel:
 
 def signs_from(dots: torch.Tensor, thresholds: torch.Tensor) -> torch.Tensor:
     """Vectorized signs ``+1`` where ``dots < thresholds`` else ``-1`` (same dtype)."""
-    plus, minus = (
-        constant(1.0, 1, dots.dtype, dots.device),
-        constant(-1.0, 1, dots.dtype, dots.device),
-    )
+    plus, minus = (constant(value, 1, dots.dtype, dots.device) for value in (1.0, -1.0))
     return torch.where(dots < thresholds, plus, minus)

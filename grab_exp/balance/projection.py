@@ -24,6 +24,7 @@ there, with the same values.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator, Sequence
 
@@ -36,14 +37,13 @@ KINDS = ("rademacher", "gaussian", "countsketch")
 SEED_RANGE = 2**62
 _ONE_BITS = 0x3F800000  # float32 1.0
 _SIGN_BIT = -(2**31)  # int32 with only the sign bit set
-_SHIFTS: dict[torch.device, torch.Tensor] = {}
 
 
+@functools.cache
 def _shifts(device: torch.device) -> torch.Tensor:
-    """``(32,)`` int32 shifts that move bit ``31 - j`` of a word into its sign bit."""
-    if device not in _SHIFTS:
-        _SHIFTS[device] = torch.arange(32, dtype=torch.int32, device=device)
-    return _SHIFTS[device]
+    """``(32,)`` int32 shifts that move bit ``31 - j`` of a word into its sign bit (made once
+    per device, never written to)."""
+    return torch.arange(32, dtype=torch.int32, device=device)
 
 
 class BlockProjection:
@@ -131,10 +131,9 @@ class BlockProjection:
         rows = self._rows(b)
         self.generator.manual_seed(self.block_seeds[b])
         if self.kind == "gaussian":
-            block = torch.randn(
+            return torch.randn(
                 (rows, self.k), generator=self.generator, device=self.device, dtype=self.dtype
             )
-            return block
         block = self._signs(rows * self.k, out).view(rows, self.k)  # (rows, k) float32
         return block if self.dtype == torch.float32 else block.to(self.dtype)
 
