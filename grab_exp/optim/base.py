@@ -176,11 +176,8 @@ class GSNROptimizer(torch.optim.Optimizer):
         Returns:
             ``{"gsnr/clip_low": f, "gsnr/clip_high": f}``; NaN for both when nothing was observed.
         """
-        low_count, high_count, elements = (
-            (0, 0, 0) if self._clip_counts is None else self._clip_counts.tolist()
-        )
-        low = low_count / elements if elements else math.nan
-        high = high_count / elements if elements else math.nan
+        *clipped, elements = (0, 0, 0) if self._clip_counts is None else self._clip_counts.tolist()
+        low, high = (count / elements if elements else math.nan for count in clipped)
         if reset and self._clip_counts is not None:
             self._clip_counts.zero_()
         return {CLIP_LOW: low, CLIP_HIGH: high}

@@ -25,7 +25,9 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from grab_exp.per_sample.func import split_state
 from grab_exp.per_sample.layout import Call, CallLayout
+from grab_exp.per_sample.modules import RANDOM_TYPES
 from grab_exp.per_sample.rules.base import Outs
 
 __all__ = ["FuncFallback"]
@@ -44,6 +46,8 @@ class FuncFallback:
         names: the differentiated parameters' names relative to ``layer``: its own, then the
             adopted ones.
         batched_by: ``"vmap"`` or ``"loop"`` (one example at a time), once a call decided it.
+        random: ``(name, module)`` of the submodules (``layer`` included) that could draw random
+            numbers in a replay (:data:`~grab_exp.per_sample.modules.RANDOM_TYPES`), found once.
     """
 
     def __init__(self, layer: nn.Module, adopted: Iterable[str] = ()) -> None:
@@ -53,14 +57,7 @@ class FuncFallback:
         # torch's vmap has no batching rule for the fused RNN kernels: it runs them one example
         # at a time through its slow fallback, or fails (nn.GRU), so a plain loop it is
         self.batched_by = "loop" if isinstance(layer, nn.RNNBase) else "vmap"
-
-    def _state(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """``(differentiated, everything else)``, detached, for ``functional_call``."""
-        params = dict(self.layer.named_parameters())
-        own = {n: params[n].detach() for n in self.names if params[n].requires_grad}
-        fixed = {n: p.detach() for n, p in params.items() if n not in own}
-        fixed.update((n, b.detach()) for n, b in self.layer.named_buffers())
-        return own, fixed
+        self.random = [(n, m) for n, m in layer.named_modules() if isinstance(m, RANDOM_TYPES)]
 
     def per_sample(
         self, call: Call, layout: CallLayout, batch: int, out: Outs
@@ -73,7 +70,7 @@ class FuncFallback:
             batch: ``B``.
             out: Per name, an optional ``# (B, *p.shape)`` tensor to write into.
         """
-        own, fixed = self._state()
+        own, fixed = split_state(self.layer, self.names)
         used = [k for k, g in enumerate(call.grads) if g is not None]
         grads_sum = [call.grads[k] * batch for k in used]  # of the summed loss
         if self.batched_by == "vmap":

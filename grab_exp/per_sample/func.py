@@ -9,7 +9,7 @@ CUDA.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -40,17 +40,19 @@ def _check_randomness(randomness: str | None) -> None:
         )
 
 
-def _split_state(model: nn.Module) -> tuple[Grads, Grads]:
-    """Split the model's tensors into trainable parameters and everything else.
+def split_state(module: nn.Module, names: Iterable[str] | None = None) -> tuple[Grads, Grads]:
+    """Split the module's tensors, detached, into the differentiated ones and everything else.
 
     Returns:
-        ``(trainable, fixed)``: detached trainable parameters in ``named_parameters`` order, and
-        the frozen parameters plus buffers (passed to ``functional_call``, never differentiated).
+        ``(trainable, fixed)``: the trainable parameters among ``names`` (qualified, in that
+        order; by default all, in ``named_parameters`` order), and the other parameters plus
+        the buffers (passed to ``functional_call``, never differentiated).
     """
-    trainable, fixed = {}, {}
-    for name, p in model.named_parameters():
-        (trainable if p.requires_grad else fixed)[name] = p.detach()
-    fixed.update((name, b.detach()) for name, b in model.named_buffers())
+    params = dict(module.named_parameters())
+    chosen = params if names is None else names
+    trainable = {n: params[n].detach() for n in chosen if params[n].requires_grad}
+    fixed = {n: p.detach() for n, p in params.items() if n not in trainable}
+    fixed.update((n, b.detach()) for n, b in module.named_buffers())
     return trainable, fixed
 
 
@@ -138,7 +140,7 @@ class FuncPerSample(PerSampleGradients):
             raise UnsupportedModelError(vmap_failure(self.model, error)) from error
 
     def _compute(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
-        trainable, fixed = _split_state(self.model)
+        trainable, fixed = split_state(self.model)
         grads, losses = self._grad_fn(trainable, fixed, x, y)  # {name: (B, *shape)}, (B,)
         for name, p in self.model.named_parameters():
             g = grads.get(name)

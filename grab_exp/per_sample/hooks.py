@@ -44,7 +44,7 @@ from grab_exp.per_sample.base import LossFn, PerSampleGradients
 from grab_exp.per_sample.buffer import GradBuffer
 from grab_exp.per_sample.fallback import FuncFallback
 from grab_exp.per_sample.layout import Call, CallLayout, expand_over_batch, shape_of
-from grab_exp.per_sample.modules import RANDOM_TYPES, UnsupportedModelError, draws_random
+from grab_exp.per_sample.modules import UnsupportedModelError, draws_random
 from grab_exp.per_sample.rules import LayerRule, rule_for
 
 Grads = dict[str, torch.Tensor]
@@ -113,7 +113,6 @@ class HookedPerSample(PerSampleGradients):
         self.expanded: set[str] = set()
         self.layouts: dict[str, list[CallLayout]] = {}
         self._handles: dict[str, list[Any]] = {}
-        self._random: dict[str, list[tuple[str, nn.Module]]] = {}  # fallback -> random modules
         self._mode = "idle"  # record (this path's forward) | probe | idle (any other forward)
         self._batch = 0
         self._calls: dict[str, list[Call]] = {}
@@ -129,9 +128,6 @@ class HookedPerSample(PerSampleGradients):
             self.rules[name] = rule
         else:
             self.fallbacks[name] = FuncFallback(layer, adopted)
-            self._random[name] = [  # what a replay of the layer could draw from, found once
-                (n, m) for n, m in layer.named_modules() if isinstance(m, RANDOM_TYPES)
-            ]
         self._layers[name] = layer
         prefix = f"{name}." if name else ""
         own = [n for n, _ in layer.named_parameters(recurse=False)] + list(adopted)
@@ -269,7 +265,6 @@ class HookedPerSample(PerSampleGradients):
         self._layers.pop(name)
         self.rules.pop(name, None)
         self.fallbacks.pop(name, None)
-        self._random.pop(name, None)
         self._names.pop(name)
         self._own.pop(name)
 
@@ -313,7 +308,8 @@ class HookedPerSample(PerSampleGradients):
                     f"and {len(self.layouts.get(name, []))} in the probe of the first batch "
                     "(control flow that depends on the data); use method=func"
                 )
-            drawn = [n for n, m in self._random.get(name, ()) if draws_random(m)]
+            fallback = self.fallbacks.get(name)  # a rule's layer replays nothing
+            drawn = [n for n, m in (fallback.random if fallback else ()) if draws_random(m)]
             if drawn:
                 where = f" in {drawn[0]}" if drawn[0] else ""
                 raise UnsupportedModelError(
