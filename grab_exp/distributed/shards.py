@@ -26,11 +26,6 @@ class ShardSplit:
     dropped: torch.Tensor
 
     @property
-    def world_size(self) -> int:
-        """Number of workers ``W``."""
-        return self.shards.shape[0]
-
-    @property
     def num_dropped(self) -> int:
         """How many examples were dropped so that every shard has ``m`` examples."""
         return self.dropped.numel()

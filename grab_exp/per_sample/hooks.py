@@ -32,7 +32,7 @@ parameter shared by two modules (tied weights), a layer whose replay would draw 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -106,8 +106,7 @@ class HookedPerSample(PerSampleGradients):
         self._params = list(model.named_parameters())  # read once, not walked every call
         self._modules = dict(model.named_modules())
         self._layers: dict[str, nn.Module] = {}
-        self._names: dict[str, list[str]] = {}  # layer -> its parameters' model-level names
-        self._own: dict[str, list[nn.Parameter]] = {}  # layer -> those parameters
+        self._own: dict[str, dict[str, nn.Parameter]] = {}  # layer -> name -> its parameter
         self.rules: dict[str, LayerRule] = {}
         self.fallbacks: dict[str, FuncFallback] = {}
         self.expanded: set[str] = set()
@@ -131,8 +130,7 @@ class HookedPerSample(PerSampleGradients):
         self._layers[name] = layer
         prefix = f"{name}." if name else ""
         own = [n for n, _ in layer.named_parameters(recurse=False)] + list(adopted)
-        self._names[name] = [prefix + n for n in own]
-        self._own[name] = [layer.get_parameter(n) for n in own]
+        self._own[name] = {prefix + n: layer.get_parameter(n) for n in own}
         self._handles[name] = [
             layer.register_forward_hook(self._forward_hook(name), with_kwargs=True),
             layer.register_forward_pre_hook(self._pre_hook(name), with_kwargs=True),
@@ -250,7 +248,7 @@ class HookedPerSample(PerSampleGradients):
         module's replay (the parent's forward uses them: ``MultiheadAttention.out_proj``)."""
         owner = name.rpartition(".")[0]  # "" for a top-level layer: the root
         start = len(owner) + 1 if owner else 0
-        adopted = [n[start:] for n in self._names[name]]
+        adopted = [n[start:] for n in self._own[name]]
         if owner in self._layers:
             previous = self.fallbacks[owner].adopted if owner in self.fallbacks else []
             adopted = [*previous, *adopted]
@@ -265,7 +263,6 @@ class HookedPerSample(PerSampleGradients):
         self._layers.pop(name)
         self.rules.pop(name, None)
         self.fallbacks.pop(name, None)
-        self._names.pop(name)
         self._own.pop(name)
 
     # ------------------------------------------------------------------ a call
@@ -286,12 +283,12 @@ class HookedPerSample(PerSampleGradients):
         views = self._buffer_views(batch, trainable, calls)
         per_layer: Grads = {}
         for name in self._layers:
-            names = self._names[name]
+            names = list(self._own[name])
             out = [views.get(n) for n in names]
             grads, means = self._layer_grads(name, calls.get(name, []), batch, out, targeted)
             per_layer.update(zip(names, grads, strict=True))
             if targeted:
-                _add_to_grad(self._own[name], means)
+                _add_to_grad(self._own[name].values(), means)
         grads = {n: per_layer[n] for n in trainable}  # named_parameters order
         if self.factored:
             shapes = {n: p.shape for n, p in self._params if p.requires_grad}
@@ -337,8 +334,9 @@ class HookedPerSample(PerSampleGradients):
             if with_mean:
                 means = [m if g is None else m.add_(g) for m, g in zip(means, mean, strict=True)]
         if total is None:  # the layer did not reach the loss
-            total = [_zeros(p, batch, o) for p, o in zip(self._own[name], out, strict=True)]
-            means = [torch.zeros_like(p) for p in self._own[name]]
+            own = self._own[name].values()
+            total = [_zeros(p, batch, o) for p, o in zip(own, out, strict=True)]
+            means = [torch.zeros_like(p) for p in own]
         return total, means if with_mean else None
 
     def _call_grads(
@@ -427,7 +425,7 @@ def _zeros(param: nn.Parameter, batch: int, out: torch.Tensor | None) -> torch.T
     return torch.zeros(batch, *param.shape, dtype=param.dtype, device=param.device)
 
 
-def _add_to_grad(params: list[nn.Parameter], means: list[torch.Tensor | None]) -> None:
+def _add_to_grad(params: Iterable[nn.Parameter], means: list[torch.Tensor | None]) -> None:
     """Add the mean gradients of a layer's ``params`` to the trainable ones' ``.grad``."""
     for param, mean in zip(params, means, strict=True):
         if param.requires_grad and mean is not None:
