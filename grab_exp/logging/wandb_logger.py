@@ -227,11 +227,5 @@ def build_wandb_logger(
     """
     if cfg is None or not cfg.get("enabled", False):
         return None
-    return WandbLogger(
-        project=cfg.get("project", "grab-exp"),
-        entity=cfg.get("entity"),
-        mode=cfg.get("mode", "auto"),
-        tags=tuple(cfg.get("tags") or ()),
-        group=group,
-        name=name,
-    )
+    options = {key: cfg[key] for key in ("project", "entity", "mode") if key in cfg}
+    return WandbLogger(**options, tags=tuple(cfg.get("tags") or ()), group=group, name=name)

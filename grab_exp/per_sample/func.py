@@ -32,14 +32,6 @@ VMAP_FAILS = (nn.RNN, nn.GRU, nn.RNNCell, nn.GRUCell)
 RANDOMNESS_CHOICES = ("different", "same")
 
 
-def _check_randomness(randomness: str | None) -> None:
-    if randomness is not None and randomness not in RANDOMNESS_CHOICES:
-        raise ValueError(
-            f"randomness={randomness!r} is not valid; allowed values: None (no random layers), "
-            + ", ".join(repr(c) for c in RANDOMNESS_CHOICES)
-        )
-
-
 def split_state(module: nn.Module, names: Iterable[str] | None = None) -> tuple[Grads, Grads]:
     """Split the module's tensors, detached, into the differentiated ones and everything else.
 
@@ -124,7 +116,11 @@ class FuncPerSample(PerSampleGradients):
     ) -> None:
         if chunk_size is not None:  # None: the whole batch at once
             check_int_at_least("pipeline.chunk_size", chunk_size, 1)
-        _check_randomness(randomness)
+        if randomness is not None and randomness not in RANDOMNESS_CHOICES:
+            raise ValueError(
+                f"randomness={randomness!r} is not valid; allowed values: None (no random "
+                "layers), " + ", ".join(repr(c) for c in RANDOMNESS_CHOICES)
+            )
         self.chunk_size, self.randomness, self.compile_mode = chunk_size, randomness, compile_mode
         super().__init__(model, loss_fn)
         self._grad_fn = _make_grad_fn(model, loss_fn, chunk_size, randomness)
