@@ -61,7 +61,8 @@ class VRAdam(GSNROptimizer):
         groups: int | None = None,
         eps: float = 1e-8,
     ) -> None:
-        betas = tuple(betas) if not isinstance(betas, (str, bytes)) and _sized(betas) else ()
+        listed = hasattr(betas, "__len__") and hasattr(betas, "__iter__")  # a ListConfig too
+        betas = tuple(betas) if listed and not isinstance(betas, (str, bytes)) else ()
         if len(betas) != 2:
             raise ValueError(f"optimizer.betas: got {betas!r}; allowed: two numbers in [0, 1)")
         for i, beta in enumerate(betas):
@@ -130,8 +131,3 @@ def _one_minus_powers(beta: float, steps: list[torch.Tensor]) -> list[torch.Tens
     torch._foreach_sub_(powers, 1)
     torch._foreach_neg_(powers)
     return powers
-
-
-def _sized(value: Any) -> bool:
-    """A list, tuple or Hydra ``ListConfig``."""
-    return hasattr(value, "__len__") and hasattr(value, "__iter__")

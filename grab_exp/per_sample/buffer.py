@@ -43,12 +43,8 @@ class GradBuffer:
             self._shapes = {n: shapes[n].shape for n in trainable}
             self.buffer = None
         buffer = self.buffer
-        if (
-            buffer is None
-            or len(buffer) < batch
-            or buffer.dtype != like.dtype
-            or buffer.device != like.device
-        ):
+        small = buffer is None or len(buffer) < batch
+        if small or buffer.dtype != like.dtype or buffer.device != like.device:
             d = sum(shape.numel() for shape in self._shapes.values())
             self.buffer = torch.empty(batch, d, dtype=like.dtype, device=like.device)  # (B, d)
             self._views = {}

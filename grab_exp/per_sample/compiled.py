@@ -70,8 +70,4 @@ def compiled_loss(
     model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], mode: str
 ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """``(x (B, ...), y (B,)) -> loss_fn(model(x), y)`` as one compiled graph (its backward too)."""
-
-    def forward_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return loss_fn(model(x), y)
-
-    return compile_step(forward_loss, mode)
+    return compile_step(lambda x, y: loss_fn(model(x), y), mode)
