@@ -7,12 +7,7 @@ real ``torch.distributed`` job (:class:`ProcessGroupComm`, launched by ``torchru
 
 from grab_exp.balance.projection import BlockProjection
 from grab_exp.distributed.cd_grab import CoordinatedGraB
-from grab_exp.distributed.comm import (
-    CollectiveError,
-    Communicator,
-    ProcessGroupComm,
-    SimulatedComm,
-)
+from grab_exp.distributed.comm import CollectiveError, Communicator, ProcessGroupComm, SimulatedComm
 from grab_exp.distributed.join import init_distributed
 from grab_exp.distributed.orderings import (
     DistributedOrdering,

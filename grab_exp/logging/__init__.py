@@ -5,11 +5,7 @@ Importing this package is cheap: ``torch`` and ``wandb`` are imported only when 
 
 from grab_exp.logging.files import atomic_torch_save, atomic_write_text, read_json, write_json
 from grab_exp.logging.local import LocalStore, git_commit, library_versions
-from grab_exp.logging.wandb_logger import (
-    WandbLogger,
-    WandbUnavailableWarning,
-    build_wandb_logger,
-)
+from grab_exp.logging.wandb_logger import WandbLogger, WandbUnavailableWarning, build_wandb_logger
 from grab_exp.logging.wandb_mode import resolve_mode
 
 __all__ = [

@@ -30,12 +30,7 @@ from grab_exp.optim.gsnr import GSNRStats, PerSample, gsnr_ratios
 from grab_exp.optim.settings import check_batch_sizes, check_gsnr_settings
 from grab_exp.validation import check_positive
 
-__all__ = [
-    "CLIP_HIGH",
-    "CLIP_LOW",
-    "GSNROptimizer",
-    "device_step",
-]
+__all__ = ["CLIP_HIGH", "CLIP_LOW", "GSNROptimizer", "device_step"]
 
 CLIP_LOW = "gsnr/clip_low"
 CLIP_HIGH = "gsnr/clip_high"
