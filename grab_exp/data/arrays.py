@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
+#: the tensor fields of :class:`ArrayData`, in order
+TENSOR_FIELDS = ("train_x", "train_y", "test_x", "test_y")
+
 
 @dataclass(frozen=True)
 class ArrayData:
@@ -41,13 +44,7 @@ class ArrayData:
 
     def to(self, device: torch.device | str) -> ArrayData:
         """Return a copy whose tensors live on ``device`` (no copy when they already do)."""
-        return dataclasses.replace(
-            self,
-            train_x=self.train_x.to(device),
-            train_y=self.train_y.to(device),
-            test_x=self.test_x.to(device),
-            test_y=self.test_y.to(device),
-        )
+        return dataclasses.replace(self, **{f: getattr(self, f).to(device) for f in TENSOR_FIELDS})
 
 
 def normalize_images(images: torch.Tensor) -> torch.Tensor:

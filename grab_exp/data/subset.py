@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-from grab_exp.data.arrays import ArrayData, array_data_from_uint8
+from grab_exp.data.arrays import TENSOR_FIELDS, ArrayData, array_data_from_uint8
 from grab_exp.validation import check_number
 
 
@@ -85,11 +85,8 @@ def take_subsets(
     Raises:
         ValueError: One line naming the setting when a size is out of range.
     """
-    splits = _subsets(
-        [data.train_x, data.train_y, data.test_x, data.test_y], subset, test_subset, seed
-    )
-    names = ("train_x", "train_y", "test_x", "test_y")
-    return dataclasses.replace(data, **dict(zip(names, splits, strict=True)))
+    splits = _subsets([getattr(data, f) for f in TENSOR_FIELDS], subset, test_subset, seed)
+    return dataclasses.replace(data, **dict(zip(TENSOR_FIELDS, splits, strict=True)))
 
 
 def uint8_subsets(

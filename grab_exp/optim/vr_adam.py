@@ -105,9 +105,7 @@ class VRAdam(GSNROptimizer):
         torch._foreach_lerp_(devs, torch._foreach_sub(ratios, 1.0), 1 - beta3)
         scale = torch._foreach_div(devs, _one_minus_powers(beta3, steps))
         torch._foreach_add_(scale, 1.0)  # p̂_t
-        g = torch._foreach_mul(grads, scale)  # p̂_t ⊙ ḡ
-        if group["weight_decay"] != 0:
-            torch._foreach_add_(g, params, alpha=group["weight_decay"])
+        g = self._scaled_with_decay(group, params, grads, scale)  # p̂_t ⊙ ḡ + wd · θ
         # from here torch's capturable multi-tensor Adam, operation for operation
         torch._foreach_lerp_(exp_avgs, g, 1 - beta1)
         torch._foreach_mul_(exp_avg_sqs, beta2)
