@@ -1,4 +1,5 @@
-"""Shared test set-up: ``gpu``-marked tests skip without CUDA; compose and CLI fixtures.
+"""Shared test set-up: ``gpu``-marked tests skip without CUDA; no test leaves a W&B service
+behind; compose and CLI fixtures.
 
 Pytest puts this file's folder, ``tests/``, on ``sys.path`` (the default ``prepend`` import
 mode), so every test imports the support package as ``support``: ``support.grab_run`` (compose
@@ -11,13 +12,24 @@ check), ``support.layer_harness`` and ``support.client_models`` (the per-sample 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import DictConfig
-from support.grab_run import RUN_TIMEOUT_S, compose_config, grab_env, run_grab, run_in_process
+from support.grab_run import (
+    RUN_TIMEOUT_S,
+    compose_config,
+    grab_env,
+    run_grab,
+    run_in_process,
+    wandb_teardown,
+)
+
+#: the variable W&B sets in a process that started its service, which children then connect to
+WANDB_SERVICE = "WANDB_SERVICE"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -27,6 +39,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_wandb_service_left() -> Iterator[None]:
+    """A test that started W&B in this process (a logger, the report's upload) ends its service,
+    and the ``WANDB_SERVICE`` it set goes: else a later in-process run would end the service
+    and put the variable back, and a subprocess that inherits it would connect to a service that
+    is gone and log nothing to W&B."""
+    before = os.environ.get(WANDB_SERVICE)
+    yield
+    if os.environ.get(WANDB_SERVICE) != before:
+        wandb_teardown()
 
 
 @pytest.fixture

@@ -239,16 +239,16 @@ def _restored_process_state() -> Iterator[None]:
     loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
     loggers = [logger for logger in loggers if isinstance(logger, logging.Logger)]
     saved_loggers = [(lg, lg.level, lg.propagate, lg.disabled, lg.handlers[:]) for lg in loggers]
+    wandb_teardown()  # before the environment is saved: it names no service that is gone
     saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), sys.argv[:]
     saved_signals = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     saved_hydra, threads = HydraConfig.instance().cfg, torch.get_num_threads()
     rng = (torch.get_rng_state(), random.getstate(), np.random.get_state())
-    _wandb_teardown()
     GlobalHydra.instance().clear()
     try:
         yield
     finally:
-        _wandb_teardown()
+        wandb_teardown()
         GlobalHydra.instance().clear()
         HydraConfig.instance().cfg = saved_hydra
         for logger, level, propagate, disabled, handlers in saved_loggers:
@@ -270,10 +270,12 @@ def _restored_process_state() -> Iterator[None]:
         np.random.set_state(rng[2])
 
 
-def _wandb_teardown() -> None:
-    """End W&B's process-wide singleton and service, if a run started them."""
+def wandb_teardown() -> None:
+    """End W&B's process-wide singleton and service, if a run started them, and the
+    ``WANDB_SERVICE`` variable that names the service (a child would connect to it)."""
     if "wandb" in sys.modules:
         sys.modules["wandb"].teardown()
+    os.environ.pop("WANDB_SERVICE", None)
 
 
 class Job:
