@@ -8,7 +8,8 @@ writes anything; a sweep's :class:`~grab_exp.runner.launch.sweeper.Sweeper` chec
 before it launches any. The job's fingerprint is kept
 (:func:`~grab_exp.runner.config.check.take_checked`) for
 :func:`~grab_exp.runner.training.job.run_job`, which validates only a job that nothing checked
-(a caller outside Hydra's command line) and checks the directory again under its lock.
+(a caller outside Hydra's command line, a job that SLURM or a plugin's launcher runs elsewhere)
+and checks the directory again under its lock.
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ def check_job(config: DictConfig) -> dict[str, Any]:
     job, an unreadable summary, or an earlier run of another config there).
 
     Returns:
-        The job's fingerprint, also kept for
-        :func:`~grab_exp.runner.config.check.take_checked`.
+        The job's fingerprint, which the job's process keeps for
+        :func:`~grab_exp.runner.config.check.take_checked` (:class:`ValidateFirst`, the sweep's
+        :class:`~grab_exp.runner.launch.sweeper.CheckedJobs`).
 
     Raises:
         ConfigError, RunDirInUseError, DamagedFileError: one line (:data:`JOB_ERRORS`).
@@ -73,7 +75,6 @@ def check_job(config: DictConfig) -> dict[str, Any]:
         fingerprint = config_fingerprint(config)
     check_free(run_dir)
     check_run_dir_config(run_dir, config.overwrite, fingerprint["config"], say_unknown=False)
-    keep_checked(run_dir, config.hydra.overrides.task, fingerprint)
     return fingerprint
 
 
@@ -83,6 +84,7 @@ class ValidateFirst(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         """One job: its problem as the one ``error: ...`` line, exit status 1."""
         try:
-            check_job(config)
+            fingerprint = check_job(config)
         except JOB_ERRORS as error:
             sys.exit(f"error: {error}")
+        keep_checked(run_dir_of(config), config.hydra.overrides.task, fingerprint)

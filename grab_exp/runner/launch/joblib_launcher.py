@@ -98,6 +98,7 @@ class JoblibLocalLauncher(JoblibLauncher):
 
     fail_fast = False
     stops_with_sweep = True  # the sweeper relays SIGTERM and SIGINT to its workers
+    takes_checked = True  # each task carries its job's checked config (the sweeper's CheckedJobs)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list:
         """Run the jobs in joblib's workers; returns their ``JobReturn`` in job order."""

@@ -93,7 +93,7 @@ def closest_key_line(key: str, cfg: DictConfig) -> str:
 PRESETS = ("experiment", "arm", "row")
 
 
-def _defaults(path: Path) -> list[tuple[str, str]]:
+def _defaults(path: Path) -> list[tuple[str, str | None]]:
     """``(group, option)`` of each group choice in a config file's defaults list
     (``group: option``, ``override /group: option``, ``/group: option``)."""
     choices = []
@@ -117,17 +117,19 @@ def chosen_options(choices: dict[str, str]) -> dict[str, str]:
 
 @functools.cache
 def _option_keys(group: str, option: str) -> frozenset[str]:
-    """The dotted keys of ``conf/<group>/<option>.yaml`` (shared files it includes merged)."""
+    """The dotted keys of ``conf/<group>/<option>.yaml``, shared files it includes at its own
+    package (``/file@_here_``) merged; a key another include adds stays unknown (composed)."""
     node = OmegaConf.load(CONF_DIR / group / f"{option}.yaml")
     for entry in node.pop("defaults", []):
-        if isinstance(entry, str) and entry.startswith("/"):
+        if isinstance(entry, str) and entry.startswith("/") and entry.endswith("@_here_"):
             node.merge_with(OmegaConf.load(CONF_DIR / f"{entry[1:].split('@')[0]}.yaml"))
     return frozenset(f"{group}.{key}" for key in dotted_keys(OmegaConf.to_container(node)))
 
 
 def known_keys(choices: dict[str, str]) -> frozenset[str]:
-    """Every key the job's config has, known without composing it: the schema's, and those of
-    the option each group node (``model``, ``balance``...) takes (:func:`chosen_options`)."""
+    """The keys of the job's config known without composing it: the schema's, and those of the
+    option each group node (``model``, ``balance``...) takes (:func:`chosen_options`). A key
+    missing here is only composed for, never refused."""
     keys = set(dotted_keys(OmegaConf.to_container(OmegaConf.structured(RunConfig))))
     chosen = chosen_options(choices)
     for group in (f.name for f in fields(RunConfig) if f.name in chosen):

@@ -6,7 +6,7 @@ sweeper (same jobs, same order, ``hydra.sweeper.params`` included) plus three th
 * **Every job is checked before any starts** (:func:`~grab_exp.runner.launch.checks.check_job`):
   one job that cannot run (an invalid value) starts none; the sweep exits 1 with one line per
   such job and writes nothing. With ``hydra.sweeper.fail_fast=true`` the first failed job also
-  stops the sweep. The launcher trains each job on the config the check composed and on its
+  stops the sweep. A local launcher trains each job on the config the check composed and on its
   check (:class:`CheckedJobs`): a job is composed and validated once.
 * **A failed job does not stop its siblings**: each job reports its end to the sweeper (its
   error line, or that it was interrupted) instead of ending the process.
@@ -144,8 +144,15 @@ class CheckedJobs:
             return self.loader.load_sweep_config(master_config, sweep_overrides)
         config, fingerprint = checked
         keep_checked(run_dir_of(config), config.hydra.overrides.task, fingerprint)
-        OmegaConf.set_readonly(config.hydra, None)  # as composed: the check's HydraConfig set it
+        OmegaConf.set_readonly(config.hydra, False)  # as composed: the check's HydraConfig set it
         return config
+
+
+def takes_checked(launcher: object) -> bool:
+    """Whether ``launcher`` trains the sweep's checked configs: the local ones (basic, and
+    ``joblib_local``, whose tasks carry their own job's). A job another launcher runs (SLURM,
+    the plugins' own) is checked again where it trains: that machine's devices and memory."""
+    return runs_in_process(launcher) or getattr(launcher, "takes_checked", False)
 
 
 def runs_in_process(launcher: object) -> bool:
@@ -193,12 +200,18 @@ class Sweeper(BasicSweeper):
                 checked[tuple(overrides)] = config, check_job(config)
             except JOB_ERRORS as error:
                 problems[number] = str(error)
-        self.hydra_context.config_loader = CheckedJobs(loader, checked)
+        if takes_checked(self.launcher):
+            self.hydra_context.config_loader = CheckedJobs(loader, checked)
         return dirs, problems
 
     def sweep(self, arguments: list[str]) -> Any:
         """Check every job, run them all if each can, then report; exit non-zero unless all
         finished."""
+        if self.max_batch_size is not None:  # Hydra's batches: this sweep has none to split
+            sys.exit(
+                f"error: hydra.sweeper.max_batch_size: got {self.max_batch_size}; allowed: null "
+                "(the sweep checks every job, then launches them all)"
+            )
         jobs = self._jobs(arguments)
         dirs, problems = self._check(jobs)
         if problems:

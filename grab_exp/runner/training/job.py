@@ -70,8 +70,9 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _checked_fingerprint(cfg: DictConfig) -> dict[str, Any]:
-    """The job's fingerprint, validated: by Hydra's callback or the sweep's check (which a
-    joblib worker gets with the job's config), else here (a caller outside the command line)."""
+    """The job's fingerprint, validated: by Hydra's callback or the sweep's check (which a local
+    launcher hands on with the job's config), else here (a caller outside the command line, a
+    job that SLURM or a plugin's launcher runs elsewhere)."""
     if HydraConfig.initialized():
         hydra = HydraConfig.get()
         if checked := take_checked(Path(hydra.runtime.output_dir), hydra.overrides.task):

@@ -136,3 +136,18 @@ def test_a_job_nothing_checked_validates_itself(tmp_path, counted):
         run_job_here(["experiment=smoke", "batch_size=0"], tmp_path / "run")
     assert counted["validations"] == 1
     assert not (tmp_path / "run").exists()
+
+
+def test_only_local_launchers_train_on_the_sweeps_check():
+    """The basic launcher and ``joblib_local`` run their jobs here, so they train on the sweep's
+    check; a job that SLURM or a plugin's own launcher runs is validated where it trains."""
+    from hydra._internal.core_plugins.basic_launcher import BasicLauncher
+    from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
+    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
+
+    from grab_exp.runner.launch.joblib_launcher import JoblibLocalLauncher
+    from grab_exp.runner.launch.sweeper import takes_checked
+
+    local, remote = (BasicLauncher, JoblibLocalLauncher), (JoblibLauncher, SlurmLauncher)
+    assert all(takes_checked(object.__new__(cls)) for cls in local)
+    assert not any(takes_checked(object.__new__(cls)) for cls in remote)

@@ -152,6 +152,18 @@ def test_a_sweep_with_a_job_that_cannot_run_trains_none(tmp_path, launcher):
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()
 
 
+def test_hydras_batches_of_jobs_are_refused_in_one_line(tmp_path):
+    """``hydra.sweeper.max_batch_size``: the sweep checks every job, then launches them all, so
+    Hydra's batches would be a setting that does nothing; it is refused before anything runs."""
+    result = run_cli(["-m", *TINY, "seed=0,1", "hydra.sweeper.max_batch_size=1"], tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.strip() == (
+        "error: hydra.sweeper.max_batch_size: got 1; allowed: null (the sweep checks every job, "
+        "then launches them all)"
+    )
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()
+
+
 def test_fail_fast_starts_no_job_of_a_sweep_with_a_bad_one(tmp_path):
     args = ["-m", *TINY, "batch_size=16,0", "hydra.sweeper.fail_fast=true"]
     result = run_cli(args, tmp_path, timeout=120)
