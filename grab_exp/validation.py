@@ -17,9 +17,20 @@ def check_choice(setting: str, value: object, allowed: Iterable[str]) -> None:
 
 
 def check_number(
-    setting: str, value: object, ok: Callable, allowed: str, kind: type | tuple = (int, float)
+    setting: str,
+    value: object,
+    ok: Callable[[float], bool],
+    allowed: str,
+    kind: type | tuple[type, ...] = (int, float),
 ) -> None:
     """Raise unless ``value`` is a ``kind`` (never a bool) for which ``ok(value)`` holds.
+
+    Args:
+        setting: the setting's name in the message (``optimizer.lr``).
+        value: the value given.
+        ok: the rule a number of ``kind`` must pass (``lambda v: v > 0``).
+        allowed: the rule in words (``a number > 0``).
+        kind: the types accepted: ``int`` for an integer setting.
 
     Raises:
         ValueError: ``"<setting>: got <value>; allowed: <allowed>"``.

@@ -21,15 +21,13 @@ import torch
 from omegaconf import DictConfig
 from support.grab_run import (
     RUN_TIMEOUT_S,
+    WANDB_SERVICE,
     compose_config,
     grab_env,
     run_grab,
     run_in_process,
     wandb_teardown,
 )
-
-#: the variable W&B sets in a process that started its service, which children then connect to
-WANDB_SERVICE = "WANDB_SERVICE"
 
 
 def pytest_collection_modifyitems(config, items):

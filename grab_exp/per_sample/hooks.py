@@ -147,10 +147,14 @@ class HookedPerSample(PerSampleGradients):
         buffer = self.grad_buffer.buffer
         return 0 if buffer is None else buffer.numel() * buffer.element_size()
 
+    def quiet(self) -> contextlib.AbstractContextManager:
+        """Hooks idle: the model runs as a plain model (no expansion, nothing recorded)."""
+        return self._in_mode("idle")
+
     @contextlib.contextmanager
-    def quiet(self, mode: str = "idle") -> Iterator[None]:
-        """Hooks idle: the model runs as a plain model (no expansion, nothing recorded); or, for
-        this path's own forwards, in ``mode`` (``probe``, ``record``)."""
+    def _in_mode(self, mode: str) -> Iterator[None]:
+        """The hooks in ``mode`` inside the block: ``idle``, or this path's own forwards
+        (``probe``, ``record``)."""
         before, self._mode = self._mode, mode
         try:
             yield
@@ -224,7 +228,7 @@ class HookedPerSample(PerSampleGradients):
     def _probe(self, x: torch.Tensor) -> dict[str, list[tuple]]:
         """Every hooked call's ``(input shapes, output shapes)`` in one forward of ``x``."""
         self._calls, self._batch = {}, len(x)
-        with self.quiet("probe"), torch.enable_grad():  # as in training (no inference paths)
+        with self._in_mode("probe"), torch.enable_grad():  # as in training (no inference paths)
             self.model(x)
         calls, self._calls = self._calls, {}
         return {
@@ -273,7 +277,7 @@ class HookedPerSample(PerSampleGradients):
             self._prepare(x)
         batch = x.shape[0]
         self._calls, self._batch = {}, batch
-        with self.quiet("record"):
+        with self._in_mode("record"):
             logits = self.model(x)
         loss = self.loss_fn(logits, y)
         calls, self._calls = self._calls, {}

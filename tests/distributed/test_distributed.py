@@ -429,3 +429,13 @@ def test_a_cd_grab_state_of_other_workers_is_refused_before_anything_changes():
     with pytest.raises(ValueError, match=r"state_dict: ranks is \[1\], this ordering has \[0, 1\]"):
         ordering.load_state_dict(state)
     assert torch.equal(ordering.order, order)
+
+
+def test_a_process_group_overrides_every_collective_of_the_simulator():
+    """``Communicator`` is the in-process simulator itself: a process group that left it a
+    collective would gather only its own rank's tensors. ``all_reduce_mean_`` is built from
+    ``all_reduce_sum_`` and the process count, so both share it."""
+    from grab_exp.distributed.comm import Communicator, ProcessGroupComm
+
+    methods = {n for n, v in vars(Communicator).items() if callable(v) and not n.startswith("_")}
+    assert methods - set(vars(ProcessGroupComm)) == {"all_reduce_mean_"}

@@ -34,8 +34,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from grab_exp.__main__ import expand_shorthands
+from grab_exp.runner.config import check as config_check
 from grab_exp.runner.config.check import validate_config
 from grab_exp.runner.launch import override_keys
+from grab_exp.runner.training import signals as stop_signals
 from grab_exp.runner.training.build import TrainingJob, build_job
 from grab_exp.runner.training.connect import connect
 from grab_exp.runner.training.epoch import train_steps
@@ -50,6 +52,8 @@ needs_archive = pytest.mark.skipif(
 GRAB = [sys.executable, "-m", "grab_exp"]
 SMOKE = ["experiment=smoke", "progress=line", "device=cpu"]  # CPU runs on any machine
 RUN_TIMEOUT_S = 240
+#: the variable W&B sets in a process that started its service, which children connect to
+WANDB_SERVICE = "WANDB_SERVICE"
 # small synthetic CIFAR-shaped data; the run's own model, ordering, pipeline and optimizer
 SMALL_RUN = ("experiment=smoke", "dataset.num_test=16", "progress=none")
 # every outgoing HTTP(S) connection of a subprocess goes to a closed local port: the cifar10
@@ -200,7 +204,8 @@ def run_in_process(
     Everything the run changes in this process comes back afterwards: the working directory,
     ``sys.argv``, the environment, the logging handlers and levels Hydra configured (its log
     files closed), Hydra's global state, the W&B singleton (torn down before and after), the
-    stop-signal handlers, torch's thread count and the random generators.
+    stop-signal handlers and latches, the jobs checked and not yet taken, CUDA's numerics flags,
+    torch's thread count and the random generators.
     """
     args, env = list(args), cli_env() if env is None else env
     out, err = io.StringIO(), io.StringIO()
@@ -244,11 +249,21 @@ def _restored_process_state() -> Iterator[None]:
     saved_signals = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     saved_hydra, threads = HydraConfig.instance().cfg, torch.get_num_threads()
     rng = (torch.get_rng_state(), random.getstate(), np.random.get_state())
+    flags = [(owner, name, getattr(owner, name)) for owner, name in _cuda_policy_flags()]
+    checked = dict(config_check._CHECKED)  # jobs checked and not yet taken
+    latches = [(state, state[:]) for state in _signal_state()]
     GlobalHydra.instance().clear()
     try:
         yield
     finally:
         wandb_teardown()
+        for owner, name, value in flags:  # in set_cuda_policy's order: legacy setters first
+            if getattr(owner, name) != value:
+                setattr(owner, name, value)
+        config_check._CHECKED.clear()
+        config_check._CHECKED.update(checked)
+        for state, saved in latches:
+            state[:] = saved
         GlobalHydra.instance().clear()
         HydraConfig.instance().cfg = saved_hydra
         for logger, level, propagate, disabled, handlers in saved_loggers:
@@ -270,12 +285,28 @@ def _restored_process_state() -> Iterator[None]:
         np.random.set_state(rng[2])
 
 
+def _cuda_policy_flags() -> list[tuple[object, str]]:
+    """The torch backend flags :func:`grab_exp.devices.set_cuda_policy` sets, in its order."""
+    backends = torch.backends
+    flags = [(backends.cudnn, name) for name in ("deterministic", "benchmark")]
+    flags += [(backends.cuda.matmul, "allow_tf32"), (backends.cudnn, "allow_tf32")]
+    if hasattr(backends.cudnn, "conv"):  # torch >= 2.9
+        flags += [(backends.cuda.matmul, "fp32_precision")]
+        flags += [(backends.cudnn.conv, "fp32_precision"), (backends.cudnn.rnn, "fp32_precision")]
+    return flags
+
+
+def _signal_state() -> list[list]:
+    """The stop-signal module's state lists: pending, received (a worker's latch), latched."""
+    return [stop_signals._pending, stop_signals._received, stop_signals._latched]
+
+
 def wandb_teardown() -> None:
     """End W&B's process-wide singleton and service, if a run started them, and the
     ``WANDB_SERVICE`` variable that names the service (a child would connect to it)."""
     if "wandb" in sys.modules:
         sys.modules["wandb"].teardown()
-    os.environ.pop("WANDB_SERVICE", None)
+    os.environ.pop(WANDB_SERVICE, None)
 
 
 class Job:

@@ -28,6 +28,9 @@ class Strategy:
     out of checkpoints. :class:`~grab_exp.runner.training.data_parallel.DataParallel` overrides
     it for data-parallel workers.
 
+    Args:
+        device: the device the job trains on.
+
     Attributes:
         kind: ``single`` or ``data_parallel``; recorded in checkpoints.
         device: this process's device.

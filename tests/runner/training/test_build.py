@@ -28,3 +28,12 @@ def test_auto_factors_only_for_an_ordering_that_reads_them(compose, overrides, m
     data = instantiate(cfg.dataset)
     job = build_job(cfg, data, Strategy(torch.device("cpu")))
     assert job.parts.pipeline.method == method
+
+
+def test_data_parallel_overrides_every_method_of_the_single_process_strategy():
+    """``Strategy`` is the single-process strategy itself: a data-parallel one that left it a
+    method would act alone there (no gradient averaging, no gathered state) without a word."""
+    from grab_exp.runner.training.data_parallel import DataParallel
+
+    methods = {n for n, v in vars(Strategy).items() if callable(v) and not n.startswith("_")}
+    assert methods and methods - set(vars(DataParallel)) == set()
