@@ -221,24 +221,20 @@ class Sweeper(BasicSweeper):
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        numbers = list(range(len(jobs)))
         relays = runs_in_process(self.launcher) or getattr(self.launcher, "stops_with_sweep", 0)
         with relay_stop_signals() if relays else contextlib.nullcontext(SweepStop()) as stop:
-            returns = self._launch(jobs, numbers, stop)
-        outcomes = [
-            Outcome(k, jobs[k], dirs[k], *outcome_of(r))
-            for k, r in zip(numbers, returns, strict=True)
-        ]
+            returns = self._launch(jobs, stop)
+        outcomes = [Outcome(k, jobs[k], dirs[k], *outcome_of(r)) for k, r in enumerate(returns)]
         report(outcomes, stop)
         return [returns]
 
-    def _launch(self, jobs: list[list[str]], numbers: list[int], stop: SweepStop) -> list:
+    def _launch(self, jobs: list[list[str]], stop: SweepStop) -> list:
         """Launch ``jobs``: all at once, or (basic launcher) one by one, stopping between."""
         if not runs_in_process(self.launcher):
             self.launcher.fail_fast = self.fail_fast
             return list(self.launcher.launch(jobs, initial_job_idx=0))
         returns = []
-        for overrides, number in zip(jobs, numbers, strict=True):
+        for number, overrides in enumerate(jobs):
             if stop.signum is not None:
                 returns.append(not_started(overrides, stop.signum))
                 continue

@@ -56,31 +56,19 @@ def will_skip(run_dir: str | Path, overwrite: bool) -> bool:
         return False
 
 
-def recorded_config(run_dir: Path, overwrite: bool) -> tuple[dict[str, Any] | None, bool]:
-    """``(summary, known)``: the earlier run's summary and whether it recorded its config.
-
-    With ``overwrite`` there is no earlier run to compare with (``(None, True)``).
-
-    Raises:
-        DamagedFileError: ``summary.json`` cannot be read (without ``overwrite``).
-    """
-    if overwrite:
-        return None, True
-    summary = LocalStore(run_dir, ("epoch",)).read_summary()
-    return summary, bool(summary is None or "config_fingerprint" in summary)
-
-
 def check_run_dir_config(
     run_dir: Path, overwrite: bool, config: dict[str, Any], say_unknown: bool = True
 ) -> None:
     """Refuse a run directory whose earlier run recorded another config (see
-    :mod:`grab_exp.runner.config.fingerprint`); with ``say_unknown``, log it when it recorded none.
+    :mod:`grab_exp.runner.config.fingerprint`); with ``say_unknown``, log it when it recorded
+    none. With ``overwrite`` there is no earlier run to compare with.
 
     Raises:
         ConfigDriftError: the earlier run's config differs from ``config``.
         DamagedFileError: ``summary.json`` cannot be read (without ``overwrite``).
     """
-    summary, known = recorded_config(run_dir, overwrite)
+    summary = None if overwrite else LocalStore(run_dir, ("epoch",)).read_summary()
+    known = summary is not None and "config_fingerprint" in summary
     if summary is not None and (known or say_unknown):
         recorded = summary["config_fingerprint"]["config"] if known else None
         check_same_config(run_dir, recorded, config, SUMMARY_FILE)
