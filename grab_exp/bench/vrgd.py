@@ -16,12 +16,13 @@ import torch
 
 from grab_exp.bench.epoch import EPOCH_EXAMPLES, build_row, summarize, time_rows
 from grab_exp.bench.machine import add_device_option, bench_parser, bench_report, write_report
-from grab_exp.report.table1_table import conf_choices, swept
+from grab_exp.report.table1_table import swept
+from grab_exp.runner.rundir.identity import conf_choices
 
 
 def arm_choices(arm: str) -> tuple[str, str]:
     """``(pipeline, optimizer)`` that ``conf/arm/<arm>.yaml`` overrides (ordering: rr)."""
-    chosen = conf_choices("arm", arm)
+    chosen = conf_choices(f"arm/{arm}")
     return chosen["pipeline"], chosen["optimizer"]
 
 

@@ -22,15 +22,8 @@ from grab_exp.logging.files import shown
 from grab_exp.report.collect import Record
 from grab_exp.report.frames import ID_COLUMNS, ReportWarning, warn_skip
 from grab_exp.report.render import cell, percent
-from grab_exp.runner.rundir.identity import CONF_DIR
+from grab_exp.runner.rundir.identity import CONF_DIR, conf_choices
 from grab_exp.runner.rundir.resolvers import variant_dir
-
-
-def conf_choices(group: str, name: str) -> dict[str, str]:
-    """What the defaults of ``conf/<group>/<name>.yaml`` choose, group -> option, e.g.
-    ``{"balance": "mean", "pipeline": "functional"}``."""
-    defaults = OmegaConf.load(CONF_DIR / group / f"{name}.yaml").defaults
-    return {key.rsplit("/", 1)[-1]: value for entry in defaults for key, value in entry.items()}
 
 
 def swept(experiment: str, key: str) -> list[str]:
@@ -42,7 +35,7 @@ def swept(experiment: str, key: str) -> list[str]:
 def table1_rows() -> tuple[tuple[str, str], ...]:
     """Table 1's rows as ``(variant, pipeline)``, in the order ``conf/experiment/table1.yaml``
     sweeps them, each from the ``/balance`` and ``/pipeline`` of its ``conf/row/<row>.yaml``."""
-    rows = (conf_choices("row", name) for name in swept("table1", "row"))
+    rows = (conf_choices(f"row/{name}") for name in swept("table1", "row"))
     return tuple((chosen["balance"], chosen["pipeline"]) for chosen in rows)
 
 

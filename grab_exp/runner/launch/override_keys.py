@@ -14,7 +14,6 @@ import difflib
 import functools
 from collections.abc import Iterator
 from dataclasses import fields
-from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -25,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from grab_exp.runner.config.schema import RunConfig, register_schema
-from grab_exp.runner.rundir.identity import CONF_DIR
+from grab_exp.runner.rundir.identity import CONF_DIR, conf_choices
 from grab_exp.runner.rundir.resolvers import register_resolvers
 
 
@@ -93,25 +92,15 @@ def closest_key_line(key: str, cfg: DictConfig) -> str:
 PRESETS = ("experiment", "arm", "row")
 
 
-def _defaults(path: Path) -> list[tuple[str, str | None]]:
-    """``(group, option)`` of each group choice in a config file's defaults list
-    (``group: option``, ``override /group: option``, ``/group: option``)."""
-    choices = []
-    for entry in OmegaConf.load(path).get("defaults", []):
-        for key, value in entry.items() if isinstance(entry, DictConfig) else ():
-            choices.append((str(key).removeprefix("override ").strip().lstrip("/"), value))
-    return choices
-
-
 def chosen_options(choices: dict[str, str]) -> dict[str, str]:
     """Each group's option as Hydra's defaults pick it, read from ``conf/``: the root config's,
     then those of the presets picked (an experiment may pick an arm), then ``choices``, the
     command's own group choices, which win."""
-    chosen = {group: option for group, option in _defaults(CONF_DIR / "config.yaml")}
+    chosen = conf_choices("config")
     for preset in PRESETS:
         option = choices.get(preset, chosen.get(preset))
-        if option is not None and (path := CONF_DIR / preset / f"{option}.yaml").is_file():
-            chosen.update(_defaults(path))
+        if option is not None and (CONF_DIR / preset / f"{option}.yaml").is_file():
+            chosen.update(conf_choices(f"{preset}/{option}"))
     return {**chosen, **choices}
 
 

@@ -139,6 +139,17 @@ def _choice(group: str, choices: Mapping, config: Mapping) -> str | None:
 RENAMED_CLASSES = {"FunctionalPipeline": "PerSamplePipeline"}
 
 
+def conf_choices(file: str) -> dict[str, str | None]:
+    """What the defaults list of ``conf/<file>.yaml`` chooses, group -> option, from its
+    ``group: option``, ``override /group: option`` and ``/group: option`` entries, e.g.
+    ``conf_choices("row/mean") == {"balance": "mean", "pipeline": "functional"}``."""
+    choices = {}
+    for entry in OmegaConf.load(CONF_DIR / f"{file}.yaml").get("defaults", []):
+        for key, value in entry.items() if isinstance(entry, DictConfig) else ():
+            choices[str(key).removeprefix("override ").strip().lstrip("/")] = value
+    return choices
+
+
 def _options_by_class(group: str) -> dict[str, str]:
     """``_target_`` class name -> option name of every file of ``conf/<group>/`` with one (old
     names of :data:`RENAMED_CLASSES` too)."""
