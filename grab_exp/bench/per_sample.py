@@ -20,7 +20,6 @@ from grab_exp.bench.machine import add_device_option, bench_parser, bench_report
 from grab_exp.bench.timing import interleaved_seconds
 from grab_exp.models import LeNet
 from grab_exp.per_sample import batchnorm_to_groupnorm, make_per_sample
-from grab_exp.per_sample.verify import per_example_grads
 
 BATCH = 16
 
@@ -91,6 +90,21 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], Callable, Callable]] = {
         F.cross_entropy,
     ),
 }
+
+
+def per_example_grads(
+    model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Each example's gradients ``name -> (B, *shape)`` (trainable only), one example at a time
+    through the whole model: the per-example loop the methods are timed against."""
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    rows: dict[str, list[torch.Tensor]] = {n: [] for n in params}
+    for b in range(len(x)):
+        loss = loss_fn(model(x[b : b + 1]), y[b : b + 1])
+        grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+        for (n, p), g in zip(params.items(), grads, strict=True):
+            rows[n].append(torch.zeros_like(p) if g is None else g)
+    return {n: torch.stack(r) for n, r in rows.items()}
 
 
 def _methods(model: nn.Module, loss_fn, x, y) -> dict[str, Callable[[], object] | str]:

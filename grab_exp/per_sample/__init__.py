@@ -7,10 +7,11 @@
   per-layer :mod:`~grab_exp.per_sample.rules`, else the per-layer
   :mod:`~grab_exp.per_sample.fallback`, reading the batch where
   :mod:`~grab_exp.per_sample.layout` found it;
-* :mod:`~grab_exp.per_sample.verify`: every path's first call, checked against a per-example
-  computation (and the loss contract); :mod:`~grab_exp.per_sample.modules`: BatchNorm, dropout
+* :mod:`~grab_exp.per_sample.check`: every path's rows and the loss contract, checked on the
+  first call, on a schedule and on every new kind of batch (one extra backward, no float64
+  copy); :mod:`~grab_exp.per_sample.modules`: BatchNorm, dropout
   and the refusal; :mod:`~grab_exp.per_sample.batchnorm`: BatchNorm to GroupNorm;
-* :mod:`~grab_exp.per_sample.auto`: ``method=auto``, the hook path or, if its first call
+* :mod:`~grab_exp.per_sample.auto`: ``method=auto``, the hook path or, once a call of it
   refuses the model, ``func``;
 * :mod:`~grab_exp.per_sample.compiled`: ``torch.compile`` of a step's gradients;
 * :mod:`~grab_exp.per_sample.pipeline`: :func:`make_per_sample` (method by name, ``auto``
@@ -24,7 +25,7 @@ from grab_exp.per_sample.batchnorm import batchnorm_to_groupnorm
 from grab_exp.per_sample.compiled import COMPILE_MODES
 from grab_exp.per_sample.func import RANDOMNESS_CHOICES, FuncPerSample
 from grab_exp.per_sample.hooks import FactoredPerSample, HookedPerSample, check_supported
-from grab_exp.per_sample.modules import UnsupportedModelError
+from grab_exp.per_sample.modules import LossContractError, UnsupportedModelError
 from grab_exp.per_sample.pipeline import (
     METHODS,
     ClassicPipeline,
@@ -43,6 +44,7 @@ __all__ = [
     "FactoredPerSample",
     "FuncPerSample",
     "HookedPerSample",
+    "LossContractError",
     "PerSampleGradients",
     "PerSamplePipeline",
     "UnsupportedModelError",

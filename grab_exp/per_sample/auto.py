@@ -1,11 +1,13 @@
-"""``method=auto`` at the first call: the hook path where it gets the model right, else ``func``.
+"""``method=auto``: the hook path while it gets the model right, else ``func``.
 
-Which path is right for a model shows only when it runs: the hook path probes the layers' layouts
-and checks its first batch against a per-example computation
-(:mod:`grab_exp.per_sample.verify`). :class:`AutoPerSample` starts with the hook path that
-:func:`~grab_exp.per_sample.pipeline.resolve_method` picked from the model's structure; if its
-first call refuses the model, it removes the hooks and takes ``func``, which is checked the same
-way. A model that neither gets right is refused in one line with both reasons.
+Which path is right for a model shows only when it runs, and not always on the first batch: the
+hook path probes the layers' layouts and checks its rows (:mod:`grab_exp.per_sample.check`) on
+a schedule and on every new kind of batch. :class:`AutoPerSample` starts with the hook path that
+:func:`~grab_exp.per_sample.pipeline.resolve_method` picked from the model's structure; when a
+call of it refuses the model, or fails inside it, before any ``param.grad`` is written, it
+removes the hooks, puts back the buffers that call's forward updated and takes ``func`` for
+that call and the rest, checked the same way. A model that neither gets right is refused in one
+line with both reasons.
 """
 
 from __future__ import annotations
@@ -13,17 +15,19 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch import nn
 
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.base import PerSampleGradients
 from grab_exp.per_sample.hooks import HookedPerSample
-from grab_exp.per_sample.modules import UnsupportedModelError
+from grab_exp.per_sample.layout import Inputs
+from grab_exp.per_sample.modules import LossContractError, UnsupportedModelError
 
 __all__ = ["AutoPerSample"]
 
 
 class AutoPerSample(PerSampleGradients):
-    """The hook path, replaced by ``func`` if its first call refuses the model.
+    """The hook path, replaced by ``func`` when a call of it refuses or fails.
 
     Args:
         hooked: the hook path (``hooks`` or ``factored``) to try first.
@@ -31,40 +35,66 @@ class AutoPerSample(PerSampleGradients):
 
     Attributes:
         chosen: the path in use.
+        reason: why the hook path was left (``None`` while it is in use).
     """
 
     def __init__(self, hooked: HookedPerSample, make_func: Callable[[], PerSampleGradients]):
         self.model, self.loss_fn = hooked.model, hooked.loss_fn
         self.chosen: PerSampleGradients = hooked
+        self.checker = hooked.checker
+        self.reason: str | None = None
         self._make_func: Callable[[], PerSampleGradients] | None = make_func
-        self.unverified = False  # each path checks its own first call
 
     @property
     def method(self) -> str:  # type: ignore[override]
-        """The chosen path's method (``hooks`` or ``factored`` until a first call refuses it)."""
+        """The chosen path's method (``hooks`` or ``factored`` until a call refuses it)."""
         return self.chosen.method
 
     def check(self) -> None:
         self.chosen.check()
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
+    def __call__(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         if self._make_func is None:
             return self.chosen(x, y)
-        make_func, self._make_func = self._make_func, None
+        buffers = _running_buffers(self.model)  # what a failed call's forward may update
         try:
             return self.chosen(x, y)
-        except UnsupportedModelError as hooks_error:
+        except LossContractError:
+            raise  # the loss is wrong for every method
+        except Exception as hooks_error:  # any failure of the hook path
+            with torch.no_grad():
+                for buffer, saved in buffers:
+                    buffer.copy_(saved)
+            left = self.chosen.method
             self.chosen.remove()
+            make_func, self._make_func = self._make_func, None
+            self.reason = _one_line(hooks_error)
             try:
                 self.chosen = make_func()
                 return self.chosen(x, y)
             except (RuntimeError, ValueError) as func_error:  # UnsupportedModelError included
                 raise UnsupportedModelError(
-                    f"{hooks_error} | method=func: {func_error}".replace("\n", " ")
+                    f"method={left}: {self.reason} | method=func: {_one_line(func_error)}"
                 ) from func_error
 
     def state_bytes(self) -> int:
         return self.chosen.state_bytes()
 
-    def _compute(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
+    def _compute(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         return self.chosen._compute(x, y)
+
+
+def _one_line(error: Exception) -> str:
+    lines = str(error).strip().splitlines()
+    text = lines[0] if lines else ""
+    return text if isinstance(error, ValueError) else f"{type(error).__name__}: {text}"
+
+
+def _running_buffers(model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Copies of the running statistics that a forward in training mode updates."""
+    return [
+        (b, b.detach().clone())
+        for m in model.modules()
+        if isinstance(m, nn.modules.batchnorm._NormBase) and m.training and m.track_running_stats
+        for b in m.buffers(recurse=False)
+    ]

@@ -16,9 +16,10 @@ Active Dropout is refused by ``func`` without a ``randomness`` (vmap must be tol
 masks); the hook path takes the masks its one batch forward drew
 (:attr:`PerSampleGradients.module_dropout`).
 
-The loss contract: ``loss_fn(logits, y)`` is the batch MEAN of per-example losses. The first call
-of every path checks it, and checks the path's per-sample gradients against a per-example
-computation (:mod:`grab_exp.per_sample.verify`).
+The loss contract: ``loss_fn(out, y)`` is the batch MEAN of per-example losses, an example's loss
+being ``loss_fn`` of its own output. Every path checks the contract and its own rows
+(:mod:`grab_exp.per_sample.check`) on the first call, on a schedule and whenever the batch's
+structure changes, and refuses (``UnsupportedModelError``) before it writes any ``param.grad``.
 """
 
 from __future__ import annotations
@@ -32,10 +33,34 @@ import torch
 from torch import nn
 
 from grab_exp.grads import BatchGrads
-from grab_exp.per_sample.modules import BATCHNORM, DROPOUT, module_problem
-from grab_exp.per_sample.verify import verify
+from grab_exp.per_sample.check import (
+    CHECK_EVERY,
+    CONTRACT,
+    Check,
+    ModelState,
+    example_losses,
+    identity_problem,
+    kept_state,
+    loss_problem,
+    mixing_problem,
+)
+from grab_exp.per_sample.layout import Inputs, call_model
+from grab_exp.per_sample.modules import (
+    WATCHED,
+    LossContractError,
+    UnsupportedModelError,
+    module_problem,
+)
+from grab_exp.validation import check_int_at_least
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def check_scalar(loss: torch.Tensor) -> None:
+    """Refuse a loss that is not a scalar (an unreduced loss is not the batch mean)."""
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise LossContractError(f"loss_fn returned {shape}, not a scalar: {CONTRACT}")
 
 
 class PerSampleGradients(ABC):
@@ -45,6 +70,9 @@ class PerSampleGradients(ABC):
         model: The module to differentiate.
         loss_fn: ``loss_fn(logits, y)`` returning the batch MEAN of per-example losses (e.g.
             ``torch.nn.functional.cross_entropy``).
+        check_every: the check's schedule (:class:`~grab_exp.per_sample.check.Check`): calls 1,
+            2, 4, ... up to it, then every ``check_every``-th, and every new batch structure;
+            ``0`` turns every check off.
 
     Attributes:
         method: the name :func:`~grab_exp.per_sample.pipeline.make_per_sample` knows it by.
@@ -58,19 +86,17 @@ class PerSampleGradients(ABC):
 
     method: ClassVar[str]
     randomness: str | None = None
-    #: whether the first call still has to be checked (:mod:`grab_exp.per_sample.verify`); set
-    #: it to ``False`` to skip the check
-    unverified: bool = True
     #: whether Dropout modules in training mode are right without a ``randomness``: the hook path
     #: reads each layer's input after the batch forward's masks, so its gradients are the
     #: per-example gradients under those masks
     module_dropout: ClassVar[bool] = False
 
-    def __init__(self, model: nn.Module, loss_fn: LossFn) -> None:
+    def __init__(self, model: nn.Module, loss_fn: LossFn, check_every: int = CHECK_EVERY) -> None:
+        check_int_at_least("pipeline.check_every", check_every, 0)
         self.model, self.loss_fn = model, loss_fn
-        self._watched = [
-            (name, m) for name, m in model.named_modules() if isinstance(m, BATCHNORM + DROPOUT)
-        ]
+        self.checker = Check(check_every)
+        self.state = ModelState(model)
+        self._watched = [(name, m) for name, m in model.named_modules() if isinstance(m, WATCHED)]
         self.check()
 
     def check(self) -> None:
@@ -80,21 +106,23 @@ class PerSampleGradients(ABC):
             if problem is not None:
                 raise ValueError(problem)
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
+    def __call__(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         """Add the batch's mean gradient to ``param.grad``; return the per-sample ones.
 
         Args:
-            x: Inputs ``(B, ...)``.
+            x: Inputs ``(B, ...)``: a tensor, or a tuple (positional) or dict (keyword, HF style)
+                of tensors with the batch in dimension 0.
             y: Targets ``(B, ...)``.
 
         Returns:
             ``(loss, grads)``: the detached mean loss ``()`` and the ``(B, d)`` per-sample
             gradients.
+
+        Raises:
+            UnsupportedModelError: the check found rows or a loss it cannot get right (one line
+                naming the cause); ``param.grad`` is then as before the call.
         """
         self.check()
-        if self.unverified:
-            verify(self, x, y)
-            self.unverified = False
         return self._compute(x, y)
 
     def state_bytes(self) -> int:
@@ -105,6 +133,43 @@ class PerSampleGradients(ABC):
         """A context in which the model runs as a plain model (a path's hooks stay idle)."""
         return contextlib.nullcontext()
 
+    def trainable(self) -> dict[str, nn.Parameter]:
+        """The trainable parameters, in ``named_parameters`` order (the rows' columns)."""
+        return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+
+    def full_check(
+        self, x: Inputs, y: torch.Tensor, grads: BatchGrads, out, layout, identity: bool
+    ) -> None:
+        """The full check of one batch (:mod:`~grab_exp.per_sample.check`); raises its problem.
+
+        Args:
+            x, y: the batch.
+            grads: the path's rows.
+            out: the model's output for the batch, in the graph of its forward (the hook path's
+                own forward, retained; ``func`` makes one).
+            layout: where ``out`` has the batch.
+            identity: whether the rows can be compared with ``out``'s graph (``False`` when
+                they were drawn under other random masks).
+        """
+        batch = len(y)
+        losses = example_losses(self.loss_fn, out, y, layout)  # (B,), in out's graph
+        loss = self.loss_fn(out, y)
+        problem = loss_problem(loss.detach(), losses.detach())
+        if problem is not None:
+            raise LossContractError(problem)
+        if batch >= 3:
+            with kept_state(self.model), self.quiet():
+                problem = mixing_problem(
+                    lambda inputs: call_model(self.model, inputs), self.loss_fn, x, y,
+                    losses, layout, self.checker.pair(batch), self.model,
+                )  # fmt: skip
+        if problem is None and identity:
+            c = self.checker.weights(batch, losses)
+            problem = identity_problem(self.model, self.trainable(), grads, losses, c, self.method)
+        if problem is not None:
+            raise UnsupportedModelError(problem)
+
     @abstractmethod
-    def _compute(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
-        """:meth:`__call__` after the check."""
+    def _compute(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
+        """:meth:`__call__` after the modules' modes are checked: the rows, ``param.grad``
+        written last (after the batch's check, if it is due)."""

@@ -70,7 +70,7 @@ class FuncFallback:
             batch: ``B``.
             out: Per name, an optional ``# (B, *p.shape)`` tensor to write into.
         """
-        own, fixed = split_state(self.layer, self.names)
+        own, fixed = split_state(self.layer, self.names, copy_buffers=True)
         used = [k for k, g in enumerate(call.grads) if g is not None]
         grads_sum = [call.grads[k] * batch for k in used]  # of the summed loss
         if self.batched_by == "vmap":

@@ -10,30 +10,49 @@ CUDA.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
+from torch.utils._pytree import tree_map
 
 from grab_exp.grads import BatchGrads, as_batch_grads
-from grab_exp.per_sample.base import LossFn, PerSampleGradients
+from grab_exp.per_sample.base import LossFn, PerSampleGradients, check_scalar
+from grab_exp.per_sample.check import CHECK_EVERY, kept_state, relative_gap
 from grab_exp.per_sample.compiled import compile_step
-from grab_exp.per_sample.modules import UnsupportedModelError
+from grab_exp.per_sample.layout import (
+    Inputs,
+    OutputLayout,
+    batch_size,
+    call_model,
+    input_shapes,
+    take,
+)
+from grab_exp.per_sample.modules import CHECKPOINT_REFUSAL, UnsupportedModelError
 from grab_exp.validation import check_int_at_least
 
 __all__ = ["RANDOMNESS_CHOICES", "FuncPerSample"]
 
 Grads = dict[str, torch.Tensor]
 
-#: Layers whose kernels torch's vmap fails on (the default zero hidden state it writes into).
-VMAP_FAILS = (nn.RNN, nn.GRU, nn.RNNCell, nn.GRUCell)
+#: Layers whose kernels torch's vmap may fail on (named when it does).
+VMAP_FAILS = (nn.RNNBase, nn.RNNCellBase)
 
 #: Explicit values of vmap's ``randomness`` that allow random layers (dropout).
 RANDOMNESS_CHOICES = ("different", "same")
 
 
-def split_state(module: nn.Module, names: Iterable[str] | None = None) -> tuple[Grads, Grads]:
+def split_state(
+    module: nn.Module, names: Iterable[str] | None = None, copy_buffers: bool = False
+) -> tuple[Grads, Grads]:
     """Split the module's tensors, detached, into the differentiated ones and everything else.
+
+    Args:
+        module: the module.
+        names: the parameters to differentiate (default: all).
+        copy_buffers: pass copies of the buffers, so that a replay cannot update the module's
+            own (running statistics).
 
     Returns:
         ``(trainable, fixed)``: the trainable parameters among ``names`` (qualified, in that
@@ -44,7 +63,7 @@ def split_state(module: nn.Module, names: Iterable[str] | None = None) -> tuple[
     chosen = params if names is None else names
     trainable = {n: params[n].detach() for n in chosen if params[n].requires_grad}
     fixed = {n: p.detach() for n, p in params.items() if n not in trainable}
-    fixed.update((n, b.detach()) for n, b in module.named_buffers())
+    fixed.update((n, b.clone() if copy_buffers else b.detach()) for n, b in module.named_buffers())
     return trainable, fixed
 
 
@@ -52,11 +71,15 @@ def _make_grad_fn(
     model: nn.Module, loss_fn: LossFn, chunk_size: int | None, randomness: str | None
 ) -> Callable[[Grads, Grads, torch.Tensor, torch.Tensor], tuple[Grads, torch.Tensor]]:
     """Build ``vmap(grad(loss of one example))`` over the batch dimension of ``x`` and ``y``."""
+    model_and_loss = _ModelAndLoss(model, loss_fn)
 
-    def one_example(trainable: Grads, fixed: Grads, xi: torch.Tensor, yi: torch.Tensor):
-        out = functional_call(model, (trainable, fixed), (xi.unsqueeze(0),))  # (1, ...)
-        loss = loss_fn(out, yi.unsqueeze(0)).sum()  # () whatever the loss's reduction
-        return loss, loss.detach()
+    def one_example(trainable: Grads, fixed: Grads, xi: Inputs, yi: torch.Tensor):
+        one = tree_map(lambda t: t.unsqueeze(0) if isinstance(t, torch.Tensor) else t, xi)
+        state = [{f"model.{n}": t for n, t in part.items()} for part in (trainable, fixed)]
+        loss, out = functional_call(model_and_loss, tuple(state), (one, yi.unsqueeze(0)))
+        check_scalar(loss)
+        detached = tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, out)
+        return loss, (loss.detach(), detached)
 
     return vmap(
         grad(one_example, has_aux=True),
@@ -66,9 +89,24 @@ def _make_grad_fn(
     )
 
 
+class _ModelAndLoss(nn.Module):
+    """The model and its loss as one module: under ``functional_call`` the loss reads the same
+    parameters as the model (a weight penalty in the loss is part of each example's gradient)."""
+
+    def __init__(self, model: nn.Module, loss_fn: LossFn) -> None:
+        super().__init__()
+        self.model, self.loss_fn = model, loss_fn
+
+    def forward(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        out = call_model(self.model, x)
+        return self.loss_fn(out, y), out
+
+
 def vmap_failure(model: nn.Module, error: RuntimeError) -> str:
-    """One line for a first call that ``torch.func`` could not run, naming the recurrent layers
-    (torch's vmap cannot batch ``nn.RNN``/``nn.GRU`` and their cells)."""
+    """One line for a call that ``torch.func`` could not run, naming the recurrent layers
+    (torch's vmap cannot batch some of them and their cells)."""
+    if "Checkpointing is not compatible" in str(error) or "checkpoint" in str(error).lower():
+        return CHECKPOINT_REFUSAL
     cause = str(error).strip().splitlines()[0]
     unbatchable = [
         f"{name} ({type(m).__name__})"
@@ -78,8 +116,8 @@ def vmap_failure(model: nn.Module, error: RuntimeError) -> str:
     if not unbatchable:
         return f"torch.func's vmap failed on this model ({cause})"
     return (
-        f"torch.func's vmap failed at {', '.join(unbatchable)}, which it cannot batch ({cause}); "
-        "method=auto or hooks replays such layers one example at a time"
+        f"torch.func's vmap failed at {', '.join(unbatchable)}, which it cannot batch here "
+        f"({cause}); method=auto or hooks replays such layers one example at a time"
     )
 
 
@@ -97,6 +135,7 @@ class FuncPerSample(PerSampleGradients):
         compile_mode: ``None`` (eager) or a ``torch.compile`` mode: ``vmap(grad)`` runs as one
             compiled graph (:func:`~grab_exp.per_sample.compiled.compile_step`; equal up to
             float32 rounding: inductor may reorder reductions).
+        check_every: see :class:`~grab_exp.per_sample.base.PerSampleGradients`.
 
     Raises:
         ValueError: an invalid ``randomness``/``chunk_size``, or the model check of
@@ -113,6 +152,7 @@ class FuncPerSample(PerSampleGradients):
         *,
         randomness: str | None = None,
         compile_mode: str | None = None,
+        check_every: int = CHECK_EVERY,
     ) -> None:
         if chunk_size is not None:  # None: the whole batch at once
             check_int_at_least("pipeline.chunk_size", chunk_size, 1)
@@ -122,25 +162,53 @@ class FuncPerSample(PerSampleGradients):
                 "layers), " + ", ".join(repr(c) for c in RANDOMNESS_CHOICES)
             )
         self.chunk_size, self.randomness, self.compile_mode = chunk_size, randomness, compile_mode
-        super().__init__(model, loss_fn)
+        super().__init__(model, loss_fn, check_every)
+        self._layout_key: tuple | None = None
+        self._layout: OutputLayout | None = None
         self._grad_fn = _make_grad_fn(model, loss_fn, chunk_size, randomness)
         if compile_mode is not None:
             self._grad_fn = compile_step(self._grad_fn, compile_mode)
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
-        if not self.unverified:
-            return super().__call__(x, y)
+    def _compute(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
+        batch = batch_size(x)
+        key = (input_shapes(x), self.state.key())
+        layout = self._output_layout(key, x)
+        due = self.checker.due(key, batch)
+        trainable, fixed = split_state(self.model)
         try:
-            return super().__call__(x, y)  # the first call: a vmap failure shows here
+            grads, (losses, out) = self._grad_fn(trainable, fixed, x, y)  # {name: (B, ...)}
         except RuntimeError as error:
             raise UnsupportedModelError(vmap_failure(self.model, error)) from error
-
-    def _compute(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
-        trainable, fixed = split_state(self.model)
-        grads, losses = self._grad_fn(trainable, fixed, x, y)  # {name: (B, *shape)}, (B,)
+        rows = as_batch_grads(grads)
+        if due:
+            with kept_state(self.model), torch.enable_grad():  # the batch's own forward
+                batch_out = call_model(self.model, x)
+                self.full_check(x, y, rows, batch_out, layout, self.randomness is None)
+            self.checker.passed(key, batch)
+        if self.checker.on and batch > 1:  # the batch's loss from the examples' own outputs
+            loss = self.loss_fn(_batched(out, layout), y).detach()
+            self.checker.settle_gap(relative_gap(loss, losses.mean()), losses.dtype)
         for name, p in self.model.named_parameters():
             g = grads.get(name)
             if g is not None:
                 mean = g.mean(dim=0).to(p.dtype)  # (*param.shape)
                 p.grad = mean if p.grad is None else p.grad.add_(mean)
-        return losses.mean(), as_batch_grads(grads)
+        return losses.mean(), rows
+
+    def _output_layout(self, key: tuple, x: Inputs) -> OutputLayout:
+        """Where the model's output has the batch, probed once per kind of batch."""
+        if self._layout_key != key:
+            with kept_state(self.model), torch.no_grad():
+                two, three = (call_model(self.model, take(x, [0] * k)) for k in (2, 3))
+            try:
+                self._layout = OutputLayout.probed(two, three)
+            except ValueError as error:
+                raise UnsupportedModelError(str(error)) from None
+            self._layout_key = key
+        return self._layout
+
+
+def _batched(out: Any, layout: OutputLayout) -> Any:
+    """The batch's output from ``vmap``'s stack of the examples' own (``(B, *shape)`` leaves,
+    each with the example's batch dimension of size 1 at its place)."""
+    return layout.apply(out, lambda t, d: t.squeeze(d + 1).movedim(0, d))

@@ -1,9 +1,9 @@
 """Per-sample gradients from one backward pass, with per-layer hooks.
 
-Forward hooks keep every trainable layer's inputs and outputs; one backward pass computes only
-the gradients at those outputs (``torch.autograd.grad``: no parameter gradient is formed twice),
-and each layer's per-sample and mean gradients come from its inputs and output gradients, the
-mean written to ``param.grad`` for the optimizer:
+Forward hooks keep every trainable layer's inputs and outputs; one backward pass
+(``torch.autograd.grad`` of the loss at the trainable parameters) gives ``param.grad`` exactly as
+``loss.backward()`` would, and tensor hooks catch the gradients at the layers' outputs. Each
+layer's per-sample gradients come from its inputs and output gradients:
 
 * a layer with a rule (:mod:`grab_exp.per_sample.rules`: Linear, Conv2d, Embedding, LayerNorm)
   uses its closed form;
@@ -12,39 +12,57 @@ mean written to ``param.grad`` for the optimizer:
   ``nn.Parameter``) gets the per-layer fallback (:mod:`grab_exp.per_sample.fallback`): only that
   layer is re-run, the rest of the model keeps its rules.
 
-The first call probes where each layer's tensors carry the batch
-(:mod:`grab_exp.per_sample.layout`): rules and fallbacks then read the batch from that dimension
-(sequence-first layouts), a layer whose input has no batch dimension (a position embedding) gets
-its input expanded over the batch, a layer called several times sums its calls, and a submodule
+Each new kind of batch (its input shapes) is probed first, on copies of its first example: where
+each layer's tensors carry the batch (:mod:`grab_exp.per_sample.layout`; rules and fallbacks read
+the batch from that dimension), a layer whose input has no batch dimension (a position embedding)
+gets its input expanded over the batch, a layer called several times sums its calls, a submodule
 whose parameters its parent uses without calling it (``MultiheadAttention.out_proj``) is
-differentiated with the parent. The first call then checks the result against a per-example
-computation (:mod:`grab_exp.per_sample.verify`). Dropout modules in training mode are right as
-they are: a layer's saved input carries the masks the batch forward drew.
-
-When an output was modified in place after its layer or ``x`` requires grad, a plain
-``loss.backward()`` (tensor hooks catch the output gradients) is used instead.
+differentiated with the parent, and one whose parameters nothing uses (an unused head) is idle.
+A parameter that the loss also uses outside its layer (a weight penalty) gets that part of its
+gradient in every row. The rows are checked (:mod:`grab_exp.per_sample.check`) before
+``param.grad`` is written. Dropout modules in training mode are right as they are: a layer's
+saved input carries the masks the batch forward drew.
 
 Refused (``UnsupportedModelError``, one line naming the layer; ``method=func`` may cover them): a
-parameter shared by two modules (tied weights), a layer whose replay would draw random numbers
-(attention or RNN dropout in training mode), a layer that mixes the examples of a batch.
+parameter shared by two modules (tied weights), a parametrized layer, a layer whose replay would
+draw random numbers (attention or RNN dropout in training mode), a layer that runs for some
+examples only, and whatever the check finds.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
+from torch.nn.utils import parametrize
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from grab_exp.grads import BatchGrads, as_batch_grads
-from grab_exp.per_sample.base import LossFn, PerSampleGradients
+from grab_exp.per_sample.base import LossFn, PerSampleGradients, check_scalar
 from grab_exp.per_sample.buffer import GradBuffer
+from grab_exp.per_sample.check import (
+    CHECK_EVERY,
+    kept_state,
+    loss_gap,
+)
 from grab_exp.per_sample.fallback import FuncFallback
-from grab_exp.per_sample.layout import Call, CallLayout, expand_over_batch, shape_of
-from grab_exp.per_sample.modules import UnsupportedModelError, draws_random
+from grab_exp.per_sample.layout import (
+    Call,
+    CallLayout,
+    Inputs,
+    OutputLayout,
+    batch_size,
+    call_model,
+    expand_over_batch,
+    input_shapes,
+    shape_of,
+    take,
+)
+from grab_exp.per_sample.modules import CHECKPOINT_REFUSAL, UnsupportedModelError, draws_random
 from grab_exp.per_sample.rules import LayerRule, rule_for
 
 Grads = dict[str, torch.Tensor]
@@ -54,9 +72,16 @@ __all__ = ["FactoredPerSample", "HookedPerSample", "UnsupportedModelError", "che
 
 def check_supported(model: nn.Module) -> None:
     """Raise ``UnsupportedModelError`` naming the first parameter shared by two modules (tied
-    weights): a layer's hooks see only that layer's use of it."""
+    weights: a layer's hooks see only that layer's use of it), or the first parametrized layer
+    (``torch.nn.utils.parametrize``: its weight is computed outside its forward)."""
     owners: dict[int, str] = {}
     for name, module in model.named_modules(remove_duplicate=False):
+        if parametrize.is_parametrized(module):
+            raise UnsupportedModelError(
+                f"{_label(name, module)} is parametrized (torch.nn.utils.parametrize: "
+                "weight_norm, spectral_norm, orthogonal, ...): the hook path cannot compute its "
+                "per-sample gradients; use method=func"
+            )
         own = [p for p in module.parameters(recurse=False) if p.requires_grad]
         tied = [owners[id(p)] for p in own if owners.setdefault(id(p), name) != name]
         if tied:
@@ -68,6 +93,23 @@ def check_supported(model: nn.Module) -> None:
 
 def _label(name: str, module: nn.Module) -> str:
     return f"{name or '<root>'} ({type(module).__name__})"
+
+
+@dataclass
+class Plan:
+    """What the probe of one kind of batch found (one per :func:`~.layout.input_shapes`).
+
+    Attributes:
+        layouts: layer name -> the :class:`~grab_exp.per_sample.layout.CallLayout` of each of its
+            calls in one forward (a layer whose calls share one layout may run any number of
+            times).
+        expanded: names of the layers whose input is expanded over the batch.
+        output: where the model's output has the batch.
+    """
+
+    layouts: dict[str, list[CallLayout]]
+    expanded: set[str]
+    output: OutputLayout
 
 
 class HookedPerSample(PerSampleGradients):
@@ -83,14 +125,18 @@ class HookedPerSample(PerSampleGradients):
             gradients are that buffer, so **the next call overwrites them**: consume (or clone)
             them before calling again. ``Ordering.step`` then takes the buffer as its ``(B, d)``
             matrix without a copy, and no step allocates gradient-sized tensors.
+        check_every: see :class:`~grab_exp.per_sample.base.PerSampleGradients`.
 
     Attributes:
         rules: layer name -> its :class:`~grab_exp.per_sample.rules.LayerRule`.
         fallbacks: layer name -> its :class:`~grab_exp.per_sample.fallback.FuncFallback` (the
             layers without a rule, and those that adopted a submodule's parameters).
-        expanded: names of the layers whose input is expanded over the batch.
-        layouts: layer name -> the probed :class:`~grab_exp.per_sample.layout.CallLayout` of each
-            of its calls in one forward.
+        idle: layers that did not run in the probe and whose parameters its output does not use
+            (an unused head): their rows are zero while they do not run.
+        direct: layers with a parameter that the loss also uses outside the layer (a weight
+            penalty): each row gets that part of the gradient (the same for every example).
+        plan: the probe's :class:`Plan` for the current kind of batch (``layouts``,
+            ``expanded`` and ``output`` are its fields).
         grad_buffer: the reused buffer (its ``buffer`` ``(rows >= B, d)`` once a call made it).
     """
 
@@ -98,28 +144,44 @@ class HookedPerSample(PerSampleGradients):
     factored = False  # rules return factors where they pay (FactoredPerSample)
     module_dropout = True
 
-    def __init__(self, model: nn.Module, loss_fn: LossFn, *, reuse_buffer: bool = False) -> None:
-        super().__init__(model, loss_fn)
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: LossFn,
+        *,
+        reuse_buffer: bool = False,
+        check_every: int = CHECK_EVERY,
+    ) -> None:
+        super().__init__(model, loss_fn, check_every)
         check_supported(model)
         self.reuse_buffer = reuse_buffer and not self.factored
         self.grad_buffer = GradBuffer()
-        self._params = list(model.named_parameters())  # read once, not walked every call
         self._modules = dict(model.named_modules())
-        self._layers: dict[str, nn.Module] = {}
-        self._own: dict[str, dict[str, nn.Parameter]] = {}  # layer -> name -> its parameter
-        self.rules: dict[str, LayerRule] = {}
-        self.fallbacks: dict[str, FuncFallback] = {}
-        self.expanded: set[str] = set()
-        self.layouts: dict[str, list[CallLayout]] = {}
         self._handles: dict[str, list[Any]] = {}
         self._mode = "idle"  # record (this path's forward) | probe | idle (any other forward)
         self._batch = 0
         self._calls: dict[str, list[Call]] = {}
-        for name, m in model.named_modules():
-            if any(p.requires_grad for p in m.parameters(recurse=False)):
-                self._add_layer(name, m)
+        self._build_layers()
 
     # ------------------------------------------------------------------ layers and hooks
+
+    def _build_layers(self) -> None:
+        """Hook every layer with trainable parameters of its own (again, when the trainable set
+        changed), and forget the probes."""
+        self.remove()
+        self._layers: dict[str, nn.Module] = {}
+        self._own: dict[str, dict[str, nn.Parameter]] = {}  # layer -> name -> its parameter
+        self.rules: dict[str, LayerRule] = {}
+        self.fallbacks: dict[str, FuncFallback] = {}
+        self.idle: set[str] = set()
+        self.direct: set[str] = set()
+        self._plans: dict[tuple, Plan] = {}
+        self.plan: Plan | None = None
+        self._trainable = self.state.key()[0]
+        for name, m in self.model.named_modules():
+            if any(p.requires_grad for p in m.parameters(recurse=False)):
+                self._add_layer(name, m)
+        self.checker.forget()
 
     def _add_layer(self, name: str, layer: nn.Module, adopted: tuple[str, ...] = ()) -> None:
         rule = None if adopted else rule_for(layer)
@@ -143,6 +205,16 @@ class HookedPerSample(PerSampleGradients):
                 handle.remove()
         self._handles.clear()
 
+    @property
+    def layouts(self) -> dict[str, list[CallLayout]]:
+        """The current plan's layouts (``{}`` before the first call)."""
+        return {} if self.plan is None else self.plan.layouts
+
+    @property
+    def expanded(self) -> set[str]:
+        """The current plan's expanded layers."""
+        return set() if self.plan is None else self.plan.expanded
+
     def state_bytes(self) -> int:
         buffer = self.grad_buffer.buffer
         return 0 if buffer is None else buffer.numel() * buffer.element_size()
@@ -163,77 +235,122 @@ class HookedPerSample(PerSampleGradients):
 
     def _pre_hook(self, name: str):
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> Any:
-            if name in self.expanded and self._mode != "idle":
+            if name in self._expanding and self._mode != "idle":
                 return expand_over_batch(args, self._batch), kwargs
             return None
 
         return hook
 
     def _forward_hook(self, name: str):
-        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
             if self._mode == "idle":
-                return
+                return None
             leaves, spec = tree_flatten((list(args), kwargs))
-            outputs = tree_flatten(output)[0]
+            outputs, output_spec = tree_flatten(output)
+            sources = [t.grad_fn for t in leaves if isinstance(t, torch.Tensor) and t.grad_fn]
             leaves = [t.detach() if isinstance(t, torch.Tensor) else t for t in leaves]
-            versions = [t._version if isinstance(t, torch.Tensor) else 0 for t in outputs]
-            call = Call(leaves, spec, outputs, versions, [None] * len(outputs))
+            graded = [isinstance(t, torch.Tensor) and t.requires_grad for t in outputs]
+            # an output may be computed from another one inside the layer (h, then z = f(h)):
+            # views of them take only the gradients from outside, so no path counts twice
+            alias = self._mode == "record" and name in self.fallbacks and sum(graded) > 1
+            if alias:
+                outputs = [t.view_as(t) if g else t for t, g in zip(outputs, graded, strict=True)]
+            call = Call(leaves, spec, outputs, [None] * len(outputs), sources)
             self._calls.setdefault(name, []).append(call)
-            if self._mode == "record":  # registered now, they see the output's gradient even
-                for k, t in enumerate(outputs):  # if it is changed in place later
-                    if isinstance(t, torch.Tensor) and t.requires_grad:
+            if self._mode == "record":
+                for k, t in enumerate(outputs):
+                    if graded[k]:
                         t.register_hook(_setter(call.grads, k))
+            return tree_unflatten(outputs, output_spec) if alias else None
 
         return hook
 
+    @property
+    def _expanding(self) -> set[str]:
+        return self._probe_expanded if self._mode == "probe" else self.expanded
+
     # ------------------------------------------------------------------ the probe
 
-    def _prepare(self, x: torch.Tensor) -> None:
+    def _use_plan(self, x: Inputs) -> tuple:
+        """Select (probing it if new) the plan of ``x``'s kind of batch; return its key."""
+        key = input_shapes(x)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._prepare(x)
+        self.plan = plan
+        return key
+
+    def _prepare(self, x: Inputs) -> Plan:
         """Probe the layouts on copies of ``x``'s first example; settle adoptions and expansions.
 
         Each round probes the model; a layer that did not run gives its parameters to its parent
-        module, a layer whose input has no batch dimension gets it expanded, and the model is
-        probed again, until nothing changes.
+        module (or, if the output does not use them, becomes idle), a layer whose input has no
+        batch dimension gets it expanded, and the model is probed again, until nothing changes.
         """
-        self.expanded.clear()
+        self._probe_expanded: set[str] = set()
         for _ in range(2 * len(self._modules) + 1):
-            two, three = self._probes(x)
-            silent = [name for name in self._layers if name not in two]
+            two, three, outputs, used = self._probes(x)
+            silent = [n for n in self._layers if n not in two and n not in self.idle]
             if silent:
-                self._adopt(silent[0])
+                self.idle.update(n for n in silent if n not in used)
+                adopted = [n for n in silent if n in used]
+                if adopted:
+                    self._adopt(adopted[0])
                 continue
-            layouts = {name: self._layouts(name, two, three) for name in self._layers}
+            running = [n for n in self._layers if n not in self.idle]
+            layouts = {name: self._layouts(name, two, three) for name in running}
             unbatched = {n for n, calls in layouts.items() if any(not c.batched for c in calls)}
-            if unbatched <= self.expanded:
-                self.layouts = layouts
-                return
-            self.expanded |= unbatched
+            if unbatched <= self._probe_expanded:
+                try:
+                    output = OutputLayout.probed(*outputs)
+                except ValueError as error:
+                    raise UnsupportedModelError(f"{error}; use method=func") from None
+                return Plan(layouts, set(self._probe_expanded), output)
+            self._probe_expanded |= unbatched
         raise AssertionError("unreachable: every round adopts or expands one more layer")
 
-    def _probes(self, x: torch.Tensor) -> tuple[dict, dict]:
-        """:meth:`_probe` with 2 and with 3 copies of ``x``'s first example; a forward that the
-        expansion of unbatched inputs breaks is refused by the expanded layers' names."""
-        try:
-            return self._probe(x[[0, 0]]), self._probe(x[[0, 0, 0]])
-        except RuntimeError as error:
-            if not self.expanded:
-                raise
-            layers = ", ".join(_label(n, self._layers[n]) for n in sorted(self.expanded))
-            cause = str(error).strip().splitlines()[0]
-            raise UnsupportedModelError(
-                f"{layers}: its input has no batch dimension, and with that input expanded over "
-                f"the batch the model's forward fails ({cause}); use method=func"
-            ) from error
+    def _probes(self, x: Inputs) -> tuple[dict, dict, tuple, set[str]]:
+        """:meth:`_probe` with 2 and with 3 copies of ``x``'s first example (nothing of them
+        stays); also the layers that did not run but whose parameters the output uses. A forward
+        that the expansion of unbatched inputs breaks is refused by the expanded layers' names."""
+        with kept_state(self.model):
+            try:
+                (two, out2), (three, out3) = self._probe(x, 2), self._probe(x, 3)
+            except RuntimeError as error:
+                if not self._probe_expanded:
+                    raise
+                layers = ", ".join(_label(n, self._layers[n]) for n in sorted(self._probe_expanded))
+                cause = str(error).strip().splitlines()[0]
+                raise UnsupportedModelError(
+                    f"{layers}: its input has no batch dimension, and with that input expanded "
+                    f"over the batch the model's forward fails ({cause}); use method=func"
+                ) from error
+            silent = [n for n in self._layers if n not in two and n not in self.idle]
+            used = self._used(silent, out2) if silent else set()
+        return two, three, (out2, out3), used
 
-    def _probe(self, x: torch.Tensor) -> dict[str, list[tuple]]:
-        """Every hooked call's ``(input shapes, output shapes)`` in one forward of ``x``."""
-        self._calls, self._batch = {}, len(x)
+    def _probe(self, x: Inputs, copies: int) -> tuple[dict[str, list[tuple]], Any]:
+        """Every hooked call's ``(input shapes, output shapes)`` in one forward of ``copies``
+        copies of the first example, and the model's output."""
+        self._calls, self._batch = {}, copies
         with self._in_mode("probe"), torch.enable_grad():  # as in training (no inference paths)
-            self.model(x)
+            out = call_model(self.model, take(x, [0] * copies))
         calls, self._calls = self._calls, {}
-        return {
+        shapes = {
             n: [(shape_of(c.leaves), shape_of(c.outputs)) for c in cs] for n, cs in calls.items()
         }
+        return shapes, out
+
+    def _used(self, silent: list[str], out: Any) -> set[str]:
+        """The layers among ``silent`` whose parameters ``out`` depends on."""
+        leaves = tree_flatten(out)[0]
+        leaves = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+        params = [(n, p) for n in silent for p in self._own[n].values()]
+        if not leaves or not params:
+            return set()
+        total = sum(t.float().sum() for t in leaves)
+        grads = torch.autograd.grad(total, [p for _, p in params], allow_unused=True)
+        return {n for (n, _), g in zip(params, grads, strict=True) if g is not None}
 
     def _layouts(self, name: str, two: dict, three: dict) -> list[CallLayout]:
         layer = self._layers[name]
@@ -271,47 +388,96 @@ class HookedPerSample(PerSampleGradients):
 
     # ------------------------------------------------------------------ a call
 
-    def _compute(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
-        """Forward and backward on ``x (B, ...)``, ``y (B,)``."""
-        if not self.layouts:
-            self._prepare(x)
-        batch = x.shape[0]
+    def _compute(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
+        """Forward and backward on ``x (B, ...)``, ``y (B,)``; the check when it is due;
+        ``param.grad`` last."""
+        batch = batch_size(x)
+        modes = self.state.key()
+        if self._trainable != modes[0]:
+            self._build_layers()  # a layer was frozen or unfrozen since
+        shapes = self._use_plan(x)
         self._calls, self._batch = {}, batch
         with self._in_mode("record"):
-            logits = self.model(x)
-        loss = self.loss_fn(logits, y)
+            out = call_model(self.model, x)
+        loss = self.loss_fn(out, y)
+        check_scalar(loss)
         calls, self._calls = self._calls, {}
         self._check_calls(calls)
-        targeted = self._backward(loss, x, calls)
-        trainable = [n for n, p in self._params if p.requires_grad]
+        counts = tuple(len(calls.get(n, ())) for n in self._layers)
+        key = (shapes, modes, counts)
+        due = self.checker.due(key, batch)
+        if due:
+            self._find_direct(loss, calls)
+        totals, input_grads = self._backward(loss, x, retain=due)
+        grads = self._rows(calls, batch, totals)
+        if due:
+            self.full_check(x, y, grads, out, self.plan.output, identity=True)
+            self.checker.passed(key, batch)
+        k = self.checker.split(batch)
+        if k is not None:
+            gap = loss_gap(self.loss_fn, out, y, loss, self.plan.output, k)
+            self.checker.settle_gap(gap, loss.dtype)
+        params = self.trainable()
+        _add_to_grad([*params.values(), *input_grads], [*totals.values(), *input_grads.values()])
+        return loss.detach(), grads
+
+    def _rows(self, calls: dict[str, list[Call]], batch: int, totals: Grads):
+        """The rows of every layer; those of :attr:`direct` layers get the part of autograd's
+        gradient that does not come through the layer (the same for every example)."""
+        trainable = [n for n, p in self.model.named_parameters() if p.requires_grad]
         views = self._buffer_views(batch, trainable, calls)
-        per_layer: Grads = {}
+        rows: Grads = {}
         for name in self._layers:
-            names = list(self._own[name])
-            out = [views.get(n) for n in names]
-            grads, means = self._layer_grads(name, calls.get(name, []), batch, out, targeted)
-            per_layer.update(zip(names, grads, strict=True))
-            if targeted:
-                _add_to_grad(self._own[name].values(), means)
-        grads = {n: per_layer[n] for n in trainable}  # named_parameters order
+            with_mean = name in self.direct
+            grads, means = self._layer_grads(name, calls.get(name, []), batch, views, with_mean)
+            for n, g, mean in zip(self._own[name], grads, means or grads, strict=True):
+                total = totals.get(n)
+                if with_mean and g is not None and total is not None:
+                    g.add_(total - mean)  # (B, *shape) + (*shape)
+                rows[n] = g
+        rows = {n: rows[n] for n in trainable}  # named_parameters order
         if self.factored:
-            shapes = {n: p.shape for n, p in self._params if p.requires_grad}
-            return loss.detach(), BatchGrads.from_parts(grads, shapes)
-        return loss.detach(), as_batch_grads(grads)
+            shapes = {n: p.shape for n, p in self.model.named_parameters() if p.requires_grad}
+            return BatchGrads.from_parts(rows, shapes)
+        return as_batch_grads(rows)
+
+    def _find_direct(self, loss: torch.Tensor, calls: dict[str, list[Call]]) -> None:
+        """Add to :attr:`direct` the layers whose parameters ``loss`` reaches other than through
+        their own calls (a weight penalty, a parameter a parent module reads): a walk of the
+        autograd graph from the loss that steps over every recorded call, from its outputs to
+        its inputs. Structural: a penalty whose weight is 0 for now is found too."""
+        skip = {
+            t.grad_fn: call.sources
+            for layer_calls in calls.values()
+            for call in layer_calls
+            for t in call.outputs
+            if isinstance(t, torch.Tensor) and t.grad_fn is not None
+        }
+        reached = _reached_leaves(loss.grad_fn, skip)
+        for name in self._layers:
+            if any(id(p) in reached for p in self._own[name].values()):
+                self.direct.add(name)
 
     def _check_calls(self, calls: dict[str, list[Call]]) -> None:
-        """Refuse a layer that ran a different number of times than in the probe, and a
-        replayed layer that would draw random numbers."""
+        """Refuse a layer that ran where the probe did not see it, or a different number of times
+        with calls of different layouts, and a replayed layer that would draw random numbers."""
         for name, layer in self._layers.items():
-            if len(calls.get(name, [])) != len(self.layouts.get(name, [])):
+            ran, probed = len(calls.get(name, [])), self.layouts.get(name, [])
+            if ran and not probed:
                 raise UnsupportedModelError(
-                    f"{_label(name, layer)} ran {len(calls.get(name, []))} times in this forward "
-                    f"and {len(self.layouts.get(name, []))} in the probe of the first batch "
+                    f"{_label(name, layer)} ran on this batch but not in the probe of its first "
+                    "example: it runs for some examples only (data-dependent routing, as a "
+                    "mixture of experts' expert); use method=func"
+                )
+            if ran and ran != len(probed) and len(set(probed)) > 1:
+                raise UnsupportedModelError(
+                    f"{_label(name, layer)} ran {ran} times in this forward and {len(probed)} in "
+                    "the probe of the batch's first example, with calls of different layouts "
                     "(control flow that depends on the data); use method=func"
                 )
             fallback = self.fallbacks.get(name)  # a rule's layer replays nothing
             drawn = [n for n, m in (fallback.random if fallback else ()) if draws_random(m)]
-            if drawn:
+            if ran and drawn:
                 where = f" in {drawn[0]}" if drawn[0] else ""
                 raise UnsupportedModelError(
                     f"{_label(name, layer)} draws random numbers{where} (dropout in training "
@@ -321,15 +487,18 @@ class HookedPerSample(PerSampleGradients):
                 )
 
     def _layer_grads(
-        self, name: str, calls: list[Call], batch: int, out: list, with_mean: bool
+        self, name: str, calls: list[Call], batch: int, views: Grads, with_mean: bool
     ) -> tuple[list, list | None]:
         """One layer's per-sample grads ``[(B, *p.shape)]`` (its calls summed) and, with
         ``with_mean``, its mean grads."""
+        out = [views.get(n) for n in self._own[name]]
+        layouts = self.layouts.get(name, [])
         total: list | None = None
         means: list | None = None
-        for call, layout in zip(calls, self.layouts[name], strict=True):
+        for k, call in enumerate(calls):
             if all(g is None for g in call.grads):
                 continue  # this call's outputs did not reach the loss
+            layout = layouts[min(k, len(layouts) - 1)]
             grads, mean = self._call_grads(name, call, layout, batch, out, len(calls) > 1)
             if total is None:
                 total, means, out = grads, mean, [None] * len(out)
@@ -359,34 +528,30 @@ class HookedPerSample(PerSampleGradients):
             a = call.leaves[0].movedim(layout.inputs[0], 0)  # (B, ...)
             g = call.grads[0].movedim(layout.outputs[0], 0)  # (B, ...), of the mean loss
             g_sum = g * batch
-            factors = rule.factors(layer, a, g_sum) if self.factored and not several else None
+            factored = self.factored and not several and name not in self.direct
+            factors = rule.factors(layer, a, g_sum) if factored else None
             grads = factors or rule.per_sample(layer, a, g_sum, out)
             return grads, rule.mean(layer, a, g, grads)
         fallback = self.fallbacks[name]
         grads = fallback.per_sample(call, layout, batch, out)  # hooks idle: not recording
         return grads, fallback.mean(batch, grads)
 
-    def _backward(self, loss: torch.Tensor, x: torch.Tensor, calls: dict[str, list[Call]]) -> bool:
-        """Fill every call's ``grads``; True if only they were computed (no ``param.grad``)."""
-        targets = [
-            (call, k)
-            for layer_calls in calls.values()
-            for call in layer_calls
-            for k, t in enumerate(call.outputs)
-            if isinstance(t, torch.Tensor) and t.requires_grad
-        ]
-        changed = any(call.outputs[k]._version != call.versions[k] for call, k in targets)
-        if x.requires_grad or changed:
-            loss.backward()  # the forward hooks' tensor hooks catch the output gradients
-            return False
-        if not targets:  # no trainable layer reached the loss
-            return True
-        grads = torch.autograd.grad(
-            loss, [call.outputs[k] for call, k in targets], allow_unused=True
-        )
-        for (call, k), g in zip(targets, grads, strict=True):
-            call.grads[k] = g
-        return True
+    def _backward(self, loss: torch.Tensor, x: Inputs, retain: bool) -> tuple[Grads, dict]:
+        """Autograd's gradients of ``loss``: ``param.grad``'s (by trainable name) and the inputs'
+        that require one (tensor -> gradient); the tensor hooks fill every call's ``grads``."""
+        params = self.trainable()
+        inputs = [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+        if not loss.requires_grad:  # no trainable layer reached the loss
+            return dict.fromkeys(params), {}
+        try:
+            grads = torch.autograd.grad(
+                loss, [*params.values(), *inputs], allow_unused=True, retain_graph=retain
+            )
+        except RuntimeError as error:
+            raise _backward_error(error) from error
+        return dict(zip(params, grads[: len(params)], strict=True)), {
+            t: g for t, g in zip(inputs, grads[len(params) :], strict=True) if g is not None
+        }
 
     def _buffer_views(self, batch: int, trainable: list[str], calls: dict) -> Grads:
         """Name -> ``(B, *shape)`` column blocks of the reused buffer (``{}``: write fresh).
@@ -429,8 +594,33 @@ def _zeros(param: nn.Parameter, batch: int, out: torch.Tensor | None) -> torch.T
     return torch.zeros(batch, *param.shape, dtype=param.dtype, device=param.device)
 
 
-def _add_to_grad(params: Iterable[nn.Parameter], means: list[torch.Tensor | None]) -> None:
-    """Add the mean gradients of a layer's ``params`` to the trainable ones' ``.grad``."""
-    for param, mean in zip(params, means, strict=True):
-        if param.requires_grad and mean is not None:
-            param.grad = mean if param.grad is None else param.grad.add_(mean)
+def _add_to_grad(tensors: Iterable[torch.Tensor], grads: list[torch.Tensor | None]) -> None:
+    """Add autograd's gradients to the tensors' ``.grad``, as ``loss.backward()`` would."""
+    for tensor, grad in zip(tensors, grads, strict=True):
+        if grad is not None:
+            tensor.grad = grad if tensor.grad is None else tensor.grad.add_(grad)
+
+
+def _reached_leaves(root: Any, skip: dict) -> set[int]:
+    """``id``s of the leaf tensors whose gradient nodes the graph from ``root`` reaches, stepping
+    from each node in ``skip`` to the nodes it names instead of its own inputs."""
+    reached, seen, stack = set(), set(), [root]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if node in skip:
+            stack.extend(skip[node])
+        elif hasattr(node, "variable"):
+            reached.add(id(node.variable))
+        else:
+            stack.extend(n for n, _ in node.next_functions)
+    return reached
+
+
+def _backward_error(error: RuntimeError) -> Exception:
+    """A backward that torch refused, in one line where the cause is known."""
+    if "Checkpointing is not compatible" in str(error):
+        return UnsupportedModelError(CHECKPOINT_REFUSAL)
+    return error

@@ -13,10 +13,12 @@ that depends on the batch size some other way) cannot be read by a rule and is r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 __all__ = ["CallLayout", "batch_dim", "expand_over_batch", "shape_of"]
 
@@ -104,13 +106,99 @@ class Call:
         leaves: the leaves of ``(args, kwargs)``, tensors detached.
         spec: their pytree structure (``tree_unflatten(leaves, spec)`` gives ``(args, kwargs)``).
         outputs: the output's leaves (tensors as returned, for their gradients).
-        versions: each output tensor's ``_version`` when returned (an in-place change shows).
         grads: per output leaf, the gradient of the batch-mean loss at it (``None``: the leaf
             did not reach the loss, or is not a tensor).
+        sources: the autograd nodes that made the call's tensor inputs (a walk of the graph
+            steps over the call from its outputs to them).
     """
 
     leaves: list[Any]
     spec: Any
     outputs: list[Any]
-    versions: list[int]
     grads: list[torch.Tensor | None]
+    sources: list[Any] = field(default_factory=list)
+
+
+# ------------------------------------------------------------ a batch's inputs and outputs
+#: a batch's inputs: one tensor, or a tuple/list of positional or a dict of keyword tensors, each
+#: with the batch in dimension 0
+Inputs = Any
+
+
+def call_model(model: Any, x: Inputs) -> Any:
+    """``model(x)``, ``model(*x)`` for a tuple or list, ``model(**x)`` for a dict (HF style)."""
+    if isinstance(x, dict):
+        return model(**x)
+    if isinstance(x, tuple | list):
+        return model(*x)
+    return model(x)
+
+
+def batch_size(x: Inputs) -> int:
+    """``B``: dimension 0 of the inputs' first tensor.
+
+    Raises:
+        ValueError: the inputs hold no tensor with a dimension, or tensors of different ``B``.
+    """
+    sizes = {t.shape[0] for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor) and t.dim()}
+    if len(sizes) != 1:
+        raise ValueError(
+            f"per-sample inputs: got tensors with batch sizes {sorted(sizes)}; allowed: a tensor, "
+            "or a tuple or dict of tensors, all with the batch in dimension 0"
+        )
+    return sizes.pop()
+
+
+def take(x: Inputs, index: torch.Tensor | list[int]) -> Inputs:
+    """The examples ``index`` of the inputs (every tensor indexed along dimension 0)."""
+    return tree_map(lambda t: t[index] if isinstance(t, torch.Tensor) and t.dim() else t, x)
+
+
+def input_shapes(x: Inputs) -> tuple:
+    """The inputs' structure and shapes (a structure key: equal for batches of one kind)."""
+    leaves, spec = tree_flatten(x)
+    return (str(spec), shape_of(leaves), tuple(getattr(t, "dtype", None) for t in leaves))
+
+
+@dataclass(frozen=True)
+class OutputLayout:
+    """Where each tensor leaf of a model's output has the batch (``None``: not a tensor).
+
+    Attributes:
+        dims: per output leaf, its batch dimension.
+        spec: the output's pytree structure.
+    """
+
+    dims: tuple[int | None, ...]
+    spec: Any
+
+    @classmethod
+    def probed(cls, two: Any, three: Any) -> OutputLayout:
+        """From the model's outputs for two and for three examples.
+
+        Raises:
+            ValueError: a tensor leaf without a batch dimension of its own (a value of the whole
+                batch, such as a mixture of experts' balancing loss).
+        """
+        leaves, spec = tree_flatten(two)
+        shapes = zip(shape_of(leaves), shape_of(tree_flatten(three)[0]), strict=True)
+        dims = []
+        for k, (a, b) in enumerate(shapes):
+            dim = batch_dim(a, b)
+            if a is not None and dim is None:
+                raise ValueError(
+                    f"the model's output {k} (shape {tuple(a)}) has no batch dimension: it is a "
+                    "value of the whole batch, not of each example"
+                )
+            dims.append(dim)
+        return cls(tuple(dims), spec)
+
+    def apply(self, out: Any, fn: Callable[[torch.Tensor, int], torch.Tensor]) -> Any:
+        """``out`` with ``fn(leaf, its batch dimension)`` in place of every batched leaf."""
+        leaves = tree_flatten(out)[0]
+        mapped = [t if d is None else fn(t, d) for t, d in zip(leaves, self.dims, strict=True)]
+        return tree_unflatten(mapped, self.spec)
+
+    def narrow(self, out: Any, start: int, length: int) -> Any:
+        """The output of examples ``start .. start + length`` (each leaf along its dimension)."""
+        return self.apply(out, lambda t, d: t.narrow(d, start, length))

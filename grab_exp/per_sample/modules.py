@@ -1,5 +1,6 @@
 """What modules do to per-sample gradients: BatchNorm mixes the examples, dropout draws random
-numbers; and the error every path raises for a layer it cannot get right."""
+numbers, an Embedding that scales by the batch's token counts mixes them; and the error every
+path raises for a layer it cannot get right."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ from torch import nn
 
 __all__ = [
     "BATCHNORM",
+    "CHECKPOINT_REFUSAL",
     "DROPOUT",
     "RANDOM_TYPES",
+    "WATCHED",
+    "LossContractError",
     "UnsupportedModelError",
     "draws_random",
     "module_problem",
@@ -18,8 +22,18 @@ __all__ = [
 BATCHNORM = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
 #: base of Dropout, Dropout1d/2d/3d, AlphaDropout and FeatureAlphaDropout
 DROPOUT = (nn.modules.dropout._DropoutNd,)
+#: the module types whose mode or configuration :func:`module_problem` reads
+WATCHED = (*BATCHNORM, *DROPOUT, nn.Embedding)
 #: the module types that can draw random numbers (:func:`draws_random` says when they do)
 RANDOM_TYPES = (*DROPOUT, nn.MultiheadAttention, nn.RNNBase)
+
+
+#: reentrant activation checkpointing cannot give gradients at chosen tensors, nor run under vmap
+CHECKPOINT_REFUSAL = (
+    "torch.utils.checkpoint with use_reentrant=True supports only loss.backward(), not the "
+    "gradients at chosen tensors or the vmap that per-sample gradients need; use "
+    "use_reentrant=False"
+)
 
 
 class UnsupportedModelError(ValueError):
@@ -27,11 +41,21 @@ class UnsupportedModelError(ValueError):
     names it and the cause, on one line."""
 
 
+class LossContractError(UnsupportedModelError):
+    """A loss that is not the batch mean of per-example losses: no method can use it."""
+
+
 def module_problem(
     name: str, module: nn.Module, randomness: str | None, module_dropout: bool = False
 ) -> str | None:
     """Why ``module`` in its current mode breaks per-sample gradients; ``None`` if it doesn't."""
     label = f"{name or '<root>'} ({type(module).__name__})"
+    if isinstance(module, nn.Embedding) and module.scale_grad_by_freq:
+        return (
+            f"{label} with scale_grad_by_freq=True: its gradient divides by each token's count "
+            "in the whole batch, so the batch's gradient is not the mean of per-example ones; "
+            "set scale_grad_by_freq=False"
+        )
     if isinstance(module, BATCHNORM) and (module.training or module.running_mean is None):
         mode = "in training mode" if module.training else "without running statistics"
         return (

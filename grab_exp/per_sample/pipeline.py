@@ -11,6 +11,7 @@ from torch import nn
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.auto import AutoPerSample
 from grab_exp.per_sample.base import LossFn, PerSampleGradients
+from grab_exp.per_sample.check import CHECK_EVERY
 from grab_exp.per_sample.compiled import check_compile_method, compiled_loss
 from grab_exp.per_sample.func import FuncPerSample
 from grab_exp.per_sample.hooks import FactoredPerSample, HookedPerSample, check_supported
@@ -73,8 +74,10 @@ class PerSamplePipeline:
         compile_mode: str | None = None,
         reuse_buffer: bool = True,
         factors: bool = True,
+        check_every: int = CHECK_EVERY,
     ) -> None:
         options = {"compile_mode": compile_mode, "chunk_size": chunk_size, "factors": factors}
+        options["check_every"] = check_every
         self.per_sample = make_per_sample(
             model, loss_fn, method, reuse_buffer=reuse_buffer, **options
         )
@@ -134,6 +137,7 @@ def make_per_sample(
     chunk_size: int | None = None,
     randomness: str | None = None,
     reuse_buffer: bool = False,
+    check_every: int = CHECK_EVERY,
 ) -> PerSampleGradients:
     """Per-sample gradients of ``model`` by ``method`` name (like opacus's ``wrap_model``).
 
@@ -148,20 +152,25 @@ def make_per_sample(
             model with active dropout when none is given (the hook path needs none: it takes the
             masks of the batch forward).
         reuse_buffer: ``hooks``'s (:class:`~grab_exp.per_sample.hooks.HookedPerSample`).
+        check_every: the check's schedule (:class:`~grab_exp.per_sample.check.Check`): calls 1,
+            2, 4, ... up to it, then every ``check_every``-th, and every new kind of batch;
+            ``0``: no check.
     """
     requested, method = method, resolve_method(model, method, compile_mode, factors)
     if requested == "auto" and randomness is None and random_modules(model):
         randomness = "different"  # for func only: the hook path takes the batch's masks
 
     def make_func() -> PerSampleGradients:
-        options = {"chunk_size": chunk_size, "randomness": randomness}
+        options = {"chunk_size": chunk_size, "randomness": randomness, "check_every": check_every}
         return FuncPerSample(model, loss_fn, compile_mode=compile_mode, **options)
 
     if method == "func":
         return make_func()
     if randomness is not None and requested != "auto":
         raise ValueError(f"randomness={randomness!r} needs method=func or auto; got {method!r}")
-    hooked = PER_SAMPLE_CLASSES[method](model, loss_fn, reuse_buffer=reuse_buffer)
+    hooked = PER_SAMPLE_CLASSES[method](
+        model, loss_fn, reuse_buffer=reuse_buffer, check_every=check_every
+    )
     return AutoPerSample(hooked, make_func) if requested == "auto" else hooked
 
 

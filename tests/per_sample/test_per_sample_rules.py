@@ -8,7 +8,12 @@ from support.layer_harness import LayerCase, build, check_layer, make_input, per
 from torch import nn
 from torch.nn import functional as F
 
-from grab_exp.per_sample import HookedPerSample, PerSamplePipeline, UnsupportedModelError
+from grab_exp.per_sample import (
+    HookedPerSample,
+    PerSamplePipeline,
+    UnsupportedModelError,
+    make_per_sample,
+)
 from grab_exp.per_sample.fallback import FuncFallback
 from grab_exp.per_sample.rules import RULES, LayerRule, rule_for
 from grab_exp.per_sample.rules.conv2d import grouped_weight_grads, unfold_weight_grads
@@ -115,12 +120,6 @@ FALLBACK_CASES = {
         lambda: _conv(nn.Conv2d(2, 3, 2, padding="same")), (2, 5, 5), {"0"}
     ),
     "batchnorm_eval": LayerCase(_eval_batchnorm, (2, 5, 5), {"1"}),
-    "embedding_scaled_by_frequency": LayerCase(
-        lambda: SeqHead(nn.Embedding(10, 4, scale_grad_by_freq=True), 4),
-        (5,),
-        {"body"},
-        integer_input=True,
-    ),
     "root_parameter": LayerCase(RootScale, (6,), {""}),
 }
 
@@ -213,6 +212,13 @@ def test_frozen_parameters_of_a_fallback_layer_are_skipped():
     assert model[1].weight.grad is None and model[1].bias.grad is not None
 
 
+@pytest.mark.parametrize("method", ["auto", "hooks", "func"])
+def test_an_embedding_scaled_by_the_batchs_token_counts_is_refused(method):
+    model = SeqHead(nn.Embedding(10, 4, scale_grad_by_freq=True), 4)
+    with pytest.raises(ValueError, match=r"^body \(Embedding\) with scale_grad_by_freq=True"):
+        make_per_sample(model, F.cross_entropy, method)
+
+
 def test_rule_for_follows_subclasses_and_refuses_unsupported_configs():
     assert isinstance(rule_for(nn.LazyLinear(3)), LinearRule)
     assert rule_for(nn.Conv2d(2, 4, 3, groups=2)) is None
@@ -222,7 +228,7 @@ def test_rule_for_follows_subclasses_and_refuses_unsupported_configs():
 
 
 def test_auto_picks_hooks_with_fallback_layers_but_not_for_a_root_parameter():
-    for name in ("groupnorm", "custom", "embedding_scaled_by_frequency", "batchnorm_eval"):
+    for name in ("groupnorm", "custom", "batchnorm_eval"):
         pipeline = PerSamplePipeline(build(FALLBACK_CASES[name]), F.cross_entropy)
         assert pipeline.method in ("hooks", "factored"), name
     assert PerSamplePipeline(RootScale(), F.cross_entropy).method == "func"
@@ -288,5 +294,5 @@ def test_a_layer_that_mixes_the_examples_is_refused_by_name():
     model = BatchCentered().double()
     x, y = torch.randn(4, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 0])
     # each example alone is centered to zero: every per-example gradient of fc is zero
-    with pytest.raises(UnsupportedModelError, match=r"^fc \(Linear\): its per-sample .* zero"):
+    with pytest.raises(UnsupportedModelError, match=r"^the model mixes the examples of a batch"):
         HookedPerSample(model, F.cross_entropy)(x, y)

@@ -6,6 +6,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
+from torch.nn.modules.lazy import LazyModuleMixin
+from torch.nn.utils import parametrize
 
 __all__ = ["RULES", "LayerRule", "Outs", "register_rule", "rule_for"]
 
@@ -62,6 +64,9 @@ class LayerRule:
         return [p.sum(dim=0).div_(g.shape[0]) for p in per_sample]
 
 
+#: the parameters a rule's layer has (a layer with others is not the one the rule knows)
+PLAIN_PARAMETERS = ("weight", "bias")
+
 #: Layer type -> its rule. Subclasses of a registered type use its rule too.
 RULES: dict[type[nn.Module], LayerRule] = {}
 
@@ -81,10 +86,20 @@ def register_rule(*layer_types: type[nn.Module]) -> Callable[[type[LayerRule]], 
 def rule_for(module: nn.Module) -> LayerRule | None:
     """The rule of ``module``'s type (or nearest registered base class); ``None`` if none applies.
 
-    ``None`` too when the rule does not support this configuration (e.g. a grouped Conv2d).
+    ``None`` too when the rule does not support this configuration (e.g. a grouped Conv2d), and
+    when the module is not the plain layer the rule knows: a subclass that overrides ``forward``
+    or adds parameters (a LoRA layer), a layer whose weight a forward pre-hook computes (the older
+    ``weight_norm``, ``prune``) or a parametrization. Such a layer gets the per-layer fallback.
     """
     for cls in type(module).__mro__:
         rule = RULES.get(cls)
         if rule is not None:
-            return rule if rule.supports(module) else None
+            own = {n for n, _ in module.named_parameters(recurse=False)}
+            plain = (
+                type(module).forward is cls.forward
+                and own <= set(PLAIN_PARAMETERS)
+                and (not module._forward_pre_hooks or isinstance(module, LazyModuleMixin))
+                and not parametrize.is_parametrized(module)
+            )
+            return rule if plain and rule.supports(module) else None
     return None

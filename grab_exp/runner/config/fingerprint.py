@@ -26,9 +26,10 @@ log = logging.getLogger("grab_exp")
 #: (``auto`` and ``cuda`` may name one device; the checkpoint records the device type its
 #: generators ran on, and a resume on another type is refused by that record), and whether the
 #: step is replayed from a CUDA graph (the same numbers as eager, a capturable Adam's rounding
-#: aside: either resumes the other)
+#: aside: either resumes the other), and how often the per-sample check runs (it refuses or
+#: leaves no trace)
 UNCHECKED = ("hydra", "logger", "progress", "overwrite", "device", "distributed.timeout_s")
-UNCHECKED += ("epochs", "trainer.cuda_graph")
+UNCHECKED += ("epochs", "trainer.cuda_graph", "pipeline.check_every")
 
 
 class ConfigDriftError(ConfigError):

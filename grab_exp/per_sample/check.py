@@ -1,0 +1,394 @@
+"""The check every path runs, on the first call and again on later batches.
+
+A path assumes things about the model and the loss that they can break without an error: that
+each example's loss depends on that example alone, that its rows belong to the examples they are
+attributed to, that the loss is the batch mean of per-example losses. One cheap identity tests
+all of them at once, in the spirit of Freivalds' check: for random weights ``c (B,)``, the rows'
+weighted sum ``sum_i c_i g_i`` must equal autograd's gradient of ``sum_i c_i loss_i``, where
+``loss_i`` is example ``i``'s loss read from the batch's own output. One extra backward and an
+``O(d)`` comparison catch rows attributed to the wrong examples, missing terms and double counting,
+without a float64 copy of anything. Beside it, on the same batch:
+
+* the loss: the batch loss must be the mean of the examples' own losses (class weights and
+  ``ignore_index`` normalize by the batch, ``reduction="sum"`` adds up);
+* mixing: two examples run alone must get the losses they got in the batch (a model that
+  normalizes over the batch, or BatchNorm in disguise, fails it).
+
+:class:`Check` decides when: on the first call, on calls 2, 4, 8, ... up to ``every``, then every
+``every``-th call, whenever the batch's structure changes (its :func:`~.layout.input_shapes`, a
+layer's call count, the trainable set, the modules' modes), and on the first batch of at least 3
+examples (smaller ones cannot show mixing). Every call, a two-half split of the loss
+(:func:`loss_gap`) catches weighting that shows up between checks. ``every=0`` turns all of it off.
+
+Nothing of it stays: buffers, the random number generators, the modules' modes and ``param.grad``
+are as before (:func:`kept_state`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import vmap
+from torch.utils._pytree import tree_unflatten
+
+from grab_exp.grads import BatchGrads
+from grab_exp.per_sample.layout import Inputs, OutputLayout, take
+from grab_exp.per_sample.modules import LossContractError
+
+__all__ = [
+    "CHECK_EVERY",
+    "Check",
+    "ModelState",
+    "example_losses",
+    "identity_problem",
+    "kept_state",
+    "loss_gap",
+    "loss_problem",
+    "mixing_problem",
+    "relative_gap",
+]
+
+#: the default schedule: calls 1, 2, 4, ..., 64, then every 64th (and every new structure)
+CHECK_EVERY = 64
+#: largest relative difference taken as rounding, per dtype (a wrong row is off by order 1)
+TOLERANCE = {torch.float64: 1e-8, torch.float32: 1e-3}
+LOOSE_TOLERANCE = 3e-2  # float16, bfloat16
+#: a parameter's difference is relative to at least this share of the largest entry of any
+FLOOR = {torch.float64: 1e-6, torch.float32: 1e-3}
+LOOSE_FLOOR = 1e-1
+#: losses: relative difference taken as rounding (sums of B float32 terms, other kernels)
+LOSS_TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4}
+#: structure keys remembered (a run with more distinct batches checks on schedule only)
+MAX_KEYS = 4096
+SEED = 0x9E3779B9
+
+
+class Check:
+    """When to check, and what the checks found so far.
+
+    Args:
+        every: the schedule's period (``0``: no check at all).
+
+    Attributes:
+        calls: calls so far.
+        checks: checks run so far.
+        pending: whether no batch of at least 3 examples has been checked yet.
+    """
+
+    def __init__(self, every: int = CHECK_EVERY) -> None:
+        self.every, self.calls, self.checks = every, 0, 0
+        self.pending = True
+        self._seen: set = set()
+        self._gap: torch.Tensor | None = None  # CUDA: the loss split's largest gap, read later
+
+    @property
+    def on(self) -> bool:
+        """Whether any check runs."""
+        return self.every > 0
+
+    def due(self, key: Any, batch: int) -> bool:
+        """Count a call; whether its batch is checked in full."""
+        if not self.on:
+            return False
+        self.calls += 1
+        n = self.calls
+        scheduled = n % self.every == 0 or (n & (n - 1) == 0 and n < self.every)
+        return scheduled or key not in self._seen or (self.pending and batch >= 3)
+
+    def passed(self, key: Any, batch: int) -> None:
+        """Record a checked batch that passed."""
+        self.checks += 1
+        if len(self._seen) < MAX_KEYS:
+            self._seen.add(key)
+        self.pending = self.pending and batch < 3
+
+    def forget(self) -> None:
+        """Check the next call in full (the path's structure changed)."""
+        self._seen.clear()
+
+    def weights(self, batch: int, like: torch.Tensor) -> torch.Tensor:
+        """The check's random weights ``c (B,)`` in ``[0.5, 1.5)``, from a generator of its own
+        (the global ones are not touched): positive, so that nothing cancels, and distinct, so
+        that rows swapped between examples show."""
+        generator = torch.Generator().manual_seed(SEED + self.checks)
+        c = torch.rand(batch, generator=generator, dtype=torch.float64) + 0.5
+        return c.to(device=like.device, dtype=like.dtype)
+
+    def split(self, batch: int) -> int | None:
+        """Where this call's loss is split in two (:func:`loss_gap`): a point that moves from
+        call to call, so that a weighting that balances between the two parts of one split
+        shows in the next; ``None`` for ``B < 2`` or with the check off."""
+        return None if batch < 2 or not self.on else 1 + self.calls % (batch - 1)
+
+    def pair(self, batch: int) -> list[int]:
+        """Two distinct examples for the mixing check."""
+        generator = torch.Generator().manual_seed(SEED + 1 + self.checks)
+        return torch.randperm(batch, generator=generator)[:2].tolist()
+
+    def settle_gap(self, gap: float | torch.Tensor | None, dtype: torch.dtype) -> None:
+        """Refuse a loss whose two halves do not add up to it (:func:`loss_gap`): at once on the
+        CPU; on CUDA (no host read inside a step) at the next full check."""
+        if isinstance(gap, torch.Tensor):  # CUDA
+            self._gap = gap if self._gap is None else torch.maximum(self._gap, gap)
+            return
+        if self._gap is not None:
+            gap, self._gap = max(gap or 0.0, self._gap.item()), None
+        if gap is not None and gap > _tolerance(LOSS_TOLERANCE, dtype):
+            raise LossContractError(
+                f"loss_fn of this batch is not the mean of its two halves' losses (relative gap "
+                f"{gap:.2g}): {CONTRACT}"
+            )
+
+
+#: the loss contract, in the words every loss refusal ends with
+CONTRACT = (
+    "per-sample gradients need loss_fn(out, y) to be the batch MEAN of per-example losses "
+    "(reduction='mean', no class weight= and no ignore_index padding; weight each example "
+    "yourself, e.g. (w[y] * F.cross_entropy(out, y, reduction='none')).mean()); see "
+    "docs/which-models-work.md"
+)
+
+
+# ------------------------------------------------------------------------------ the loss
+
+
+def example_losses(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout) -> torch.Tensor:
+    """Each example's own loss ``(B,)``, ``loss_fn`` of its slice of the batch's output (kept in
+    the output's graph): ``vmap`` where the loss allows it, else one example at a time."""
+
+    def one(out_i, y_i):
+        return loss_fn(layout.apply(out_i, lambda t, d: t.unsqueeze(d)), y_i.unsqueeze(0))
+
+    try:
+        dims = tree_unflatten(list(layout.dims), layout.spec)
+        return vmap(one, in_dims=(dims, 0))(out, y)
+    except (RuntimeError, ValueError, TypeError, NotImplementedError):
+        batch = len(y)
+        return torch.stack([loss_fn(layout.narrow(out, i, 1), y[i : i + 1]) for i in range(batch)])
+
+
+def loss_gap(loss_fn, out: Any, y: torch.Tensor, loss: torch.Tensor, layout: OutputLayout, k: int):
+    """The relative gap between ``B * loss`` and the sum of ``k * loss`` of the first ``k``
+    examples and ``(B - k) * loss`` of the rest: zero (up to rounding) for a mean of per-example
+    losses. A float on the CPU, a ``()`` tensor on CUDA (no host read)."""
+    batch = len(y)
+    with torch.no_grad():
+        first = loss_fn(layout.narrow(out, 0, k), y[:k])
+        second = loss_fn(layout.narrow(out, k, batch - k), y[k:])
+    if loss.device.type == "cuda":
+        whole = loss.detach() * batch
+        return (first * k + second * (batch - k) - whole).abs() / whole.abs().clamp_min(1e-30)
+    whole = loss.item() * batch
+    return abs(first.item() * k + second.item() * (batch - k) - whole) / max(abs(whole), 1e-30)
+
+
+def relative_gap(got: torch.Tensor, want: torch.Tensor):
+    """``|got - want| / |want|`` of two ``()`` tensors: a float on the CPU, a tensor on CUDA."""
+    if want.device.type == "cuda":
+        return (got - want).abs() / want.abs().clamp_min(1e-30)
+    got, want = got.item(), want.item()
+    return abs(got - want) / max(abs(want), 1e-30)
+
+
+def loss_problem(loss: torch.Tensor, losses: torch.Tensor) -> str | None:
+    """Why ``loss ()`` is not the mean of the examples' own ``losses (B,)``; ``None`` if it is."""
+    if loss.dim() != 0:
+        return f"loss_fn returned shape {tuple(loss.shape)}, not a scalar: {CONTRACT}"
+    if len(losses) < 2:
+        return None
+    mean, total = losses.mean().detach(), losses.sum().detach()
+    tolerance = _tolerance(LOSS_TOLERANCE, losses.dtype)
+    if _close(loss, mean, tolerance):
+        return None
+    if not torch.isfinite(losses).all():
+        found = "some examples' own losses are not finite (an example that is all padding?)"
+    elif _close(loss, total, tolerance):
+        found = "it is their SUM"
+    else:
+        found = "class weights or ignore_index normalize by the batch?"
+    return (
+        f"loss_fn gave {loss.item():.6g} for {len(losses)} examples whose own losses average "
+        f"{mean.item():.6g} ({found}): {CONTRACT}"
+    )
+
+
+# ------------------------------------------------------------------------------ the identity
+
+
+def identity_problem(
+    model: nn.Module,
+    params: dict[str, nn.Parameter],
+    grads: BatchGrads,
+    losses: torch.Tensor,
+    c: torch.Tensor,
+    method: str,
+) -> str | None:
+    """Whether ``sum_i c_i g_i`` of the rows equals autograd's gradient of ``sum_i c_i loss_i``.
+
+    Args:
+        model: the model (to name a layer).
+        params: the trainable parameters, in ``named_parameters`` order (the rows' columns).
+        grads: the rows ``(B, d)``.
+        losses: each example's own loss ``(B,)``, in the graph of the batch's forward.
+        c: the weights ``(B,)``.
+        method: the path's method (for the advice).
+
+    Returns:
+        The problem, naming the layer whose rows differ most; ``None`` if none differs.
+    """
+    want = torch.autograd.grad(losses.mul(c).sum(), list(params.values()), allow_unused=True)
+    want = [
+        torch.zeros_like(p) if w is None else w for p, w in zip(params.values(), want, strict=True)
+    ]
+    scale = max((w.abs().max() for w in want), default=torch.tensor(0.0))
+    worst, worst_name = 0.0, None
+    names = iter(zip(params, want, strict=True))
+    for block in grads.blocks:
+        got = c.new_zeros(block.width)  # (w,): one block's weighted sum at a time
+        block.accumulate(got, c)
+        start = 0
+        while start < block.width:
+            name, w = next(names)
+            part = got[start : start + w.numel()].view_as(w)
+            start += w.numel()
+            difference = _relative(part, w, scale)
+            if difference > worst:
+                worst, worst_name = difference, name
+    if worst_name is None or worst <= _tolerance(TOLERANCE, want[0].dtype):
+        return None
+    layer = worst_name.rpartition(".")[0]
+    label = f"{layer or '<root>'} ({type(model.get_submodule(layer)).__name__})"
+    advice = "use method=func" if method != "func" else "no method supports this model"
+    return (
+        f"{label}: the rows of {worst_name} do not add up to autograd's gradient of the examples' "
+        f"own losses (relative difference {worst:.2g}): rows attributed to the wrong examples "
+        f"(a model that reorders its batch), a term missing or counted twice; {advice}"
+    )
+
+
+def _relative(got: torch.Tensor, want: torch.Tensor, scale: torch.Tensor) -> float:
+    floor = FLOOR.get(want.dtype, LOOSE_FLOOR) * scale
+    size = torch.maximum(want.abs().max(), floor).clamp_min(torch.finfo(want.dtype).tiny)
+    return ((got.to(want.dtype) - want).abs().max() / size).item()
+
+
+# ------------------------------------------------------------------------------ mixing
+
+Forward = Callable[[Inputs], Any]
+
+
+def mixing_problem(
+    forward: Forward,
+    loss_fn,
+    x: Inputs,
+    y: torch.Tensor,
+    losses: torch.Tensor,
+    layout: OutputLayout,
+    pair: list[int],
+    model: nn.Module,
+) -> str | None:
+    """Whether two examples run alone get the losses they got in the batch.
+
+    ``losses (B,)`` are the examples' own losses in the batch's forward (training mode, with its
+    random draws). A difference can be randomness (dropout) as well as mixing, so it is looked at
+    again with the model in eval mode: a difference that stays is mixing; one that goes is
+    randomness if the model draws differently on two runs, else mixing in training mode.
+
+    Returns:
+        The problem; ``None`` if the examples do not mix.
+    """
+    index = torch.tensor(pair, device=y.device)
+    tolerance = _tolerance(LOSS_TOLERANCE, losses.dtype)
+
+    def alone(seed: int) -> torch.Tensor:
+        with torch.random.fork_rng(devices=_cuda_devices(model)), torch.no_grad():
+            torch.manual_seed(seed)
+            return example_losses(loss_fn, forward(take(x, index)), y[index], layout)
+
+    first = alone(SEED)
+    if _all_close(first, losses.detach()[index], tolerance):
+        return None
+    with _eval(model), torch.no_grad():
+        batch = example_losses(loss_fn, forward(x), y, layout)
+        mixed = not _all_close(alone(SEED), batch[index], tolerance)
+    if not mixed and _all_close(alone(SEED + 1), first, tolerance):
+        mixed = True  # no randomness explains the difference: it mixes in training mode
+    if not mixed:
+        return None
+    return (
+        f"the model mixes the examples of a batch: examples {pair} run alone get losses "
+        f"{first.tolist()} and {losses.detach()[index].tolist()} in the batch (batch statistics, "
+        "a normalization over the batch?); per-sample gradients are undefined for it"
+    )
+
+
+# ------------------------------------------------------------------------------ no trace
+
+
+@contextlib.contextmanager
+def kept_state(model: nn.Module) -> Iterator[None]:
+    """Inside the block the model may run: its buffers, modes, ``param.grad`` and the random
+    number generators are put back afterwards."""
+    buffers = [(b, b._version, b.detach().clone()) for b in model.buffers()]
+    modes = [(m, m.training) for m in model.modules()]
+    grads = [(p, p.grad) for p in model.parameters()]
+    with torch.random.fork_rng(devices=_cuda_devices(model)):
+        try:
+            yield
+        finally:
+            with torch.no_grad():  # only the changed ones: a write would break the graphs
+                for b, version, saved in buffers:  # that saved them
+                    if b._version != version:
+                        b.copy_(saved)
+            for m, training in modes:
+                m.training = training
+            for p, g in grads:
+                p.grad = g
+
+
+@contextlib.contextmanager
+def _eval(model: nn.Module) -> Iterator[None]:
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+class ModelState:
+    """The model's modules and parameters, listed once: :meth:`key` reads their modes and the
+    trainable set on every call without walking the module tree."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.modules = list(model.modules())
+        self.params = list(model.parameters())
+
+    def key(self) -> tuple:
+        """The trainable set and the modules' modes (a structure key)."""
+        return (
+            tuple([p.requires_grad for p in self.params]),
+            tuple([m.training for m in self.modules]),
+        )
+
+
+def _cuda_devices(model: nn.Module) -> list[int]:
+    return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+
+
+def _tolerance(table: dict, dtype: torch.dtype) -> float:
+    return table.get(dtype, LOOSE_TOLERANCE)
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, tolerance: float) -> bool:
+    return bool((a - b).abs() <= tolerance * b.abs().clamp_min(1e-12) + 1e-12)
+
+
+def _all_close(a: torch.Tensor, b: torch.Tensor, tolerance: float) -> bool:
+    size = b.abs().max().clamp_min(1e-12)
+    return bool((a.to(b.dtype) - b).abs().max() <= tolerance * size + 1e-12)
