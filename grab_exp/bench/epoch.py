@@ -62,7 +62,7 @@ class Row:
 
     name: str
     step: StepParts
-    spec: tuple  # build_row's (variant, pipeline, optimizer, method)
+    spec: tuple  # build_row's (variant, pipeline, optimizer, method, unchecked)
     step_times: list[float] = field(default_factory=list)
     parts: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in STAGES})
     peak_step_bytes: int | None = None  # None until measure_memory
@@ -79,33 +79,49 @@ def row_name(variant: str, pipeline: str, optimizer: str = "sgd") -> str:
 
 
 def build_row(
-    variant: str, pipeline: str, args, device: torch.device, optimizer="sgd", method=None
+    variant: str,
+    pipeline: str,
+    args,
+    device: torch.device,
+    optimizer="sgd",
+    method=None,
+    unchecked: bool = False,
 ) -> Row:
     """One row as a training job builds it: ``balance=<variant> pipeline=<pipeline>
     optimizer=<optimizer>`` composed from ``conf/`` (LeNet, seed 0, batch ``args.batch``) and
     built by the runner's :func:`~grab_exp.runner.training.build.build_parts` for an epoch of
     50,000 examples.
 
-    ``method``: the per-sample method of a comparison row (named ``<row>@<method>``).
+    ``method``: the per-sample method of a comparison row (named ``<row>@<method>``);
+    ``unchecked``: a comparison row without the per-sample check (``pipeline.check_every=0``,
+    named ``<row>@unchecked``).
     """
     overrides = [f"balance={variant}", f"pipeline={pipeline}", f"optimizer={optimizer}"]
     overrides += ["model=lenet", "seed=0", f"batch_size={args.batch}"]
     if pipeline != "classic":
         overrides.append(f"pipeline.method={method or args.method}")
+    if unchecked:
+        overrides.append("pipeline.check_every=0")
     step = build_parts(compose_config(overrides), EPOCH_EXAMPLES, Strategy(device))
-    name = row_name(variant, pipeline, optimizer) + (f"@{method}" if method else "")
-    spec = (variant, pipeline, optimizer, method)
+    suffix = "unchecked" if unchecked else method
+    name = row_name(variant, pipeline, optimizer) + (f"@{suffix}" if suffix else "")
+    spec = (variant, pipeline, optimizer, method, unchecked)
     return Row(name, step, spec, cursor=EpochCursor(step.ordering, args.batch))
 
 
 def build_rows(args, device: torch.device) -> list[Row]:
     """Table 1's rows (classic RR first: the ratios' base), the VRGD rows, Table 1's per-sample
-    rows again with ``--compare``'s method (e.g. ``mean@hooks``: materialized), then with
+    rows again with ``--compare``'s method (e.g. ``mean@hooks``: materialized), with
+    ``--unchecked`` again without the per-sample check (``mean@unchecked``: the check's cost
+    is the ratio of ``mean`` to it), then with
     ``--captured`` (``auto``: on CUDA) Table 1's rows captured (``mean:graph``)."""
     rows = [build_row(v, p, args, device) for v, p in ROWS]
     rows += [build_row(v, p, args, device, optimizer=o) for v, p, o in GSNR_ROWS]
     compared = [(v, p) for v, p in ROWS if p == "functional"] if args.compare else []
     rows += [build_row(v, p, args, device, method=args.compare) for v, p in compared]
+    if args.unchecked:
+        per_sample = [(v, p) for v, p in ROWS if p == "functional"]
+        rows += [build_row(v, p, args, device, unchecked=True) for v, p in per_sample]
     captured = args.captured == "yes" or (args.captured == "auto" and device.type == "cuda")
     for variant, pipeline in ROWS if captured else ():
         row = build_row(variant, pipeline, args, device)
@@ -193,8 +209,8 @@ def captured_operators(row: Row, args, x: torch.Tensor, y: torch.Tensor) -> dict
     input copies and the one graph launch of a replay (:class:`CapturedStep`), and ``kernels``,
     the non-view operators inside the graph: one step of a twin of the row (its own model and
     ordering) traced after an eager warm-up step (:class:`TracedStep`, CUDA's sign loop)."""
-    variant, pipeline, optimizer, method = row.spec
-    twin = build_row(variant, pipeline, args, x.device, optimizer=optimizer, method=method)
+    variant, pipeline, optimizer, method, unchecked = row.spec
+    twin = build_row(variant, pipeline, args, x.device, optimizer, method, unchecked)
     bench_step(twin, x, y)  # eager: what a step makes once
     twin.step.ordering.prepare_capture()
     indices = twin.cursor.next()  # (B,)
@@ -309,6 +325,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="steps per row profiled for where the time goes (0: none)",
     )
     parser.add_argument("--compare", default="hooks", help="method of the @ rows ('': none)")
+    parser.add_argument(
+        "--unchecked",
+        action="store_true",
+        help="time Table 1's per-sample rows without the per-sample check too (@unchecked)",
+    )
     parser.add_argument(
         "--captured",
         choices=("auto", "yes", "no"),

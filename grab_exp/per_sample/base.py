@@ -39,7 +39,6 @@ from grab_exp.per_sample.check import (
     Check,
     ModelState,
     example_losses,
-    identity_problem,
     kept_state,
     loss_problem,
     mixing_problem,
@@ -54,6 +53,8 @@ from grab_exp.per_sample.modules import (
 from grab_exp.validation import check_int_at_least
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+#: a path's identity check: ``(losses (B,), c (B,)) -> problem or None``
+Identity = Callable[[torch.Tensor, torch.Tensor], "str | None"] | None
 
 
 def check_scalar(loss: torch.Tensor) -> None:
@@ -135,21 +136,19 @@ class PerSampleGradients(ABC):
 
     def trainable(self) -> dict[str, nn.Parameter]:
         """The trainable parameters, in ``named_parameters`` order (the rows' columns)."""
-        return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        return self.state.trainable()
 
-    def full_check(
-        self, x: Inputs, y: torch.Tensor, grads: BatchGrads, out, layout, identity: bool
-    ) -> None:
+    def full_check(self, x: Inputs, y: torch.Tensor, out, layout, identity: Identity) -> None:
         """The full check of one batch (:mod:`~grab_exp.per_sample.check`); raises its problem.
 
         Args:
             x, y: the batch.
-            grads: the path's rows.
             out: the model's output for the batch, in the graph of its forward (the hook path's
                 own forward, retained; ``func`` makes one).
             layout: where ``out`` has the batch.
-            identity: whether the rows can be compared with ``out``'s graph (``False`` when
-                they were drawn under other random masks).
+            identity: ``identity(losses (B,), c (B,))``, the path's identity check (its problem
+                or ``None``); ``None`` where the rows cannot be compared with ``out``'s graph
+                (drawn under other random masks).
         """
         batch = len(y)
         losses = example_losses(self.loss_fn, out, y, layout)  # (B,), in out's graph
@@ -157,15 +156,14 @@ class PerSampleGradients(ABC):
         problem = loss_problem(loss.detach(), losses.detach())
         if problem is not None:
             raise LossContractError(problem)
-        if batch >= 3:
+        if batch >= 2:
             with kept_state(self.model), self.quiet():
                 problem = mixing_problem(
                     lambda inputs: call_model(self.model, inputs), self.loss_fn, x, y,
-                    losses, layout, self.checker.pair(batch), self.model,
+                    losses, layout, self.checker.groups(batch), self.model,
                 )  # fmt: skip
-        if problem is None and identity:
-            c = self.checker.weights(batch, losses)
-            problem = identity_problem(self.model, self.trainable(), grads, losses, c, self.method)
+        if problem is None and identity is not None:
+            problem = identity(losses, self.checker.weights(batch, losses))
         if problem is not None:
             raise UnsupportedModelError(problem)
 

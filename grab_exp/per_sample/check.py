@@ -14,11 +14,18 @@ without a float64 copy of anything. Beside it, on the same batch:
 * mixing: two examples run alone must get the losses they got in the batch (a model that
   normalizes over the batch, or BatchNorm in disguise, fails it).
 
+The hook path takes the identity at its layers' outputs where a layer has a rule: the
+gradient of ``sum_i c_i loss_i`` at a layer's output must be ``c_i`` times example ``i``'s own
+row of the step's output gradient (a ``(B, ...)`` comparison, no gradient of the layer's weights
+formed), and the rule's closed form, tested against a per-example loop, does the rest; the
+layers it replays and the parameters the loss also uses directly are compared as parameters.
+
 :class:`Check` decides when: on the first call, on calls 2, 4, 8, ... up to ``every``, then every
 ``every``-th call, whenever the batch's structure changes (its :func:`~.layout.input_shapes`, a
-layer's call count, the trainable set, the modules' modes), and on the first batch of at least 3
-examples (smaller ones cannot show mixing). Every call, a two-half split of the loss
-(:func:`loss_gap`) catches weighting that shows up between checks. ``every=0`` turns all of it off.
+layer's call count, the trainable set, the modules' modes), and on the first batch of at least 2
+examples (one cannot show mixing). Every call, a split of the loss in two parts at a point that
+moves from call to call (:func:`loss_gap`) catches weighting that shows up between checks.
+``every=0`` turns all of it off; a captured step (``trainer.cuda_graph``) replays without it.
 
 Nothing of it stays: buffers, the random number generators, the modules' modes and ``param.grad``
 are as before (:func:`kept_state`).
@@ -27,7 +34,7 @@ are as before (:func:`kept_state`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -35,9 +42,10 @@ from torch import nn
 from torch.func import vmap
 from torch.utils._pytree import tree_unflatten
 
+from grab_exp.devices import host_reads_allowed, in_graph_safe
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.layout import Inputs, OutputLayout, take
-from grab_exp.per_sample.modules import LossContractError
+from grab_exp.per_sample.modules import LossContractError, UnsupportedModelError
 
 __all__ = [
     "CHECK_EVERY",
@@ -48,6 +56,7 @@ __all__ = [
     "kept_state",
     "loss_gap",
     "loss_problem",
+    "mismatch",
     "mixing_problem",
     "relative_gap",
 ]
@@ -76,7 +85,8 @@ class Check:
     Attributes:
         calls: calls so far.
         checks: checks run so far.
-        pending: whether no batch of at least 3 examples has been checked yet.
+        pending: whether no batch of at least 2 examples has been checked yet (one example
+            cannot show mixing, nor a loss that is not a mean).
     """
 
     def __init__(self, every: int = CHECK_EVERY) -> None:
@@ -91,20 +101,21 @@ class Check:
         return self.every > 0
 
     def due(self, key: Any, batch: int) -> bool:
-        """Count a call; whether its batch is checked in full."""
-        if not self.on:
+        """Count a call; whether its batch is checked in full (never inside a captured step,
+        :func:`~grab_exp.devices.graph_safe`: its replays run no Python)."""
+        if not self.on or in_graph_safe():
             return False
         self.calls += 1
         n = self.calls
         scheduled = n % self.every == 0 or (n & (n - 1) == 0 and n < self.every)
-        return scheduled or key not in self._seen or (self.pending and batch >= 3)
+        return scheduled or key not in self._seen or (self.pending and batch >= 2)
 
     def passed(self, key: Any, batch: int) -> None:
         """Record a checked batch that passed."""
         self.checks += 1
         if len(self._seen) < MAX_KEYS:
             self._seen.add(key)
-        self.pending = self.pending and batch < 3
+        self.pending = self.pending and batch < 2
 
     def forget(self) -> None:
         """Check the next call in full (the path's structure changed)."""
@@ -122,24 +133,29 @@ class Check:
         """Where this call's loss is split in two (:func:`loss_gap`): a point that moves from
         call to call, so that a weighting that balances between the two parts of one split
         shows in the next; ``None`` for ``B < 2`` or with the check off."""
-        return None if batch < 2 or not self.on else 1 + self.calls % (batch - 1)
+        if batch < 2 or not self.on or in_graph_safe():
+            return None
+        return 1 + self.calls % (batch - 1)
 
-    def pair(self, batch: int) -> list[int]:
-        """Two distinct examples for the mixing check."""
+    def groups(self, batch: int) -> list[list[int]]:
+        """The examples the mixing check runs alone: two distinct ones together, or for a batch
+        of two each on its own."""
+        if batch == 2:
+            return [[0], [1]]
         generator = torch.Generator().manual_seed(SEED + 1 + self.checks)
-        return torch.randperm(batch, generator=generator)[:2].tolist()
+        return [torch.randperm(batch, generator=generator)[:2].tolist()]
 
     def settle_gap(self, gap: float | torch.Tensor | None, dtype: torch.dtype) -> None:
-        """Refuse a loss whose two halves do not add up to it (:func:`loss_gap`): at once on the
+        """Refuse a loss whose two parts do not add up to it (:func:`loss_gap`): at once on the
         CPU; on CUDA (no host read inside a step) at the next full check."""
-        if isinstance(gap, torch.Tensor):  # CUDA
+        if isinstance(gap, torch.Tensor):  # no host read now
             self._gap = gap if self._gap is None else torch.maximum(self._gap, gap)
             return
         if self._gap is not None:
             gap, self._gap = max(gap or 0.0, self._gap.item()), None
-        if gap is not None and gap > _tolerance(LOSS_TOLERANCE, dtype):
+        if gap is not None and not gap <= _tolerance(LOSS_TOLERANCE, dtype):  # NaN too
             raise LossContractError(
-                f"loss_fn of this batch is not the mean of its two halves' losses (relative gap "
+                f"loss_fn of this batch is not the mean of its two parts' losses (relative gap "
                 f"{gap:.2g}): {CONTRACT}"
             )
 
@@ -174,12 +190,12 @@ def example_losses(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout) -> 
 def loss_gap(loss_fn, out: Any, y: torch.Tensor, loss: torch.Tensor, layout: OutputLayout, k: int):
     """The relative gap between ``B * loss`` and the sum of ``k * loss`` of the first ``k``
     examples and ``(B - k) * loss`` of the rest: zero (up to rounding) for a mean of per-example
-    losses. A float on the CPU, a ``()`` tensor on CUDA (no host read)."""
+    losses. A float where host reads are free (the CPU), else a ``()`` tensor."""
     batch = len(y)
     with torch.no_grad():
         first = loss_fn(layout.narrow(out, 0, k), y[:k])
         second = loss_fn(layout.narrow(out, k, batch - k), y[k:])
-    if loss.device.type == "cuda":
+    if not host_reads_allowed(loss.device):
         whole = loss.detach() * batch
         return (first * k + second * (batch - k) - whole).abs() / whole.abs().clamp_min(1e-30)
     whole = loss.item() * batch
@@ -187,8 +203,9 @@ def loss_gap(loss_fn, out: Any, y: torch.Tensor, loss: torch.Tensor, layout: Out
 
 
 def relative_gap(got: torch.Tensor, want: torch.Tensor):
-    """``|got - want| / |want|`` of two ``()`` tensors: a float on the CPU, a tensor on CUDA."""
-    if want.device.type == "cuda":
+    """``|got - want| / |want|`` of two ``()`` tensors: a float where host reads are free (the
+    CPU), else a ``()`` tensor."""
+    if not host_reads_allowed(want.device):
         return (got - want).abs() / want.abs().clamp_min(1e-30)
     got, want = got.item(), want.item()
     return abs(got - want) / max(abs(want), 1e-30)
@@ -244,36 +261,67 @@ def identity_problem(
     want = [
         torch.zeros_like(p) if w is None else w for p, w in zip(params.values(), want, strict=True)
     ]
-    scale = max((w.abs().max() for w in want), default=torch.tensor(0.0))
-    worst, worst_name = 0.0, None
-    names = iter(zip(params, want, strict=True))
-    for block in grads.blocks:
-        got = c.new_zeros(block.width)  # (w,): one block's weighted sum at a time
-        block.accumulate(got, c)
-        start = 0
-        while start < block.width:
-            name, w = next(names)
-            part = got[start : start + w.numel()].view_as(w)
-            start += w.numel()
-            difference = _relative(part, w, scale)
-            if difference > worst:
-                worst, worst_name = difference, name
-    if worst_name is None or worst <= _tolerance(TOLERANCE, want[0].dtype):
+    names = zip(params, want, strict=True)
+
+    def pairs() -> Iterator[Pair]:
+        for block in grads.blocks:
+            got = c.new_zeros(block.width)  # (w,): one block's weighted sum at a time
+            block.accumulate(got, c)
+            start = 0
+            while start < block.width:
+                name, w = next(names)
+                part = got[start : start + w.numel()].view_as(w)
+                yield name.rpartition(".")[0], f"the rows of {name}", part, w
+                start += w.numel()
+
+    return mismatch(model, want, pairs(), method)
+
+
+#: one comparison of the identity: ``(layer, what is compared, got, want)``
+Pair = tuple[str, str, torch.Tensor, torch.Tensor]
+
+
+def mismatch(
+    model: nn.Module, wants: list[torch.Tensor], pairs: Iterable[Pair], method: str
+) -> str | None:
+    """The identity's verdict over :data:`Pair` s (``got`` is overwritten): each difference
+    relative to its ``want``'s largest entry, but to no less than a floor share of the largest
+    entry of all ``wants`` (a gradient that is zero up to rounding is all rounding).
+
+    Returns:
+        The problem naming the layer of the worst pair, ``None`` if every pair is within
+        rounding.
+    """
+    scale = max((_largest(w) for w in wants), default=torch.tensor(0.0))
+    worst, worst_pair, dtype = 0.0, None, None
+    for layer, subject, got, want in pairs:
+        difference = _relative(got, want, scale)
+        dtype = want.dtype
+        if difference > worst:
+            worst, worst_pair = difference, (layer, subject)
+    if worst_pair is None or worst <= _tolerance(TOLERANCE, dtype):
         return None
-    layer = worst_name.rpartition(".")[0]
+    layer, subject = worst_pair
     label = f"{layer or '<root>'} ({type(model.get_submodule(layer)).__name__})"
     advice = "use method=func" if method != "func" else "no method supports this model"
     return (
-        f"{label}: the rows of {worst_name} do not add up to autograd's gradient of the examples' "
-        f"own losses (relative difference {worst:.2g}): rows attributed to the wrong examples "
-        f"(a model that reorders its batch), a term missing or counted twice; {advice}"
+        f"{label}: {subject} do not add up to autograd's gradient of the examples' own losses "
+        f"(relative difference {worst:.2g}): rows attributed to the wrong examples (a model "
+        f"that reorders its batch), a term missing or counted twice; {advice}"
     )
 
 
 def _relative(got: torch.Tensor, want: torch.Tensor, scale: torch.Tensor) -> float:
+    """``max |got - want|`` relative to ``want``'s largest entry (or the floor); ``got`` is
+    overwritten (no temporary of its size)."""
     floor = FLOOR.get(want.dtype, LOOSE_FLOOR) * scale
-    size = torch.maximum(want.abs().max(), floor).clamp_min(torch.finfo(want.dtype).tiny)
-    return ((got.to(want.dtype) - want).abs().max() / size).item()
+    size = torch.maximum(_largest(want), floor).clamp_min(torch.finfo(want.dtype).tiny)
+    return (_largest(got.sub_(want.to(got.dtype))) / size).item()
+
+
+def _largest(t: torch.Tensor) -> torch.Tensor:
+    """``max |t|`` without a temporary of ``t``'s size."""
+    return torch.linalg.vector_norm(t, float("inf"))
 
 
 # ------------------------------------------------------------------------------ mixing
@@ -288,10 +336,11 @@ def mixing_problem(
     y: torch.Tensor,
     losses: torch.Tensor,
     layout: OutputLayout,
-    pair: list[int],
+    groups: list[list[int]],
     model: nn.Module,
 ) -> str | None:
-    """Whether two examples run alone get the losses they got in the batch.
+    """Whether examples run alone (``groups``, each a forward of its own) get the losses they
+    got in the batch.
 
     ``losses (B,)`` are the examples' own losses in the batch's forward (training mode, with its
     random draws). A difference can be randomness (dropout) as well as mixing, so it is looked at
@@ -301,47 +350,80 @@ def mixing_problem(
     Returns:
         The problem; ``None`` if the examples do not mix.
     """
-    index = torch.tensor(pair, device=y.device)
+    chosen = [i for group in groups for i in group]
     tolerance = _tolerance(LOSS_TOLERANCE, losses.dtype)
 
     def alone(seed: int) -> torch.Tensor:
+        parts = []
         with torch.random.fork_rng(devices=_cuda_devices(model)), torch.no_grad():
             torch.manual_seed(seed)
-            return example_losses(loss_fn, forward(take(x, index)), y[index], layout)
+            for group in groups:
+                index = torch.tensor(group, device=y.device)
+                try:
+                    out = forward(take(x, index))
+                except Exception as error:  # the definition of an example's gradient needs it
+                    cause = (str(error).strip().splitlines() or [""])[0]
+                    raise UnsupportedModelError(
+                        f"the model fails on {len(group)} example(s) alone ({cause}): an "
+                        "example's gradient is that of its loss computed alone"
+                    ) from error
+                parts.append(example_losses(loss_fn, out, y[index], layout))
+        return torch.cat(parts)
 
     first = alone(SEED)
-    if _all_close(first, losses.detach()[index], tolerance):
+    in_batch = losses.detach()[chosen]
+    if _all_close(first, in_batch, tolerance):
         return None
     with _eval(model), torch.no_grad():
         batch = example_losses(loss_fn, forward(x), y, layout)
-        mixed = not _all_close(alone(SEED), batch[index], tolerance)
+        mixed = not _all_close(alone(SEED), batch[chosen], tolerance)
     if not mixed and _all_close(alone(SEED + 1), first, tolerance):
         mixed = True  # no randomness explains the difference: it mixes in training mode
     if not mixed:
         return None
     return (
-        f"the model mixes the examples of a batch: examples {pair} run alone get losses "
-        f"{first.tolist()} and {losses.detach()[index].tolist()} in the batch (batch statistics, "
-        "a normalization over the batch?); per-sample gradients are undefined for it"
+        f"the model mixes the examples of a batch: examples {chosen} run alone get losses "
+        f"{_rounded(first)} and {_rounded(in_batch)} in the batch (batch statistics, a "
+        "normalization over the batch?); per-sample gradients are undefined for it"
     )
+
+
+def _rounded(t: torch.Tensor) -> list[float]:
+    return [float(f"{v:.4g}") for v in t.tolist()]
 
 
 # ------------------------------------------------------------------------------ no trace
 
 
 @contextlib.contextmanager
-def kept_state(model: nn.Module) -> Iterator[None]:
-    """Inside the block the model may run: its buffers, modes, ``param.grad`` and the random
-    number generators are put back afterwards."""
-    buffers = [(b, b._version, b.detach().clone()) for b in model.buffers()]
+def kept_state(model: nn.Module) -> Iterator[Callable[[], list[str]]]:
+    """Inside the block the model may run: its buffers (changed in place or assigned anew),
+    modes, ``param.grad`` and the random number generators are put back afterwards. Yields a
+    function that names the buffers changed so far."""
+    buffers = [
+        (m, name, b, b._version, b.detach().clone())
+        for m in model.modules()
+        for name, b in m._buffers.items()
+        if b is not None
+    ]
     modes = [(m, m.training) for m in model.modules()]
     grads = [(p, p.grad) for p in model.parameters()]
+    prefix = {id(m): f"{name}." if name else "" for name, m in model.named_modules()}
+
+    def changed() -> list[str]:
+        return [
+            prefix.get(id(m), "") + name
+            for m, name, b, version, _ in buffers
+            if m._buffers.get(name) is not b or b._version != version
+        ]
+
     with torch.random.fork_rng(devices=_cuda_devices(model)):
         try:
-            yield
+            yield changed
         finally:
             with torch.no_grad():  # only the changed ones: a write would break the graphs
-                for b, version, saved in buffers:  # that saved them
+                for m, name, b, version, saved in buffers:  # that saved them
+                    m._buffers[name] = b
                     if b._version != version:
                         b.copy_(saved)
             for m, training in modes:
@@ -362,12 +444,24 @@ def _eval(model: nn.Module) -> Iterator[None]:
 
 
 class ModelState:
-    """The model's modules and parameters, listed once: :meth:`key` reads their modes and the
-    trainable set on every call without walking the module tree."""
+    """The model's modules and parameters, listed once: :meth:`key` and :meth:`trainable` read
+    their modes and the trainable set on every call without walking the module tree (a path
+    that finds the model :meth:`stale` lists them again)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.modules = list(model.modules())
-        self.params = list(model.parameters())
+        self.named = list(model.named_parameters())
+        self.params = [p for _, p in self.named]
+
+    def stale(self, model: nn.Module) -> bool:
+        """Whether the model's modules or parameters are others than when listed."""
+        return [id(m) for m in model.modules()] != [id(m) for m in self.modules] or [
+            id(p) for p in model.parameters()
+        ] != [id(p) for p in self.params]
+
+    def trainable(self) -> dict[str, nn.Parameter]:
+        """The trainable parameters by name, in ``named_parameters`` order."""
+        return {n: p for n, p in self.named if p.requires_grad}
 
     def key(self) -> tuple:
         """The trainable set and the modules' modes (a structure key)."""

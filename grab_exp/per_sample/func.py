@@ -19,7 +19,7 @@ from torch.utils._pytree import tree_map
 
 from grab_exp.grads import BatchGrads, as_batch_grads
 from grab_exp.per_sample.base import LossFn, PerSampleGradients, check_scalar
-from grab_exp.per_sample.check import CHECK_EVERY, kept_state, relative_gap
+from grab_exp.per_sample.check import CHECK_EVERY, identity_problem, kept_state, relative_gap
 from grab_exp.per_sample.compiled import compile_step
 from grab_exp.per_sample.layout import (
     Inputs,
@@ -102,6 +102,18 @@ class _ModelAndLoss(nn.Module):
         return self.loss_fn(out, y), out
 
 
+def repeated_module(model: nn.Module) -> str | None:
+    """The names of the first module with parameters that sits at two places, as ``"a and b"``."""
+    seen: dict[int, str] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        if next(module.parameters(recurse=False), None) is None:
+            continue
+        first = seen.setdefault(id(module), name)
+        if first != name:
+            return f"{first} and {name} ({type(module).__name__})"
+    return None
+
+
 def vmap_failure(model: nn.Module, error: RuntimeError) -> str:
     """One line for a call that ``torch.func`` could not run, naming the recurrent layers
     (torch's vmap cannot batch some of them and their cells)."""
@@ -154,6 +166,13 @@ class FuncPerSample(PerSampleGradients):
         compile_mode: str | None = None,
         check_every: int = CHECK_EVERY,
     ) -> None:
+        repeated = repeated_module(model)
+        if repeated is not None:
+            raise UnsupportedModelError(
+                f"{repeated}: one module at two places of the model, whose parameters "
+                "torch.func.functional_call cannot swap (it would leave a stale weight behind); "
+                "use method=hooks (auto does)"
+            )
         if chunk_size is not None:  # None: the whole batch at once
             check_int_at_least("pipeline.chunk_size", chunk_size, 1)
         if randomness is not None and randomness not in RANDOMNESS_CHOICES:
@@ -183,23 +202,37 @@ class FuncPerSample(PerSampleGradients):
         if due:
             with kept_state(self.model), torch.enable_grad():  # the batch's own forward
                 batch_out = call_model(self.model, x)
-                self.full_check(x, y, rows, batch_out, layout, self.randomness is None)
+                identity = None if self.randomness is not None else self._identity(rows)
+                self.full_check(x, y, batch_out, layout, identity)
             self.checker.passed(key, batch)
         if self.checker.on and batch > 1:  # the batch's loss from the examples' own outputs
             loss = self.loss_fn(_batched(out, layout), y).detach()
             self.checker.settle_gap(relative_gap(loss, losses.mean()), losses.dtype)
-        for name, p in self.model.named_parameters():
+        for name, p in self.state.named:
             g = grads.get(name)
             if g is not None:
                 mean = g.mean(dim=0).to(p.dtype)  # (*param.shape)
                 p.grad = mean if p.grad is None else p.grad.add_(mean)
         return losses.mean(), rows
 
+    def _identity(self, rows: BatchGrads):
+        """The identity over all rows (:func:`~grab_exp.per_sample.check.identity_problem`)."""
+        return lambda losses, c: identity_problem(
+            self.model, self.trainable(), rows, losses, c, self.method
+        )
+
     def _output_layout(self, key: tuple, x: Inputs) -> OutputLayout:
         """Where the model's output has the batch, probed once per kind of batch."""
         if self._layout_key != key:
-            with kept_state(self.model), torch.no_grad():
+            with kept_state(self.model) as changed, torch.no_grad():
                 two, three = (call_model(self.model, take(x, [0] * k)) for k in (2, 3))
+                updated = changed()
+            if updated:
+                raise UnsupportedModelError(
+                    f"buffer {updated[0]}: the model's forward updates it (running statistics, "
+                    "a counter), and torch.func's functional call cannot carry the update out; "
+                    "use method=hooks (auto does)"
+                )
             try:
                 self._layout = OutputLayout.probed(two, three)
             except ValueError as error:

@@ -18,15 +18,15 @@ the batch from that dimension), a layer whose input has no batch dimension (a po
 gets its input expanded over the batch, a layer called several times sums its calls, a submodule
 whose parameters its parent uses without calling it (``MultiheadAttention.out_proj``) is
 differentiated with the parent, and one whose parameters nothing uses (an unused head) is idle.
-A parameter that the loss also uses outside its layer (a weight penalty) gets that part of its
-gradient in every row. The rows are checked (:mod:`grab_exp.per_sample.check`) before
+The rows are checked (:mod:`grab_exp.per_sample.check`) before
 ``param.grad`` is written. Dropout modules in training mode are right as they are: a layer's
 saved input carries the masks the batch forward drew.
 
 Refused (``UnsupportedModelError``, one line naming the layer; ``method=func`` may cover them): a
 parameter shared by two modules (tied weights), a parametrized layer, a layer whose replay would
 draw random numbers (attention or RNN dropout in training mode), a layer that runs for some
-examples only, and whatever the check finds.
+examples only, a parameter that the loss reaches other than through its layer (a weight penalty
+in the loss), and whatever the check finds.
 """
 
 from __future__ import annotations
@@ -46,8 +46,10 @@ from grab_exp.per_sample.base import LossFn, PerSampleGradients, check_scalar
 from grab_exp.per_sample.buffer import GradBuffer
 from grab_exp.per_sample.check import (
     CHECK_EVERY,
+    ModelState,
     kept_state,
     loss_gap,
+    mismatch,
 )
 from grab_exp.per_sample.fallback import FuncFallback
 from grab_exp.per_sample.layout import (
@@ -73,8 +75,9 @@ __all__ = ["FactoredPerSample", "HookedPerSample", "UnsupportedModelError", "che
 def check_supported(model: nn.Module) -> None:
     """Raise ``UnsupportedModelError`` naming the first parameter shared by two modules (tied
     weights: a layer's hooks see only that layer's use of it), or the first parametrized layer
-    (``torch.nn.utils.parametrize``: its weight is computed outside its forward)."""
-    owners: dict[int, str] = {}
+    (``torch.nn.utils.parametrize``: its weight is computed outside its forward). One module
+    at two places (called twice) is fine: its calls are summed."""
+    owners: dict[int, tuple[int, str]] = {}  # parameter -> (its module, that module's name)
     for name, module in model.named_modules(remove_duplicate=False):
         if parametrize.is_parametrized(module):
             raise UnsupportedModelError(
@@ -83,7 +86,11 @@ def check_supported(model: nn.Module) -> None:
                 "per-sample gradients; use method=func"
             )
         own = [p for p in module.parameters(recurse=False) if p.requires_grad]
-        tied = [owners[id(p)] for p in own if owners.setdefault(id(p), name) != name]
+        tied = [
+            owners[id(p)][1]
+            for p in own
+            if owners.setdefault(id(p), (id(module), name))[0] != id(module)
+        ]
         if tied:
             raise UnsupportedModelError(
                 f"{name or '<root>'} (shares a parameter with {tied[0]}): the hook path cannot "
@@ -133,8 +140,6 @@ class HookedPerSample(PerSampleGradients):
             layers without a rule, and those that adopted a submodule's parameters).
         idle: layers that did not run in the probe and whose parameters its output does not use
             (an unused head): their rows are zero while they do not run.
-        direct: layers with a parameter that the loss also uses outside the layer (a weight
-            penalty): each row gets that part of the gradient (the same for every example).
         plan: the probe's :class:`Plan` for the current kind of batch (``layouts``,
             ``expanded`` and ``output`` are its fields).
         grad_buffer: the reused buffer (its ``buffer`` ``(rows >= B, d)`` once a call made it).
@@ -174,7 +179,6 @@ class HookedPerSample(PerSampleGradients):
         self.rules: dict[str, LayerRule] = {}
         self.fallbacks: dict[str, FuncFallback] = {}
         self.idle: set[str] = set()
-        self.direct: set[str] = set()
         self._plans: dict[tuple, Plan] = {}
         self.plan: Plan | None = None
         self._trainable = self.state.key()[0]
@@ -256,6 +260,7 @@ class HookedPerSample(PerSampleGradients):
             if alias:
                 outputs = [t.view_as(t) if g else t for t, g in zip(outputs, graded, strict=True)]
             call = Call(leaves, spec, outputs, [None] * len(outputs), sources)
+            call.versions = [t._version if isinstance(t, torch.Tensor) else 0 for t in outputs]
             self._calls.setdefault(name, []).append(call)
             if self._mode == "record":
                 for k, t in enumerate(outputs):
@@ -389,8 +394,21 @@ class HookedPerSample(PerSampleGradients):
     # ------------------------------------------------------------------ a call
 
     def _compute(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
-        """Forward and backward on ``x (B, ...)``, ``y (B,)``; the check when it is due;
-        ``param.grad`` last."""
+        """Forward and backward on ``x (B, ...)``, ``y (B,)`` (with gradients on, as
+        ``torch.func.grad`` has them); the check when it is due; ``param.grad`` last."""
+        with torch.enable_grad():
+            try:
+                return self._step(x, y)
+            except (KeyError, AttributeError):
+                if not self.state.stale(self.model):
+                    raise
+        self.state = ModelState(self.model)  # a layer was replaced: hook the model anew
+        self._modules = dict(self.model.named_modules())
+        self._build_layers()
+        with torch.enable_grad():
+            return self._step(x, y)
+
+    def _step(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         batch = batch_size(x)
         modes = self.state.key()
         if self._trainable != modes[0]:
@@ -403,49 +421,46 @@ class HookedPerSample(PerSampleGradients):
         check_scalar(loss)
         calls, self._calls = self._calls, {}
         self._check_calls(calls)
-        counts = tuple(len(calls.get(n, ())) for n in self._layers)
-        key = (shapes, modes, counts)
+        key = (shapes, modes, tuple(len(calls.get(n, ())) for n in self._layers))
         due = self.checker.due(key, batch)
         if due:
-            self._find_direct(loss, calls)
-        totals, input_grads = self._backward(loss, x, retain=due)
-        grads = self._rows(calls, batch, totals)
-        if due:
-            self.full_check(x, y, grads, out, self.plan.output, identity=True)
-            self.checker.passed(key, batch)
-        k = self.checker.split(batch)
-        if k is not None:
-            gap = loss_gap(self.loss_fn, out, y, loss, self.plan.output, k)
-            self.checker.settle_gap(gap, loss.dtype)
+            self._refuse_direct_uses(loss, calls)
+        changed = any(call.changed() for layer_calls in calls.values() for call in layer_calls)
+        totals, input_grads = self._backward(loss, x, calls, retain=due, everything=changed)
+        rows, means = self._rows(calls, batch)
         params = self.trainable()
-        _add_to_grad([*params.values(), *input_grads], [*totals.values(), *input_grads.values()])
-        return loss.detach(), grads
+        written = [(totals if changed else means).get(n) for n in params]
+        with _written_first(params.values(), written):  # else after the checks
+            if due:
+                identity = self._identity(calls, rows, batch)
+                self.full_check(x, y, out, self.plan.output, identity)
+                self.checker.passed(key, batch)
+            k = self.checker.split(batch)
+            if k is not None:
+                gap = loss_gap(self.loss_fn, out, y, loss, self.plan.output, k)
+                self.checker.settle_gap(gap, loss.dtype)
+        _add_to_grad(input_grads, input_grads.values())
+        return loss.detach(), self._batch_grads(rows)
 
-    def _rows(self, calls: dict[str, list[Call]], batch: int, totals: Grads):
-        """The rows of every layer; those of :attr:`direct` layers get the part of autograd's
-        gradient that does not come through the layer (the same for every example)."""
-        trainable = [n for n, p in self.model.named_parameters() if p.requires_grad]
+    def _rows(self, calls: dict[str, list[Call]], batch: int) -> tuple[dict, Grads]:
+        """The rows of every trainable parameter (``(B, *shape)`` or factors) and its mean
+        gradient (``None`` where no call of its layer reached the loss), in ``named_parameters``
+        order."""
+        trainable = list(self.trainable())
         views = self._buffer_views(batch, trainable, calls)
-        rows: Grads = {}
+        rows: dict[str, Any] = {}
+        means: Grads = {}
         for name in self._layers:
-            with_mean = name in self.direct
-            grads, means = self._layer_grads(name, calls.get(name, []), batch, views, with_mean)
-            for n, g, mean in zip(self._own[name], grads, means or grads, strict=True):
-                total = totals.get(n)
-                if with_mean and g is not None and total is not None:
-                    g.add_(total - mean)  # (B, *shape) + (*shape)
-                rows[n] = g
-        rows = {n: rows[n] for n in trainable}  # named_parameters order
-        if self.factored:
-            shapes = {n: p.shape for n, p in self.model.named_parameters() if p.requires_grad}
-            return BatchGrads.from_parts(rows, shapes)
-        return as_batch_grads(rows)
+            grads, mean = self._layer_grads(name, calls.get(name, []), batch, views)
+            rows.update(zip(self._own[name], grads, strict=True))
+            means.update(zip(self._own[name], mean, strict=True))
+        return {n: rows[n] for n in trainable}, {n: means[n] for n in trainable}
 
-    def _find_direct(self, loss: torch.Tensor, calls: dict[str, list[Call]]) -> None:
-        """Add to :attr:`direct` the layers whose parameters ``loss`` reaches other than through
-        their own calls (a weight penalty, a parameter a parent module reads): a walk of the
-        autograd graph from the loss that steps over every recorded call, from its outputs to
-        its inputs. Structural: a penalty whose weight is 0 for now is found too."""
+    def _refuse_direct_uses(self, loss: torch.Tensor, calls: dict[str, list[Call]]) -> None:
+        """Refuse a parameter that ``loss`` reaches other than through its layer's calls (a
+        weight penalty or a center loss in the loss, a parent module that reads it): a walk of
+        the autograd graph from the loss that steps over every recorded call, from its outputs
+        to its inputs. Structural: a penalty whose weight is 0 for now is found too."""
         skip = {
             t.grad_fn: call.sources
             for layer_calls in calls.values()
@@ -454,9 +469,75 @@ class HookedPerSample(PerSampleGradients):
             if isinstance(t, torch.Tensor) and t.grad_fn is not None
         }
         reached = _reached_leaves(loss.grad_fn, skip)
-        for name in self._layers:
-            if any(id(p) in reached for p in self._own[name].values()):
-                self.direct.add(name)
+        for name, own in self._own.items():
+            used = [n for n, p in own.items() if id(p) in reached]
+            if used:
+                raise UnsupportedModelError(
+                    f"{_label(name, self._layers[name])}: the loss reaches {used[0]} other than "
+                    "through this layer's forward (a weight penalty or a center loss in loss_fn, "
+                    "a parent module that reads it): the hook path cannot split that part of its "
+                    "gradient between the examples; use method=func (auto does), or the "
+                    "optimizer's weight_decay for a plain penalty"
+                )
+
+    def _batch_grads(self, rows: dict[str, Any]) -> BatchGrads:
+        if self.factored:
+            shapes = {n: p.shape for n, p in self.trainable().items()}
+            return BatchGrads.from_parts(rows, shapes)
+        return as_batch_grads(rows)
+
+    def _identity(self, calls: dict[str, list[Call]], rows: dict[str, Any], batch: int):
+        """The identity at the rule layers' outputs and at the other layers' parameters
+        (:mod:`~grab_exp.per_sample.check`): ``(losses, c) -> problem or None``."""
+        # an output changed in place since (a ReLU(inplace=True)) is another tensor by now:
+        # such a layer is compared at its parameters, like the replayed ones
+        at_params = {
+            name
+            for name in self._layers
+            if name not in self.rules or any(c.changed() for c in calls.get(name, []))
+        }
+        outputs = [
+            (name, call.outputs[k], call.grads[k], layout.outputs[k])
+            for name in self.rules
+            if name not in at_params and name in calls
+            for call, layout in zip(
+                calls.get(name, []), self._call_layouts(name, calls), strict=True
+            )
+            for k, g in enumerate(call.grads)
+            if g is not None
+        ]
+        params = [
+            (name, n, p)
+            for name in self._layers
+            if name in at_params
+            for n, p in self._own[name].items()
+            if p.requires_grad
+        ]
+
+        def identity(losses: torch.Tensor, c: torch.Tensor) -> str | None:
+            inputs = [t for _, t, _, _ in outputs] + [p for _, _, p in params]
+            want = torch.autograd.grad(losses.mul(c).sum(), inputs, allow_unused=True)
+            want = [
+                torch.zeros_like(t) if w is None else w for t, w in zip(inputs, want, strict=True)
+            ]
+
+            def pairs():
+                for (name, _, g, dim), w in zip(outputs, want, strict=False):
+                    shape = [1] * g.dim()
+                    shape[dim] = batch
+                    yield name, "its output gradients", g * c.view(shape) * batch, w
+                for (name, n, _), w in zip(params, want[len(outputs) :], strict=True):
+                    got = torch.tensordot(c, rows[n], dims=1)  # (*shape)
+                    yield name, f"the rows of {n}", got, w
+
+            return mismatch(self.model, want, pairs(), self.method)
+
+        return identity
+
+    def _call_layouts(self, name: str, calls: dict[str, list[Call]]) -> list[CallLayout]:
+        """The layout of each of ``name``'s calls in ``calls``."""
+        layouts = self.layouts.get(name, [])
+        return [layouts[min(k, len(layouts) - 1)] for k in range(len(calls.get(name, [])))]
 
     def _check_calls(self, calls: dict[str, list[Call]]) -> None:
         """Refuse a layer that ran where the probe did not see it, or a different number of times
@@ -487,30 +568,28 @@ class HookedPerSample(PerSampleGradients):
                 )
 
     def _layer_grads(
-        self, name: str, calls: list[Call], batch: int, views: Grads, with_mean: bool
-    ) -> tuple[list, list | None]:
-        """One layer's per-sample grads ``[(B, *p.shape)]`` (its calls summed) and, with
-        ``with_mean``, its mean grads."""
+        self, name: str, calls: list[Call], batch: int, views: Grads
+    ) -> tuple[list, list]:
+        """One layer's per-sample grads ``[(B, *p.shape)]`` and mean grads (its calls summed;
+        the means ``None`` where no call reached the loss, as ``loss.backward()`` leaves
+        ``param.grad``)."""
         out = [views.get(n) for n in self._own[name]]
-        layouts = self.layouts.get(name, [])
         total: list | None = None
         means: list | None = None
-        for k, call in enumerate(calls):
+        for call, layout in zip(calls, self._call_layouts(name, {name: calls}), strict=True):
             if all(g is None for g in call.grads):
                 continue  # this call's outputs did not reach the loss
-            layout = layouts[min(k, len(layouts) - 1)]
             grads, mean = self._call_grads(name, call, layout, batch, out, len(calls) > 1)
             if total is None:
                 total, means, out = grads, mean, [None] * len(out)
                 continue
             total = [t if g is None else t.add_(g) for t, g in zip(total, grads, strict=True)]
-            if with_mean:
-                means = [m if g is None else m.add_(g) for m, g in zip(means, mean, strict=True)]
+            means = [m if g is None else m.add_(g) for m, g in zip(means, mean, strict=True)]
         if total is None:  # the layer did not reach the loss
             own = self._own[name].values()
             total = [_zeros(p, batch, o) for p, o in zip(own, out, strict=True)]
-            means = [torch.zeros_like(p) for p in own]
-        return total, means if with_mean else None
+            means = [None] * len(total)
+        return total, means
 
     def _call_grads(
         self, name: str, call: Call, layout: CallLayout, batch: int, out: list, several: bool
@@ -528,7 +607,7 @@ class HookedPerSample(PerSampleGradients):
             a = call.leaves[0].movedim(layout.inputs[0], 0)  # (B, ...)
             g = call.grads[0].movedim(layout.outputs[0], 0)  # (B, ...), of the mean loss
             g_sum = g * batch
-            factored = self.factored and not several and name not in self.direct
+            factored = self.factored and not several
             factors = rule.factors(layer, a, g_sum) if factored else None
             grads = factors or rule.per_sample(layer, a, g_sum, out)
             return grads, rule.mean(layer, a, g, grads)
@@ -536,22 +615,35 @@ class HookedPerSample(PerSampleGradients):
         grads = fallback.per_sample(call, layout, batch, out)  # hooks idle: not recording
         return grads, fallback.mean(batch, grads)
 
-    def _backward(self, loss: torch.Tensor, x: Inputs, retain: bool) -> tuple[Grads, dict]:
-        """Autograd's gradients of ``loss``: ``param.grad``'s (by trainable name) and the inputs'
-        that require one (tensor -> gradient); the tensor hooks fill every call's ``grads``."""
-        params = self.trainable()
+    def _backward(
+        self, loss: torch.Tensor, x: Inputs, calls: dict, retain: bool, everything: bool
+    ) -> tuple[Grads, dict]:
+        """One backward of ``loss``: the gradients at the calls' outputs (into their ``grads``)
+        and at the inputs that require one (tensor -> gradient). With ``everything`` (an output
+        was changed in place since its call: the tensor hooks catch its gradient) the trainable
+        parameters' gradients too, autograd's (by name)."""
+        targets = [
+            (call, k)
+            for layer_calls in calls.values()
+            for call in layer_calls
+            for k, t in enumerate(call.outputs)
+            if isinstance(t, torch.Tensor) and t.requires_grad
+        ]
+        params = self.trainable() if everything else {}
+        outputs = [] if everything else [call.outputs[k] for call, k in targets]
         inputs = [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
-        if not loss.requires_grad:  # no trainable layer reached the loss
+        wanted = [*params.values(), *outputs, *inputs]
+        if not loss.requires_grad or not wanted:  # no trainable layer reached the loss
             return dict.fromkeys(params), {}
         try:
-            grads = torch.autograd.grad(
-                loss, [*params.values(), *inputs], allow_unused=True, retain_graph=retain
-            )
+            grads = torch.autograd.grad(loss, wanted, allow_unused=True, retain_graph=retain)
         except RuntimeError as error:
             raise _backward_error(error) from error
-        return dict(zip(params, grads[: len(params)], strict=True)), {
-            t: g for t, g in zip(inputs, grads[len(params) :], strict=True) if g is not None
-        }
+        totals = dict(zip(params, grads, strict=False))
+        for (call, k), g in zip(targets, grads[len(params) :], strict=False):
+            call.grads[k] = g
+        rest = grads[len(params) + len(outputs) :]
+        return totals, {t: g for t, g in zip(inputs, rest, strict=True) if g is not None}
 
     def _buffer_views(self, batch: int, trainable: list[str], calls: dict) -> Grads:
         """Name -> ``(B, *shape)`` column blocks of the reused buffer (``{}``: write fresh).
@@ -599,6 +691,27 @@ def _add_to_grad(tensors: Iterable[torch.Tensor], grads: list[torch.Tensor | Non
     for tensor, grad in zip(tensors, grads, strict=True):
         if grad is not None:
             tensor.grad = grad if tensor.grad is None else tensor.grad.add_(grad)
+
+
+@contextlib.contextmanager
+def _written_first(params: Iterable[nn.Parameter], grads: Iterable[torch.Tensor | None]):
+    """Add ``grads`` to ``param.grad`` around the block, as ``loss.backward()`` would, so that a
+    refusal inside it leaves ``param.grad`` as before: first when no parameter has a ``.grad``
+    (the usual step after ``zero_grad(set_to_none=True)``: the gradients are not held twice,
+    and a refusal sets them back to ``None``), else after the block."""
+    params, grads = list(params), list(grads)
+    first = all(p.grad is None for p in params)
+    if first:
+        _add_to_grad(params, grads)
+    try:
+        yield
+    except BaseException:
+        if first:
+            for p in params:
+                p.grad = None
+        raise
+    if not first:
+        _add_to_grad(params, grads)
 
 
 def _reached_leaves(root: Any, skip: dict) -> set[int]:

@@ -110,6 +110,7 @@ class Call:
             did not reach the loss, or is not a tensor).
         sources: the autograd nodes that made the call's tensor inputs (a walk of the graph
             steps over the call from its outputs to them).
+        versions: each output tensor's ``_version`` when returned (an in-place change shows).
     """
 
     leaves: list[Any]
@@ -117,6 +118,14 @@ class Call:
     outputs: list[Any]
     grads: list[torch.Tensor | None]
     sources: list[Any] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+    def changed(self) -> bool:
+        """Whether an output was changed in place since the call returned it."""
+        return any(
+            isinstance(t, torch.Tensor) and t._version != v
+            for t, v in zip(self.outputs, self.versions, strict=False)
+        )
 
 
 # ------------------------------------------------------------ a batch's inputs and outputs
@@ -155,9 +164,12 @@ def take(x: Inputs, index: torch.Tensor | list[int]) -> Inputs:
 
 
 def input_shapes(x: Inputs) -> tuple:
-    """The inputs' structure and shapes (a structure key: equal for batches of one kind)."""
+    """The inputs' structure, shapes, dtypes and plain values (flags): a structure key, equal
+    for batches of one kind."""
     leaves, spec = tree_flatten(x)
-    return (str(spec), shape_of(leaves), tuple(getattr(t, "dtype", None) for t in leaves))
+    values = tuple(t if isinstance(t, bool | int | float | str | None) else None for t in leaves)
+    dtypes = tuple(getattr(t, "dtype", None) for t in leaves)
+    return (str(spec), shape_of(leaves), dtypes, values)
 
 
 @dataclass(frozen=True)

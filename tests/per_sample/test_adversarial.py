@@ -35,13 +35,16 @@ import pytest
 import torch
 from support.adversarial_models import (
     CLASSES,
+    HIDDEN,
     IN,
     PAD,
     VOCAB,
     AuxLoss,
     AuxModel,
     CellLoop,
+    CenterFeatures,
     Centering,
+    CenterLoss,
     Checkpointed,
     InstanceNet,
     LSTMClassifier,
@@ -49,12 +52,14 @@ from support.adversarial_models import (
     PenaltyLoss,
     PositionModel,
     SortedBatch,
+    StepCounter,
     TinyMoE,
     TokenLM,
     UnusedPooler,
     lm_loss,
     mlp,
     reparametrized,
+    repeated_block,
     seeded,
     sum_ce,
     tiny_bert,
@@ -379,6 +384,34 @@ def hf_batches(which: str) -> list[Batch]:
     return [(torch.randint(0, 50, (4, 6), generator=g), labels(g, 4, 2)) for _ in range(5)]
 
 
+def sorted_from_call_3() -> list[Batch]:
+    """Batches of 6 for :class:`SortedBatch`: already in ``x.sum(1)`` order for the first two
+    calls (the sort moves nothing), shuffled from call 3 on (no scheduled check at call 3)."""
+    g = generator(21)
+    out = []
+    for k in range(5):
+        perm = torch.arange(6) if k < 2 else torch.randperm(6, generator=g)
+        x = 0.05 * torch.randn(6, IN, generator=g, dtype=F64)
+        x[:, 0] += perm.to(F64)  # x.sum(1) ~ perm: gaps of 1, noise ~0.1
+        out.append((x, labels(g, 6)))
+    assert (out[2][0].sum(1).argsort() != torch.arange(6)).any()
+    return out
+
+
+def unlabelled_from_call_3() -> list[Batch]:
+    """Batches of 6, every example labelled except at call 3, where the first 4 are
+    unlabelled (``-100``, cross_entropy's default ``ignore_index``): the loss split of call 3
+    (at ``1 + 3 % 5 = 4``) has a first half with no labelled example, whose loss is NaN."""
+    g = generator(22)
+    out = []
+    for k in range(5):
+        x, y = torch.randn(6, IN, generator=g, dtype=F64), labels(g, 6)
+        if k == 2:
+            y[:4] = -100
+        out.append((x, y))
+    return out
+
+
 # -- schedules and extra checks -------------------------------------------------------------------
 
 
@@ -401,6 +434,28 @@ def pooler_untouched(k: int, model: nn.Module, grads) -> None:
     for name in ("pooler.weight", "pooler.bias"):
         assert not rows[name].any(), f"call {k + 1}: rows of {name} not zero"
         assert model.get_parameter(name).grad is None, f"call {k + 1}: p.grad of {name} written"
+
+
+def center_warm_up(k: int, model: nn.Module, loss_fn: CenterLoss) -> None:
+    loss_fn.lam = 0.0 if k < 2 else 0.5
+
+
+def still_parameters(k: int, model: nn.Module, grads) -> None:
+    """The repeated block's weights are still the model's Parameters (a path must not leave a
+    plain tensor in their place: forward would use it, and no optimizer step would reach it)."""
+    for name in ("weight", "bias"):
+        for index in (2, 4):
+            value = getattr(model[index], name)
+            assert isinstance(value, nn.Parameter), f"call {k + 1}: {index}.{name} not a Parameter"
+        assert getattr(model[2], name) is getattr(model[4], name), f"call {k + 1}: untied {name}"
+
+
+def deepen_head(k: int, model: nn.Module, loss_fn: LossFn) -> None:
+    """Before call 3 the head is replaced by two fresh Linear layers (new parameter names)."""
+    if k == 2:
+        with seeded(23):
+            model[4] = nn.Sequential(nn.Linear(HIDDEN, HIDDEN), nn.Linear(HIDDEN, CLASSES))
+        model[4].double()
 
 
 # -- cases ----------------------------------------------------------------------------------------
@@ -459,6 +514,9 @@ def every(methods, expect: Expect) -> dict[str, Expect]:
 
 
 HOOKS_NEED_FUNC = right_or_refused("method=func")
+#: the hook path cannot split a loss term on the parameters between the examples; it refuses
+#: the parameter on the first call (the graph has the term even while its weight is 0)
+PENALTY_NEEDS_FUNC = right_or_refused(r"other than through this layer's forward.*method=func")
 
 # 8. reparametrized first layers: func and auto are right; hooks right or sent to func
 REPARAMETRIZED = [
@@ -494,7 +552,7 @@ CASES = [
         "03_weight_penalty",
         built(mlp),
         lambda: vectors([6] * 5, seed=8),
-        every(ALL, RIGHT),
+        {"auto": RIGHT, "func": RIGHT, "hooks": PENALTY_NEEDS_FUNC, "factored": PENALTY_NEEDS_FUNC},
         loss=lambda model: PenaltyLoss(model, 1e-2),
     ),
     # 3. the penalty switched on at call 3, after the check's calls 1 and 2 (a warm-up schedule).
@@ -504,7 +562,7 @@ CASES = [
         "03_weight_penalty_from_call_3",
         built(mlp),
         lambda: vectors([6] * 5, seed=8),
-        every(("auto", "hooks"), RIGHT),
+        {"auto": RIGHT, "hooks": PENALTY_NEEDS_FUNC},
         loss=lambda model: PenaltyLoss(model, 0.0),
         before_call=penalty_warm_up,
     ),
@@ -644,6 +702,80 @@ CASES = [
         every(ALL, RIGHT),
         options={"check_every": 0},
     ),
+    # 17. a model that centres its batch, trained on batches of 2 only: the mixing check runs two
+    # examples "alone" together, which for B=2 is the batch itself, so it never sees the mixing
+    Case(
+        "17_batch_centering_batches_of_2",
+        built(Centering),
+        lambda: vectors([2] * 5, seed=10),
+        every(ALL, refused("mix", 0)),
+    ),
+    # 18. the batch sorted inside forward, but the first two batches arrive already sorted: the
+    # sort first moves examples at call 3, where no full check is scheduled (func is right)
+    Case(
+        "18_sorted_batch_from_call_3",
+        built(SortedBatch),
+        sorted_from_call_3,
+        {"auto": RIGHT, "func": RIGHT, "hooks": HOOKS_NEED_FUNC, "factored": HOOKS_NEED_FUNC},
+        # data that starts reordering between two scheduled checks is caught at the next one
+        # (docs/which-models-work.md); checked on every call, it is caught where it starts
+        options={"check_every": 1},
+    ),
+    # 19. unlabelled examples (ignore_index=-100) first at call 3, where one half of the loss
+    # split has no labelled example: its NaN loss makes the split's gap NaN, which passes
+    Case(
+        "19_unlabelled_half_at_call_3",
+        built(mlp),
+        unlabelled_from_call_3,
+        every(ALL, refused("loss_fn", 2)),
+    ),
+    # 20. center loss switched on at call 3: a parameter only the loss reads, per example (not a
+    # penalty, the same for every example); func is right
+    Case(
+        "20_center_loss_from_call_3",
+        built(CenterFeatures),
+        lambda: vectors([6] * 5, seed=24),
+        {"auto": RIGHT, "func": RIGHT, "hooks": HOOKS_NEED_FUNC, "factored": HOOKS_NEED_FUNC},
+        loss=lambda model: CenterLoss(model),
+        before_call=center_warm_up,
+    ),
+    # 21. one Linear module at two places of a Sequential: torch.func.functional_call leaves a
+    # detached plain tensor in the module in place of its Parameter
+    Case(
+        "21_repeated_module",
+        built(repeated_block),
+        lambda: vectors([6] * 5, seed=25),
+        # func refuses before torch's functional_call could leave a stale weight behind
+        {
+            "auto": RIGHT,
+            "func": right_or_refused("one module at two places"),
+            "hooks": RIGHT,
+            "factored": RIGHT,
+        },
+        after_call=still_parameters,
+    ),
+    # 22. buffers updated out of place in forward: the probes' and checks' forwards must not
+    # advance them (kept_state restores buffers changed in place only)
+    Case(
+        "22_reassigned_buffers",
+        built(StepCounter),
+        lambda: vectors([6] * 5, seed=26),
+        # func runs the forward under torch.func, which cannot carry a buffer update out
+        {**every(("auto", "hooks", "factored"), RIGHT), "func": right_or_refused("buffer")},
+    ),
+    # 23. the head replaced by a new block between calls: new parameter names the hooks never saw
+    Case(
+        "23_head_replaced",
+        built(mlp),
+        lambda: vectors([6] * 5, seed=27),
+        {
+            "auto": RIGHT,
+            "func": RIGHT,
+            "hooks": right_or_refused(ANY),
+            "factored": right_or_refused(ANY),
+        },
+        before_call=deepen_head,
+    ),
 ]
 
 PARAMS = [
@@ -753,3 +885,39 @@ def test_hf_dropout_rows_average_to_grad(which: str) -> None:
             err = (mean - grad).abs().max().item()
             scale = grad.abs().max().item()
             assert err <= 1e-5 * scale + 1e-12, f"call {k + 1}: {name}: {err:.3g} of {scale:.3g}"
+
+
+@pytest.mark.parametrize("method", ALL)
+def test_called_under_no_grad(method: str) -> None:
+    """24. ``psg`` called inside ``torch.no_grad()`` (an evaluation loop's context left around
+    it): func is right there (torch.func.grad ignores the outer no_grad), so every method must
+    be right too, or refuse in one line; not fail with autograd's RuntimeError, nor leave auto
+    on func for good."""
+    model = built(mlp)()
+    psg = make_per_sample(model, F.cross_entropy, method=method)
+
+    def under_no_grad(x, y):
+        with torch.no_grad():
+            return psg(x, y)
+
+    run_batches(under_no_grad, model, F.cross_entropy, vectors([6] * 3, seed=28), RIGHT)
+    assert method != "auto" or psg.method != "func", f"auto left the hook path: {psg.reason}"
+
+
+@pytest.mark.parametrize("method", ALL)
+def test_bfloat16_mlp_not_refused(method: str) -> None:
+    """25. a plain MLP in bfloat16: the rows are right up to bfloat16 rounding (within 2% of
+    a float64 per-example loop on the same weights), so no method may refuse it as "rows
+    attributed to the wrong examples"."""
+    model = built(mlp)().to(torch.bfloat16)
+    reference = copy.deepcopy(model).double()
+    psg = make_per_sample(model, F.cross_entropy, method=method)
+    for k, (x, y) in enumerate(vectors([6, 6, 3, 6], seed=5)):
+        model.zero_grad(set_to_none=True)
+        _, grads = psg(x.to(torch.bfloat16), y)  # a refusal fails the test
+        rows = per_example_rows(reference, F.cross_entropy, x.to(torch.bfloat16).double(), y)
+        for name, want in rows.items():
+            got = grads.as_dict()[name].double()
+            err = (got - want).abs().max().item()
+            scale = want.abs().max().item()
+            assert err <= 2e-2 * scale + 1e-6, f"call {k + 1}: {name}: {err:.3g} of {scale:.3g}"

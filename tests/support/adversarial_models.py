@@ -388,3 +388,66 @@ class LSTMClassifier(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out, _ = self.lstm(x)
         return self.head(out[:, -1])
+
+
+# -- 17-22. found by the hostile review of the every-call check -----------------------------------
+
+
+class CenterFeatures(nn.Module):
+    """An MLP's features ``f (B, 4)`` and logits; ``centers`` (an Embedding of one centre per
+    class) is never called by forward: only :class:`CenterLoss` reads it, per example."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(IN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 4))
+        self.centers = nn.Embedding(CLASSES, 4)
+        self.head = nn.Linear(4, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        f = self.body(x)
+        return f, self.head(f)
+
+
+class CenterLoss:
+    """Center loss (Wen et al., 2016): ``ce + lam * mean_b ||f_b - centers[y_b]||^2``, a
+    per-example term on a parameter the model's forward does not use; ``lam`` is set by the
+    test (warm-up schedule); :meth:`rebind` gives the same loss for a copy of the model."""
+
+    def __init__(self, model: nn.Module, lam: float = 0.0) -> None:
+        self.model, self.lam = model, lam
+
+    def __call__(self, out: tuple[torch.Tensor, torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+        f, logits = out
+        centers = self.model.centers.weight[y]  # (B, 4): each example's own class centre
+        return F.cross_entropy(logits, y) + self.lam * (f - centers).pow(2).sum(1).mean()
+
+    def rebind(self, model: nn.Module) -> CenterLoss:
+        return CenterLoss(model, self.lam)
+
+
+def repeated_block() -> nn.Sequential:
+    """An MLP whose middle Linear is the SAME module at positions 2 and 4 (a block applied
+    twice, as in weight-shared / recurrent-depth nets)."""
+    block = nn.Linear(HIDDEN, HIDDEN)
+    return nn.Sequential(
+        nn.Linear(IN, HIDDEN), nn.Tanh(), block, nn.Tanh(), block, nn.Tanh(),
+        nn.Linear(HIDDEN, CLASSES),
+    )  # fmt: skip
+
+
+class StepCounter(nn.Module):
+    """An MLP that counts its training forwards and keeps an EMA of its inputs in buffers
+    updated out of place (``self.steps = self.steps + 1``: the buffer is a new tensor each
+    forward), as observation normalizers do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = mlp()
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+        self.register_buffer("ema", torch.zeros(IN))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.steps = self.steps + 1
+            self.ema = 0.9 * self.ema + 0.1 * x.detach().mean(0)
+        return self.body(x)
