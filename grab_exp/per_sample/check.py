@@ -172,9 +172,22 @@ CONTRACT = (
 # ------------------------------------------------------------------------------ the loss
 
 
+#: batches up to this size take their examples' losses one call at a time (cheaper than vmap's
+#: set-up); larger ones under vmap where the loss allows it
+LOOP_LOSSES = 32
+
+
 def example_losses(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout) -> torch.Tensor:
     """Each example's own loss ``(B,)``, ``loss_fn`` of its slice of the batch's output (kept in
-    the output's graph): ``vmap`` where the loss allows it, else one example at a time."""
+    the output's graph): one call per example for a small batch, else ``vmap`` where the loss
+    allows it."""
+    batch = len(y)
+
+    def looped() -> torch.Tensor:
+        return torch.stack([loss_fn(layout.narrow(out, i, 1), y[i : i + 1]) for i in range(batch)])
+
+    if batch <= LOOP_LOSSES:
+        return looped()
 
     def one(out_i, y_i):
         return loss_fn(layout.apply(out_i, lambda t, d: t.unsqueeze(d)), y_i.unsqueeze(0))
@@ -183,8 +196,7 @@ def example_losses(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout) -> 
         dims = tree_unflatten(list(layout.dims), layout.spec)
         return vmap(one, in_dims=(dims, 0))(out, y)
     except (RuntimeError, ValueError, TypeError, NotImplementedError):
-        batch = len(y)
-        return torch.stack([loss_fn(layout.narrow(out, i, 1), y[i : i + 1]) for i in range(batch)])
+        return looped()
 
 
 def loss_gap(loss_fn, out: Any, y: torch.Tensor, loss: torch.Tensor, layout: OutputLayout, k: int):
@@ -320,8 +332,10 @@ def _relative(got: torch.Tensor, want: torch.Tensor, scale: torch.Tensor) -> flo
 
 
 def _largest(t: torch.Tensor) -> torch.Tensor:
-    """``max |t|`` without a temporary of ``t``'s size."""
-    return torch.linalg.vector_norm(t, float("inf"))
+    """``max |t|`` without a temporary of ``t``'s size (``()``; 0 for an empty ``t``)."""
+    if t.numel() == 0:
+        return t.new_zeros(())
+    return torch.maximum(t.max(), t.min().neg())
 
 
 # ------------------------------------------------------------------------------ mixing
@@ -353,10 +367,9 @@ def mixing_problem(
     chosen = [i for group in groups for i in group]
     tolerance = _tolerance(LOSS_TOLERANCE, losses.dtype)
 
-    def alone(seed: int) -> torch.Tensor:
+    def alone() -> torch.Tensor:  # each run draws anew from the (forked) generators
         parts = []
-        with torch.random.fork_rng(devices=_cuda_devices(model)), torch.no_grad():
-            torch.manual_seed(seed)
+        with torch.no_grad():
             for group in groups:
                 index = torch.tensor(group, device=y.device)
                 try:
@@ -370,15 +383,16 @@ def mixing_problem(
                 parts.append(example_losses(loss_fn, out, y[index], layout))
         return torch.cat(parts)
 
-    first = alone(SEED)
     in_batch = losses.detach()[chosen]
-    if _all_close(first, in_batch, tolerance):
-        return None
-    with _eval(model), torch.no_grad():
-        batch = example_losses(loss_fn, forward(x), y, layout)
-        mixed = not _all_close(alone(SEED), batch[chosen], tolerance)
-    if not mixed and _all_close(alone(SEED + 1), first, tolerance):
-        mixed = True  # no randomness explains the difference: it mixes in training mode
+    with torch.random.fork_rng(devices=_cuda_devices(model)):
+        first = alone()
+        if _all_close(first, in_batch, tolerance):
+            return None
+        with _eval(model), torch.no_grad():
+            batch = example_losses(loss_fn, forward(x), y, layout)
+            mixed = not _all_close(alone(), batch[chosen], tolerance)
+        if not mixed and _all_close(alone(), first, tolerance):
+            mixed = True  # no randomness explains the difference: it mixes in training mode
     if not mixed:
         return None
     return (

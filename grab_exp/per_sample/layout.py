@@ -213,4 +213,6 @@ class OutputLayout:
 
     def narrow(self, out: Any, start: int, length: int) -> Any:
         """The output of examples ``start .. start + length`` (each leaf along its dimension)."""
+        if isinstance(out, torch.Tensor):  # the usual output: one tensor, no pytree to walk
+            return out.narrow(self.dims[0], start, length)
         return self.apply(out, lambda t, d: t.narrow(d, start, length))
