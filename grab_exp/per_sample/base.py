@@ -97,7 +97,7 @@ class PerSampleGradients(ABC):
         self.model, self.loss_fn = model, loss_fn
         self.checker = Check(check_every)
         self.state = ModelState(model)
-        self._watched = [(name, m) for name, m in model.named_modules() if isinstance(m, WATCHED)]
+        self.restructure()
         self.check()
 
     def check(self) -> None:
@@ -123,8 +123,17 @@ class PerSampleGradients(ABC):
             UnsupportedModelError: the check found rows or a loss it cannot get right (one line
                 naming the cause); ``param.grad`` is then as before the call.
         """
+        if self.state.stale(self.model):  # a module or parameter was replaced since
+            self.state = ModelState(self.model)
+            self.restructure()
         self.check()
         return self._compute(x, y)
+
+    def restructure(self) -> None:
+        """List the modules whose modes :meth:`check` reads (again, for a model whose modules
+        were replaced: the hook path also hooks it anew)."""
+        watched = WATCHED
+        self._watched = [(n, m) for n, m in self.model.named_modules() if isinstance(m, watched)]
 
     def state_bytes(self) -> int:
         """Bytes the path keeps between calls (the hook path's reused ``(B, d)`` buffer)."""

@@ -46,7 +46,6 @@ from grab_exp.per_sample.base import LossFn, PerSampleGradients, check_scalar
 from grab_exp.per_sample.buffer import GradBuffer
 from grab_exp.per_sample.check import (
     CHECK_EVERY,
-    ModelState,
     kept_state,
     loss_gap,
     mismatch,
@@ -148,6 +147,7 @@ class HookedPerSample(PerSampleGradients):
     method = "hooks"
     factored = False  # rules return factors where they pay (FactoredPerSample)
     module_dropout = True
+    _handles: dict[str, list[Any]] | None = None  # None until the hooks are set
 
     def __init__(
         self,
@@ -162,13 +162,19 @@ class HookedPerSample(PerSampleGradients):
         self.reuse_buffer = reuse_buffer and not self.factored
         self.grad_buffer = GradBuffer()
         self._modules = dict(model.named_modules())
-        self._handles: dict[str, list[Any]] = {}
+        self._handles = {}
         self._mode = "idle"  # record (this path's forward) | probe | idle (any other forward)
         self._batch = 0
         self._calls: dict[str, list[Call]] = {}
         self._build_layers()
 
     # ------------------------------------------------------------------ layers and hooks
+
+    def restructure(self) -> None:
+        super().restructure()
+        if self._handles is not None:  # not while the base class is being built
+            self._modules = dict(self.model.named_modules())
+            self._build_layers()
 
     def _build_layers(self) -> None:
         """Hook every layer with trainable parameters of its own (again, when the trainable set
@@ -396,15 +402,6 @@ class HookedPerSample(PerSampleGradients):
     def _compute(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         """Forward and backward on ``x (B, ...)``, ``y (B,)`` (with gradients on, as
         ``torch.func.grad`` has them); the check when it is due; ``param.grad`` last."""
-        with torch.enable_grad():
-            try:
-                return self._step(x, y)
-            except (KeyError, AttributeError):
-                if not self.state.stale(self.model):
-                    raise
-        self.state = ModelState(self.model)  # a layer was replaced: hook the model anew
-        self._modules = dict(self.model.named_modules())
-        self._build_layers()
         with torch.enable_grad():
             return self._step(x, y)
 
