@@ -251,7 +251,9 @@ def _median_ms(times: list[float]) -> float | None:
 
 
 def summarize(rows: list[Row], args, device: torch.device) -> dict:
-    """Medians, per-epoch extrapolation, ratios to classic RR, memory.
+    """Medians, per-epoch extrapolation, ratios to classic RR, memory; ``mean_step_ms``, the
+    mean step over every timed repeat (what a rare costly step, such as the per-sample check's,
+    adds on average: the median leaves it out).
 
     A stage a row does not run (``gsnr`` without a VRGD optimizer) has ``None`` as its median.
     """
@@ -265,6 +267,7 @@ def summarize(rows: list[Row], args, device: torch.device) -> dict:
                 "row": row.name,
                 "method": getattr(row.step.pipeline, "method", "classic"),
                 "step_ms": step * 1e3,
+                "mean_step_ms": statistics.mean(row.step_times) * 1e3,
                 "epoch_s": step * steps_per_epoch,
                 "ratio_to_classic_rr": step / base,
                 "breakdown_ms": {k: _median_ms(v) for k, v in row.parts.items()},

@@ -65,8 +65,8 @@ __all__ = [
     "relative_gap",
 ]
 
-#: the default schedule: calls 1, 2, 4, ..., 64, then every 64th (and every new structure)
-CHECK_EVERY = 64
+#: the default schedule: calls 1, 2, 4, ..., 128, then every 128th (and every new structure)
+CHECK_EVERY = 128
 #: largest relative difference taken as rounding, per dtype (a wrong row is off by order 1)
 TOLERANCE = {torch.float64: 1e-8, torch.float32: 1e-3}
 LOOSE_TOLERANCE = 3e-2  # float16, bfloat16

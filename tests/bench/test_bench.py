@@ -131,6 +131,7 @@ def test_epoch_bench_short_mode_writes_json(epoch_report):
             "row",
             "method",
             "step_ms",
+            "mean_step_ms",
             "epoch_s",
             "ratio_to_classic_rr",
             "breakdown_ms",
