@@ -3,10 +3,11 @@
 ``python -m grab_exp.bench rss`` runs every arm in a fresh subprocess: the MLP 3072 -> 2048 ->
 2048 -> 10 (10.5M parameters), batch 16, SGD with momentum, ``--steps`` training steps of
 :func:`grab_exp.runner.training.step.train_step` (the per-sample check on, as by default: calls
-1, 2 and 4 are checked), then the process's peak resident set size (``ru_maxrss``). The arms: classic RR (plain ``loss.backward()``), and GraB mean with per-sample
-gradients ``factored`` (Linear layers as factors, no ``(B, d)`` matrix) and ``hooks``
-(materialized into the reused ``(B, d)`` buffer). The difference to classic's peak includes the
-ordering's state (``3 d`` float32 values for mean: accumulator, stale mean, gradient sum).
+1, 2 and 4 are checked), then the process's peak resident set size (``ru_maxrss``). The arms:
+classic RR (plain ``loss.backward()``), and GraB mean with per-sample gradients ``factored``
+(Linear layers as factors, no ``(B, d)`` matrix) and ``hooks`` (materialized into the reused
+``(B, d)`` buffer). The difference to classic's peak includes the ordering's state (``3 d``
+float32 values for mean: accumulator, stale mean, gradient sum).
 """
 
 from __future__ import annotations
