@@ -44,6 +44,10 @@ class AutoPerSample(PerSampleGradients):
         self.checker = hooked.checker
         self.reason: str | None = None
         self._make_func: Callable[[], PerSampleGradients] | None = make_func
+        #: the modules whose forward in training mode updates running statistics
+        self._norms = [
+            m for m in hooked.state.modules if isinstance(m, nn.modules.batchnorm._NormBase)
+        ]
 
     @property
     def method(self) -> str:  # type: ignore[override]
@@ -56,7 +60,7 @@ class AutoPerSample(PerSampleGradients):
     def __call__(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         if self._make_func is None:
             return self.chosen(x, y)
-        buffers = _running_buffers(self.model)  # what a failed call's forward may update
+        buffers = _running_buffers(self._norms)  # what a failed call's forward may update
         try:
             return self.chosen(x, y)
         except LossContractError:
@@ -90,11 +94,11 @@ def _one_line(error: Exception) -> str:
     return text if isinstance(error, ValueError) else f"{type(error).__name__}: {text}"
 
 
-def _running_buffers(model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Copies of the running statistics that a forward in training mode updates."""
+def _running_buffers(norms: list[nn.Module]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Copies of the running statistics that a forward of ``norms`` in training mode updates."""
     return [
         (b, b.detach().clone())
-        for m in model.modules()
-        if isinstance(m, nn.modules.batchnorm._NormBase) and m.training and m.track_running_stats
+        for m in norms
+        if m.training and m.track_running_stats
         for b in m.buffers(recurse=False)
     ]

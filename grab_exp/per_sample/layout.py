@@ -166,6 +166,8 @@ def take(x: Inputs, index: torch.Tensor | list[int]) -> Inputs:
 def input_shapes(x: Inputs) -> tuple:
     """The inputs' structure, shapes, dtypes and plain values (flags): a structure key, equal
     for batches of one kind."""
+    if isinstance(x, torch.Tensor):  # the usual input: no pytree to walk
+        return (x.shape, x.dtype)
     leaves, spec = tree_flatten(x)
     values = tuple(t if isinstance(t, bool | int | float | str | None) else None for t in leaves)
     dtypes = tuple(getattr(t, "dtype", None) for t in leaves)
