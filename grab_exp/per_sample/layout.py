@@ -149,6 +149,8 @@ def batch_size(x: Inputs) -> int:
     Raises:
         ValueError: the inputs hold no tensor with a dimension, or tensors of different ``B``.
     """
+    if isinstance(x, torch.Tensor) and x.dim():  # the usual input: no pytree to walk
+        return x.shape[0]
     sizes = {t.shape[0] for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor) and t.dim()}
     if len(sizes) != 1:
         raise ValueError(
