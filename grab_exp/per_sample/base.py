@@ -161,6 +161,7 @@ class PerSampleGradients(ABC):
         """
         batch = len(y)
         losses = example_losses(self.loss_fn, out, y, layout)  # (B,), in out's graph
+        self.checker.settle_deferred(losses.dtype)  # the loss splits of the calls since
         loss = self.loss_fn(out, y)
         problem = loss_problem(loss.detach(), losses.detach())
         if problem is not None:

@@ -156,17 +156,27 @@ class Check:
 
     def settle_gap(self, gap: float | torch.Tensor | None, dtype: torch.dtype) -> None:
         """Refuse a loss whose two parts do not add up to it (:func:`loss_gap`): at once on the
-        CPU; on CUDA (no host read inside a step) at the next full check."""
-        if isinstance(gap, torch.Tensor):  # no host read now
-            self._gap = gap if self._gap is None else torch.maximum(self._gap, gap)
-            return
+        CPU; on CUDA (no host read inside a step) kept on the device for the next full check
+        (:meth:`settle_deferred`)."""
+        if isinstance(gap, torch.Tensor):
+            self._gap = gap if self._gap is None else torch.maximum(self._gap, gap)  # NaN stays
+        elif gap is not None:
+            _refuse_gap(gap, dtype)
+
+    def settle_deferred(self, dtype: torch.dtype) -> None:
+        """Refuse what the loss splits kept on the device since the last full check showed
+        (one host read)."""
         if self._gap is not None:
-            gap, self._gap = max(gap or 0.0, self._gap.item()), None
-        if gap is not None and not gap <= _tolerance(LOSS_TOLERANCE, dtype):  # NaN too
-            raise LossContractError(
-                f"loss_fn of this batch is not the mean of its two parts' losses (relative gap "
-                f"{gap:.2g}): {CONTRACT}"
-            )
+            gap, self._gap = self._gap.item(), None
+            _refuse_gap(gap, dtype)
+
+
+def _refuse_gap(gap: float, dtype: torch.dtype) -> None:
+    if not gap <= _tolerance(LOSS_TOLERANCE, dtype):  # NaN too
+        raise LossContractError(
+            f"loss_fn of this batch is not the mean of its two parts' losses (relative gap "
+            f"{gap:.2g}): {CONTRACT}"
+        )
 
 
 #: the loss contract, in the words every loss refusal ends with
