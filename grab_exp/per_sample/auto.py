@@ -61,11 +61,13 @@ class AutoPerSample(PerSampleGradients):
         if self._make_func is None:
             return self.chosen(x, y)
         buffers = _running_buffers(self._norms)  # what a failed call's forward may update
+        rng = torch.get_rng_state()  # and the masks it drew (func draws them again)
         try:
             return self.chosen(x, y)
         except LossContractError:
             raise  # the loss is wrong for every method
         except Exception as hooks_error:  # any failure of the hook path
+            torch.set_rng_state(rng)
             with torch.no_grad():
                 for buffer, saved in buffers:
                     buffer.copy_(saved)

@@ -169,8 +169,8 @@ class PerSampleGradients(ABC):
         if batch >= 2:
             with kept_state(self.model), self.quiet():
                 problem = mixing_problem(
-                    lambda inputs: call_model(self.model, inputs), self.loss_fn, x, y,
-                    losses, layout, self.checker.groups(batch), self.model,
+                    lambda inputs: call_model(self.model, inputs), x, out, layout,
+                    self.checker.groups(batch), self.model,
                 )  # fmt: skip
         if problem is None and identity is not None:
             problem = identity(losses, self.checker.weights(batch, losses))

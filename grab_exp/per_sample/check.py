@@ -44,7 +44,7 @@ from torch.nn.modules.module import (
     register_module_module_registration_hook,
     register_module_parameter_registration_hook,
 )
-from torch.utils._pytree import tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from grab_exp.devices import host_reads_allowed, in_graph_safe
 from grab_exp.grads import BatchGrads
@@ -53,6 +53,7 @@ from grab_exp.per_sample.modules import LossContractError, UnsupportedModelError
 
 __all__ = [
     "CHECK_EVERY",
+    "OUTPUT_TOLERANCE",
     "Check",
     "ModelState",
     "example_losses",
@@ -72,6 +73,10 @@ CHECK_EVERY = 128
 #: about 1e-3 in a ResNet-18's deeper convolutions
 TOLERANCE = {torch.float64: 1e-8, torch.float32: 1e-2}
 LOOSE_TOLERANCE = 5e-2  # float16, bfloat16
+#: the same at a layer's outputs, where both sides come from one backward scaled per example
+#: (the hook path's rule layers): rounding only, so rows swapped between two examples whose
+#: weights differ by 1/B show even in float32
+OUTPUT_TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-4}
 #: a parameter's difference is relative to at least this share of the largest norm of any
 FLOOR = {torch.float64: 1e-6, torch.float32: 1e-3}
 LOOSE_FLOOR = 1e-1
@@ -131,17 +136,19 @@ class Check:
         self._seen.clear()
 
     def weights(self, batch: int, like: torch.Tensor) -> torch.Tensor:
-        """The check's random weights ``c (B,)`` in ``[0.5, 1.5)``, from a generator of its own
-        (the global ones are not touched): positive, so that nothing cancels, and distinct, so
-        that rows swapped between examples show."""
+        """The check's weights ``c (B,)``: ``B`` evenly spaced values in ``[0.5, 1.5)`` in an
+        order drawn from a generator of its own (the global ones are not touched): positive, so
+        that nothing cancels, and at least ``1/B`` apart, so that rows swapped between any two
+        examples show."""
         generator = torch.Generator().manual_seed(SEED + self.checks)
-        c = torch.rand(batch, generator=generator, dtype=torch.float64) + 0.5
+        order = torch.randperm(batch, generator=generator).to(torch.float64)
+        c = 0.5 + order / batch
         return c.to(device=like.device, dtype=like.dtype)
 
     def split(self, batch: int) -> int | None:
         """Where this call's loss is split in two (:func:`loss_gap`): a point that moves from
         call to call, so that a weighting that balances between the two parts of one split
-        shows in the next; ``None`` for ``B < 2`` or with the check off."""
+        shows in the next; ``None`` for ``B < 2``, with the check off, or in a captured step."""
         if batch < 2 or not self.on or in_graph_safe():
             return None
         return 1 + self.calls % (batch - 1)
@@ -221,25 +228,27 @@ def example_losses(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout) -> 
 def loss_gap(loss_fn, out: Any, y: torch.Tensor, loss: torch.Tensor, layout: OutputLayout, k: int):
     """The relative gap between ``B * loss`` and the sum of ``k * loss`` of the first ``k``
     examples and ``(B - k) * loss`` of the rest: zero (up to rounding) for a mean of per-example
-    losses. A float where host reads are free (the CPU), else a ``()`` tensor."""
+    losses; relative to the parts' sizes (a loss whose examples' terms cancel, as a policy
+    gradient's, has a mean near 0). A float where host reads are free (the CPU), else a ``()``
+    tensor."""
     batch = len(y)
     with torch.no_grad():
         first = loss_fn(layout.narrow(out, 0, k), y[:k])
         second = loss_fn(layout.narrow(out, k, batch - k), y[k:])
     if not host_reads_allowed(loss.device):
         whole = loss.detach() * batch
-        return (first * k + second * (batch - k) - whole).abs() / whole.abs().clamp_min(1e-30)
-    whole = loss.item() * batch
-    return abs(first.item() * k + second.item() * (batch - k) - whole) / max(abs(whole), 1e-30)
+        size = (first.abs() * k + second.abs() * (batch - k)).clamp_min(1e-30)
+        return (first * k + second * (batch - k) - whole).abs() / size
+    first, second, whole = first.item() * k, second.item() * (batch - k), loss.item() * batch
+    return abs(first + second - whole) / max(abs(first) + abs(second), 1e-30)
 
 
-def relative_gap(got: torch.Tensor, want: torch.Tensor):
-    """``|got - want| / |want|`` of two ``()`` tensors: a float where host reads are free (the
-    CPU), else a ``()`` tensor."""
+def relative_gap(got: torch.Tensor, want: torch.Tensor, size: torch.Tensor):
+    """``|got - want| / size`` of ``()`` tensors: a float where host reads are free (the CPU),
+    else a ``()`` tensor."""
     if not host_reads_allowed(want.device):
-        return (got - want).abs() / want.abs().clamp_min(1e-30)
-    got, want = got.item(), want.item()
-    return abs(got - want) / max(abs(want), 1e-30)
+        return (got - want).abs() / size.clamp_min(1e-30)
+    return abs(got.item() - want.item()) / max(size.item(), 1e-30)
 
 
 def loss_problem(loss: torch.Tensor, losses: torch.Tensor) -> str | None:
@@ -250,7 +259,8 @@ def loss_problem(loss: torch.Tensor, losses: torch.Tensor) -> str | None:
         return None
     mean, total = losses.mean().detach(), losses.sum().detach()
     tolerance = _tolerance(LOSS_TOLERANCE, losses.dtype)
-    if _close(loss, mean, tolerance):
+    size = losses.detach().abs().mean()  # not |mean|: the examples' terms may cancel
+    if bool((loss - mean).abs() <= tolerance * size + 1e-12):
         return None
     if not torch.isfinite(losses).all():
         found = "some examples' own losses are not finite (an example that is all padding?)"
@@ -313,7 +323,11 @@ Pair = tuple[str, str, torch.Tensor, torch.Tensor]
 
 
 def mismatch(
-    model: nn.Module, wants: list[torch.Tensor], pairs: Iterable[Pair], method: str
+    model: nn.Module,
+    wants: list[torch.Tensor],
+    pairs: Iterable[Pair],
+    method: str,
+    tolerances: dict = TOLERANCE,
 ) -> str | None:
     """The identity's verdict over :data:`Pair` s (``got`` is overwritten): each difference's
     norm relative to its ``want``'s, but to no less than a floor share of the largest norm of
@@ -330,7 +344,7 @@ def mismatch(
         dtype = want.dtype
         if difference > worst:
             worst, worst_pair = difference, (layer, subject)
-    if worst_pair is None or worst <= _tolerance(TOLERANCE, dtype):
+    if worst_pair is None or worst <= tolerances.get(dtype, LOOSE_TOLERANCE):
         return None
     layer, subject = worst_pair
     label = f"{layer or '<root>'} ({type(model.get_submodule(layer)).__name__})"
@@ -362,65 +376,81 @@ Forward = Callable[[Inputs], Any]
 
 def mixing_problem(
     forward: Forward,
-    loss_fn,
     x: Inputs,
-    y: torch.Tensor,
-    losses: torch.Tensor,
+    out: Any,
     layout: OutputLayout,
     groups: list[list[int]],
     model: nn.Module,
 ) -> str | None:
-    """Whether examples run alone (``groups``, each a forward of its own) get the losses they
+    """Whether examples run alone (``groups``, each a forward of its own) get the outputs they
     got in the batch.
 
-    ``losses (B,)`` are the examples' own losses in the batch's forward (training mode, with its
-    random draws). A difference can be randomness (dropout) as well as mixing, so it is looked at
-    again with the model in eval mode: a difference that stays is mixing; one that goes is
-    randomness if the model draws differently on two runs, else mixing in training mode.
+    ``out`` is the batch's output (training mode, with its random draws). A difference can be
+    randomness (dropout) as well as mixing, so it is looked at again with the model in eval
+    mode: a difference that stays is mixing; one that goes is randomness if the model draws
+    differently on other runs, else mixing in training mode. Outputs, not losses, are compared:
+    a loss near its minimum turns the outputs' rounding into a large relative difference.
 
     Returns:
         The problem; ``None`` if the examples do not mix.
     """
     chosen = [i for group in groups for i in group]
-    tolerance = _tolerance(LOSS_TOLERANCE, losses.dtype)
+    index = torch.tensor(chosen, device=_device(out))
 
     def alone() -> torch.Tensor:  # each run draws anew from the (forked) generators
         parts = []
         with torch.no_grad():
             for group in groups:
-                index = torch.tensor(group, device=y.device)
                 try:
-                    out = forward(take(x, index))
+                    parts.append(_rows_of(forward(take(x, group)), layout))
                 except Exception as error:  # the definition of an example's gradient needs it
                     cause = (str(error).strip().splitlines() or [""])[0]
                     raise UnsupportedModelError(
                         f"the model fails on {len(group)} example(s) alone ({cause}): an "
                         "example's gradient is that of its loss computed alone"
                     ) from error
-                parts.append(example_losses(loss_fn, out, y[index], layout))
         return torch.cat(parts)
 
-    in_batch = losses.detach()[chosen]
+    in_batch = _rows_of(layout.select(out, index), layout).detach()
     with torch.random.fork_rng(devices=_cuda_devices(model)):
         first = alone()
-        if _all_close(first, in_batch, tolerance):
+        difference = _relative_rows(first, in_batch)
+        if difference <= _tolerance(OUTPUT_TOLERANCE, in_batch.dtype):
             return None
         with _eval(model), torch.no_grad():
-            batch = example_losses(loss_fn, forward(x), y, layout)
-            mixed = not _all_close(alone(), batch[chosen], tolerance)
+            batch = _rows_of(layout.select(forward(x), index), layout)
+            mixed = _relative_rows(alone(), batch) > _tolerance(OUTPUT_TOLERANCE, batch.dtype)
         if not mixed:  # randomness explains the difference if another run draws otherwise
-            mixed = all(_all_close(alone(), first, tolerance) for _ in range(RANDOM_RUNS))
+            tolerance = _tolerance(OUTPUT_TOLERANCE, first.dtype)
+            mixed = all(_relative_rows(alone(), first) <= tolerance for _ in range(RANDOM_RUNS))
     if not mixed:
         return None
     return (
-        f"the model mixes the examples of a batch: examples {chosen} run alone get losses "
-        f"{_rounded(first)} and {_rounded(in_batch)} in the batch (batch statistics, a "
-        "normalization over the batch?); per-sample gradients are undefined for it"
+        f"the model mixes the examples of a batch: examples {chosen} run alone get outputs "
+        f"that differ from theirs in the batch (relative difference {difference:.2g}: batch "
+        "statistics, a normalization over the batch?); per-sample gradients are undefined for it"
     )
 
 
-def _rounded(t: torch.Tensor) -> list[float]:
-    return [float(f"{v:.4g}") for v in t.tolist()]
+def _rows_of(out: Any, layout: OutputLayout) -> torch.Tensor:
+    """The floating batched leaves of ``out`` as one ``(n, -1)`` matrix, a row per example."""
+    leaves = tree_flatten(out)[0]
+    rows = [
+        t.movedim(d, 0).reshape(t.shape[d], -1)
+        for t, d in zip(leaves, layout.dims, strict=True)
+        if d is not None and isinstance(t, torch.Tensor) and t.is_floating_point()
+    ]
+    return torch.cat(rows, dim=1) if rows else torch.zeros(0)
+
+
+def _relative_rows(got: torch.Tensor, want: torch.Tensor) -> float:
+    size = torch.linalg.vector_norm(want).clamp_min(1e-30)
+    return (torch.linalg.vector_norm(got.to(want.dtype) - want) / size).item()
+
+
+def _device(out: Any) -> torch.device:
+    tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    return tensors[0].device if tensors else torch.device("cpu")
 
 
 # ------------------------------------------------------------------------------ no trace
@@ -530,8 +560,3 @@ def _tolerance(table: dict, dtype: torch.dtype) -> float:
 
 def _close(a: torch.Tensor, b: torch.Tensor, tolerance: float) -> bool:
     return bool((a - b).abs() <= tolerance * b.abs().clamp_min(1e-12) + 1e-12)
-
-
-def _all_close(a: torch.Tensor, b: torch.Tensor, tolerance: float) -> bool:
-    size = b.abs().max().clamp_min(1e-12)
-    return bool((a.to(b.dtype) - b).abs().max() <= tolerance * size + 1e-12)

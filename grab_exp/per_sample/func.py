@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from grab_exp.grads import BatchGrads, as_batch_grads
 from grab_exp.per_sample.base import LossFn, PerSampleGradients, check_scalar
@@ -207,7 +207,8 @@ class FuncPerSample(PerSampleGradients):
             self.checker.passed(key, batch)
         if self.checker.split(batch) is not None:  # the batch loss from the examples' outputs
             loss = self.loss_fn(_batched(out, layout), y).detach()
-            self.checker.settle_gap(relative_gap(loss, losses.mean()), losses.dtype)
+            gap = relative_gap(loss, losses.mean(), losses.abs().mean())
+            self.checker.settle_gap(gap, losses.dtype)
         for name, p in self.state.named:
             g = grads.get(name)
             if g is not None:
@@ -236,7 +237,7 @@ class FuncPerSample(PerSampleGradients):
             try:
                 self._layout = OutputLayout.probed(two, three)
             except ValueError as error:
-                raise UnsupportedModelError(str(error)) from None
+                raise UnsupportedModelError(f"the model's output {error}") from None
             self._layout_key = key
         return self._layout
 
@@ -244,4 +245,15 @@ class FuncPerSample(PerSampleGradients):
 def _batched(out: Any, layout: OutputLayout) -> Any:
     """The batch's output from ``vmap``'s stack of the examples' own (``(B, *shape)`` leaves,
     each with the example's batch dimension of size 1 at its place)."""
-    return layout.apply(out, lambda t, d: t.squeeze(d + 1).movedim(0, d))
+    leaves, spec = tree_flatten(out)
+    merged = []
+    for t, d in zip(leaves, layout.dims, strict=True):
+        if not isinstance(t, torch.Tensor):
+            merged.append(t)
+        elif d is None:  # the same for every example (a term of the parameters alone)
+            merged.append(t[0])
+        elif t.dim() > d + 1 and t.shape[d + 1] == 1:
+            merged.append(t.squeeze(d + 1).movedim(0, d))
+        else:  # an example's output without the batch dimension (squeezed): stacked as is
+            merged.append(t.movedim(0, d))
+    return tree_unflatten(merged, spec)

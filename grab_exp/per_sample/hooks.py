@@ -46,6 +46,7 @@ from grab_exp.per_sample.base import LossFn, PerSampleGradients, check_scalar
 from grab_exp.per_sample.buffer import GradBuffer
 from grab_exp.per_sample.check import (
     CHECK_EVERY,
+    OUTPUT_TOLERANCE,
     kept_state,
     loss_gap,
     mismatch,
@@ -315,7 +316,8 @@ class HookedPerSample(PerSampleGradients):
                 try:
                     output = OutputLayout.probed(*outputs)
                 except ValueError as error:
-                    raise UnsupportedModelError(f"{error}; use method=func") from None
+                    message = f"the model's output {error}; use method=func"
+                    raise UnsupportedModelError(message) from None
                 return Plan(layouts, set(self._probe_expanded), output)
             self._probe_expanded |= unbatched
         raise AssertionError("unreachable: every round adopts or expands one more layer")
@@ -518,16 +520,23 @@ class HookedPerSample(PerSampleGradients):
                 torch.zeros_like(t) if w is None else w for t, w in zip(inputs, want, strict=True)
             ]
 
-            def pairs():
-                for (name, _, g, dim), w in zip(outputs, want, strict=False):
+            at_outputs, at_params = want[: len(outputs)], want[len(outputs) :]
+
+            def output_pairs():
+                for (name, _, g, dim), w in zip(outputs, at_outputs, strict=True):
                     shape = [1] * g.dim()
                     shape[dim] = batch
                     yield name, "its output gradients", g * c.view(shape) * batch, w
-                for (name, n, _), w in zip(params, want[len(outputs) :], strict=True):
+
+            def param_pairs():
+                for (name, n, _), w in zip(params, at_params, strict=True):
                     got = torch.tensordot(c, rows[n], dims=1)  # (*shape)
                     yield name, f"the rows of {n}", got, w
 
-            return mismatch(self.model, want, pairs(), self.method)
+            method = self.method
+            return mismatch(
+                self.model, at_outputs, output_pairs(), method, OUTPUT_TOLERANCE
+            ) or mismatch(self.model, at_params, param_pairs(), method)
 
         return identity
 
@@ -604,7 +613,7 @@ class HookedPerSample(PerSampleGradients):
             a = call.leaves[0].movedim(layout.inputs[0], 0)  # (B, ...)
             g = call.grads[0].movedim(layout.outputs[0], 0)  # (B, ...), of the mean loss
             g_sum = g * batch
-            factored = self.factored and not several
+            factored = self.factored and not several and not call.changed()
             factors = rule.factors(layer, a, g_sum) if factored else None
             grads = factors or rule.per_sample(layer, a, g_sum, out)
             return grads, rule.mean(layer, a, g, grads)

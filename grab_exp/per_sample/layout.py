@@ -190,24 +190,17 @@ class OutputLayout:
 
     @classmethod
     def probed(cls, two: Any, three: Any) -> OutputLayout:
-        """From the model's outputs for two and for three examples.
+        """From the model's outputs for two and for three examples. A tensor leaf whose shape
+        does not change has no batch dimension: it is the same for every example (a term of
+        the parameters alone, such as a Bayesian layer's KL); one that is a value of the whole
+        batch instead shows in the check's mixing test.
 
         Raises:
-            ValueError: a tensor leaf without a batch dimension of its own (a value of the whole
-                batch, such as a mixture of experts' balancing loss).
+            ValueError: a leaf whose shapes differ other than in one dimension from 2 to 3.
         """
         leaves, spec = tree_flatten(two)
         shapes = zip(shape_of(leaves), shape_of(tree_flatten(three)[0]), strict=True)
-        dims = []
-        for k, (a, b) in enumerate(shapes):
-            dim = batch_dim(a, b)
-            if a is not None and dim is None:
-                raise ValueError(
-                    f"the model's output {k} (shape {tuple(a)}) has no batch dimension: it is a "
-                    "value of the whole batch, not of each example"
-                )
-            dims.append(dim)
-        return cls(tuple(dims), spec)
+        return cls(tuple(batch_dim(a, b) for a, b in shapes), spec)
 
     def apply(self, out: Any, fn: Callable[[torch.Tensor, int], torch.Tensor]) -> Any:
         """``out`` with ``fn(leaf, its batch dimension)`` in place of every batched leaf."""
@@ -215,8 +208,12 @@ class OutputLayout:
         mapped = [t if d is None else fn(t, d) for t, d in zip(leaves, self.dims, strict=True)]
         return tree_unflatten(mapped, self.spec)
 
+    def select(self, out: Any, index: torch.Tensor) -> Any:
+        """The output of examples ``index`` (each batched leaf along its batch dimension)."""
+        return self.apply(out, lambda t, d: t.index_select(d, index))
+
     def narrow(self, out: Any, start: int, length: int) -> Any:
         """The output of examples ``start .. start + length`` (each leaf along its dimension)."""
         if isinstance(out, torch.Tensor):  # the usual output: one tensor, no pytree to walk
-            return out.narrow(self.dims[0], start, length)
+            return out if self.dims[0] is None else out.narrow(self.dims[0], start, length)
         return self.apply(out, lambda t, d: t.narrow(d, start, length))

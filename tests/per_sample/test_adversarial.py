@@ -47,20 +47,27 @@ from support.adversarial_models import (
     CenterLoss,
     Checkpointed,
     InstanceNet,
+    KLModel,
     LSTMClassifier,
     MaskedPool,
     PenaltyLoss,
     PositionModel,
     SortedBatch,
+    SqueezedOutput,
     StepCounter,
     TinyMoE,
     TokenLM,
     UnusedPooler,
+    elbo_loss,
+    inplace_relu_mlp,
     lm_loss,
     mlp,
+    pg_loss,
+    policy_mlp,
     reparametrized,
     repeated_block,
     seeded,
+    squeezed_mse,
     sum_ce,
     tiny_bert,
     tiny_gpt2,
@@ -72,6 +79,7 @@ from torch.nn import functional as F
 
 from grab_exp.models import LeNet
 from grab_exp.per_sample import UnsupportedModelError, make_per_sample
+from grab_exp.per_sample.check import SEED
 
 F64 = torch.float64
 ALL = ("auto", "hooks", "factored", "func")
@@ -410,6 +418,41 @@ def unlabelled_from_call_3() -> list[Batch]:
             y[:4] = -100
         out.append((x, y))
     return out
+
+
+def policy_batches() -> list[Batch]:
+    """Batches of 6 for :func:`pg_loss`: ``y = (action, advantage)``, the advantages
+    normalized to mean 0 and standard deviation 1 (as PPO and REINFORCE do)."""
+    g = generator(29)
+    out = []
+    for _ in range(5):
+        x = torch.randn(6, IN, generator=g, dtype=F64)
+        advantage = torch.randn(6, generator=g, dtype=F64)
+        advantage = (advantage - advantage.mean()) / advantage.std()
+        out.append((x, torch.stack([labels(g, 6).to(F64), advantage], 1)))
+    return out
+
+
+def regression(sizes, seed: int) -> list[Batch]:
+    g = generator(seed)
+    xs = [torch.randn(b, IN, generator=g, dtype=F64) for b in sizes]
+    return [(x, torch.randn(len(x), generator=g, dtype=F64)) for x in xs]
+
+
+def swapped_pair_float32() -> list[Batch]:
+    """One float32 batch of 64 for :class:`SortedBatch` in ``x.sum(1)`` order except for one
+    pair of examples, which the sort swaps: the pair whose weights in the first check (drawn
+    from the check's own seeded generator) are closest, ``|c_i - c_j| < 1e-3``. The swapped
+    examples are otherwise unrelated: their rows differ by order 1."""
+    c = torch.rand(64, generator=torch.Generator().manual_seed(SEED), dtype=F64) + 0.5
+    gaps = (c[:, None] - c[None]).abs() + 9 * torch.eye(64, dtype=F64)
+    i, j = divmod(int(gaps.argmin()), 64)
+    g = generator(30)
+    rank = torch.arange(64, dtype=torch.float32)
+    rank[i], rank[j] = float(j), float(i)
+    x = 0.05 * torch.randn(64, IN, generator=g)
+    x[:, 0] += rank  # x.sum(1) ~ rank: gaps of 1, noise ~0.1
+    return [(x, labels(g, 64))]
 
 
 # -- schedules and extra checks -------------------------------------------------------------------
@@ -776,6 +819,63 @@ CASES = [
         },
         before_call=deepen_head,
     ),
+    # 26. float32 and a batch of 64 where the sort moves ONE pair of examples, the pair whose
+    # weights c_i, c_j in the check are closest: the identity's error is |c_i - c_j| times the
+    # rows' difference, below float32's 1e-2 tolerance, so the swapped rows (off by order 1)
+    # pass as rounding
+    Case(
+        "26_sorted_pair_float32",
+        lambda: built(SortedBatch)().float(),
+        swapped_pair_float32,
+        {"auto": RIGHT, "func": RIGHT, "hooks": HOOKS_NEED_FUNC, "factored": HOOKS_NEED_FUNC},
+    ),
+    # 27. a policy-gradient loss with normalized advantages and a zero-initialized action head:
+    # every example's log-probability is the same, so the batch loss is ~1e-17 while each
+    # example's term is of order 1; the per-call loss split's RELATIVE gap is then rounding
+    # over ~0 and the loss is refused as "class weights or ignore_index" (a LossContractError:
+    # auto does not even try func, which is right). Float32 with CleanRL's std=0.01 head too.
+    Case(
+        "27_policy_gradient_zero_mean_loss",
+        built(policy_mlp),
+        policy_batches,
+        every(ALL, RIGHT),
+        loss=lambda model: pg_loss,
+    ),
+    # 28. ReLU(inplace=True) after each Linear: factored's rows of a Linear changed in place are
+    # LinearFactors, which the identity at the parameters hands to torch.tensordot
+    # (AttributeError); auto leaves the hook path for func on it
+    Case(
+        "28_inplace_relu",
+        built(inplace_relu_mlp),
+        lambda: vectors([6] * 4, seed=29),
+        every(ALL, RIGHT),
+    ),
+    # 29. head(h).squeeze(): () for one example. func's vmap output has no example dimension to
+    # squeeze (IndexError out of psg); with tied weights auto takes func and raises it too
+    Case(
+        "29_squeezed_output",
+        built(SqueezedOutput),
+        lambda: regression([6] * 3, seed=31),
+        every(ALL, RIGHT),
+        loss=lambda model: squeezed_mse,
+    ),
+    Case(
+        "29_squeezed_output_tied",
+        built(lambda: SqueezedOutput(tied=True)),
+        lambda: regression([6] * 3, seed=31),
+        every(("auto", "func"), RIGHT),
+        loss=lambda model: squeezed_mse,
+    ),
+    # 30. the model returns (logits, kl), kl a scalar of the parameters only (Bayes by
+    # backprop): every example's loss is its ce plus the same kl / N, the loss contract holds,
+    # but every method refuses output 1 as "a value of the whole batch"
+    Case(
+        "30_parameter_scalar_output",
+        built(KLModel),
+        lambda: vectors([6] * 4, seed=32),
+        {"auto": RIGHT, "func": RIGHT, "hooks": HOOKS_NEED_FUNC, "factored": HOOKS_NEED_FUNC},
+        loss=lambda model: elbo_loss,
+    ),
 ]
 
 PARAMS = [
@@ -921,3 +1021,52 @@ def test_bfloat16_mlp_not_refused(method: str) -> None:
             err = (got - want).abs().max().item()
             scale = want.abs().max().item()
             assert err <= 2e-2 * scale + 1e-6, f"call {k + 1}: {name}: {err:.3g} of {scale:.3g}"
+
+
+def test_auto_leaving_hook_path_keeps_rng() -> None:
+    """31. a TransformerEncoderLayer with its default dropout in training mode: the hook path's
+    forward draws the dropout masks, then refuses the attention's own dropout, and auto runs
+    func on the same call, which draws them again: the global RNG is left two forwards ahead of
+    a plain step (func alone leaves it as the plain step does)."""
+    with seeded(0):
+        model = nn.Sequential(
+            nn.Linear(IN, 8), nn.TransformerEncoderLayer(8, 2, 16, batch_first=True),
+            nn.Flatten(), nn.Linear(5 * 8, CLASSES),
+        ).double()  # fmt: skip
+    psg = make_per_sample(model, F.cross_entropy, method="auto")
+    for k, (x, y) in enumerate(sequences([5] * 3, seed=33)):
+        plain = copy.deepcopy(model)
+        torch.manual_seed(100 + k)
+        F.cross_entropy(plain(x), y).backward()
+        want = torch.get_rng_state()
+        torch.manual_seed(100 + k)
+        psg(x, y)
+        assert torch.equal(torch.get_rng_state(), want), f"call {k + 1}: RNG ({psg.reason})"
+
+
+@pytest.mark.parametrize("method", ALL)
+def test_float32_near_fit_regression_not_refused(method: str) -> None:
+    """32. a float32 regression MLP whose residuals are 1e-4 of its outputs (near
+    convergence): the examples' losses (~1e-9) differ between a batch of 16 and two examples
+    alone by float32 rounding of the outputs, far above 1e-4 of the losses, so the mixing check
+    refuses "the model mixes the examples of a batch". The rows are right up to float32
+    rounding (within 1e-2 of a float64 loop on the same weights)."""
+    with seeded(0):
+        model = nn.Sequential(
+            nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1)
+        )
+    reference = copy.deepcopy(model).double()
+    psg = make_per_sample(model, F.mse_loss, method=method)
+    g = generator(34)
+    for k in range(3):
+        x = torch.randn(16, 16, generator=g)
+        with torch.no_grad():
+            y = model(x) + 1e-4 * torch.randn(16, 1, generator=g)
+        model.zero_grad(set_to_none=True)
+        _, grads = psg(x, y)  # a refusal fails the test
+        rows = per_example_rows(reference, F.mse_loss, x.double(), y.double())
+        for name, want in rows.items():
+            got = grads.as_dict()[name].double()
+            err = (got - want).abs().max().item()
+            scale = want.abs().max().item()
+            assert err <= 1e-2 * scale, f"call {k + 1}: {name}: {err:.3g} of {scale:.3g}"

@@ -451,3 +451,87 @@ class StepCounter(nn.Module):
             self.steps = self.steps + 1
             self.ema = 0.9 * self.ema + 0.1 * x.detach().mean(0)
         return self.body(x)
+
+
+# -- 26-31. found by the second review ------------------------------------------------------------
+
+
+def policy_mlp() -> nn.Sequential:
+    """A policy network whose action head starts at zero (CleanRL's actor head uses std 0.01;
+    zero is its limit): every example's log-probabilities are equal at first."""
+    model = mlp()
+    nn.init.zeros_(model[4].weight)
+    nn.init.zeros_(model[4].bias)
+    return model
+
+
+def pg_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """REINFORCE / PPO's policy term: ``-(log pi(a | x) * advantage).mean()``, ``y = (action,
+    advantage)`` per example (the advantages normalized over the rollout: their mean is 0)."""
+    logp = out.log_softmax(-1).gather(1, y[:, :1].long()).squeeze(1)
+    return -(logp * y[:, 1]).mean()
+
+
+def inplace_relu_mlp() -> nn.Sequential:
+    """Linear -> ReLU(inplace=True) -> Linear -> ReLU(inplace=True) -> Linear (torchvision's
+    classifier heads): each Linear's output is changed in place after its call."""
+    return nn.Sequential(
+        nn.Linear(IN, HIDDEN), nn.ReLU(inplace=True), nn.Linear(HIDDEN, HIDDEN),
+        nn.ReLU(inplace=True), nn.Linear(HIDDEN, CLASSES),
+    )  # fmt: skip
+
+
+class SqueezedOutput(nn.Module):
+    """A regression MLP that returns ``head(h).squeeze()`` (``(B,)``; ``()`` for one example);
+    with ``tied``, a second Linear shares the first one's weight (so ``auto`` takes ``func``)."""
+
+    def __init__(self, tied: bool = False) -> None:
+        super().__init__()
+        self.a, self.head = nn.Linear(IN, IN), nn.Linear(IN, 1)
+        self.b = nn.Linear(IN, IN) if tied else None
+        if self.b is not None:
+            self.b.weight = self.a.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x))
+        if self.b is not None:
+            h = torch.tanh(self.b(h))
+        return self.head(h).squeeze()
+
+
+def squeezed_mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(out.reshape(-1), y)
+
+
+class KLHead(nn.Module):
+    """A Bayes-by-backprop style head: returns ``(logits, kl)``, ``kl`` a scalar of its
+    parameters only (the same for every example and every batch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mu = nn.Linear(HIDDEN, CLASSES)
+        self.log_sigma = nn.Parameter(torch.full((CLASSES, HIDDEN), -3.0))
+
+    def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        sigma2 = self.log_sigma.exp() ** 2
+        kl = 0.5 * (self.mu.weight**2 + sigma2 - 2 * self.log_sigma).sum()
+        return self.mu(h), kl
+
+
+class KLModel(nn.Module):
+    """Linear -> tanh -> :class:`KLHead`: ``(logits (B, C), kl ())``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(IN, HIDDEN), nn.Tanh())
+        self.head = KLHead()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.head(self.body(x))
+
+
+def elbo_loss(out: tuple[torch.Tensor, torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+    """``ce + kl / N`` (N = 1000 training examples): each example's loss is its ``ce`` plus the
+    same ``kl / N``, so the batch loss is their mean."""
+    logits, kl = out
+    return F.cross_entropy(logits, y) + kl / 1000
