@@ -163,6 +163,8 @@ class PerSampleGradients(ABC):
         losses = example_losses(self.loss_fn, out, y, layout)  # (B,), in out's graph
         self.checker.settle_deferred(losses.dtype)  # the loss splits of the calls since
         loss = self.loss_fn(out, y)
+        if not torch.isfinite(loss):
+            return  # a diverged step: nothing to compare; the runner stops on its loss
         problem = loss_problem(loss.detach(), losses.detach())
         if problem is not None:
             raise LossContractError(problem)

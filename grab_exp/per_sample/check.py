@@ -34,6 +34,7 @@ are as before (:func:`kept_state`).
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -228,9 +229,10 @@ def example_losses(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout) -> 
 def loss_gap(loss_fn, out: Any, y: torch.Tensor, loss: torch.Tensor, layout: OutputLayout, k: int):
     """The relative gap between ``B * loss`` and the sum of ``k * loss`` of the first ``k``
     examples and ``(B - k) * loss`` of the rest: zero (up to rounding) for a mean of per-example
-    losses; relative to the parts' sizes (a loss whose examples' terms cancel, as a policy
-    gradient's, has a mean near 0). A float where host reads are free (the CPU), else a ``()``
-    tensor."""
+    losses (``None``, or 0 on the device, when the batch loss itself is not finite: a diverged
+    step is the runner's to stop); relative to the parts' sizes (a loss whose examples' terms
+    cancel, as a policy gradient's, has a mean near 0). A float where host reads are free (the
+    CPU), else a ``()`` tensor."""
     batch = len(y)
     with torch.no_grad():
         first = loss_fn(layout.narrow(out, 0, k), y[:k])
@@ -238,16 +240,22 @@ def loss_gap(loss_fn, out: Any, y: torch.Tensor, loss: torch.Tensor, layout: Out
     if not host_reads_allowed(loss.device):
         whole = loss.detach() * batch
         size = (first.abs() * k + second.abs() * (batch - k)).clamp_min(1e-30)
-        return (first * k + second * (batch - k) - whole).abs() / size
+        gap = (first * k + second * (batch - k) - whole).abs() / size
+        return torch.where(whole.isfinite(), gap, torch.zeros_like(gap))
     first, second, whole = first.item() * k, second.item() * (batch - k), loss.item() * batch
+    if not math.isfinite(whole):  # a diverged step: the runner's to stop, not the loss's fault
+        return None
     return abs(first + second - whole) / max(abs(first) + abs(second), 1e-30)
 
 
 def relative_gap(got: torch.Tensor, want: torch.Tensor, size: torch.Tensor):
     """``|got - want| / size`` of ``()`` tensors: a float where host reads are free (the CPU),
-    else a ``()`` tensor."""
+    else a ``()`` tensor; nothing (``None``, or 0) when ``got``, the batch loss, is not finite."""
     if not host_reads_allowed(want.device):
-        return (got - want).abs() / size.clamp_min(1e-30)
+        gap = (got - want).abs() / size.clamp_min(1e-30)
+        return torch.where(got.isfinite(), gap, torch.zeros_like(gap))
+    if not math.isfinite(got.item()):  # a diverged step: the runner's to stop
+        return None
     return abs(got.item() - want.item()) / max(size.item(), 1e-30)
 
 
@@ -412,6 +420,8 @@ def mixing_problem(
         return torch.cat(parts)
 
     in_batch = _rows_of(layout.select(out, index), layout).detach()
+    if not in_batch.isfinite().all():
+        return None  # a diverged step: nothing to compare; the runner stops on its loss
     with torch.random.fork_rng(devices=_cuda_devices(model)):
         first = alone()
         difference = _relative_rows(first, in_batch)
@@ -444,8 +454,10 @@ def _rows_of(out: Any, layout: OutputLayout) -> torch.Tensor:
 
 
 def _relative_rows(got: torch.Tensor, want: torch.Tensor) -> float:
-    size = torch.linalg.vector_norm(want).clamp_min(1e-30)
-    return (torch.linalg.vector_norm(got.to(want.dtype) - want) / size).item()
+    """``|got - want| / |want|`` in the 2-norm, scaled first (huge outputs do not overflow)."""
+    scale = want.abs().max().clamp_min(1e-30)
+    size = torch.linalg.vector_norm(want / scale).clamp_min(1e-30)
+    return (torch.linalg.vector_norm((got.to(want.dtype) - want) / scale) / size).item()
 
 
 def _device(out: Any) -> torch.device:
