@@ -425,9 +425,9 @@ class HookedPerSample(PerSampleGradients):
         if due:
             self._refuse_direct_uses(loss, calls)
         changed = any(call.changed() for layer_calls in calls.values() for call in layer_calls)
-        totals, input_grads = self._backward(loss, x, calls, retain=due, everything=changed)
-        rows, means = self._rows(calls, batch)
-        params = self.trainable()
+        params = self.trainable()  # read once per call: the rows' columns
+        totals, input_grads = self._backward(loss, x, calls, due, params, everything=changed)
+        rows, means = self._rows(calls, batch, list(params))
         written = [(totals if changed else means).get(n) for n in params]
         with _written_first(params.values(), written):  # else after the checks
             if due:
@@ -439,13 +439,14 @@ class HookedPerSample(PerSampleGradients):
                 gap = loss_gap(self.loss_fn, out, y, loss, self.plan.output, k)
                 self.checker.settle_gap(gap, loss.dtype)
         _add_to_grad(input_grads, input_grads.values())
-        return loss.detach(), self._batch_grads(rows)
+        return loss.detach(), self._batch_grads(rows, params)
 
-    def _rows(self, calls: dict[str, list[Call]], batch: int) -> tuple[dict, Grads]:
-        """The rows of every trainable parameter (``(B, *shape)`` or factors) and its mean
+    def _rows(
+        self, calls: dict[str, list[Call]], batch: int, trainable: list[str]
+    ) -> tuple[dict, Grads]:
+        """The rows of every ``trainable`` parameter (``(B, *shape)`` or factors) and its mean
         gradient (``None`` where no call of its layer reached the loss), in ``named_parameters``
         order."""
-        trainable = list(self.trainable())
         views = self._buffer_views(batch, trainable, calls)
         rows: dict[str, Any] = {}
         means: Grads = {}
@@ -479,9 +480,9 @@ class HookedPerSample(PerSampleGradients):
                     "optimizer's weight_decay for a plain penalty"
                 )
 
-    def _batch_grads(self, rows: dict[str, Any]) -> BatchGrads:
+    def _batch_grads(self, rows: dict[str, Any], params: dict[str, nn.Parameter]) -> BatchGrads:
         if self.factored:
-            shapes = {n: p.shape for n, p in self.trainable().items()}
+            shapes = {n: p.shape for n, p in params.items()}
             return BatchGrads.from_parts(rows, shapes)
         return as_batch_grads(rows)
 
@@ -622,12 +623,18 @@ class HookedPerSample(PerSampleGradients):
         return grads, fallback.mean(batch, grads)
 
     def _backward(
-        self, loss: torch.Tensor, x: Inputs, calls: dict, retain: bool, everything: bool
+        self,
+        loss: torch.Tensor,
+        x: Inputs,
+        calls: dict,
+        retain: bool,
+        params: dict[str, nn.Parameter],
+        everything: bool,
     ) -> tuple[Grads, dict]:
         """One backward of ``loss``: the gradients at the calls' outputs (into their ``grads``)
         and at the inputs that require one (tensor -> gradient). With ``everything`` (an output
-        was changed in place since its call: the tensor hooks catch its gradient) the trainable
-        parameters' gradients too, autograd's (by name)."""
+        was changed in place since its call: the tensor hooks catch its gradient) the gradients
+        of the trainable ``params`` too, autograd's (by name)."""
         targets = [
             (call, k)
             for layer_calls in calls.values()
@@ -635,7 +642,7 @@ class HookedPerSample(PerSampleGradients):
             for k, t in enumerate(call.outputs)
             if isinstance(t, torch.Tensor) and t.requires_grad
         ]
-        params = self.trainable() if everything else {}
+        params = params if everything else {}
         outputs = [] if everything else [call.outputs[k] for call, k in targets]
         inputs = [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
         wanted = [*params.values(), *outputs, *inputs]
