@@ -72,7 +72,7 @@ def main(cfg: DictConfig) -> float | None:
     """
     from hydra.core.hydra_config import HydraConfig
 
-    from grab_exp.distributed.comm import end_process
+    from grab_exp.distributed.comm import end_finished_rank, end_process
     from grab_exp.runner.training.job import run_job  # after Hydra set up logging
 
     warn_if_sweep_preset_runs_once()
@@ -97,6 +97,8 @@ def main(cfg: DictConfig) -> float | None:
             raise
         print(f"error: {line}", file=sys.stderr)
         end_process(1)
+    if not in_sweep:
+        end_finished_rank()
     return final.get("test/acc")
 
 

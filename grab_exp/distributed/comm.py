@@ -168,6 +168,17 @@ def exit_after_collective_error(error: CollectiveError) -> NoReturn:
     os._exit(1)
 
 
+def end_finished_rank() -> None:
+    """End a torch.distributed rank whose job finished, with status 0, at once.
+
+    Its group's background threads sometimes abort the interpreter's teardown, even with the
+    group destroyed at exit (``terminate called without an active exception``, status -6);
+    everything the job writes is closed by then. Any other process returns.
+    """
+    if dist.is_available() and dist.is_initialized():
+        end_process(0)
+
+
 def end_process(code: int) -> NoReturn:
     """End the process with status ``code`` after its message was printed.
 

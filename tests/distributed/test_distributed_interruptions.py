@@ -104,7 +104,8 @@ def test_a_cut_checkpoint_stops_both_ranks_with_one_line(probes):
 
 
 def test_the_same_command_then_resumes_to_the_end(probes):
-    assert probes["codes"]["resumed"] == [0, 0], stderr_of(probes["folders"]["resumed"], 0)
+    folder = probes["folders"]["resumed"]
+    assert probes["codes"]["resumed"] == [0, 0], stderr_of(folder, 0) + stderr_of(folder, 1)
     rows = (probes["run_dir"] / "metrics.csv").read_text().splitlines()[1:]
     assert [int(row.split(",")[0]) for row in rows] == list(range(1, EPOCHS + 1))
     summary = json.loads((probes["run_dir"] / "summary.json").read_text())
