@@ -234,9 +234,11 @@ def loss_gap(loss_fn, out: Any, y: torch.Tensor, loss: torch.Tensor, layout: Out
     cancel, as a policy gradient's, has a mean near 0). A float where host reads are free (the
     CPU), else a ``()`` tensor."""
     batch = len(y)
-    with torch.no_grad():
-        first = loss_fn(layout.narrow(out, 0, k), y[:k])
-        second = loss_fn(layout.narrow(out, k, batch - k), y[k:])
+    if isinstance(out, torch.Tensor):  # the usual output: detached, no grad mode to switch
+        first, second = _parts(loss_fn, out.detach(), y, layout, k)
+    else:
+        with torch.no_grad():
+            first, second = _parts(loss_fn, out, y, layout, k)
     if not host_reads_allowed(loss.device):
         whole = loss.detach() * batch
         size = (first.abs() * k + second.abs() * (batch - k)).clamp_min(1e-30)
@@ -246,6 +248,13 @@ def loss_gap(loss_fn, out: Any, y: torch.Tensor, loss: torch.Tensor, layout: Out
     if not math.isfinite(whole):  # a diverged step: the runner's to stop, not the loss's fault
         return None
     return abs(first + second - whole) / max(abs(first) + abs(second), 1e-30)
+
+
+def _parts(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout, k: int) -> tuple:
+    """``loss_fn`` of the first ``k`` examples and of the rest."""
+    rest = len(y) - k
+    first = loss_fn(layout.narrow(out, 0, k), y.narrow(0, 0, k))
+    return first, loss_fn(layout.narrow(out, k, rest), y.narrow(0, k, rest))
 
 
 def relative_gap(got: torch.Tensor, want: torch.Tensor, size: torch.Tensor):

@@ -32,6 +32,7 @@ in the loss), and whatever the check finds.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -256,8 +257,12 @@ class HookedPerSample(PerSampleGradients):
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
             if self._mode == "idle":
                 return None
-            leaves, spec = tree_flatten((list(args), kwargs))
-            outputs, output_spec = tree_flatten(output)
+            if not kwargs and isinstance(output, torch.Tensor) and _all_tensors(args):
+                leaves, spec = list(args), _args_spec(len(args))  # the usual call: no pytree
+                outputs, output_spec = [output], None
+            else:
+                leaves, spec = tree_flatten((list(args), kwargs))
+                outputs, output_spec = tree_flatten(output)
             sources = [t.grad_fn for t in leaves if isinstance(t, torch.Tensor) and t.grad_fn]
             leaves = [t.detach() if isinstance(t, torch.Tensor) else t for t in leaves]
             graded = [isinstance(t, torch.Tensor) and t.requires_grad for t in outputs]
@@ -424,20 +429,25 @@ class HookedPerSample(PerSampleGradients):
         due = self.checker.due(key, batch)
         if due:
             self._refuse_direct_uses(loss, calls)
-        changed = any(call.changed() for layer_calls in calls.values() for call in layer_calls)
+        elif (k := self.checker.split(batch)) is not None:  # a full check reads every loss
+            gap = loss_gap(self.loss_fn, out, y, loss, self.plan.output, k)
+            self.checker.settle_gap(gap, loss.dtype)  # before the backward: nothing written yet
+        changed = False
+        for layer_calls in calls.values():
+            for call in layer_calls:
+                call.in_place = call.changed()
+                changed = changed or call.in_place
         params = self.trainable()  # read once per call: the rows' columns
         totals, input_grads = self._backward(loss, x, calls, due, params, everything=changed)
         rows, means = self._rows(calls, batch, list(params))
         written = [(totals if changed else means).get(n) for n in params]
-        with _written_first(params.values(), written):  # else after the checks
-            if due:
+        if due:
+            with _written_first(params.values(), written):  # else after the check
                 identity = self._identity(calls, rows, batch)
                 self.full_check(x, y, out, self.plan.output, identity)
                 self.checker.passed(key, batch)
-            k = self.checker.split(batch)
-            if k is not None:
-                gap = loss_gap(self.loss_fn, out, y, loss, self.plan.output, k)
-                self.checker.settle_gap(gap, loss.dtype)
+        else:
+            _add_to_grad(params.values(), written)
         _add_to_grad(input_grads, input_grads.values())
         return loss.detach(), self._batch_grads(rows, params)
 
@@ -494,7 +504,7 @@ class HookedPerSample(PerSampleGradients):
         at_params = {
             name
             for name in self._layers
-            if name not in self.rules or any(c.changed() for c in calls.get(name, []))
+            if name not in self.rules or any(c.in_place for c in calls.get(name, []))
         }
         outputs = [
             (name, call.outputs[k], call.grads[k], layout.outputs[k])
@@ -614,7 +624,7 @@ class HookedPerSample(PerSampleGradients):
             a = call.leaves[0].movedim(layout.inputs[0], 0)  # (B, ...)
             g = call.grads[0].movedim(layout.outputs[0], 0)  # (B, ...), of the mean loss
             g_sum = g * batch
-            factored = self.factored and not several and not call.changed()
+            factored = self.factored and not several and not call.in_place
             factors = rule.factors(layer, a, g_sum) if factored else None
             grads = factors or rule.per_sample(layer, a, g_sum, out)
             return grads, rule.mean(layer, a, g, grads)
@@ -684,6 +694,16 @@ class FactoredPerSample(HookedPerSample):
 
     method = "factored"
     factored = True
+
+
+def _all_tensors(args: tuple) -> bool:
+    return all(isinstance(a, torch.Tensor) for a in args)
+
+
+@functools.cache
+def _args_spec(count: int) -> Any:
+    """The pytree structure of ``(list(args), {})`` for ``count`` tensor arguments."""
+    return tree_flatten(([0] * count, {}))[1]
 
 
 def _setter(grads: list, k: int):

@@ -111,6 +111,8 @@ class Call:
         sources: the autograd nodes that made the call's tensor inputs (a walk of the graph
             steps over the call from its outputs to them).
         versions: each output tensor's ``_version`` when returned (an in-place change shows).
+        in_place: whether an output was changed in place by the end of the forward and loss
+            (:meth:`changed` then, as the hook path reads it once per call).
     """
 
     leaves: list[Any]
@@ -119,6 +121,7 @@ class Call:
     grads: list[torch.Tensor | None]
     sources: list[Any] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    in_place: bool = False
 
     def changed(self) -> bool:
         """Whether an output was changed in place since the call returned it."""
