@@ -15,11 +15,13 @@ from grab_exp.per_sample import make_per_sample
 
 
 def arguments(
-    description: str, epochs: int, examples: int, **floats: tuple[float, str]
+    description: str, epochs: int, examples: int, images: bool = False, **floats: tuple[float, str]
 ) -> argparse.Namespace:
     """``--epochs``, ``--examples`` (training examples used), ``--balance``, ``--batch-size``,
-    ``--seed``, and one ``--NAME`` per keyword ``NAME=(default, help)`` (a float)."""
-    parser = argparse.ArgumentParser(description=description)
+    ``--seed``, one ``--NAME`` per keyword ``NAME=(default, help)`` (a float), and with
+    ``images`` where CIFAR-10 comes from (:func:`cifar10`: ``--archive``, ``--synthetic``)."""
+    epilog = "CIFAR-10 is downloaded on first use; offline: --archive PATH or --synthetic"
+    parser = argparse.ArgumentParser(description=description, epilog=epilog if images else None)
     for name, (default, text) in floats.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=float, default=default, help=text)
     parser.add_argument("--epochs", type=int, default=epochs, help="epochs of each ordering")
@@ -27,10 +29,38 @@ def arguments(
     parser.add_argument("--balance", default="mean", help="the GraB ordering (mean, pair, ...)")
     parser.add_argument("--batch-size", type=int, default=16, help="examples per step")
     parser.add_argument("--seed", type=int, default=0, help="seed of the model and the orders")
+    if images:
+        parser.add_argument(
+            "--archive", help="offline: a CIFAR-10 JPEG archive instead of torchvision's download"
+        )
+        parser.add_argument(
+            "--synthetic", action="store_true", help="offline: synthetic 32x32 images, 10 classes"
+        )
     args = parser.parse_args()
     if args.epochs < 1 or args.examples < args.batch_size:
         parser.error("--epochs must be >= 1 and --examples >= --batch-size")
     return args
+
+
+def cifar10(args: argparse.Namespace) -> Dataset:
+    """``args.examples`` training images of CIFAR-10 (torchvision's download, ``--archive``'s
+    JPEG copy, or ``--synthetic`` images); offline without either, one line and exit 2."""
+    from torch.utils.data import TensorDataset
+
+    from grab_exp.data import load_cifar10, load_cifar10_jpeg, make_synthetic
+
+    if args.synthetic:
+        data = make_synthetic(num_train=args.examples, num_test=16, seed=args.seed)
+    elif args.archive:
+        data = load_cifar10_jpeg(args.archive, subset=args.examples)
+    else:
+        try:
+            data = load_cifar10(subset=args.examples)
+        except RuntimeError as error:
+            cause = str(error).split(";")[0]
+            offline = "offline: rerun with --archive PATH or --synthetic"
+            raise SystemExit(f"error: {cause}; {offline}") from None
+    return TensorDataset(data.train_x, data.train_y)
 
 
 def train(

@@ -13,9 +13,10 @@ from pydoc_data.topics import topics
 
 import torch
 from grab_vs_rr import arguments, compare
-from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import TensorDataset
+
+from grab_exp.models import WordLM  # the model=word_lm preset of the runner
 
 SEQ, VOCAB = 35, 2000  # words per example; most frequent words kept (the rest are <unk>)
 
@@ -31,19 +32,10 @@ def corpus(examples: int) -> TensorDataset:
     return TensorDataset(x, y)
 
 
-class WordLM(nn.Module):
-    """Embedding -> dropout -> LSTM (2 layers) -> dropout -> Linear over the vocabulary."""
-
-    def __init__(self, width: int = 64) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, width)
-        self.drop = nn.Dropout(0.2)  # a module: the hook path takes the batch's masks
-        self.lstm = nn.LSTM(width, width, num_layers=2, batch_first=True)
-        self.head = nn.Linear(width, VOCAB)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, VOCAB)
-        out, _ = self.lstm(self.drop(self.embed(tokens)))
-        return self.head(self.drop(out))
+def word_lm() -> WordLM:
+    """The paper's model, small: width 64, dropout 0.2 (a module: the hook path takes the
+    batch's masks)."""
+    return WordLM(num_classes=VOCAB, width=64, dropout=0.2)
 
 
 def next_word_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -54,4 +46,4 @@ def next_word_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 if __name__ == "__main__":
     args = arguments(__doc__.splitlines()[0], epochs=3, examples=1800)
-    compare(WordLM, corpus(args.examples), next_word_loss, args, lr=0.5)
+    compare(word_lm, corpus(args.examples), next_word_loss, args, lr=0.5)

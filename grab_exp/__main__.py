@@ -60,7 +60,7 @@ def warn_if_sweep_preset_runs_once() -> None:
         )
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+@hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
     """Train one job; returns the final test accuracy (for sweepers).
 
@@ -73,8 +73,10 @@ def main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
     from grab_exp.distributed.comm import end_finished_rank, end_process
+    from grab_exp.runner.rundir.state import mark_job_log_start
     from grab_exp.runner.training.job import run_job  # after Hydra set up logging
 
+    mark_job_log_start(HydraConfig.get().runtime.output_dir)  # before this job's first line
     warn_if_sweep_preset_runs_once()
     in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN  # the sweeper reports, not the job
     try:

@@ -16,7 +16,7 @@ from grab_exp.logging.provenance import cpu_model
 
 #: what a benchmark runs: the package, its configs and plugins, its dependencies (not the
 #: results a sitting rewrites, nor documentation)
-CODE = ("grab_exp", "conf", "hydra_plugins", "pyproject.toml")
+CODE = ("grab_exp", "hydra_plugins", "pyproject.toml")
 
 #: the 1-minute load average when the benchmark's command line was built (before it measured)
 _load_at_start: float | None = None

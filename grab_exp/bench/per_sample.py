@@ -10,6 +10,7 @@ reported with its one-line reason instead of a time.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 
 import torch
@@ -18,33 +19,10 @@ from torch.nn import functional as F
 
 from grab_exp.bench.machine import add_device_option, bench_parser, bench_report, write_report
 from grab_exp.bench.timing import interleaved_seconds
-from grab_exp.models import LeNet
-from grab_exp.per_sample import batchnorm_to_groupnorm, make_per_sample
+from grab_exp.models import LeNet, WordLM, resnet18_gn
+from grab_exp.per_sample import make_per_sample
 
 BATCH = 16
-
-
-def resnet18_gn() -> nn.Module:
-    """torchvision's ResNet-18 for 32x32 inputs (3x3 stem, no max-pool), GroupNorm for BN."""
-    from torchvision.models import resnet18
-
-    model = resnet18(num_classes=10)
-    model.conv1 = nn.Conv2d(3, 64, 3, padding=1, bias=False)
-    model.maxpool = nn.Identity()
-    return batchnorm_to_groupnorm(model)
-
-
-class WordLM(nn.Module):
-    """Embedding(10,000, 256) + LSTM(256, 2 layers) + Linear over the vocabulary (T = 35)."""
-
-    def __init__(self, vocab: int = 10_000, width: int = 256) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, width)
-        self.lstm = nn.LSTM(width, width, num_layers=2, batch_first=True)
-        self.head = nn.Linear(width, vocab)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, vocab)
-        return self.head(self.lstm(self.embed(tokens))[0])
 
 
 class TransformerClassifier(nn.Module):
@@ -77,7 +55,7 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], Callable, Callable]] = {
     "lenet": (LeNet, _images, F.cross_entropy),
     "resnet18_gn": (resnet18_gn, _images, F.cross_entropy),
     "lstm_lm": (
-        WordLM,
+        functools.partial(WordLM, num_classes=10_000, width=256),
         lambda g: (
             torch.randint(0, 10_000, (BATCH, 35), generator=g),
             torch.randint(0, 10_000, (BATCH, 35), generator=g),

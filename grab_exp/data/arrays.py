@@ -13,14 +13,17 @@ TENSOR_FIELDS = ("train_x", "train_y", "test_x", "test_y")
 
 @dataclass(frozen=True)
 class ArrayData:
-    """A whole image-classification dataset held as tensors, already preprocessed.
+    """A whole dataset held as tensors, already preprocessed: images and their classes, or a
+    token stream's windows and their next tokens.
 
     Attributes:
-        train_x: ``(N, 3, 32, 32)`` float32 training images, normalized to [-1, 1].
-        train_y: ``(N,)`` int64 training labels in ``0 .. len(classes) - 1``.
-        test_x: ``(M, 3, 32, 32)`` float32 test images, normalized like ``train_x``.
-        test_y: ``(M,)`` int64 test labels.
-        classes: Class names; ``classes[label]`` names a label.
+        train_x: ``(N, C, H, W)`` float32 training images (normalized), or ``(N, T)`` int64
+            token windows.
+        train_y: ``(N,)`` int64 training labels in ``0 .. len(classes) - 1``, or ``(N, T)``
+            next tokens (a label per position).
+        test_x: the test split's inputs, shaped like ``train_x`` past dimension 0.
+        test_y: its labels.
+        classes: Class names (a vocabulary's words); ``classes[label]`` names a label.
     """
 
     train_x: torch.Tensor
@@ -31,11 +34,16 @@ class ArrayData:
 
     def __post_init__(self) -> None:
         for split in ("train", "test"):
-            images, labels = getattr(self, f"{split}_x"), getattr(self, f"{split}_y")
-            if images.dtype != torch.float32 or images.dim() != 4:
-                raise ValueError(f"{split}_x must be a (N, C, H, W) float32 tensor")
-            if labels.dtype != torch.int64 or labels.shape != images.shape[:1]:
-                raise ValueError(f"{split}_y must be an int64 tensor of shape ({len(images)},)")
+            inputs, labels = getattr(self, f"{split}_x"), getattr(self, f"{split}_y")
+            images = inputs.dtype == torch.float32 and inputs.dim() == 4
+            tokens = inputs.dtype == torch.int64 and inputs.dim() == 2
+            if not (images or tokens):
+                raise ValueError(
+                    f"{split}_x must be (N, C, H, W) float32 images or (N, T) int64 tokens"
+                )
+            shape = inputs.shape if tokens else inputs.shape[:1]
+            if labels.dtype != torch.int64 or labels.shape != shape:
+                raise ValueError(f"{split}_y must be an int64 tensor of shape {tuple(shape)}")
 
     @property
     def num_classes(self) -> int:

@@ -44,8 +44,8 @@ def resolve_archive(archive: str | os.PathLike[str] = DEFAULT_ARCHIVE) -> Path:
         raise FileNotFoundError(
             f"{ARCHIVE_SETTING}: no CIFAR-10 JPEG archive at {path} "
             "(expected a .tar.gz or a folder with train/<class>/*.jpg and test/<class>/*.jpg); "
-            'give dataset.archive=PATH (README: "Getting CIFAR-10"), or use dataset=cifar10 '
-            "(downloaded on first use) or experiment=smoke (synthetic)"
+            'give dataset.archive=PATH (docs/experiments.md: "Getting CIFAR-10"), or use '
+            "dataset=cifar10 (downloaded on first use) or experiment=smoke (synthetic)"
         )
     return path
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from grab_exp.distributed.comm import Communicator
-from grab_exp.models.evaluate import evaluate
+from grab_exp.models.evaluate import Total, cross_entropy_total, evaluate
 
 
 class ModelDivergenceError(RuntimeError):
@@ -57,7 +57,12 @@ def check_identical_models(model: nn.Module, comm: Communicator) -> torch.Tensor
 
 
 def evaluate_shared(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int, comm: Communicator
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int,
+    comm: Communicator,
+    total: Total = cross_entropy_total,
 ) -> tuple[float, float]:
     """Mean loss and accuracy on a whole split, each process evaluating a slice of it."""
     bounds = [len(x) * p // comm.processes for p in range(comm.processes + 1)]
@@ -65,7 +70,7 @@ def evaluate_shared(
     count = part.stop - part.start
     stats = torch.zeros(2, dtype=torch.float64, device=x.device)
     if count:
-        loss, acc = evaluate(model, x[part], y[part], batch_size)
+        loss, acc = evaluate(model, x[part], y[part], batch_size, total)
         stats = torch.stack([loss * count, acc * count]).double()
     comm.all_reduce_sum_(stats, name="evaluation sums")
     loss_mean, acc_mean = (stats / len(x)).tolist()

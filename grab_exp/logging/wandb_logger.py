@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from grab_exp.logging.base import RunLogger
 from grab_exp.logging.files import shown
-from grab_exp.logging.wandb_mode import resolve_mode
+from grab_exp.logging.wandb_mode import mode_reason, resolve_mode
 
 log = logging.getLogger("grab_exp")
 
@@ -30,7 +32,7 @@ class WandbUnavailableWarning(RuntimeWarning):
     """W&B failed; this job keeps logging to the local store only."""
 
 
-class WandbLogger:
+class WandbLogger(RunLogger):
     """One W&B run per job that never lets a W&B failure stop training.
 
     Args:
@@ -86,18 +88,23 @@ class WandbLogger:
         self,
         run_dir: str | os.PathLike[str],
         config: Mapping[str, Any],
-        run_id: str | None = None,
+        resume_id: str | None = None,
+        rows: Sequence[Mapping[str, Any]] = (),
     ) -> str | None:
-        """Open (or, given ``run_id``, continue) this job's W&B run.
+        """Open (or, given ``resume_id``, continue) this job's W&B run.
 
         W&B writes under ``<run_dir>/wandb/``. Calling ``start`` again while a run is open
-        returns that run's id and opens nothing.
+        returns that run's id and opens nothing. A continued run gets ``rows`` again from its
+        first step on: W&B writes asynchronously, so a killed attempt may have checkpointed
+        epochs that never reached its W&B files (offline the reader merges the attempts, the
+        later one winning; online W&B knows which steps it already has).
 
         Args:
             run_dir: The job's run directory.
             config: The config: a dict, or a DictConfig (resolved here).
-            run_id: The id stored in the checkpoint by an earlier attempt of this job; ``None``
-                lets W&B pick a new one.
+            resume_id: The id stored in the checkpoint by an earlier attempt of this job;
+                ``None`` lets W&B pick a new one.
+            rows: The checkpointed rows of a resumed job.
 
         Returns:
             The run id to store in the checkpoint, or ``None`` when W&B is disabled or failed.
@@ -107,14 +114,18 @@ class WandbLogger:
         if self.mode == "disabled" or self.failure is not None:
             return None
         try:
-            self._run = self._init(Path(run_dir), plain_config(config), run_id)
+            self._run = self._init(Path(run_dir), plain_config(config), resume_id)
         except Exception as error:
             self._fail("wandb.init", error)
             return None
         if self.mode == "offline":
-            why = "no W&B API key configured" if self.requested_mode == "auto" else "mode offline"
+            why = mode_reason(self.requested_mode)
             log.info("W&B is offline (%s): the run is written to %s", why, shown(self.sync_dir))
-        return self._run.id
+        first_step = getattr(self._run, "starting_step", 0)
+        for row in rows:
+            if row["epoch"] >= first_step:
+                self.log(row, row["epoch"])
+        return self.run_id
 
     @property
     def sync_dir(self) -> Path | None:
@@ -135,14 +146,31 @@ class WandbLogger:
         except Exception as error:
             self._fail("wandb.log", error)
 
-    def finish(self, exit_code: int = 0) -> None:
-        """Finish the run with ``exit_code`` (0 = success); later calls do nothing."""
+    def save_files(self, base: str | os.PathLike[str], paths: Iterable[Path]) -> None:
+        """Attach ``paths`` (under ``base``, whose layout they keep) to the open run: copies in
+        the run's files folder, which W&B uploads when the run ends."""
+        if not self.active:
+            return
+        try:
+            for path in paths:
+                copy = Path(self._run.dir) / Path(path).relative_to(base)
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, copy)
+        except Exception as error:
+            self._fail("saving files", error)
+
+    def finish(self, status: str = "finished", summary: Mapping[str, Any] | None = None) -> None:
+        """Finish the run (exit code 0 when ``status`` is ``finished``, else 1), with
+        ``status`` and ``summary``'s ``wall_time_s`` in its W&B summary; later calls do
+        nothing."""
         if not self.active:
             return
         sync_dir = self.sync_dir
         run, self._run = self._run, None
+        extra = {"wall_time_s": (summary or {}).get("wall_time_s")}
         try:
-            run.finish(exit_code=int(exit_code))
+            run.summary.update({"status": status, **{k: v for k, v in extra.items() if v}})
+            run.finish(exit_code=0 if status == "finished" else 1)
         except Exception as error:
             self._fail("wandb.finish", error)
             return

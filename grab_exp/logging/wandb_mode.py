@@ -46,3 +46,13 @@ def resolve_mode(mode: str) -> str:
     if env_mode in ("online", "offline", "disabled"):
         return env_mode
     return "online" if api_key_configured() else "offline"
+
+
+def mode_reason(mode: str) -> str:
+    """Why ``mode`` resolves as it does, in words (for the log line of an offline run)."""
+    if mode != "auto":
+        return f"logger.wandb.mode={mode}"
+    env_mode = os.environ.get("WANDB_MODE", "")
+    if env_mode in ("online", "offline", "disabled"):
+        return f"WANDB_MODE={env_mode}"
+    return "logger.wandb.mode=auto and no W&B API key configured"

@@ -44,7 +44,7 @@ def test_a_run_says_what_it_trains_shows_progress_early_and_ends_with_its_result
     out = offline_wandb_run["first"].stdout
     run_dir = DIR_LINE.search(out)[1]
     start = re.search(
-        r"job: ordering mean \(functional pipeline\), model lenet \(62,006 parameters\), "
+        r"job: ordering mean \(functional pipeline\), model LeNet \(62,006 parameters\), "
         r"dataset synthetic \(2,048 train / 16 test\), 2 epochs of batch 16, seed 0, device cpu",
         out,
     )
@@ -64,7 +64,8 @@ def test_a_run_says_what_it_trains_shows_progress_early_and_ends_with_its_result
 
 def test_offline_wandb_says_so_once_and_prints_the_sync_command(offline_wandb_run):
     out, cwd = offline_wandb_run["first"].stdout, offline_wandb_run["cwd"]
-    assert out.count("W&B is offline (no W&B API key configured)") == 1, out
+    why = "logger.wandb.mode=auto and no W&B API key configured"
+    assert out.count(f"W&B is offline ({why})") == 1, out
     (sync_dir,) = re.findall(r"upload this W&B run with: wandb sync (\S+)", out)
     assert out.rindex("wandb sync") > out.rindex("epoch 2/2")
     run_dir = DIR_LINE.search(out)[1]

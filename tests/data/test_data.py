@@ -39,7 +39,7 @@ from grab_exp.data.tensor_cache import file_sha256
 from grab_exp.models import LogReg
 
 ARCHIVE = repo_root() / DEFAULT_ARCHIVE
-DATASET_CONFIGS = sorted((repo_root() / "conf" / "dataset").glob("*.yaml"))
+DATASET_CONFIGS = sorted((repo_root() / "grab_exp" / "conf" / "dataset").glob("*.yaml"))
 # the standard CIFAR-10 label order, which is alphabetical
 CIFAR10_CLASSES = [
     *("airplane", "automobile", "bird", "cat", "deer"),

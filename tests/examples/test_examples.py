@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.grab_run import OFFLINE_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 ARCHIVE = ROOT.parent / "shared" / "data" / "cifar10-jpeg.tar.gz"
@@ -45,13 +46,29 @@ def test_a_sequence_example_prints_grab_beside_rr(script, args, method):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not ARCHIVE.exists(), reason=f"needs the CIFAR-10 archive at {ARCHIVE}")
-def test_the_resnet_example_trains_with_groupnorm():
+@pytest.mark.parametrize("data", ["--synthetic", "--archive"])
+def test_the_resnet_example_trains_with_groupnorm(data):
+    if data == "--archive" and not ARCHIVE.exists():
+        pytest.skip(f"needs the CIFAR-10 archive at {ARCHIVE}")
+    source = [data, str(ARCHIVE)] if data == "--archive" else [data]
     out = run_example(
-        "resnet_groupnorm.py", "--epochs", "1", "--examples", "16", "--batch-size", "8"
+        "resnet_groupnorm.py", "--epochs", "1", "--examples", "16", "--batch-size", "8", *source
     )
     assert "per-sample gradients by method 'hooks'" in out
     assert len(EPOCH_LINE.findall(out)) == 1
+
+
+def test_the_resnet_example_offline_without_data_says_what_to_do_in_one_line(tmp_path):
+    env = {**os.environ, **OFFLINE_ENV, "XDG_CACHE_HOME": str(tmp_path)}  # no CIFAR-10 cached
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "resnet_groupnorm.py"), "--epochs", "1"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: dataset=cifar10: CIFAR-10 is not in")
+    assert lines[0].endswith("offline: rerun with --archive PATH or --synthetic")
+    assert not list(tmp_path.glob("*.png"))
 
 
 def test_bad_arguments_fail_in_one_line():

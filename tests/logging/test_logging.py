@@ -30,7 +30,7 @@ from grab_exp.logging import (
 )
 from grab_exp.logging.local import git_commit
 
-CONF_LOGGER = REPO_ROOT / "conf" / "logger"
+CONF_LOGGER = REPO_ROOT / "grab_exp" / "conf" / "logger"
 COLUMNS = ["train/loss", "train/acc", "mem/peak_cuda_mb", "time/epoch_s"]
 
 
@@ -231,7 +231,7 @@ def test_offline_run_reads_back_every_epoch(tmp_path):
     run_id = logger.start(tmp_path, config)
     assert run_id and logger.start(tmp_path, config) == run_id  # one run per job
     run_epochs(logger, range(3))
-    logger.finish(exit_code=0)
+    logger.finish("finished")
     logger.log(epoch_metrics(9), epoch=9)  # after finish: ignored
     run = read_offline_run(tmp_path)
     assert run["run_id"] == run_id and run["exit_code"] == 0
@@ -245,12 +245,12 @@ def test_resumed_run_reads_back_as_one_run(tmp_path):
     first = WandbLogger(mode="offline")
     run_id = first.start(tmp_path, {"seed": 0})
     run_epochs(first, range(3))
-    first.finish(exit_code=1)
+    first.finish("failed")
     second = WandbLogger(mode="offline")
-    assert second.start(tmp_path, {"seed": 0}, run_id=run_id) == run_id
+    assert second.start(tmp_path, {"seed": 0}, resume_id=run_id) == run_id
     second.log({"epoch": 2, "attempt": 2}, epoch=2)  # a step both attempts logged: later wins
     run_epochs(second, range(3, 5))
-    second.finish(exit_code=0)
+    second.finish("finished")
     runs = read_offline_runs(tmp_path)
     assert list(runs) == [run_id]
     run = runs[run_id]
@@ -278,7 +278,7 @@ def test_killed_job_keeps_its_committed_epochs(tmp_path):
         import os, time
         from grab_exp.logging import WandbLogger
         logger = WandbLogger(mode="offline")
-        logger.start({str(tmp_path)!r}, {{}}, run_id="killed1")
+        logger.start({str(tmp_path)!r}, {{}}, resume_id="killed1")
         for epoch in range(2):
             logger.log({{"epoch": epoch, "train/loss": 1.0}}, epoch=epoch)
         time.sleep(2.5)  # longer than the 1 s transaction-log flush interval
@@ -308,7 +308,7 @@ def test_init_failure_warns_once_then_no_ops(tmp_path):
         warnings.simplefilter("always")
         assert logger.start(tmp_path, {"a": 1}) is None
         run_epochs(logger, range(3))
-        logger.finish(exit_code=0)
+        logger.finish("finished")
         assert logger.start(tmp_path, {"a": 1}) is None
     ours = [w for w in caught if issubclass(w.category, WandbUnavailableWarning)]
     assert len(ours) == 1 and "wandb.init" in str(ours[0].message)
@@ -323,7 +323,7 @@ def test_log_failure_warns_once_then_no_ops(tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run_epochs(logger, range(1, 4))
-        logger.finish(exit_code=1)
+        logger.finish("failed")
     ours = [w for w in caught if issubclass(w.category, WandbUnavailableWarning)]
     assert len(ours) == 1 and "wandb.log" in str(ours[0].message)
     assert logger.run_id is None and logger.start(tmp_path, {}) is None

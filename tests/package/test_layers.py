@@ -2,7 +2,8 @@
 
 The layers, lowest first (docs/architecture.md, "How the code is organised"):
 
-0. ``validation``, ``devices``, ``trace``, ``data``, ``models``: no other part of grab_exp;
+0. ``validation``, ``devices``, ``trace``, ``data``, ``models``, ``losses``, ``conf`` (the
+   configs' folder): no other part of grab_exp;
 1. ``grads``: a batch's per-sample gradients;
 2. ``balance`` (the orderings), ``sampler``, ``per_sample``, ``optim``, ``logging``;
 3. ``distributed``: orderings and collectives over workers;
@@ -28,6 +29,8 @@ LAYERS = {
     "trace": 0,
     "data": 0,
     "models": 0,
+    "conf": 0,
+    "losses": 0,
     "grads": 1,
     "balance": 2,
     "sampler": 2,

@@ -12,7 +12,8 @@ from torch import nn
 
 from grab_exp.models import MLP, LeNet, LogReg
 
-MODEL_CONFIGS = sorted((Path(__file__).resolve().parents[2] / "conf" / "model").glob("*.yaml"))
+CONF = Path(__file__).resolve().parents[2] / "grab_exp" / "conf"
+MODEL_CONFIGS = sorted((CONF / "model").glob("*.yaml"))
 
 
 def parameter_count(model: nn.Module) -> int:
@@ -64,12 +65,25 @@ def test_logreg_is_one_linear_layer():
     assert parameter_count(LogReg()) == 3072 * 10 + 10
 
 
-def test_model_config_group_has_the_three_models():
-    assert [path.stem for path in MODEL_CONFIGS] == ["lenet", "logreg", "mlp"]
+def test_model_config_group_has_the_models():
+    names = [path.stem for path in MODEL_CONFIGS]
+    assert names == ["lenet", "logreg", "mlp", "resnet18_gn", "word_lm"]
 
 
 @pytest.mark.parametrize("config_path", MODEL_CONFIGS, ids=lambda path: path.stem)
 def test_every_model_config_instantiates_and_forwards(config_path):
-    model = instantiate(OmegaConf.load(config_path))
+    node = OmegaConf.load(config_path)
+    model = instantiate(node)
     assert isinstance(model, nn.Module)
-    assert model(torch.randn(4, 3, 32, 32)).shape == (4, 10)
+    if config_path.stem == "word_lm":  # (B, T) tokens -> (B, T, vocabulary) logits
+        tokens = torch.randint(0, node.num_classes, (4, 7))
+        assert model(tokens).shape == (4, 7, node.num_classes)
+    else:
+        assert model(torch.randn(4, 3, 32, 32)).shape == (4, 10)
+
+
+def test_the_resnet_preset_has_torchvisions_resnet18_parameters_with_groupnorm():
+    model = instantiate(OmegaConf.load(CONF / "model" / "resnet18_gn.yaml"))
+    norms = [m for m in model.modules() if isinstance(m, nn.GroupNorm)]
+    assert norms and not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+    assert parameter_count(model) == 11_173_962

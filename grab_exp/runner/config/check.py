@@ -17,6 +17,7 @@ from hydra.utils import get_class, get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from grab_exp.balance import Ordering
+from grab_exp.conf import CONF_DIR
 from grab_exp.distributed.join import rank_cuda_index
 from grab_exp.distributed.orderings import DistributedOrdering
 from grab_exp.optim import GSNROptimizer
@@ -43,7 +44,15 @@ def _class_of(cfg: DictConfig, group: str) -> type:
 
 
 def _short(cfg: DictConfig, group: str) -> str:
-    return cfg[group]._target_.rsplit(".", 1)[-1]
+    """The option as a user names it: its class's ``name`` (``cd_grab``), else the one file of
+    ``conf/<group>/`` with its ``_target_`` (``classic``), else the class."""
+    target = cfg[group]._target_
+    name = getattr(get_class(target), "name", None)
+    if isinstance(name, str):
+        return name
+    files = sorted((CONF_DIR / group).glob("*.yaml"))
+    options = [p.stem for p in files if OmegaConf.load(p).get("_target_") == target]
+    return options[0] if len(options) == 1 else target.rsplit(".", 1)[-1]
 
 
 def _check_per_sample(cfg: DictConfig, user: str, alternative: str = "") -> None:
@@ -103,15 +112,18 @@ def _check_model_memory(cfg: DictConfig) -> None:
 
 
 def _check_dataset_sizes(cfg: DictConfig) -> None:
-    """``dataset.subset`` and ``dataset.test_subset`` are at most the examples there are."""
+    """``dataset.subset`` and ``dataset.test_subset`` are at most the examples there are, where
+    the config says how many (CIFAR-10's, a synthetic set's ``num_train``); any other loader
+    checks its own."""
     data = cfg.dataset
+    cifar10 = data._target_ in ("grab_exp.data.load_cifar10", "grab_exp.data.load_cifar10_jpeg")
     available = {
-        "subset": data.get("num_train") or CIFAR10_TRAIN,
-        "test_subset": data.get("num_test") or CIFAR10_TEST,
+        "subset": data.get("num_train") or (CIFAR10_TRAIN if cifar10 else None),
+        "test_subset": data.get("num_test") or (CIFAR10_TEST if cifar10 else None),
     }
     for key, size in available.items():
         value = data.get(key)
-        if value is not None and value > size:
+        if value is not None and size is not None and value > size:
             raise config_error(f"dataset.{key}", value, f"null or an integer in 1..{size}")
 
 
@@ -255,8 +267,30 @@ def _check_cuda_graph(cfg: DictConfig) -> None:
 
 
 #: the dataset last: its check may ask the download server (a few seconds when offline)
+def _check_loggers(cfg: DictConfig) -> None:
+    """Every ``logger.extra`` node names a :class:`~grab_exp.logging.RunLogger` subclass."""
+    from grab_exp.logging import logger_problem
+
+    extra = cfg.logger.get("extra") or {}
+    for key in extra:
+        node = extra[key]
+        node = OmegaConf.to_container(node) if isinstance(node, DictConfig) else node
+        if (problem := logger_problem(str(key), node)) is not None:
+            raise ConfigError(problem)
+
+
 CHECKS = (check_values, _check_dataset_sizes, _check_batch_size, _check_vrgd, _check_balance)
 CHECKS += (_check_compile, _check_device, _check_cuda_graph, _check_model_memory, _check_dataset)
+
+
+def _check_loss(cfg: DictConfig) -> None:
+    """The loss builds, from its options (``loss.label_smoothing`` in range, ...)."""
+    loss = instantiate(cfg.loss)
+    if not callable(loss):
+        raise config_error("loss", type(loss).__name__, "a loss (out, y) -> () (grab_exp.losses)")
+
+
+CHECKS += (_check_loggers, _check_loss)
 
 
 def validate_config(cfg: DictConfig) -> None:

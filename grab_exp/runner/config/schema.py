@@ -61,9 +61,11 @@ class WandbConfig:
 
 @dataclass
 class LoggerConfig:
-    """Loggers besides the always-on local store."""
+    """Loggers besides the always-on local store: W&B, and ``extra`` ones by name (each a node
+    with a ``_target_``, a :class:`grab_exp.logging.RunLogger` subclass, and its options)."""
 
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -80,6 +82,7 @@ class RunConfig:
 
     model: Any = MISSING
     dataset: Any = MISSING
+    loss: Any = MISSING
     optimizer: Any = MISSING
     balance: Any = MISSING
     pipeline: Any = MISSING

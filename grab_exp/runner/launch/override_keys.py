@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import difflib
 import functools
-from collections.abc import Iterator
+import itertools
+from collections.abc import Iterator, Sequence
 from dataclasses import fields
+from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -49,21 +51,34 @@ def _groups() -> set[str]:
     return {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
 
 
-def compose_config(overrides: list[str], *, hydra: bool = False) -> DictConfig:
+def compose_config(
+    overrides: list[str], *, hydra: bool = False, config_dirs: Sequence[str] = ()
+) -> DictConfig:
     """``conf/config.yaml`` composed with ``overrides``, as ``python -m grab_exp`` composes a job.
 
     Args:
         overrides: Hydra overrides of one job (``balance=mean``, ``batch_size=16``).
         hydra: also return the ``hydra`` node (launcher, sweeper, runtime choices).
+        config_dirs: a user's config folders (``--config-dir``), searched before ours.
     """
     register_resolvers()
     register_schema()
+    if config_dirs:
+        paths = ",".join(f"file://{Path(d).resolve()}" for d in config_dirs)
+        overrides = [*overrides, f"hydra.searchpath=[{paths}]"]
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             return compose("config", overrides=overrides, return_hydra_config=hydra)
     finally:
         GlobalHydra.instance().clear()
+
+
+def config_dirs(argv: list[str]) -> list[str]:
+    """The config folders a command line adds (``--config-dir DIR``, ``-cd DIR``)."""
+    found = [a.split("=", 1)[1] for a in argv if a.startswith("--config-dir=")]
+    pairs = itertools.pairwise(argv)
+    return found + [value for flag, value in pairs if flag in ("--config-dir", "-cd")]
 
 
 def dotted_keys(node: object, prefix: str = "") -> Iterator[str]:
@@ -136,6 +151,8 @@ def unknown_key_error(argv: list[str]) -> str | None:
     overrides = _overrides(argv)
     plain = [o for o in overrides if o.type == OverrideType.CHANGE and o.package is None]
     jobs = [_one_job(o) for o in overrides if not o.key_or_group.startswith("hydra")]
+    dirs = config_dirs(argv)
+    compose_job = functools.partial(compose_config, config_dirs=dirs)
     groups = _groups()
     choices = {
         o.key_or_group: _one_job(o).split("=", 1)[1] for o in plain if o.key_or_group in groups
@@ -144,7 +161,7 @@ def unknown_key_error(argv: list[str]) -> str | None:
     if not {k for k in keys if k.split(".")[0] != "hydra"} - known_keys(choices):
         return None
     try:
-        compose_config(jobs)
+        compose_job(jobs)
         return None
     except HydraException as error:
         cause = error.__cause__
@@ -155,6 +172,6 @@ def unknown_key_error(argv: list[str]) -> str | None:
         return None
     rest = [j for j in jobs if j.split("=", 1)[0] != key]
     try:
-        return closest_key_line(key, compose_config(rest))
+        return closest_key_line(key, compose_job(rest))
     except (HydraException, OmegaConfBaseException):
         return f"{key}: no such key"

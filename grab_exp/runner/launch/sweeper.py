@@ -234,18 +234,41 @@ class Sweeper(BasicSweeper):
             self.launcher.fail_fast = self.fail_fast
             return list(self.launcher.launch(jobs, initial_job_idx=0))
         returns = []
-        for number, overrides in enumerate(jobs):
-            if stop.signum is not None:
-                returns.append(not_started(overrides, stop.signum))
-                continue
-            (ret,) = self.launcher.launch([overrides], initial_job_idx=number)
-            returns.append(ret)
-            kind, _ = outcome_of(ret)
-            if kind == "interrupted":
-                stop.note(ret._return_value.signum)
-            elif kind == "failed" and self.fail_fast:
-                stop.request(signal.SIGTERM, "fail_fast")
+        log.info("Launching %d jobs locally, one after another", len(jobs))
+        with _without_launch_lines():
+            for number, overrides in enumerate(jobs):
+                returns.append(self._launch_one(number, overrides, stop))
         return returns
+
+    def _launch_one(self, number: int, overrides: list[str], stop: SweepStop) -> Any:
+        """Launch job ``number`` by itself (not once the sweep was stopped); note its stop."""
+        if stop.signum is not None:
+            return not_started(overrides, stop.signum)
+        (ret,) = self.launcher.launch([overrides], initial_job_idx=number)
+        kind, _ = outcome_of(ret)
+        if kind == "interrupted":
+            stop.note(ret._return_value.signum)
+        elif kind == "failed" and self.fail_fast:
+            stop.request(signal.SIGTERM, "fail_fast")
+        return ret
+
+
+class _LaunchLine(logging.Filter):
+    """Drops the basic launcher's ``Launching 1 jobs locally`` (it is called once per job)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Launching ")
+
+
+@contextlib.contextmanager
+def _without_launch_lines() -> Iterator[None]:
+    launcher_log = logging.getLogger("hydra._internal.core_plugins.basic_launcher")
+    line = _LaunchLine()
+    launcher_log.addFilter(line)
+    try:
+        yield
+    finally:
+        launcher_log.removeFilter(line)
 
 
 def report(outcomes: list[Outcome], stop: SweepStop) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from grab_exp.conf import CONF_DIR
 from grab_exp.runner.rundir.resolvers import register_resolvers, settings_hash
 
 #: The keys of a run's identity, in order.
@@ -21,7 +22,6 @@ IDENTITY_KEYS = ("experiment", "variant", "pipeline", "optimizer", "arm", "row",
 IDENTITY_KEYS += ("world_size", "seed", "overrides_hash")
 #: override keys that identity fields name besides the run directory's path keys
 NAMED_KEYS = ("optimizer", "arm", "batch_size")
-CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 _RUN_DIR = re.compile(r"^seed\d+(?:-(?P<hash>[0-9a-f]+))?$")
 
 

@@ -15,6 +15,19 @@ log = logging.getLogger("grab_exp")
 RUN_ARTIFACTS = ("metrics.csv", "summary.json", "checkpoint.pt", "wandb")
 
 
+#: the job's log in its run directory (Hydra's ``${hydra.job.name}.log``), appended to by every
+#: job of the directory
+JOB_LOG = "__main__.log"
+_earlier_log_bytes: dict[str, int] = {}
+
+
+def mark_job_log_start(run_dir: str | Path) -> None:
+    """Remember how much of ``run_dir``'s job log earlier jobs wrote, before this job's first
+    line (:func:`keep_aside` moves those lines along with the earlier run)."""
+    path = Path(run_dir) / JOB_LOG
+    _earlier_log_bytes[str(path)] = path.stat().st_size if path.is_file() else 0
+
+
 def has_artifacts(run_dir: Path) -> bool:
     """Whether an earlier run left anything in ``run_dir``."""
     return any((run_dir / name).exists() for name in RUN_ARTIFACTS)
@@ -34,8 +47,24 @@ def keep_aside(run_dir: Path) -> Path:
             shutil.move(str(run_dir / name), aside / name)
     if (run_dir / ".hydra").exists():
         shutil.copytree(run_dir / ".hydra", aside / ".hydra")
+    _split_job_log(run_dir / JOB_LOG, aside / JOB_LOG)
     log.info("overwrite=true: the earlier run in %s was moved to %s", run_dir, aside)
     return aside
+
+
+def _split_job_log(path: Path, aside: Path) -> None:
+    """Move the earlier jobs' lines of the job log (:func:`mark_job_log_start`) to ``aside``;
+    this job's own lines stay (its open handler appends after them)."""
+    earlier = _earlier_log_bytes.get(str(path), 0)
+    if not earlier or not path.is_file():
+        return
+    with path.open("r+b") as log_file:
+        text = log_file.read()
+        aside.write_bytes(text[:earlier])
+        log_file.seek(0)
+        log_file.write(text[earlier:])
+        log_file.truncate()
+    _earlier_log_bytes[str(path)] = 0
 
 
 def _finished_summary(run_dir: Path) -> dict[str, Any] | None:

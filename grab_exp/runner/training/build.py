@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig
-from torch.nn import functional as F
 
 from grab_exp.data import ArrayData
 from grab_exp.optim import CLIP_HIGH, CLIP_LOW, GSNROptimizer
@@ -30,6 +30,7 @@ TRAINING_COLUMNS = (  # what every job logs per epoch
     "mem/sorter_bytes",  # the ordering's state; the name committed runs and W&B projects use
 )
 GSNR_COLUMNS = (CLIP_LOW, CLIP_HIGH)  # only for VRGD optimizers
+PERPLEXITY_COLUMNS = ("train/ppl", "test/ppl")  # only for a loss whose exp is a perplexity
 
 
 @dataclass
@@ -47,7 +48,8 @@ class TrainingJob:
     def metric_columns(self) -> tuple[str, ...]:
         """The columns of this job's metrics.csv."""
         gsnr = GSNR_COLUMNS if self.parts.uses_gsnr else ()
-        return TRAINING_COLUMNS + self.strategy.extra_columns + gsnr
+        ppl = PERPLEXITY_COLUMNS if self.parts.loss.perplexity else ()
+        return TRAINING_COLUMNS + self.strategy.extra_columns + gsnr + ppl
 
 
 def compile_mode(cfg: DictConfig) -> str | None:
@@ -71,14 +73,57 @@ def build_parts(cfg: DictConfig, n: int, strategy: Strategy) -> StepParts:
     make_pipeline = instantiate(cfg.pipeline)
     per_sample = get_class(cfg.pipeline._target_).provides_per_sample
     options = {"factors": ordering.takes_factors} if per_sample else {}
-    pipeline = make_pipeline(
-        model=model, loss_fn=F.cross_entropy, compile_mode=compile_mode(cfg), **options
-    )
-    return StepParts(model, optimizer, pipeline, ordering, strategy.gradient_reducer(model))
+    loss = instantiate(cfg.loss)
+    pipeline = make_pipeline(model=model, loss_fn=loss, compile_mode=compile_mode(cfg), **options)
+    reducer = strategy.gradient_reducer(model)
+    return StepParts(model, optimizer, pipeline, ordering, reducer, loss=loss)
+
+
+def _option(cfg: DictConfig, group: str) -> str:
+    """The group's option as the command chose it (Hydra's choice), else its class's name."""
+    if HydraConfig.initialized():
+        return str(HydraConfig.get().runtime.choices.get(group))
+    return cfg[group]._target_.rsplit(".", 1)[-1]
+
+
+def check_fit(model: torch.nn.Module, data: ArrayData, cfg: DictConfig) -> None:
+    """Refuse, in one line naming both settings, a model whose output does not fit the data:
+    one that does not take the data's inputs, or whose outputs per example are not the data's
+    class count. Two training examples go through the model in eval mode, without gradients
+    and with the random number generators put back: nothing of the run changes."""
+    x = data.train_x[:2]
+    dataset = f"dataset={_option(cfg, 'dataset')}"
+    name = type(model).__name__
+    training = model.training
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            out = model.eval()(x)
+    except (RuntimeError, ValueError, TypeError) as error:
+        cause = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ConfigError(
+            f"model: {name} does not take the inputs of {dataset}, shape "
+            f"{tuple(x.shape[1:])} per example ({cause}); set the model's input size to them"
+        ) from None
+    finally:
+        model.train(training)
+    classes = data.num_classes
+    want = (*data.train_y[: len(x)].shape, classes)  # (2, C), or (2, T, C) with a label per word
+    if not isinstance(out, torch.Tensor) or out.shape != want:
+        shape = tuple(out.shape[1:]) if isinstance(out, torch.Tensor) else type(out).__name__
+        setting = "model.num_classes" if "num_classes" in cfg.model else "model"
+        raise ConfigError(
+            f"{setting}: {name} outputs {shape} per example but {dataset} has {classes} "
+            f"classes; allowed: {classes} logits per example (model.num_classes={classes})"
+        )
 
 
 def build_job(cfg: DictConfig, data: ArrayData, strategy: Strategy) -> TrainingJob:
-    """The step's parts (:func:`build_parts`) for ``data``, captured with ``trainer.cuda_graph``."""
+    """The step's parts (:func:`build_parts`) for ``data``, captured with ``trainer.cuda_graph``.
+
+    Raises:
+        ConfigError: the model does not fit the data (:func:`check_fit`).
+    """
     parts = build_parts(cfg, len(data.train_y), strategy)
+    check_fit(parts.model, data, cfg)
     captured = capture_step(parts) if cfg.trainer.cuda_graph else None
     return TrainingJob(parts, data, strategy, cfg.batch_size, cfg.eval_batch_size, captured)

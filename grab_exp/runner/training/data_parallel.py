@@ -24,6 +24,7 @@ from grab_exp.distributed.join import init_distributed
 from grab_exp.distributed.orderings import DistributedOrdering
 from grab_exp.distributed.shards import split_shards
 from grab_exp.distributed.sync import average_gradients_, check_identical_models, evaluate_shared
+from grab_exp.models.evaluate import Total
 from grab_exp.runner.config.schema import ConfigError
 from grab_exp.runner.training.strategy import OrderingFactory, Strategy, restore_ordering
 
@@ -85,9 +86,9 @@ class DataParallel(Strategy):
         }
 
     def evaluate(
-        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
+        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int, total: Total
     ) -> tuple[float, float]:
-        return evaluate_shared(model, x, y, batch_size, self.comm)
+        return evaluate_shared(model, x, y, batch_size, self.comm, total)
 
     def ordering_state(self, ordering: DistributedOrdering) -> list[dict[str, Any]]:
         return self.comm.gather_objects(ordering.state_dict(), name="ordering states")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import resource
 import time
 from typing import Any
@@ -63,17 +64,14 @@ def train_steps(job: TrainingJob, progress: Progress) -> tuple[torch.Tensor, int
 
 
 def _evaluation(job: TrainingJob) -> dict[str, float]:
-    data, model, strategy = job.data, job.parts.model, job.strategy
-    train_loss, train_acc = strategy.evaluate(
-        model, data.train_x, data.train_y, job.eval_batch_size
-    )
-    test_loss, test_acc = strategy.evaluate(model, data.test_x, data.test_y, job.eval_batch_size)
-    return {
-        "train/loss": train_loss,
-        "train/acc": train_acc,
-        "test/loss": test_loss,
-        "test/acc": test_acc,
-    }
+    data, model, strategy, loss = job.data, job.parts.model, job.strategy, job.parts.loss
+    row = {}
+    for split, x, y in (("train", data.train_x, data.train_y), ("test", data.test_x, data.test_y)):
+        mean, acc = strategy.evaluate(model, x, y, job.eval_batch_size, loss.total)
+        row |= {f"{split}/loss": mean, f"{split}/acc": acc}
+        if loss.perplexity:
+            row[f"{split}/ppl"] = math.exp(min(mean, 700.0))  # exp overflows a float past ~709
+    return row
 
 
 def run_epoch(job: TrainingJob, epoch: int, progress: Progress) -> dict[str, Any]:

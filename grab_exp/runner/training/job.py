@@ -22,9 +22,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from grab_exp.distributed.comm import CollectiveError, exit_after_collective_error
+from grab_exp.logging.base import RunLogger
+from grab_exp.logging.build import build_loggers
 from grab_exp.logging.files import WriteError, remove_stale_temp_files, shown
 from grab_exp.logging.local import LocalStore
-from grab_exp.logging.wandb_logger import build_wandb_logger
 from grab_exp.runner.config.check import take_checked, validate_config
 from grab_exp.runner.config.fingerprint import check_same_config, config_fingerprint
 from grab_exp.runner.rundir.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
@@ -40,6 +41,10 @@ from grab_exp.runner.training.signals import check_stop, stop_on_signals, stop_r
 from grab_exp.runner.training.strategy import Strategy, check_checkpoint_kind
 
 log = logging.getLogger("grab_exp")
+#: what a skipped finished run says to a command with logger=wandb
+UPLOAD_LINE = (
+    "a finished run is not logged again; python -m grab_exp.logging upload {} puts it into W&B"
+)
 
 
 def run_job(cfg: DictConfig) -> dict[str, Any]:
@@ -101,16 +106,17 @@ def _lock(run_dir: Path, strategy: Strategy) -> RunLock | None:
 
 def _run(cfg: DictConfig, strategy: Strategy, run_dir: Path, fingerprint: dict) -> dict[str, Any]:
     if (final := finished_run(run_dir, cfg.overwrite, fingerprint["config"])) is not None:
+        _skipped(cfg, strategy, run_dir)
         return final
     _prepare_run_dir(run_dir, cfg, strategy)
     started = time.time()
     job = build_job(cfg, instantiate(cfg.dataset).to(strategy.device), strategy)
     identity = run_identity(cfg, strategy.world_size)
     store = LocalStore(run_dir, job.metric_columns) if strategy.is_writer else None
-    wandb = None
+    loggers: dict[str, RunLogger] = {}
     if strategy.is_writer:
         name = strategy.run_name(identity["variant"], identity["pipeline"], cfg.seed)
-        wandb = build_wandb_logger(cfg.logger.wandb, group=cfg.name, name=name)
+        loggers = build_loggers(cfg.logger, group=cfg.name, name=name)
         store.write_summary(
             "running",
             identity=identity,
@@ -127,7 +133,7 @@ def _run(cfg: DictConfig, strategy: Strategy, run_dir: Path, fingerprint: dict) 
         log.info("%s", job_line(cfg, job, identity))
     status, final, failure = "failed", {}, {}
     try:
-        final = _train(cfg, job, run_dir, store, wandb, identity, fingerprint["config"])
+        final = _train(cfg, job, run_dir, store, loggers, identity, fingerprint["config"])
         status = "finished"
         if strategy.is_writer and final:
             log.info("%s", end_line(final, time.time() - started, run_dir))
@@ -139,13 +145,19 @@ def _run(cfg: DictConfig, strategy: Strategy, run_dir: Path, fingerprint: dict) 
             log.error("failed: %s", failure["error"]["message"])
         raise
     finally:
+        ended = {"wall_time_s": time.time() - started, **({"final": final} if final else {})}
         if store:
-            ended = {"final": final} if final else {}
-            _end_summary(store, status, wall_time_s=time.time() - started, **ended, **failure)
-        if wandb:
-            wandb.finish(0 if status == "finished" else 1)
+            _end_summary(store, status, **ended, **failure)
+        for logger in loggers.values():
+            logger.finish(status, ended)
         if strategy.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _skipped(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> None:
+    """Say how a skipped finished run gets into W&B when the command asks for W&B."""
+    if cfg.logger.wandb.enabled and strategy.is_writer:  # nothing trains, nothing is logged
+        log.info("logger=wandb: %s", UPLOAD_LINE.format(shown(run_dir)))
 
 
 def _prepare_run_dir(run_dir: Path, cfg: DictConfig, strategy: Strategy) -> None:
@@ -159,7 +171,13 @@ def _prepare_run_dir(run_dir: Path, cfg: DictConfig, strategy: Strategy) -> None
 
 
 def _train(
-    cfg: DictConfig, job: TrainingJob, run_dir: Path, store, wandb, identity: dict, config: dict
+    cfg: DictConfig,
+    job: TrainingJob,
+    run_dir: Path,
+    store: LocalStore | None,
+    loggers: dict[str, RunLogger],
+    identity: dict,
+    config: dict,
 ) -> dict[str, Any]:
     state = load_checkpoint(run_dir)
     if state and "config" in state:  # one from before fingerprints: summary.json's check said so
@@ -169,24 +187,25 @@ def _train(
         log.info("resuming after epoch %d", state["epoch"] + 1)
     if store:
         store.rewrite(metrics)  # exactly the checkpoint's rows, whatever was written after it
-    run_id = None
-    if wandb:  # W&B gets the nested config; the checkpoint keeps the job's flat one
-        wandb_config = {**OmegaConf.to_container(cfg, resolve=True), "identity": identity}
-        run_id = wandb.start(run_dir, wandb_config, state["wandb_id"] if state else None)
-        if metrics:
-            _relog_checkpointed(wandb, metrics)
+    ids = logger_ids(state) if state else {}
+    if loggers:  # the loggers get the nested config; the checkpoint keeps the job's flat one
+        nested = {**OmegaConf.to_container(cfg, resolve=True), "identity": identity}
+        ids = {
+            key: logger.start(run_dir, nested, ids.get(key), metrics)
+            for key, logger in loggers.items()
+        }
     progress = Progress(cfg.progress if store else "none", cfg.epochs)
     for epoch in range(state["epoch"] + 1 if state else 0, cfg.epochs):
         check_stop()
         row = run_epoch(job, epoch, progress)
         _check_finite(row, epoch)
         metrics.append(row)
-        _save(run_dir, job, epoch, metrics, run_id, config)
+        _save(run_dir, job, epoch, metrics, ids, config)
         if store:
             store.append(row)
             store.write_summary("running", final=row)
-        if wandb:
-            wandb.log(row, row["epoch"])
+        for logger in loggers.values():
+            logger.log(row, row["epoch"])
     return metrics[-1] if metrics else {}
 
 
@@ -198,17 +217,12 @@ def _restore(job: TrainingJob, state: dict[str, Any]) -> list[dict[str, Any]]:
     return state["metrics"]
 
 
-def _relog_checkpointed(wandb, metrics: list[dict[str, Any]]) -> None:
-    """Log a resumed job's checkpointed rows to its continued W&B run again.
-
-    W&B writes asynchronously: a killed attempt may have checkpointed epochs that never reached
-    its W&B files. Rows go again from the continued run's first step on (0 offline, where the
-    reader merges the attempts; online, W&B knows which steps it already has).
-    """
-    first_step = getattr(wandb.run, "starting_step", 0)
-    for row in metrics:
-        if row["epoch"] >= first_step:
-            wandb.log(row, row["epoch"])
+def logger_ids(state: dict[str, Any]) -> dict[str, str | None]:
+    """Each logger's run id kept in a checkpoint (one written before ``logger_ids`` existed
+    kept W&B's alone, as ``wandb_id``)."""
+    if "logger_ids" in state:
+        return dict(state["logger_ids"])
+    return {"wandb": state.get("wandb_id")}
 
 
 def _check_finite(row: dict[str, Any], epoch: int) -> None:
@@ -225,7 +239,7 @@ def _check_finite(row: dict[str, Any], epoch: int) -> None:
 
 
 def _save(
-    run_dir: Path, job: TrainingJob, epoch: int, metrics: list, run_id: str | None, config: dict
+    run_dir: Path, job: TrainingJob, epoch: int, metrics: list, ids: dict, config: dict
 ) -> None:
     ordering = job.strategy.ordering_state(job.parts.ordering)  # collective when data-parallel
     if job.strategy.is_writer:
@@ -237,7 +251,7 @@ def _save(
             device_type=job.strategy.device.type,
             epoch=epoch,
             metrics=metrics,
-            wandb_id=run_id,
+            logger_ids=ids,
             model=job.parts.model.state_dict(),
             optimizer=job.parts.optimizer.state_dict(),
             ordering=ordering,
@@ -256,13 +270,15 @@ def _end_summary(store: LocalStore, status: str, **fields: Any) -> None:
 
 
 def job_line(cfg: DictConfig, job: TrainingJob, identity: dict[str, Any]) -> str:
-    """The job in words, logged when it starts: ordering, model, dataset, epochs, device."""
+    """The job in words, logged when it starts: ordering, model (its class: a ``model._target_``
+    of the user's shows), dataset, epochs, device."""
     choices = HydraConfig.get().runtime.choices
     data, model = job.data, job.parts.model
+    name = type(getattr(model, "_orig_mod", model)).__name__  # compiled: the model's own class
     parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return (
         f"job: ordering {identity['variant']} ({identity['pipeline']} pipeline), model "
-        f"{choices.get('model')} ({parameters:,} parameters), dataset {choices.get('dataset')} "
+        f"{name} ({parameters:,} parameters), dataset {choices.get('dataset')} "
         f"({len(data.train_y):,} train / {len(data.test_y):,} test), {cfg.epochs} epochs of "
         f"batch {cfg.batch_size}, seed {cfg.seed}, device {job.strategy.device}"
     )

@@ -8,13 +8,14 @@ it reads a device value on the host.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
 from grab_exp.balance import Ordering
+from grab_exp.losses import CrossEntropy, Loss
 from grab_exp.optim import GSNROptimizer
 
 #: the parts of a step, in order (``reduce`` only in data-parallel jobs)
@@ -35,6 +36,7 @@ class StepParts:
         pipeline: ``(x, y) -> (loss (), grads)``; sets ``param.grad`` to the batch mean.
         ordering: takes the per-sample gradients (``None`` when it needs none) and the indices.
         reduce_gradients: averages ``param.grad`` over data-parallel workers; ``None`` alone.
+        loss: the job's loss (:mod:`grab_exp.losses`; the evaluation sums it over a split).
     """
 
     model: nn.Module
@@ -42,6 +44,7 @@ class StepParts:
     pipeline: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, Any]]
     ordering: Ordering
     reduce_gradients: Callable[[], None] | None = None
+    loss: Loss = field(default_factory=CrossEntropy)
 
     def __post_init__(self) -> None:
         self.uses_gsnr = isinstance(self.optimizer, GSNROptimizer)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from grab_exp.balance import Ordering
-from grab_exp.models.evaluate import evaluate
+from grab_exp.models.evaluate import Total, evaluate
 from grab_exp.runner.config.schema import ConfigError
 
 #: ``(n=, d=, seed=, device=, ...) -> Ordering``: the ``balance`` config, instantiated
@@ -69,10 +69,10 @@ class Strategy:
         return {"train/running_loss": loss_sum.item() / steps}
 
     def evaluate(
-        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
+        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int, total: Total
     ) -> tuple[float, float]:
-        """Mean loss and accuracy on a whole split."""
-        loss, acc = evaluate(model, x, y, batch_size)
+        """Mean loss and accuracy on a whole split (``total``: the loss summed over a batch)."""
+        loss, acc = evaluate(model, x, y, batch_size, total)
         return loss.item(), acc.item()
 
     def ordering_state(self, ordering: Ordering) -> Any:

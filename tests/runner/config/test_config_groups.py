@@ -21,6 +21,7 @@ from hydra.errors import InstantiationException
 from hydra.plugins.launcher import Launcher
 from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
+from support.fake_data import write_image_folder, write_mnist
 from support.grab_run import (
     ARCHIVE,
     CONF_DIR,
@@ -35,6 +36,8 @@ from torch.nn import functional as F
 from grab_exp.__main__ import user_error_line
 from grab_exp.balance import Ordering
 from grab_exp.data import ArrayData
+from grab_exp.data.cifar10 import unreachable
+from grab_exp.data.vision import DATASETS
 from grab_exp.runner.config.check import validate_config
 
 GROUP_OPTIONS = group_options()
@@ -144,14 +147,29 @@ def test_every_option_gives_a_valid_run_config(group_option, tmp_path):
     if "archive" in cfg.dataset:
         cfg.dataset.archive = str(tmp_path)  # an existing path: validation only checks it exists
     cifar10_in_place(cfg, tmp_path / "cifar10")
+    if group == "dataset" and option in MADE_DATA:
+        make_data(option, cfg, tmp_path)
+    elif (
+        group == "dataset"
+        and "name" in cfg.dataset  # torchvision's, by download
+        and (reason := unreachable(DATASETS[option][1], 5.0))
+    ):
+        pytest.skip(
+            f"dataset={option} would be downloaded, and its server is out of reach here "
+            f"({reason}); the offline line is tested in test_every_target_instantiates"
+        )
     validate_config(cfg)
 
 
 # ---------------------------------------------------------------- instantiation
 
 
-def check_model(model) -> None:
+def check_model(model, cfg) -> None:
     assert isinstance(model, nn.Module)
+    if cfg.model.get("_target_", "").endswith("WordLM"):  # tokens in, a word's logits each
+        tokens = torch.randint(0, cfg.model.num_classes, (4, 7))
+        assert model(tokens).shape == (4, 7, cfg.model.num_classes)
+        return
     x = torch.randn(4, 3, 32, 32)
     assert model(x).shape == (4, 10)
 
@@ -207,7 +225,48 @@ def refuse_connections(*args, **kwargs):
     raise ConnectionRefusedError(111, "Connection refused (test: offline)")
 
 
+#: the dataset options whose data a test makes on disk (fake_data), for torchvision's readers
+MADE_DATA = ("mnist", "fashion_mnist", "image_folder", "text")
+
+
+def make_data(option: str, cfg, tmp_path) -> None:
+    """Write ``option``'s data into ``tmp_path`` and point ``cfg.dataset`` at it."""
+    if option in ("mnist", "fashion_mnist"):
+        folder = "MNIST" if option == "mnist" else "FashionMNIST"
+        write_mnist(tmp_path / option / folder / "raw", {"train": 30, "test": 20})
+        cfg.dataset.data_dir = str(tmp_path)
+    elif option == "image_folder":
+        write_image_folder(tmp_path / "images", ("ant", "bee"), per_class=3)
+        cfg.dataset.root = str(tmp_path / "images")
+    else:  # text
+        (tmp_path / "corpus.txt").write_text("a b c d e f g\n" * 400)
+        cfg.dataset.path = str(tmp_path / "corpus.txt")
+
+
+def check_made_dataset(option: str, cfg, tmp_path) -> ArrayData:
+    """The loaders of data a test can make on disk, read by torchvision's readers."""
+    make_data(option, cfg, tmp_path)
+    data = instantiate(cfg.dataset)
+    shapes = {"mnist": (1, 28, 28), "fashion_mnist": (1, 28, 28), "image_folder": (3, 32, 32)}
+    if option == "text":
+        assert data.train_x.shape[1:] == (cfg.dataset.seq_len,) == data.train_y.shape[1:]
+    else:
+        assert data.train_x.shape[1:] == shapes[option] and data.train_x.dtype == torch.float32
+        assert -1.0 <= data.train_x.min() < 0 < data.train_x.max() <= 1.0
+    return data
+
+
 def check_dataset(option: str, cfg, monkeypatch, tmp_path) -> None:
+    if option in MADE_DATA:
+        check_made_dataset(option, cfg, tmp_path)
+        return
+    if option in ("cifar100", "svhn"):  # offline, nothing on disk: the one line
+        monkeypatch.setattr(socket, "create_connection", refuse_connections)
+        cfg.dataset.data_dir = str(tmp_path)
+        with pytest.raises(InstantiationException) as info:
+            instantiate(cfg.dataset)
+        assert user_error_line(info.value).startswith(f"dataset={option}: not in {tmp_path}")
+        return
     if option == "cifar10":
         monkeypatch.setattr(socket, "create_connection", refuse_connections)
         cfg.dataset.data_dir = str(tmp_path / "cifar10")
@@ -228,6 +287,19 @@ def check_dataset(option: str, cfg, monkeypatch, tmp_path) -> None:
     if option == "cifar10_jpeg":
         assert (len(data.train_y), len(data.test_y)) == (50_000, 10_000)
         assert -1.0 <= data.train_x.min() < 0 < data.train_x.max() <= 1.0  # normalized 0.5/0.5
+
+
+def check_loss(loss) -> None:
+    """The per-sample contract: the batch loss is the mean of the examples' own losses, and
+    ``total`` their sum."""
+    g = torch.Generator().manual_seed(0)
+    if loss.perplexity:  # a language model's (B, T, V) logits and (B, T) next tokens
+        out, y = torch.randn(6, 5, 11, generator=g), torch.randint(0, 11, (6, 5), generator=g)
+    else:
+        out, y = torch.randn(6, 4, generator=g), torch.randint(0, 4, (6,), generator=g)
+    each = torch.stack([loss(out[i : i + 1], y[i : i + 1]) for i in range(len(y))])
+    torch.testing.assert_close(loss(out, y), each.mean())
+    torch.testing.assert_close(loss.total(out, y), each.sum())
 
 
 def check_launcher(option: str, node) -> None:
@@ -253,7 +325,7 @@ def test_every_target_instantiates(group_option, monkeypatch, tmp_path):
         return
     built = None if group == "dataset" else instantiate(node)
     if group == "model":
-        check_model(built)
+        check_model(built, cfg)
     elif group == "optimizer":
         check_optimizer(built)
     elif group == "balance":
@@ -262,6 +334,8 @@ def test_every_target_instantiates(group_option, monkeypatch, tmp_path):
         check_pipeline(built)
     elif group == "dataset":
         check_dataset(option, cfg, monkeypatch, tmp_path)
+    elif group == "loss":
+        check_loss(built)
     else:
         pytest.fail(f"conf/{group}: no instantiation check for this group; add one here")
 
@@ -386,7 +460,7 @@ def test_table1_sweeps_the_seven_rows_times_three_seeds():
 def test_table1_rows_follow_the_report_protocol(row, tmp_path):
     cfg = compose_config(["experiment=table1", f"row={row}"], hydra=True)
     choices = cfg.hydra.runtime.choices
-    assert (choices.model, choices.dataset, choices.optimizer) == ("lenet", "cifar10_jpeg", "sgd")
+    assert (choices.model, choices.dataset, choices.optimizer) == ("lenet", "cifar10", "sgd")
     assert (cfg.epochs, cfg.batch_size, cfg.name) == (100, 16, "table1")
     assert (cfg.optimizer.lr, cfg.optimizer.momentum, cfg.optimizer.weight_decay) == (
         0.001,
@@ -399,5 +473,5 @@ def test_table1_rows_follow_the_report_protocol(row, tmp_path):
     if row == "recursive":
         assert cfg.balance.depth == 5
     run_cfg = compose_config(["experiment=table1", f"row={row}"])
-    run_cfg.dataset.archive = str(tmp_path)  # an existing path: validation only checks it exists
+    cifar10_in_place(run_cfg, tmp_path)  # no download: validation checks the rest
     validate_config(run_cfg)

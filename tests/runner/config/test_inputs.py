@@ -67,9 +67,15 @@ CASES = [
         "the run's batch_size",
     ),
     Case(
+        "cd_grab_without_workers",
+        ["balance=cd_grab"],
+        "balance: got 'cd_grab'",
+        "(or distributed=true for a data-parallel ordering)",
+    ),
+    Case(
         "mean_with_classic",
         ["balance=mean", "pipeline=classic"],
-        "pipeline: got 'ClassicPipeline'",
+        "pipeline: got 'classic'",
         f"a balance of: {GRAD_FREE}",
     ),
     Case(
@@ -251,7 +257,11 @@ def test_an_unknown_key_names_the_closest_key(args, line):
     "args",
     [
         ["epochs=2", "optimizer.lr=0.1", "hydra.run.dir=somewhere"],
-        ["experiment=table1", "dataset.archive=x.tar.gz"],  # the preset's dataset option
+        [
+            "experiment=table1",
+            "dataset=cifar10_jpeg",
+            "dataset.archive=x.tar.gz",
+        ],  # the preset's dataset option
         ["-m", "experiment=vrgd_large_batch", "arm=vr_adam", "optimizer.beta3=0.9"],
         ["row=recursive", "balance.depth=4", "pipeline.method=hooks"],
     ],

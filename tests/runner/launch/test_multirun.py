@@ -125,3 +125,9 @@ def test_rerunning_the_command_skips_all_four(multirun):
     assert sorted(after) == sorted(multirun["before"])  # no new W&B runs, no new files
     for name, content in multirun["before"].items():
         assert after[name] == content, f"{name} changed"
+
+
+def test_the_sweep_says_once_how_many_jobs_it_launches(multirun):
+    out = multirun["first"].stdout  # stderr merged into it
+    assert out.count("Launching 4 jobs locally, one after another") == 1, out
+    assert "Launching 1 jobs locally" not in out, out

@@ -110,7 +110,7 @@ def test_resume_restores_the_generator_and_accumulators(name):
 
 pytestmark = pytest.mark.slow
 
-CONF = REPO_ROOT / "conf"
+CONF = REPO_ROOT / "grab_exp" / "conf"
 EPOCHS = 3
 # 512 examples in batches of 16: 32 steps, about a second per epoch on a small CPU
 KILLED = [
@@ -363,6 +363,10 @@ def test_overwrite_keeps_the_old_run_aside_and_starts_over(jobs):
     aside = run_dir.with_name(run_dir.name + ".old1")
     assert re.search(rf"moved to \S+{re.escape(aside.name)}", new["log"]), new["log"]
     assert (aside / ".hydra" / "config.yaml").is_file()
+    # the job log: the earlier run's lines moved aside with it, the new one starts with its own
+    live, kept = (run_dir / "__main__.log").read_text(), (aside / "__main__.log").read_text()
+    assert live.count("run directory:") == 1 and "(new)" in live and "moved to" in live, live
+    assert kept.count("run directory:") == 1 and "moved to" not in kept, kept
     for name, content in old["files"].items():
         assert (aside / name).read_bytes() == content, name  # kept, unchanged
     old_rows = read_rows(aside)[1]

@@ -1,0 +1,46 @@
+"""A job's loggers from its ``logger`` config node: W&B and the ``extra`` ones."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hydra.utils import get_class, instantiate
+
+from grab_exp.logging.base import RunLogger
+from grab_exp.logging.wandb_logger import build_wandb_logger
+
+
+def logger_problem(key: str, node: Mapping[str, Any]) -> str | None:
+    """Why ``logger.extra.<key>`` cannot be a logger (one line), or ``None``."""
+    setting = f"logger.extra.{key}"
+    target = node.get("_target_") if isinstance(node, Mapping) else None
+    if not target:
+        return f"{setting}: got {node!r}; allowed: a node with a _target_ (a RunLogger subclass)"
+    try:
+        cls = get_class(str(target))
+    except Exception as error:  # Hydra wraps the import error
+        return f"{setting}._target_: got {target!r}, which does not import ({error})"
+    if not (isinstance(cls, type) and issubclass(cls, RunLogger)):
+        return (
+            f"{setting}._target_: got {target!r}; allowed: a subclass of grab_exp.logging.RunLogger"
+        )
+    return None
+
+
+def build_loggers(cfg: Mapping[str, Any], group: str, name: str) -> dict[str, RunLogger]:
+    """The job's loggers by name: ``wandb`` (``logger.wandb``, when enabled) and every
+    ``logger.extra.<name>`` node, built from its ``_target_`` with its other keys.
+
+    Raises:
+        ValueError: a ``logger.extra`` node that is not a :class:`RunLogger` (one line naming
+            it), or an invalid ``logger.wandb.mode``.
+    """
+    loggers: dict[str, RunLogger] = {}
+    if (wandb := build_wandb_logger(cfg.get("wandb"), group=group, name=name)) is not None:
+        loggers["wandb"] = wandb
+    for key, node in (cfg.get("extra") or {}).items():
+        if (problem := logger_problem(key, node)) is not None:
+            raise ValueError(problem)
+        loggers[key] = instantiate(node)
+    return loggers
