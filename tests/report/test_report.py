@@ -538,3 +538,16 @@ def test_the_state_bench_is_the_memory_column_and_figure_2s_memory_panel(sweep, 
     not_state = tmp_path / "epoch.json"
     not_state.write_text(EPOCH_BENCH.read_text())
     assert main([*args, str(not_state)]) == 1  # an epoch bench is not a state bench
+
+
+def test_without_scipy_the_report_warns_and_writes_everything_but_the_tests(
+    sweep, tmp_path, monkeypatch, capsys
+):
+    """The GPU image has no SciPy: the report still writes its tables and figures, and one
+    warning says the paired tests are missing."""
+    monkeypatch.setitem(sys.modules, "scipy", None)  # import scipy raises ImportError
+    out = tmp_path / "report"
+    assert main([str(sweep), "--out", str(out), "--bench", str(EPOCH_BENCH)]) == 0
+    assert "warning: no paired tests" in capsys.readouterr().err
+    assert (out / "table1.md").is_file() and (out / "figures.md").is_file()
+    assert not (out / "table1_tests.csv").exists()
