@@ -30,7 +30,7 @@ from pathlib import Path
 import pandas as pd
 
 from grab_exp.report.table1_rows import GRAB_ROWS, ROW_KEYS, row_label
-from grab_exp.report.table1_stats import paired_test
+from grab_exp.report.table1_stats import FAMILY_PAIRS, FAMILY_VS_RR, FAMILY_VS_RR_EARLY, paired_test
 from grab_exp.runner.rundir.resolvers import variant_dir
 
 RESULTS = Path("results")
@@ -185,7 +185,7 @@ def versus_rr_tests(tests: pd.DataFrame, label: str) -> None:
     show(f"{label}.tests.seeds", "/".join(map(str, seeds)))
     show(f"{label}.tests.df", "/".join(str(n - 1) for n in seeds))
     show(f"{label}.tests.signed_rank_floor", ", ".join(f"{2 / 2**n:.2f}" for n in seeds))
-    for family, name in (("GraB vs RR, final", "vs_rr"), ("GraB vs RR, early", "vs_rr_early")):
+    for family, name in ((FAMILY_VS_RR, "vs_rr"), (FAMILY_VS_RR_EARLY, "vs_rr_early")):
         part = tests[tests["family"] == family]
         if part.empty:
             continue
@@ -214,7 +214,7 @@ def pair_tests(tests: pd.DataFrame, label: str) -> None:
     """From ``table1_tests.csv``: the GraB rows against each other, per window: the tests, the
     comparisons whose sign is the same on every seed, the smallest p (uncorrected) and the
     smallest Holm p of the family."""
-    part = tests[tests["family"] == "GraB vs GraB, final"]
+    part = tests[tests["family"] == FAMILY_PAIRS]
     show(f"{label}.pairs.tests", len(part))
     show(f"{label}.pairs.min_p_holm", p_value(part["p_holm"].min()))
     for window, chosen in WINDOWS.items():
