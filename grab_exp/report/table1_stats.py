@@ -168,7 +168,9 @@ def paired_tests(frame: pd.DataFrame, early_epoch: int) -> pd.DataFrame:
     cache: dict[Window, pd.DataFrame] = {}
     out = []
     for family, window, row, other in questions(rows, last, min(early_epoch, last)):
-        means = cache.setdefault(window, window_means(frame, window))
+        if window not in cache:
+            cache[window] = window_means(frame, window)
+        means = cache[window]
         for metric, (_, sign) in METRICS.items():
             both = pd.concat(
                 [means.loc[row, metric], means.loc[other, metric]], axis=1, join="inner"
