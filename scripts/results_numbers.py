@@ -9,9 +9,10 @@ only says whether that file and the pages' quotes are current, ``--bench DIR --o
 another folder's bench files). A page quotes a number as ``<!--n:label-->value<!--/n-->``; the
 script rewrites each quoted value in ``README.md``, ``docs/*.md`` and ``results/**/README.md``
 from numbers.md, so a number lives in one place and the prose cannot go stale.
-Comparisons of two arms are paired by seed; with 3 seeds a paired t-test has 2 degrees of
-freedom. Every bench number is one line ``label = value``: the label names the file (without
-``.json``), the row and the quantity, e.g. ``epoch_1t.mean.ratio = 1.68``.
+Comparisons of two arms are paired by seed; Table 1's paired tests are the report's
+(``table1_tests.csv``, quoted here), VRGD's use the same :func:`paired_test` (SciPy). Every
+bench number is one line ``label = value``: the label names the file (without ``.json``), the
+row and the quantity, e.g. ``epoch_1t.mean.ratio = 1.68``.
 """
 
 from __future__ import annotations
@@ -28,12 +29,16 @@ from pathlib import Path
 
 import pandas as pd
 
+from grab_exp.report.table1_rows import GRAB_ROWS, ROW_KEYS, row_label
+from grab_exp.report.table1_stats import FAMILY_PAIRS, FAMILY_VS_RR, FAMILY_VS_RR_EARLY, paired_test
 from grab_exp.runner.rundir.resolvers import variant_dir
 
 RESULTS = Path("results")
-GRAB = ["mean", "pair", "batch", "recursive", "recursive_pair"]
-#: Table 1's rows in the ``epoch`` files (``rr-classic``: the plain loop; ``rr``: per-sample)
-TABLE1_ROWS = ["rr-classic", "rr", "mean", "pair", "batch", "recursive", "recursive_pair"]
+#: Table 1's rows as the run directories and bench files name them (``rr-classic``: the plain
+#: loop; ``rr``: per-sample), from conf/ through the report package, and its GraB rows
+TABLE1_ROWS = list(ROW_KEYS)
+GRAB = [variant_dir(*row) for row in GRAB_ROWS]
+GRAB_LABELS = [row_label(*row) for row in GRAB_ROWS]
 #: the bench files of one sitting (``results/bench/README.md`` has their commands)
 BENCH_FILES = ["epoch_1t", "epoch_2t", "orderings", "projection", "rss", "conv", "vrgd", "sweep"]
 MIB = 2**20
@@ -46,17 +51,6 @@ TARGETS = {
     "recursive_pair": 1.8,
     "recursive": 2.5,
 }
-
-
-def paired_p(a: pd.Series, b: pd.Series) -> float:
-    """Two-sided paired t-test p-value for 3 pairs (t with 2 degrees of freedom, closed form)."""
-    diff = (a - b).to_numpy()
-    assert len(diff) == 3, "closed form for 2 degrees of freedom"
-    sd = diff.std(ddof=1)
-    if sd == 0:
-        return 0.0 if diff.mean() != 0 else 1.0
-    t = diff.mean() / (sd / math.sqrt(3))
-    return 1 - abs(t) / math.sqrt(2 + t * t)
 
 
 def variance_ratio_p(f: float) -> float:
@@ -91,8 +85,9 @@ def mib(size: float) -> str:
 
 
 def table1(folder: str, label: str) -> None:
-    """Table 1's paired comparisons at the runs' last epoch: ``folder``'s ``runs.csv`` (5-epoch
-    runs in ``table1-5-epochs``, 100-epoch runs in ``table1``), labels under ``label``."""
+    """Table 1's numbers, labels under ``label``: ``folder``'s ``runs.csv`` (5-epoch runs in
+    ``table1-5-epochs``, 100-epoch runs in ``table1``) and the report's paired differences and
+    tests there (``table1_paired.csv``, ``table1_tests.csv``: quoted, not recomputed)."""
     runs = pd.read_csv(RESULTS / folder / "runs.csv")
     runs["row"] = [
         variant_dir(v, p) for v, p in zip(runs["variant"], runs["pipeline"], strict=True)
@@ -104,44 +99,143 @@ def table1(folder: str, label: str) -> None:
     classic_equals_rr(runs, label)
     last = runs[runs["epoch"] == final].pivot(index="seed", columns="row")
     table(last, label)
-    loss, acc = last["train/loss"], last["test/acc"]
-    print("seeds:", list(loss.index))
-    d_loss, d_acc = (d[GRAB] for d in grab_minus_rr(runs[runs["epoch"] == final]))
-    print("GraB - RR per seed, train loss\n", d_loss.round(3))
-    print("GraB - RR per seed, test acc (points)\n", d_acc.round(2))
-    print("comparisons where GraB beats RR on both:", beats_rr(d_loss, d_acc))
-    show(f"{label}.grab_minus_rr.loss", signed_span(d_loss.to_numpy().ravel(), 3))
-    show(f"{label}.grab_minus_rr.acc_points", signed_span(d_acc.to_numpy().ravel(), 1))
-    for seed in d_acc.index:
-        show(f"{label}.grab_minus_rr.acc_points.seed{seed}", signed_span(d_acc.loc[seed], 1))
-    show(f"{label}.grab_beats_rr", beats_rr(d_loss, d_acc))
-    rr_acc = (100 * acc["rr"]).round(2).tolist()
-    show(f"{label}.rr.acc_points_per_seed", rr_acc)
-    print("rank of each GraB row per seed (1 = best), loss\n", loss[GRAB].rank(axis=1))
-    print("rank per seed, accuracy\n", acc[GRAB].rank(axis=1, ascending=False))
-    lowest = {}
-    for name, frame in (("loss", loss), ("acc", acc)):
-        for a, b in itertools.combinations(GRAB, 2):  # all 10 pairs of the five variants
-            diff = frame[a] - frame[b]
-            p = paired_p(frame[a], frame[b])
-            print(f"{a} - {b} {name}: per seed {diff.round(4).tolist()} paired t p={p:.3f}")
-            show(f"{label}.pairs.{name}.{a}_minus_{b}.per_seed", diff.round(3).tolist())
-            lowest[name] = min(lowest.get(name, (2.0, "")), (p, f"{a} vs {b}"))
-        show(f"{label}.pairs.{name}.min_p", f"{lowest[name][0]:.3f} ({lowest[name][1]})")
-    show(f"{label}.pairs.min_p", f"{min(p for p, _ in lowest.values()):.3f}")
+    print(
+        "rank of each GraB row per seed (1 = best), loss\n", last["train/loss"][GRAB].rank(axis=1)
+    )
+    print("rank per seed, accuracy\n", last["test/acc"][GRAB].rank(axis=1, ascending=False))
+    paired = pd.read_csv(RESULTS / folder / "table1_paired.csv")
+    per_seed(paired, final, label)
+    show(f"{label}.rr.acc_points_per_seed", (100 * last["test/acc"]["rr"]).round(2).tolist())
+    tests = pd.read_csv(RESULTS / folder / "table1_tests.csv")
+    versus_rr_tests(tests, label)
+    pair_tests(tests, label)
     paper_gaps(last, final, label)
     run_times(sorted(runs["run"].unique()), label)
     if final > 10:
-        epoch5(runs, label)
+        memory(folder, label)
+        per_seed(paired, 5, f"{label}.ep5")
         last_epochs(runs, label)
         early(runs, label)
         rerun(runs, label)
         wall_times(sorted(runs["run"].unique()), label)
 
 
-def beats_rr(d_loss: pd.DataFrame, d_acc: pd.DataFrame) -> str:
-    """``k of n``: the (seed, row) comparisons with lower loss and higher accuracy than RR."""
-    return f"{int(((d_loss < 0) & (d_acc > 0)).sum().sum())} of {d_loss.size}"
+def per_seed(paired: pd.DataFrame, epoch: int, label: str) -> None:
+    """From the report's ``table1_paired.csv``: each GraB row minus RR (functional) of the same
+    seed at ``epoch``: the span over rows and seeds, per seed and per row; and the span of the
+    rows' mean differences, full-pass loss and running loss."""
+    part = paired[(paired["epoch"] == epoch) & paired["row"].isin(GRAB_LABELS)]
+    loss, acc = (part[part["metric"] == m] for m in ("train/loss", "test/acc"))
+    show(f"{label}.grab_minus_rr.loss", signed_span(loss["difference"], 3))
+    show(f"{label}.grab_minus_rr.acc_points", signed_span(100 * acc["difference"], 1))
+    for seed, values in acc.groupby("seed"):
+        show(
+            f"{label}.grab_minus_rr.acc_points.seed{seed}",
+            signed_span(100 * values["difference"], 1),
+        )
+    for (variant, pipeline), values in acc.groupby(["variant", "pipeline"], sort=False):
+        key = variant_dir(variant, pipeline)
+        show(f"{label}.{key}_minus_rr.acc_points", signed_span(100 * values["difference"], 1))
+    for metric in ("train/loss", "train/running_loss"):
+        means = part[part["metric"] == metric].groupby("row")["difference"].mean()
+        if len(means):
+            name = metric.split("/")[1]
+            show(f"{label}.grab_minus_rr.{name}.row_means", signed_span(means, 3))
+
+
+def memory(folder: str, label: str) -> None:
+    """From the report's ``table1_vs_paper.csv``: each row's memory (ours: the training state),
+    its increment over RR (functional) in MB and in %, ours and the paper's."""
+    side = pd.read_csv(RESULTS / folder / "table1_vs_paper.csv")
+    for row in side.itertuples():
+        key = variant_dir(row.variant, row.pipeline)
+        show(f"{label}.{key}.state_mb", f"{row.state_mb_mean:.2f}")
+        show(f"paper.{key}.peak_gpu_mem_mb", f"{row.state_mb_paper:.2f}")
+        for who, suffix in ((label, ""), ("paper", "_paper")):
+            show(
+                f"{who}.{key}.mem_increment_mb", f"{getattr(row, 'mem_increment_mb' + suffix):+.2f}"
+            )
+            show(
+                f"{who}.{key}.mem_overhead_pct", f"{getattr(row, 'mem_overhead_pct' + suffix):+.0f}"
+            )
+
+
+#: the windows of table1_tests.csv, by how labels name them
+WINDOWS = {"final": lambda w: "(mean)" not in w, "last10": lambda w: "(mean)" in w}
+#: the metrics of table1_tests.csv, by how labels name them: (column, scale, decimals)
+TESTED = {"loss": ("train/loss", 1, 3), "acc_points": ("test/acc", 100, 1)}
+
+
+def p_value(p: float) -> str:
+    """A p-value: 3 decimals, 4 below 0.001."""
+    return f"{p:.4f}" if p < 0.001 else f"{p:.3f}"
+
+
+def p_span(values) -> str:
+    """``low-high`` of p-values (one when they print alike)."""
+    low, high = p_value(min(values)), p_value(max(values))
+    return low if low == high else f"{low}-{high}"
+
+
+def versus_rr_tests(tests: pd.DataFrame, label: str) -> None:
+    """From the report's ``table1_tests.csv``: the seeds and degrees of freedom; per family,
+    window and metric, the GraB rows' mean differences from RR, their paired-t and Holm p, the
+    seeds on the better side; how many tests of each family Holm keeps below 0.05."""
+    seeds = sorted(set(tests["n"]))
+    show(f"{label}.tests.seeds", "/".join(map(str, seeds)))
+    show(f"{label}.tests.df", "/".join(str(n - 1) for n in seeds))
+    show(f"{label}.tests.signed_rank_floor", ", ".join(f"{2 / 2**n:.2f}" for n in seeds))
+    for family, name in ((FAMILY_VS_RR, "vs_rr"), (FAMILY_VS_RR_EARLY, "vs_rr_early")):
+        part = tests[tests["family"] == family]
+        if part.empty:
+            continue
+        show(f"{label}.{name}.tests", len(part))
+        show(
+            f"{label}.{name}.holm_below_05", f"{int((part['p_holm'] < 0.05).sum())} of {len(part)}"
+        )
+        for window, chosen in WINDOWS.items():
+            for metric, (column, scale, digits) in TESTED.items():
+                rows = part[part["window"].map(chosen) & (part["metric"] == column)]
+                if not rows.empty:
+                    _tested(rows, f"{label}.{name}.{window}.{metric}", scale, digits)
+
+
+def _tested(rows: pd.DataFrame, key: str, scale: float, digits: int) -> None:
+    """One window and metric of a family: its rows' spans."""
+    show(f"{key}.window", rows["window"].iloc[0])
+    show(f"{key}.diff", signed_span(scale * rows["mean_difference"], digits))
+    show(f"{key}.p", p_span(rows["p"]))
+    show(f"{key}.p_holm", p_span(rows["p_holm"]))
+    show(f"{key}.holm_below_05", f"{int((rows['p_holm'] < 0.05).sum())} of {len(rows)}")
+    show(f"{key}.better", f"{span(rows['better'], 0)} of {span(rows['n'], 0)}")
+
+
+def pair_tests(tests: pd.DataFrame, label: str) -> None:
+    """From ``table1_tests.csv``: the GraB rows against each other, per window: the tests, the
+    comparisons whose sign is the same on every seed, the smallest p (uncorrected) and the
+    smallest Holm p of the family."""
+    part = tests[tests["family"] == FAMILY_PAIRS]
+    show(f"{label}.pairs.tests", len(part))
+    show(f"{label}.pairs.min_p_holm", p_value(part["p_holm"].min()))
+    for window, chosen in WINDOWS.items():
+        rows = part[part["window"].map(chosen)]
+        if rows.empty:
+            continue
+        same = rows[(rows["better"] == 0) | (rows["better"] == rows["n"])]
+        show(f"{label}.pairs.{window}.tests", len(rows))
+        show(f"{label}.pairs.{window}.same_sign", f"{len(same)} of {len(rows)}")
+        show(f"{label}.pairs.{window}.same_sign_list", "; ".join(map(_ahead, same.itertuples())))
+        low = rows.loc[rows["p"].idxmin()]
+        show(f"{label}.pairs.{window}.min_p", f"{p_value(low['p'])} ({_ahead(low)})")
+
+
+def _ahead(test) -> str:
+    """``Recursive above Batch (test accuracy)``: which row is ahead on a tested metric."""
+    row, versus = (test.row, test.versus) if test.better > 0 else (test.versus, test.row)
+    word, name = (
+        ("below", "train loss") if test.metric == "train/loss" else ("above", "test accuracy")
+    )
+    return f"{row} {word} {versus} in {name}"
 
 
 def table(last: pd.DataFrame, label: str) -> None:
@@ -215,31 +309,11 @@ def grab_minus_rr(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return loss.sub(loss["rr"], axis=0), acc.sub(acc["rr"], axis=0)
 
 
-def epoch5(runs: pd.DataFrame, label: str) -> None:
-    """GraB - RR per seed at epoch 5 of the 100-epoch runs (the report's early columns)."""
-    d_loss, d_acc = (d[GRAB] for d in grab_minus_rr(runs[runs["epoch"] == 5]))
-    show(f"{label}.ep5.grab_minus_rr.loss", signed_span(d_loss.to_numpy().ravel(), 3))
-    show(f"{label}.ep5.grab_minus_rr.acc_points", signed_span(d_acc.to_numpy().ravel(), 1))
-    show(f"{label}.ep5.grab_beats_rr", beats_rr(d_loss, d_acc))
-    for seed in d_acc.index:
-        show(f"{label}.ep5.grab_minus_rr.acc_points.seed{seed}", signed_span(d_acc.loc[seed], 1))
-    for row in ("recursive", "recursive_pair", "mean"):
-        show(f"{label}.ep5.{row}_minus_rr.acc_points", signed_span(d_acc[row], 1))
-
-
 def last_epochs(runs: pd.DataFrame, label: str) -> None:
-    """GraB - RR per seed averaged over the last 10 epochs, and how much each row's test accuracy
-    moves from epoch to epoch there (std over those 10 epochs, points)."""
+    """How much each row's test accuracy moves from epoch to epoch over the last 10 epochs (the
+    sample std over those epochs, per run, in points)."""
     final = runs["epoch"].max()
     chosen = runs[runs["epoch"] > final - 10]
-    d_loss, d_acc = grab_minus_rr(chosen)
-    show(f"{label}.last10.grab_minus_rr.loss", signed_span(d_loss[GRAB].to_numpy().ravel(), 3))
-    show(f"{label}.last10.grab_minus_rr.acc_points", signed_span(d_acc[GRAB].to_numpy().ravel(), 1))
-    for seed in d_acc.index:
-        show(
-            f"{label}.last10.grab_minus_rr.acc_points.seed{seed}",
-            signed_span(d_acc.loc[seed, GRAB], 1),
-        )
     sd = 100 * chosen.groupby(["seed", "row"])["test/acc"].std().unstack()
     show(f"{label}.last10.acc_sd_points.rr", span(sd[["rr", "rr-classic"]].to_numpy().ravel(), 2))
     show(f"{label}.last10.acc_sd_points.grab", span(sd[GRAB].to_numpy().ravel(), 2))
@@ -307,20 +381,35 @@ def wall_times(run_dirs: list[str], label: str) -> None:
 
 
 def early(runs: pd.DataFrame, label: str) -> None:
-    """Which GraB row leads on the seed means in each of the first 10 epochs, and the spread of
-    the five at the last epoch (the report's "recursive leads early, all end close")."""
-    means = runs.groupby(["epoch", "row"])[["train/loss", "test/acc"]].mean()
-    loss = means["train/loss"].unstack()[GRAB]
-    acc = means["test/acc"].unstack()[GRAB]
-    for epoch in range(2, 11):
-        print(
-            f"epoch {epoch}: lowest mean loss {loss.loc[epoch].idxmin()}, "
-            f"highest mean acc {acc.loc[epoch].idxmax()}"
+    """Whether a recursive row leads the GraB rows in epochs 2-10, on the seed means and on each
+    seed, with the smallest margin on the means (the best recursive row against the best other
+    one), and the spread of the five at the last epoch."""
+    recursive = [row for row in GRAB if row.startswith("recursive")]
+    others = [row for row in GRAB if row not in recursive]
+    epochs = list(range(2, 11))
+    for name, column, sign, scale in (
+        ("loss", "train/loss", -1, 1),
+        ("acc", "test/acc", 1, 100),
+    ):
+        values = runs[runs["epoch"].isin(epochs)].pivot_table(
+            index=["seed", "epoch"], columns="row", values=column
         )
-    leads = sum(loss.loc[e].idxmin().startswith("recursive") for e in range(2, 11))
-    show(f"{label}.recursive_lowest_loss_epochs_2_10", f"{leads} of 9")
-    leads = sum(acc.loc[e].idxmax().startswith("recursive") for e in range(2, 11))
-    show(f"{label}.recursive_highest_acc_epochs_2_10", f"{leads} of 9")
+        means = values.groupby(level="epoch").mean()
+        best = (means[recursive] * sign).max(axis=1) - (means[others] * sign).max(axis=1)
+        margin = scale * best  # > 0: a recursive row leads the others
+        show(
+            f"{label}.recursive_leads.{name}.seed_means",
+            f"{int((margin > 0).sum())} of {len(epochs)}",
+        )
+        digits = 4 if name == "loss" else 2
+        show(f"{label}.recursive_leads.{name}.min_margin", f"{margin[margin > 0].min():.{digits}f}")
+        for seed, part in values.groupby(level="seed"):
+            ahead = (part[recursive] * sign).max(axis=1) > (part[others] * sign).max(axis=1)
+            show(
+                f"{label}.recursive_leads.{name}.seed{seed}", f"{int(ahead.sum())} of {len(epochs)}"
+            )
+    means = runs.groupby(["epoch", "row"])[["train/loss", "test/acc"]].mean()
+    loss, acc = means["train/loss"].unstack()[GRAB], means["test/acc"].unstack()[GRAB]
     final = loss.index.max()
     show(f"{label}.grab_spread.loss", f"{loss.loc[final].max() - loss.loc[final].min():.4f}")
     spread = 100 * (acc.loc[final].max() - acc.loc[final].min())
@@ -335,7 +424,7 @@ def vrgd() -> None:
     for vr, plain in (("vr_momentum", "sgd_momentum"), ("vr_adam", "adam")):
         for batch, part in acc.groupby(level=0):
             diff = 100 * (part[vr] - part[plain])
-            p = paired_p(part[vr], part[plain])
+            p = paired_test(part[vr], part[plain], 1).p  # scipy.stats.ttest_rel
             print(
                 f"{vr} - {plain} @ {batch}: per seed {diff.round(2).tolist()} "
                 f"mean {diff.mean():+.2f} points, paired t p={p:.2f}"
@@ -466,17 +555,27 @@ def read_bench(folder: Path, name: str) -> dict:
     return json.loads((folder / f"{name}.json").read_text())
 
 
+def machine_line(name: str, m: dict) -> None:
+    """A bench file's machine block as one label, and its commit as another."""
+    commit = m.get("commit")
+    show(
+        f"{name}.machine",
+        f"{m['cpu']}, {m['cpu_count']} cores, {m['torch_threads']} torch threads, "
+        f"load_avg_1m {m.get('load_avg_1m')}, commit {commit[:7] if commit else None}, "
+        f"dirty {m.get('dirty')}",
+    )
+    show(f"{name}.commit", commit[:7] if commit else None)
+    show(f"{name}.cpu", m["cpu"])
+
+
 def bench_machines(folder: Path) -> None:
-    """Each file's machine, load and commit, and whether one machine at one commit made all."""
+    """Each file's machine, load and commit, and whether one machine at one commit made all;
+    the training-state file's too (Figure 2's memory, outside the sitting)."""
     blocks = {name: read_bench(folder, name)["machine"] for name in BENCH_FILES}
     for name, m in blocks.items():
-        commit = m.get("commit")
-        show(
-            f"{name}.machine",
-            f"{m['cpu']}, {m['cpu_count']} cores, {m['torch_threads']} torch threads, "
-            f"load_avg_1m {m.get('load_avg_1m')}, commit {commit[:7] if commit else None}, "
-            f"dirty {m.get('dirty')}",
-        )
+        machine_line(name, m)
+    if (folder / "training_state.json").is_file():
+        machine_line("training_state", read_bench(folder, "training_state")["machine"])
     show("bench.cpus", sorted({m["cpu"] for m in blocks.values()}))
     show("bench.commits", sorted({str(m.get("commit"))[:7] for m in blocks.values()}))
     show("bench.all_clean", all(m.get("dirty") is False for m in blocks.values()))

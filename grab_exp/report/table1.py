@@ -3,8 +3,10 @@ Figures 1-2 (CSV/Markdown/LaTeX, PNG/PDF) from run directories, sweep directorie
 
 Writes ``table1.{csv,md,tex}`` (mean ± std over seeds), ``table1_vs_paper.{csv,md,tex}`` (next to
 the published means), ``table1_paired.{csv,md}`` (per seed, each row minus RR (functional) of the
-same seed, at the early and the final epoch), ``figure1.{png,pdf}``, ``figure2.{png,pdf}`` and
-``runs.csv`` (every run's rows);
+same seed, at the early and the final epoch), ``table1_tests.{csv,md}`` (the paired tests by
+seed, each GraB row against RR and against each other, Holm-adjusted),
+``figure1.{png,pdf}``, ``figure2.{png,pdf}``, ``figures.md`` (their captions) and ``runs.csv``
+(every run's rows);
 ``--log-to-wandb`` uploads the tables and figures to a W&B report run.
 """
 
@@ -21,23 +23,20 @@ import pandas as pd
 from grab_exp.report.collect import parse_wandb_path, read_runs, read_wandb_runs
 from grab_exp.report.frames import ReportWarning
 from grab_exp.report.render import save_figure, to_latex, to_markdown
-from grab_exp.report.table1_figures import figure1, figure2
-from grab_exp.report.table1_paired import paired_differences, paired_markdown
-from grab_exp.report.table1_table import (
+from grab_exp.report.table1_bench import read_epoch_bench, read_training_state
+from grab_exp.report.table1_figures import figure1, figure2, figure_captions
+from grab_exp.report.table1_paired import paired_differences, paired_markdown, tests_markdown
+from grab_exp.report.table1_paper import (
     DEFAULT_PAPER_CSV,
-    EARLY_EPOCH,
-    Table1,
-    build_table1,
-    caption,
-    display_frame,
-    hardware_note,
     merge_paper,
-    read_epoch_bench,
+    paper_latex,
+    paper_markdown,
     read_paper,
-    read_training_state,
-    runs_frame,
-    side_by_side_frame,
 )
+from grab_exp.report.table1_rows import EARLY_EPOCH, runs_frame
+from grab_exp.report.table1_stats import paired_tests
+from grab_exp.report.table1_table import Table1, build_table1
+from grab_exp.report.table1_text import caption, display_frame, markdown_notes
 from grab_exp.report.wandb_upload import log_report
 
 
@@ -48,6 +47,7 @@ class Report:
     frame: pd.DataFrame
     table: Table1
     paper: pd.DataFrame | None  # None: not asked for, or not readable (warned)
+    tests: pd.DataFrame | None = None  # None: SciPy is not installed (warned)
 
 
 def add_arguments(cli: argparse.ArgumentParser) -> None:
@@ -124,7 +124,17 @@ def compute(frame: pd.DataFrame, args: argparse.Namespace) -> Report:
         except (OSError, ValueError) as error:
             message = f"no side-by-side table: cannot read the paper's table {args.paper} ({error})"
             warnings.warn(message, ReportWarning, stacklevel=2)
-    return Report(frame, build_table1(frame, args.early_epoch, bench, state), paper)
+    table = build_table1(frame, args.early_epoch, bench, state)
+    return Report(frame, table, paper, _tests(frame, table.early_epoch))
+
+
+def _tests(frame: pd.DataFrame, early_epoch: int) -> pd.DataFrame | None:
+    """The paired tests (:func:`paired_tests`); None, warned, where SciPy is not installed."""
+    try:
+        return paired_tests(frame, early_epoch)
+    except ImportError as error:
+        warnings.warn(f"no paired tests: {error}", ReportWarning, stacklevel=3)
+        return None
 
 
 def write(report: Report, args: argparse.Namespace) -> list[Path]:
@@ -132,31 +142,38 @@ def write(report: Report, args: argparse.Namespace) -> list[Path]:
     out, table = Path(args.out), report.table
     out.mkdir(parents=True, exist_ok=True)
     report.frame.to_csv(out / "runs.csv", index=False)
-    shown, text = display_frame(table), caption(table)
-    table.data.to_csv(out / "table1.csv", index=False)
-    (out / "table1.md").write_text(f"# Table 1\n\n{text}\n\n{to_markdown(shown)}")
-    (out / "table1.tex").write_text(to_latex(shown, text, "tab:table1"))
-    written = [out / "runs.csv", out / "table1.csv", out / "table1.md", out / "table1.tex"]
+    written = [out / "runs.csv", *_write_table(table, out)]
     paired = paired_differences(report.frame, sorted({table.early_epoch, *table.final_epochs}))
     paired.to_csv(out / "table1_paired.csv", index=False)
     (out / "table1_paired.md").write_text(paired_markdown(paired))
     written += [out / "table1_paired.csv", out / "table1_paired.md"]
+    if report.tests is not None:
+        report.tests.to_csv(out / "table1_tests.csv", index=False)
+        (out / "table1_tests.md").write_text(tests_markdown(report.tests))
+        written += [out / "table1_tests.csv", out / "table1_tests.md"]
     if report.paper is not None:
         written += _write_side_by_side(table, report.paper, out, args.hardware)
     written += save_figure(figure1(report.frame, args.log_loss, args.zoom_epochs), out, "figure1")
-    return written + save_figure(figure2(table), out, "figure2")
+    written += save_figure(figure2(table), out, "figure2")
+    (out / "figures.md").write_text(figure_captions(report.frame, table))
+    return [*written, out / "figures.md"]
+
+
+def _write_table(table: Table1, out: Path) -> list[Path]:
+    """``table1.{csv,md,tex}``: the numbers; the table with its caption and notes."""
+    shown, text, notes = display_frame(table), caption(table), markdown_notes(table)
+    table.data.to_csv(out / "table1.csv", index=False)
+    (out / "table1.md").write_text(f"# Table 1\n\n{text}\n\n{to_markdown(shown)}\n{notes}")
+    latex_notes = " ".join(line.removeprefix("- ") for line in notes.splitlines())
+    (out / "table1.tex").write_text(to_latex(shown, f"{text} {latex_notes}", "tab:table1"))
+    return [out / f"table1.{ext}" for ext in ("csv", "md", "tex")]
 
 
 def _write_side_by_side(table: Table1, paper: pd.DataFrame, out: Path, hardware) -> list[Path]:
     """``table1_vs_paper.{csv,md,tex}``: ours and the paper's values in adjacent columns."""
-    shown, note = side_by_side_frame(table, paper), hardware_note(table, hardware)
     merge_paper(table, paper).to_csv(out / "table1_vs_paper.csv", index=False)
-    title = "Table 1: ours (mean ± std over seeds) next to the paper (means)"
-    (out / "table1_vs_paper.md").write_text(
-        f"# {title}\n\n{to_markdown(shown)}\n## Setup differences\n\n{note}"
-    )
-    latex_note = " ".join(line.removeprefix("- ") for line in note.splitlines())
-    (out / "table1_vs_paper.tex").write_text(to_latex(shown, f"{title}. {latex_note}", "tab:vs"))
+    (out / "table1_vs_paper.md").write_text(paper_markdown(table, paper, hardware))
+    (out / "table1_vs_paper.tex").write_text(paper_latex(table, paper, hardware))
     return [out / f"table1_vs_paper.{ext}" for ext in ("csv", "md", "tex")]
 
 

@@ -1,5 +1,6 @@
 """Table 1's Figure 1 (train loss and test accuracy per epoch) and Figure 2 (time and memory
-bars), one color, line style and marker per row (:func:`grab_exp.report.table1_table.color_of`)."""
+bars), one color, line style and marker per row (:func:`grab_exp.report.table1_rows.color_of`),
+and their captions (``figures.md``)."""
 
 from __future__ import annotations
 
@@ -13,18 +14,14 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from grab_exp.report.render import COLUMN_WIDTH_IN, STYLE, log_axis
-from grab_exp.report.table1_table import (
-    BASELINE,
-    Table1,
-    color_of,
-    line_style,
-    row_label,
-    row_rank,
-)
+from grab_exp.report.table1_rows import BASELINE, color_of, line_style, row_label, row_rank
+from grab_exp.report.table1_stats import WINDOW
+from grab_exp.report.table1_table import Table1
+from grab_exp.report.table1_text import MB_NOTE, MEMORY_NOTES
 
 _PANELS = (("train/loss", "Train loss"), ("test/acc", "Test accuracy"))
 _MEMORY_AXIS = {
-    "state": "Training state, allocated (MB)",
+    "state": "Training state (MB):\nmodel, grads, momentum,\nordering, step peak",
     "cuda_step": "Step peak CUDA memory (MB)",
     "cuda": "Peak CUDA memory (MB)",
     "rss": "Peak RSS (MB)",
@@ -41,6 +38,14 @@ def epoch_curves(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
 def zoom_span(last_epoch: int) -> int:
     """Epochs shown in the zoom panels: 10 of 100, about half of a short run (at least 2)."""
     return max(2, min(10, math.ceil(last_epoch / 2)))
+
+
+def panel_spans(last: int, zoom: int) -> list[tuple[int, int]]:
+    """Figure 1's rows of panels as ``(first, last)`` epochs: all of them, the first ``zoom``
+    and, for runs of at least twice :data:`WINDOW` epochs, the last :data:`WINDOW` (the
+    window of the paired tests)."""
+    spans = [(1, last), (1, zoom)]
+    return spans + ([(last - WINDOW + 1, last)] if last >= 2 * WINDOW else [])
 
 
 def identical_rows(frame: pd.DataFrame, rows) -> dict[tuple[str, str], tuple[str, str]]:
@@ -60,11 +65,13 @@ def identical_rows(frame: pd.DataFrame, rows) -> dict[tuple[str, str], tuple[str
 
 
 def figure1(frame: pd.DataFrame, log_loss: bool = False, zoom_epochs: int | None = None):
-    """Train loss and test accuracy against epoch; top: all epochs, bottom: the first ones.
+    """Train loss and test accuracy against epoch: all epochs, the first ones and (long runs)
+    the last :data:`WINDOW`.
 
-    Lines are the mean over seeds, each row with its own color, line style and marker; the top
-    panels shade ± 1 std over seeds. A row whose runs equal an earlier row's exactly is named
-    so in the legend. Accuracy is a fraction, as in the tables.
+    Lines are the mean over seeds, each row with its own color, line style and marker; every
+    panel shades ± 1 std over seeds. A row whose runs equal an earlier row's exactly is named
+    so in the legend. Accuracy is a fraction, as in the tables; :func:`figure1_caption` is
+    the caption.
 
     Args:
         frame: The tidy run frame.
@@ -75,44 +82,60 @@ def figure1(frame: pd.DataFrame, log_loss: bool = False, zoom_epochs: int | None
         The matplotlib Figure.
     """
     last = int(frame["epoch"].max())
-    zoom = zoom_epochs or zoom_span(last)
-    pairs = set(zip(frame["variant"], frame["pipeline"], strict=True))
-    rows = sorted(pairs, key=lambda row: row_rank(*row))  # the report's order
+    spans = panel_spans(last, zoom_epochs or zoom_span(last))
+    rows = figure_rows(frame)
     same = identical_rows(frame, rows)
-    seeds = sorted(frame.groupby(["variant", "pipeline"])["seed"].nunique().unique())
     with mpl.rc_context(STYLE):
-        fig = Figure(figsize=(COLUMN_WIDTH_IN, 3.9), layout="constrained")
-        axes = fig.subplots(2, 2)
+        fig = Figure(figsize=(COLUMN_WIDTH_IN, 1.2 + 1.35 * len(spans)), layout="constrained")
+        axes = fig.subplots(len(spans), 2, squeeze=False)
         for column, (metric, title) in enumerate(_PANELS):
             curves = epoch_curves(frame, metric)
-            for row, limit in enumerate((last, zoom)):
+            for row, (first, end) in enumerate(spans):
                 ax = axes[row, column]
-                _draw_curves(ax, curves[curves["epoch"] <= limit], rows, same, band=row == 0)
-                _epoch_axis(ax, limit)
-                ax.set_title(title if row == 0 else f"{title}: first {limit} epochs")
+                shown = curves[(curves["epoch"] >= first) & (curves["epoch"] <= end)]
+                _draw_curves(ax, shown, rows, same)
+                _epoch_axis(ax, first, end)
+                ax.set_title(f"{title}, {_span_words(first, end, last)}")
                 if metric == "train/loss" and log_loss:
                     log_axis(ax)
         handles, labels = axes[0, 0].get_legend_handles_labels()
-        n_seeds = "/".join(map(str, seeds))
         handles.append(Patch(color="#999999", alpha=0.3, linewidth=0))
-        labels.append(f"± 1 std over {n_seeds} seeds (top panels)")
+        labels.append(f"± 1 std over {seed_counts(frame)} seeds")
         fig.legend(handles, labels, loc="outside lower center", ncol=2, frameon=False)
     return fig
 
 
-def _epoch_axis(ax, limit: int) -> None:
-    """x axis from epoch 1 to ``limit``, a tick at every epoch up to 10, else about 6."""
-    pad = 0.04 * max(limit - 1, 1)  # end markers stay whole
-    ax.set_xlim(1 - pad if limit > 1 else 0.5, max(limit + pad, 1.5))
+def figure_rows(frame: pd.DataFrame) -> list[tuple[str, str]]:
+    """The frame's rows in the report's order."""
+    pairs = set(zip(frame["variant"], frame["pipeline"], strict=True))
+    return sorted(pairs, key=lambda row: row_rank(*row))
+
+
+def seed_counts(frame: pd.DataFrame) -> str:
+    """The rows' seed counts, e.g. ``3`` or ``2/3``."""
+    counts = frame.groupby(["variant", "pipeline"])["seed"].nunique().unique()
+    return "/".join(map(str, sorted(counts)))
+
+
+def _span_words(first: int, end: int, last: int) -> str:
+    if first == 1 and end == last:
+        return "all epochs"
+    return f"first {end} epochs" if first == 1 else f"last {end - first + 1} epochs"
+
+
+def _epoch_axis(ax, first: int, end: int) -> None:
+    """x axis from ``first`` to ``end``, a tick at every epoch up to 10 of them, else about 6."""
+    pad = 0.04 * max(end - first, 1)  # end markers stay whole
+    ax.set_xlim(first - pad if end > first else first - 0.5, max(end + pad, first + 0.5))
     ax.set_xlabel("Epoch")
     ax.grid(alpha=0.25, linewidth=0.4)
-    if limit <= 10:
-        ax.set_xticks(range(1, limit + 1))
+    if end - first < 10:
+        ax.set_xticks(range(first, end + 1, 1 if end - first < 6 else 2))
     else:
         ax.xaxis.set_major_locator(MaxNLocator(6, integer=True))
 
 
-def _draw_curves(ax, curves: pd.DataFrame, rows, same, band: bool) -> None:
+def _draw_curves(ax, curves: pd.DataFrame, rows, same) -> None:
     for variant, pipeline in rows:
         part = curves[(curves["variant"] == variant) & (curves["pipeline"] == pipeline)]
         if part.empty:
@@ -127,79 +150,146 @@ def _draw_curves(ax, curves: pd.DataFrame, rows, same, band: bool) -> None:
         size = 5 if (variant, pipeline) in same.values() else 3  # visible around its twin's
         ax.plot(x, mean, linestyle=style, color=color, label=label, marker=marker, ms=size,
                 markevery=every, mfc="none", mew=0.7)  # fmt: skip
-        if band:
-            ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.08, linewidth=0)
+        ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.15, linewidth=0)
+
+
+def overlapping_rows(frame: pd.DataFrame) -> list[tuple[str, str, float, float]]:
+    """Rows of one variant (e.g. the two RR rows) whose seed-mean curves lie on each other:
+    ``(label, other label, largest train-loss gap, largest test-accuracy gap)``."""
+    rows, out = figure_rows(frame), []
+    curves = {metric: epoch_curves(frame, metric) for metric, _ in _PANELS}
+    for a, b in ((a, b) for i, a in enumerate(rows) for b in rows[i + 1 :] if a[0] == b[0]):
+        gaps = []
+        for metric, _ in _PANELS:
+            wide = curves[metric].pivot_table(
+                index="epoch", columns=["variant", "pipeline"], values="mean"
+            )
+            gaps.append(float((wide[a] - wide[b]).abs().max()))
+        out.append((row_label(*a), row_label(*b), *gaps))
+    return out
+
+
+def figure1_caption(frame: pd.DataFrame) -> str:
+    """Figure 1's caption: its lines, bands and panels, and the rows drawn on each other."""
+    last = int(frame["epoch"].max())
+    spans = panel_spans(last, zoom_span(last))
+    words = ", ".join(_span_words(first, end, last) for first, end in spans)
+    text = (
+        "**Figure 1.** Train loss (full pass over the training set after each epoch) and test "
+        "accuracy (a fraction) per epoch, Table 1's rows; lines: the mean over "
+        f"{seed_counts(frame)} seeds, shaded: ± 1 sample std (ddof 1) over the seeds. Panels, "
+        f"top to bottom: {words}."
+    )
+    same = identical_rows(frame, figure_rows(frame))
+    for row, earlier in same.items():
+        text += f" {row_label(*row)} is identical to {row_label(*earlier)} at every epoch and seed."
+    for a, b, loss, acc in overlapping_rows(frame):
+        if not any(label in (row_label(*r) for r in same) for label in (a, b)):
+            text += (
+                f" {a} and {b} are drawn close together ({a} partly hidden under {b}): "
+                f"their means differ by at most {loss:.4f} in "
+                f"train loss and {acc:.4f} in test accuracy."
+            )
+    return text
 
 
 def figure2(table: Table1):
-    """Horizontal bars of seconds per epoch and peak memory per row, with overheads.
+    """Horizontal bars of seconds per epoch and memory per row, each labelled with its overhead.
 
     With an idle-machine benchmark (``table.time_source``) the time panel shows its seconds per
-    epoch and each row's time overhead in % relative to RR (functional), marked ``ref.``;
-    without one it shows the jobs' own times (± std over seeds) and no overhead.
+    epoch, one measurement per row (no error bar), and each row's time overhead relative to RR
+    (functional), marked ``ref.``; without one it shows the jobs' own times (± std over seeds)
+    and no overhead. The memory panel labels each bar with its increment in MB and in %.
+    :func:`figure2_caption` says where the numbers come from.
     """
     data = table.data.iloc[::-1].reset_index(drop=True)  # first row on top
     colors = [color_of(v, p) for v, p in zip(data["variant"], data["pipeline"], strict=True)]
     if table.time_source:
-        column, overhead, where = "bench_epoch_s", "time_overhead_pct", "idle bench"
+        time = ("bench_epoch_s", "time_overhead_pct", "Time (s / epoch),\nidle bench")
     else:
-        column, overhead, where = "time_s_per_epoch", None, "during the runs"
-    panels = (
-        (column, overhead, f"Training time (s / epoch),\n{where}"),
-        (table.memory_metric, "mem_overhead_pct", _memory_title(table)),
-    )
+        time = ("time_s_per_epoch", None, "Time (s / epoch),\nduring the runs")
+    panels = (time, (table.memory_metric, "mem_overhead_pct", _MEMORY_AXIS[table.memory_source]))
     with mpl.rc_context(STYLE):
-        height = 1.2 + 0.22 * len(data)
+        height = 1.3 + 0.22 * len(data)
         fig = Figure(figsize=(COLUMN_WIDTH_IN, height), layout="constrained")
         axes = fig.subplots(1, 2, sharey=True)
         for ax, (metric, overhead, title) in zip(axes, panels, strict=True):
             _draw_bars(ax, data, metric, overhead, colors)
-            ax.set_xlabel(title)
+            ax.set_xlabel(title, fontsize=6)
         axes[0].set_yticks(range(len(data)), data["label"])
-        fig.suptitle(figure2_caption(table), fontsize=6)
+        fig.suptitle(
+            "Training time and training-state memory; labels: overhead over RR (functional)",
+            fontsize=7,
+        )
     return fig
 
 
-def _memory_title(table: Table1) -> str:
-    where = "state bench" if table.memory_source == "state" else "runs"
-    return f"{_MEMORY_AXIS[table.memory_source]},\n{where}"
-
-
 def figure2_caption(table: Table1) -> str:
-    """Where Figure 2's numbers come from."""
+    """Figure 2's caption: where its numbers come from and what they measure."""
     if table.time_source:
-        source = table.cite_time_source("\n")
-        time = f"time: idle-machine benchmark {source},\noverheads vs. RR (functional)"
+        time = (
+            f"Time: the idle-machine benchmark {table.cite_time_source()}, seconds per epoch "
+            "(median step time x steps per epoch), one measurement per row."
+        )
     else:
-        time = "time: measured during the runs (machine load included), no overheads"
+        time = (
+            "Time: as the runs measured it (machine load included), mean ± std over seeds; "
+            "no overheads."
+        )
     if table.memory_source == "state":
-        return f"{time};\nmemory: {table.memory_file}, overheads vs. RR (functional)"
-    return f"{time};\nmemory: the runs ({', '.join(table.devices)}), mean ± std over seeds"
+        memory = MEMORY_NOTES["state"].format(file=table.memory_file, machine=table.memory_machine)
+    else:
+        devices = ", ".join(table.devices)
+        memory = f"{MEMORY_NOTES[table.memory_source]} ({devices}), mean ± std over seeds"
+    return (
+        "**Figure 2.** Training time per epoch and memory of Table 1's rows; the label beside "
+        "each bar is its overhead over RR (functional) (ref.), memory's in MB and in %. "
+        f"{time} Memory: {memory}; {MB_NOTE}."
+    )
 
 
 def _draw_bars(ax, data: pd.DataFrame, metric: str, overhead: str | None, colors) -> None:
     column = metric if metric in data else f"{metric}_mean"
     means = data[column]
-    stds = data[f"{metric}_std"].fillna(0) if f"{metric}_std" in data else means * 0
-    positions = range(len(data))
+    stds = data.get(f"{metric}_std", means * float("nan"))
+    varies = bool(stds.notna().any())  # an error bar only where seeds spread the value
     errors = {"lw": 0.6, "ecolor": "#555555", "capsize": 1.5, "capthick": 0.6}
-    ax.barh(positions, means, xerr=stds, color=colors, height=0.7, error_kw=errors)
-    right = float((means + stds).max())
-    for y, (mean, std, variant, pipeline) in enumerate(
-        zip(means, stds, data["variant"], data["pipeline"], strict=True)
+    ax.barh(range(len(data)), means, xerr=stds.fillna(0) if varies else None, color=colors,
+            height=0.7, error_kw=errors)  # fmt: skip
+    ends = means + (stds.fillna(0) if varies else 0)
+    right = float(ends.max())
+    for y, (end, variant, pipeline) in enumerate(
+        zip(ends, data["variant"], data["pipeline"], strict=True)
     ):
-        if overhead is None or math.isnan(mean):
-            continue
-        pct = data[overhead].iloc[y]
-        text = "ref." if (variant, pipeline) == BASELINE else overhead_label(pct)
-        if text == "ref." or not math.isnan(pct):
-            ax.text(mean + std + 0.02 * right, y, text, va="center", fontsize=5.5)
-    ax.set_xlim(0, right * 1.3 if right > 0 else 1)
+        text = _bar_label(data, y, overhead, (variant, pipeline))
+        if text and not math.isnan(end):
+            ax.text(end + 0.02 * right, y, text, va="center", fontsize=5.5)
+    ax.set_xlim(0, right * (1.75 if overhead == "mem_overhead_pct" else 1.35) if right > 0 else 1)
+    ax.xaxis.set_major_locator(MaxNLocator(5))
     ax.grid(axis="x", alpha=0.25, linewidth=0.4)
     ax.set_axisbelow(True)
     ax.tick_params(axis="y", length=0)
 
 
+def _bar_label(data: pd.DataFrame, y: int, overhead: str | None, row) -> str:
+    """``ref.`` on the baseline, else the overhead (memory: ``+0.71 MB, +21%``); ``""`` for none."""
+    if overhead is None:
+        return ""
+    if row == BASELINE:
+        return "ref."
+    pct = data[overhead].iloc[y]
+    if math.isnan(pct):
+        return ""
+    if overhead == "mem_overhead_pct":
+        return f"{data['mem_increment_mb'].iloc[y]:+.2f} MB, {overhead_label(pct)}"
+    return overhead_label(pct)
+
+
 def overhead_label(pct: float) -> str:
     """``+12%``, ``-35%``, or ``±0%`` for overheads under half a percent."""
     return "±0%" if abs(pct) < 0.5 else f"{pct:+.0f}%"
+
+
+def figure_captions(frame: pd.DataFrame, table: Table1) -> str:
+    """``figures.md``: the captions of Figures 1 and 2."""
+    return f"# Figures\n\n{figure1_caption(frame)}\n\n{figure2_caption(table)}\n"

@@ -1,19 +1,28 @@
-"""Table 1's paired comparison: per seed, each row minus RR (functional) of the same seed.
+"""Table 1, paired by seed: per seed, each row minus RR (functional) of the same seed
+(``table1_paired.{csv,md}``), and the paired tests of :mod:`~grab_exp.report.table1_stats` as
+text (``table1_tests.md``).
 
 Every row of one seed starts from the same model and its first epoch visits the same
-permutation, so the per-seed difference removes what the seed alone decides; with 3 seeds the
-count of seeds on one side is all the sign of a difference can rest on (no test at n = 3).
+permutation, so the per-seed difference removes what the seed alone decides.
 """
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from grab_exp.report.render import to_markdown
-from grab_exp.report.table1_table import BASELINE, row_label, row_rank
+from grab_exp.report.table1_rows import BASELINE, is_baseline, row_label, row_rank
+from grab_exp.report.table1_stats import METRICS as TESTED
 
-#: metric column -> (its name in the tables, which sign is better for the row)
-METRICS = {"test/acc": ("test accuracy", 1), "train/loss": ("train loss", -1)}
+#: metric column -> (its name in the tables, which sign is better for the row); the running
+#: loss (the mean of the epoch's step losses) where the runs logged it
+METRICS = {
+    "test/acc": ("test accuracy", 1),
+    "train/loss": ("train loss (full pass after the epoch)", -1),
+    "train/running_loss": ("running train loss (mean of the epoch's step losses)", -1),
+}
 
 
 def paired_differences(frame: pd.DataFrame, epochs: list[int]) -> pd.DataFrame:
@@ -25,10 +34,10 @@ def paired_differences(frame: pd.DataFrame, epochs: list[int]) -> pd.DataFrame:
         epochs: The epochs to compare at (e.g. 5 and 100); epochs a run lacks are skipped.
     """
     rows = frame[frame["epoch"].isin(epochs)]
-    is_base = (rows["variant"] == BASELINE[0]) & (rows["pipeline"] == BASELINE[1])
+    is_base = is_baseline(rows)
     base = rows[is_base].set_index(["seed", "epoch"])
     out = []
-    for metric in METRICS:
+    for metric in (m for m in METRICS if m in frame):
         for (variant, pipeline, seed, epoch), value in rows[~is_base].groupby(
             ["variant", "pipeline", "seed", "epoch"]
         )[metric]:
@@ -77,3 +86,58 @@ def paired_markdown(table: pd.DataFrame) -> str:
             ]
             parts.append(f"## {name}, epoch {epoch}\n\n{to_markdown(shown.reset_index())}")
     return "\n".join(parts)
+
+
+def tests_markdown(tests: pd.DataFrame) -> str:
+    """``table1_tests.md``: what the tests are, then one table per family of
+    :func:`grab_exp.report.table1_stats.paired_tests`, with its size and Holm's adjustment."""
+    if tests.empty:
+        return "No paired test: no two rows share 2 or more seeds.\n"
+    seeds = sorted(set(tests["n"]))
+    floor = ", ".join(f"{2 / 2**n:.3g} at {n} seeds" for n in seeds)
+    parts = [
+        "# Table 1, paired tests by seed\n",
+        "Each test compares two rows seed by seed (each seed's pair of runs shares the model's "
+        "initialization and the first epoch's order): the two-sided paired t-test "
+        "(scipy.stats.ttest_rel, n - 1 degrees of freedom) of the first row minus the second, "
+        "on one epoch or on each run's mean over the window's epochs. Holm p: Holm's step-down "
+        "adjustment over every test of the family (its size in the heading), valid whatever "
+        "their dependence; the GraB rows of one seed are all compared with the same RR run, so "
+        "they are dependent. Better in: the seeds on which the first row has the lower loss or "
+        "the higher accuracy. Signed-rank p: the exact two-sided Wilcoxon signed-rank test, "
+        f"whose smallest possible p is {floor}: with so few seeds it can only show that the "
+        "signs disagree, never a significant difference. Differences of accuracy are fractions "
+        "(0.01 = 1 point).\n",
+    ]
+    for family, part in tests.groupby("family", sort=False):
+        windows = " and ".join(dict.fromkeys(part["window"]))
+        parts.append(f"## {family}: {windows}; Holm over {len(part)} tests\n")
+        parts.append(to_markdown(_tests_frame(part)))
+    return "\n".join(parts)
+
+
+def _tests_frame(part: pd.DataFrame) -> pd.DataFrame:
+    names = {metric: name for metric, (name, _) in TESTED.items()}
+    return pd.DataFrame(
+        {
+            "Window": part["window"],
+            "Metric": part["metric"].map(names),
+            "Difference": [
+                f"{r} minus {v}" for r, v in zip(part["row"], part["versus"], strict=True)
+            ],
+            "Mean diff.": part["mean_difference"].map(lambda v: f"{v:+.4f}"),
+            "t": part["t"].map(lambda v: "—" if math.isnan(v) else f"{v:.2f}"),
+            "df": part["df"].astype(str),
+            "p": part["p"].map(_p),
+            "Holm p": part["p_holm"].map(_p),
+            "Better in": [f"{b} of {n}" for b, n in zip(part["better"], part["n"], strict=True)],
+            "Signed-rank p": part["signed_rank_p"].map(_p),
+        }
+    )
+
+
+def _p(value: float) -> str:
+    """A p-value at 4 decimals (``<0.0001`` below); ``—`` when undefined."""
+    if math.isnan(value):
+        return "—"
+    return "<0.0001" if value < 0.0001 else f"{value:.4f}"

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from grab_exp.report.table1_table import build_table1, hardware_note, read_paper, side_by_side_frame
+from grab_exp.report.table1_paper import hardware_note, read_paper, side_by_side_frame
+from grab_exp.report.table1_table import build_table1
 
 
 def _frame(step_peak: bool) -> pd.DataFrame:
@@ -37,7 +38,8 @@ def test_cuda_runs_compare_their_step_peak_with_the_papers_column():
     mean = table.data.set_index("variant").loc["mean"]
     assert mean["step_peak_cuda_mb_mean"] == 11.0
     assert abs(mean["mem_overhead_pct"] - 10.0) < 1e-9  # 11 vs 10 MB, not 801 vs 800
-    shown = side_by_side_frame(table, read_paper())
+    assert abs(mean["mem_increment_mb"] - 1.0) < 1e-9  # the increment in MB beside the %
+    shown = side_by_side_frame(table, read_paper(), part="cost")
     headers = [c for c in shown.columns if c.startswith("Peak GPU mem.")]
     assert headers and all("ours: step peak above epoch start" in c for c in headers)
     assert "dataset lives on the GPU" in hardware_note(table)
@@ -46,5 +48,6 @@ def test_cuda_runs_compare_their_step_peak_with_the_papers_column():
 def test_runs_without_a_step_peak_say_their_peak_includes_the_dataset():
     table = build_table1(_frame(step_peak=False))
     assert table.memory_source == "cuda" and table.memory_metric == "peak_cuda_mb"
-    headers = [c for c in side_by_side_frame(table, read_paper()).columns if "GPU mem" in c]
+    shown = side_by_side_frame(table, read_paper(), part="cost")
+    headers = [c for c in shown.columns if "GPU mem" in c]
     assert headers and all("dataset on GPU incl." in c for c in headers)

@@ -33,7 +33,7 @@ from grab_exp.report import (
 from grab_exp.report.cli import main
 from grab_exp.report.collect import parse_wandb_path, read_wandb_runs
 from grab_exp.report.table1_figures import figure2_caption, identical_rows
-from grab_exp.report.table1_table import caption
+from grab_exp.report.table1_text import notes
 
 REPO = Path(__file__).resolve().parents[2]
 EPOCH_BENCH = REPO / "results" / "bench" / "epoch_1t.json"  # the committed idle-machine bench
@@ -187,9 +187,9 @@ def test_the_time_columns_name_the_bench_file_commit_threads_and_processor(tmp_p
         path.write_text(json.dumps({"benchmark": "epoch", "machine": block, "rows": rows}))
         table = build_table1(frame, bench=read_epoch_bench(path, name="x.json"))
         assert (table.time_source, table.time_machine) == ("x.json", expected)
-        assert f"from x.json ({expected}), the source of the time overhead" in caption(table)
+        assert f"from x.json ({expected}), one measurement per row" in " ".join(notes(table))
         assert f"benchmark x.json ({expected}): each row's" in hardware_note(table)
-        assert f"benchmark x.json\n({expected}),\n" in figure2_caption(table)
+        assert f"benchmark x.json ({expected}), seconds per epoch" in figure2_caption(table)
 
 
 def test_table1_columns_rows_and_headers(report):
@@ -197,7 +197,8 @@ def test_table1_columns_rows_and_headers(report):
         header = next(csv.reader(handle))
     stats = [f"{metric}_{kind}" for metric in METRICS for kind in ("mean", "std")]
     ids = ["variant", "pipeline", "label", "n_seeds", "final_epoch", "mem_source"]
-    assert header == [*ids, *stats, "bench_epoch_s", "time_overhead_pct", "mem_overhead_pct"]
+    overheads = ["time_overhead_pct", "mem_overhead_pct", "mem_increment_mb"]
+    assert header == [*ids, *stats, "bench_epoch_s", *overheads]
     rows = read_csv_rows(report / "table1.csv")
     assert [(r["variant"], r["pipeline"]) for r in rows] == ROWS
     markdown = (report / "table1.md").read_text()
@@ -212,10 +213,9 @@ def test_table1_columns_rows_and_headers(report):
         "Time overhead (idle bench)",
         "Mem. overhead |",
     ]
-    assert (
-        "results/bench/epoch_1t.json (commit " in markdown.splitlines()[2]
-    )  # the caption names it
-    labels = [line.split(" | ")[0] for line in markdown.splitlines()[6:]]
+    assert "- Time, idle bench: " in markdown  # the notes name the bench file
+    assert "results/bench/epoch_1t.json (commit " in markdown
+    labels = [line.split(" | ")[0] for line in markdown.splitlines()[6:9]]
     assert labels == ["| RR (classic)", "| RR (functional)", "| Mean"]
     assert " ± " in markdown
     latex = (report / "table1.tex").read_text()
@@ -235,6 +235,10 @@ def test_side_by_side_has_the_paper_values(report):
         assert float(row["peak_rss_mb_paper"]) == float(published["peak_gpu_mem_mb"])
     note = (report / "table1_vs_paper.md").read_text()
     assert "RTX 2060" in note and "device cpu" in note and "RSS" in note
+    assert "## Loss and accuracy" in note and "## Time and memory" in note  # two tables
+    widths = {line.count(" | ") for line in note.splitlines() if line.startswith("| Row")}
+    assert max(widths) <= 10  # no table of 18 columns
+    assert "log2(16) = 4 levels and 15 accumulators" in note
 
 
 def test_figures_are_written_with_one_color_per_row(sweep, report):
@@ -256,7 +260,11 @@ def test_figures_are_written_with_one_color_per_row(sweep, report):
             "Mean": ("#0072B2", "s"),
         }
     labels = [text.get_text() for text in figure.legends[0].texts]
-    assert labels[-1] == f"± 1 std over {len(SEEDS)} seeds (top panels)"
+    assert labels[-1] == f"± 1 std over {len(SEEDS)} seeds"
+    bands = [ax for ax in figure.axes if ax.collections]  # every panel shades the seeds' std
+    assert len(bands) == len(figure.axes) == 4  # 3 epochs: all of them and the first 2
+    captions = (report / "figures.md").read_text()
+    assert captions.startswith("# Figures\n\n**Figure 1.** ") and "**Figure 2.** " in captions
 
 
 def test_identical_rows_need_every_value_equal(sweep):
@@ -477,7 +485,7 @@ def test_the_paired_table_is_each_row_minus_rr_functional_of_the_same_seed(sweep
     for run in run_dirs(sweep):
         config = json.loads((run / "summary.json").read_text())["identity"]
         for line in read_csv_rows(run / "metrics.csv"):
-            for metric in ("test/acc", "train/loss"):
+            for metric in ("test/acc", "train/loss", "train/running_loss"):
                 key = (config["variant"], config["pipeline"], config["seed"], int(line["epoch"]))
                 values[(*key, metric)] = float(line[metric])
     paired = pd.read_csv(report / "table1_paired.csv")
@@ -486,7 +494,7 @@ def test_the_paired_table_is_each_row_minus_rr_functional_of_the_same_seed(sweep
         ("rr", "classic"),
         ("mean", "functional"),
     }
-    assert len(paired) == 2 * len(SEEDS) * 2  # rows x seeds x metrics
+    assert len(paired) == 2 * len(SEEDS) * 3  # rows x seeds x metrics (running loss too)
     for r in paired.itertuples():
         mine = values[(r.variant, r.pipeline, r.seed, r.epoch, r.metric)]
         base = values[("rr", "functional", r.seed, r.epoch, r.metric)]
@@ -520,8 +528,26 @@ def test_the_state_bench_is_the_memory_column_and_figure_2s_memory_panel(sweep, 
     base = totals["rr"]
     mean = next(r for r in table if r["variant"] == "mean")
     assert float(mean["mem_overhead_pct"]) == pytest.approx(100 * (totals["mean"] / base - 1))
-    assert "training state's allocated bytes" in (out / "table1.md").read_text()
-    assert "training state, allocated" in (out / "table1_vs_paper.md").read_text()
+    assert float(mean["mem_increment_mb"]) == pytest.approx(totals["mean"] - base)
+    assert all(row["state_mb_std"] == "" for row in table)  # one measurement: no std
+    markdown = (out / "table1.md").read_text()
+    assert "training state's allocated bytes" in markdown
+    assert f"| {totals['mean']:.2f} |" in markdown  # the value alone, no "± 0.00"
+    assert f"{totals['mean'] - base:+.2f} MB" in markdown
+    assert "ours: training state" in (out / "table1_vs_paper.md").read_text()
     not_state = tmp_path / "epoch.json"
     not_state.write_text(EPOCH_BENCH.read_text())
     assert main([*args, str(not_state)]) == 1  # an epoch bench is not a state bench
+
+
+def test_without_scipy_the_report_warns_and_writes_everything_but_the_tests(
+    sweep, tmp_path, monkeypatch, capsys
+):
+    """The GPU image has no SciPy: the report still writes its tables and figures, and one
+    warning says the paired tests are missing."""
+    monkeypatch.setitem(sys.modules, "scipy", None)  # import scipy raises ImportError
+    out = tmp_path / "report"
+    assert main([str(sweep), "--out", str(out), "--bench", str(EPOCH_BENCH)]) == 0
+    assert "warning: no paired tests" in capsys.readouterr().err
+    assert (out / "table1.md").is_file() and (out / "figures.md").is_file()
+    assert not (out / "table1_tests.csv").exists()
