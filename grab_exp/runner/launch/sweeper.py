@@ -215,9 +215,7 @@ class Sweeper(BasicSweeper):
         jobs = self._jobs(arguments)
         dirs, problems = self._check(jobs)
         if problems:
-            head = f"error: {len(problems)} of {len(jobs)} jobs of this sweep cannot run"
-            lines = [f"  job {k} ({' '.join(jobs[k])}): {line}" for k, line in problems.items()]
-            sys.exit("\n".join([f"{head}; none started", *lines]))
+            sys.exit(problems_message(jobs, problems))
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
@@ -269,6 +267,16 @@ def _without_launch_lines() -> Iterator[None]:
         yield
     finally:
         launcher_log.removeFilter(line)
+
+
+def problems_message(jobs: list[list[str]], problems: dict[int, str]) -> str:
+    """The lines of a sweep with jobs that cannot run: one per job, or one for the whole sweep
+    when every job has the same problem (an offline machine without the data, say)."""
+    head = f"error: {len(problems)} of {len(jobs)} jobs of this sweep cannot run"
+    if len(problems) == len(jobs) > 1 and len(set(problems.values())) == 1:
+        return f"{head}, all for one reason; none started: {next(iter(problems.values()))}"
+    lines = [f"  job {k} ({' '.join(jobs[k])}): {line}" for k, line in problems.items()]
+    return "\n".join([f"{head}; none started", *lines])
 
 
 def report(outcomes: list[Outcome], stop: SweepStop) -> None:

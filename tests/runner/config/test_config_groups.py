@@ -475,3 +475,21 @@ def test_table1_rows_follow_the_report_protocol(row, tmp_path):
     run_cfg = compose_config(["experiment=table1", f"row={row}"])
     cifar10_in_place(run_cfg, tmp_path)  # no download: validation checks the rest
     validate_config(run_cfg)
+
+
+def test_table1_from_a_clone_composes_its_21_jobs_on_torchvisions_cifar10(tmp_path):
+    """``-m experiment=table1 epochs=1 dataset.subset=...``: every job on torchvision's CIFAR-10
+    (no archive of ours), each valid once the data is there."""
+    params = compose_config(["experiment=table1"], hydra=True).hydra.sweeper.params
+    jobs = [
+        ["experiment=table1", "epochs=1", "dataset.subset=1000", f"row={row}", f"seed={seed}"]
+        for row in params.row.split(",")
+        for seed in str(params.seed).split(",")
+    ]
+    assert len(jobs) == 21
+    for overrides in jobs:
+        cfg = compose_config(overrides)
+        assert cfg.dataset._target_ == "grab_exp.data.load_cifar10" and "archive" not in cfg.dataset
+        assert (cfg.epochs, cfg.dataset.subset) == (1, 1000)
+        cifar10_in_place(cfg, tmp_path)  # no download here: validation checks the rest
+        validate_config(cfg)

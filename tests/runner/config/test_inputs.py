@@ -400,6 +400,21 @@ def test_plain_command_offline_stops_fast_in_one_line_and_writes_nothing(tmp_pat
     assert list(clone.iterdir()) == [] and not cache.exists(), "the command wrote files"
 
 
+def test_table1_multirun_offline_from_a_clone_is_one_line_and_writes_nothing(tmp_path):
+    """``python -m grab_exp -m experiment=table1`` with no CIFAR-10 and no network: all 21 jobs
+    have the one problem, said once with the ways forward; nothing on disk."""
+    clone, cache = tmp_path / "clone", tmp_path / "cache"
+    clone.mkdir()
+    args = ["-m", "experiment=table1"]
+    result = run_cli(args, clone, timeout=CLI_TIMEOUT_S, XDG_CACHE_HOME=str(cache), **OFFLINE_ENV)
+    assert result.returncode == 1, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    head = "error: 21 of 21 jobs of this sweep cannot run, all for one reason; none started: "
+    assert line.startswith(head + "dataset=cifar10: CIFAR-10 is not in"), line
+    assert "dataset=cifar10_jpeg dataset.archive=PATH" in line and "experiment=smoke" in line
+    assert list(clone.iterdir()) == [] and not cache.exists(), "the command wrote files"
+
+
 def test_cifar10_download_failure_in_the_loader_is_the_same_one_line(tmp_path, monkeypatch):
     """Past the startup check (the server answered), a failed download says the same."""
     for name, value in OFFLINE_ENV.items():
