@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.module import _global_forward_hooks
 from torch.nn.utils import parametrize
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
@@ -67,6 +68,7 @@ from grab_exp.per_sample.layout import (
 )
 from grab_exp.per_sample.modules import CHECKPOINT_REFUSAL, UnsupportedModelError, draws_random
 from grab_exp.per_sample.rules import LayerRule, rule_for
+from grab_exp.per_sample.rules.base import OURS, is_ours
 
 Grads = dict[str, torch.Tensor]
 
@@ -251,6 +253,7 @@ class HookedPerSample(PerSampleGradients):
                 return expand_over_batch(args, self._batch), kwargs
             return None
 
+        setattr(hook, OURS, True)
         return hook
 
     def _forward_hook(self, name: str):
@@ -280,6 +283,7 @@ class HookedPerSample(PerSampleGradients):
                         t.register_hook(_setter(call.grads, k))
             return tree_unflatten(outputs, output_spec) if alias else None
 
+        setattr(hook, OURS, True)
         return hook
 
     @property
@@ -417,6 +421,7 @@ class HookedPerSample(PerSampleGradients):
         modes = self.state.key()
         if self._trainable != modes[0]:
             self._build_layers()  # a layer was frozen or unfrozen since
+        self._refuse_foreign_hooks()
         shapes = self._use_plan(x)
         self._calls, self._batch = {}, batch
         with self._in_mode("record"):
@@ -425,18 +430,15 @@ class HookedPerSample(PerSampleGradients):
         check_scalar(loss)
         calls, self._calls = self._calls, {}
         self._check_calls(calls)
-        key = (shapes, modes, tuple(len(calls.get(n, ())) for n in self._layers))
+        changed = self._read_in_place(calls)
+        counts = tuple(len(calls.get(n, ())) for n in self._layers)
+        key = (shapes, modes, counts, changed)  # an output changed in place: a new kind
         due = self.checker.due(key, batch)
         if due:
             self._refuse_direct_uses(loss, calls)
         elif (k := self.checker.split(batch)) is not None:  # a full check reads every loss
             gap = loss_gap(self.loss_fn, out, y, loss, self.plan.output, k)
             self.checker.settle_gap(gap, loss.dtype)  # before the backward: nothing written yet
-        changed = False
-        for layer_calls in calls.values():
-            for call in layer_calls:
-                call.in_place = call.changed()
-                changed = changed or call.in_place
         params = self.trainable()  # read once per call: the rows' columns
         totals, input_grads = self._backward(loss, x, calls, due, params, everything=changed)
         rows, means = self._rows(calls, batch, list(params))
@@ -450,6 +452,46 @@ class HookedPerSample(PerSampleGradients):
             _add_to_grad(params.values(), written)
         _add_to_grad(input_grads, input_grads.values())
         return loss.detach(), self._batch_grads(rows, params)
+
+    def _read_in_place(self, calls: dict[str, list[Call]]) -> bool:
+        """Note each call's in-place change (once per call); whether any output changed.
+
+        Raises:
+            UnsupportedModelError: an output that is a view (a Linear's on ``(B, T, D)`` input)
+                was changed in place: autograd then rebases the view, and the gradient hook on
+                the output the layer returned never fires.
+        """
+        changed = False
+        for name, layer_calls in calls.items():
+            for call in layer_calls:
+                call.in_place = call.changed()
+                changed = changed or call.in_place
+                views = [t for t in call.outputs if isinstance(t, torch.Tensor) and t._is_view()]
+                if call.in_place and views:
+                    raise UnsupportedModelError(
+                        f"{_label(name, self._layers[name])}: its output of shape "
+                        f"{tuple(views[0].shape)}, a view, was changed in place after the layer "
+                        "returned it (an in-place activation or residual add): the hook path "
+                        "cannot read its gradient there; use method=func (auto does), or an "
+                        "out-of-place operation (x = x + h, not x += h)"
+                    )
+        return changed
+
+    def _refuse_foreign_hooks(self) -> None:
+        """Refuse a forward hook that is not the path's own on a hooked layer, or a global one:
+        it can change the output the path differentiates at (checked on every call: a hook may
+        come after the path was built)."""
+        if _global_forward_hooks:
+            raise UnsupportedModelError(
+                "a global forward hook (register_module_forward_hook) can change any layer's "
+                "output, which the hook path cannot follow; use method=func (auto does)"
+            )
+        for name, layer in self._layers.items():
+            if any(not is_ours(h) for h in layer._forward_hooks.values()):
+                raise UnsupportedModelError(
+                    f"{_label(name, layer)}: a forward hook of its own can change its output, "
+                    "which the hook path cannot follow; use method=func (auto does)"
+                )
 
     def _rows(
         self, calls: dict[str, list[Call]], batch: int, trainable: list[str]

@@ -46,6 +46,7 @@ from support.adversarial_models import (
     Centering,
     CenterLoss,
     Checkpointed,
+    InPlaceSequence,
     InstanceNet,
     KLModel,
     LSTMClassifier,
@@ -59,7 +60,9 @@ from support.adversarial_models import (
     TokenLM,
     UnusedPooler,
     elbo_loss,
+    hooked_mlp,
     inplace_relu_mlp,
+    instance_forward_mlp,
     lm_loss,
     mlp,
     pg_loss,
@@ -876,6 +879,44 @@ CASES = [
         {"auto": RIGHT, "func": RIGHT, "hooks": HOOKS_NEED_FUNC, "factored": HOOKS_NEED_FUNC},
         loss=lambda model: elbo_loss,
     ),
+    # 31. a forward hook of the user's changes a layer's output (a new tensor, or in place): the
+    # hook path would differentiate at the output it saw; it refuses, auto takes func
+    *[
+        Case(
+            f"31_user_forward_hook_{kind}",
+            built(lambda kind=kind: hooked_mlp(kind)),
+            lambda: vectors([6] * 4, seed=33),
+            {
+                "auto": RIGHT,
+                "func": RIGHT,
+                "hooks": refused("a forward hook of its own", 0),
+                "factored": refused("a forward hook of its own", 0),
+            },
+        )
+        for kind in ("replace", "inplace")
+    ],
+    # 32. a Linear whose forward is replaced on the instance: not the plain layer, replayed
+    Case(
+        "32_instance_forward",
+        built(instance_forward_mlp),
+        lambda: vectors([6] * 4, seed=34),
+        every(("auto", "hooks", "factored", "func"), RIGHT),
+    ),
+    # 33. a (B, T, D) Linear output (a view) changed in place: its gradient hook never fires
+    *[
+        Case(
+            f"33_inplace_on_view_output_{kind}",
+            built(lambda kind=kind: InPlaceSequence(kind)),
+            lambda: sequences([3, 3, 4, 3]),
+            {
+                "auto": RIGHT,
+                "func": RIGHT,
+                "hooks": refused("a view, was changed in place", 0),
+                "factored": refused("a view, was changed in place", 0),
+            },
+        )
+        for kind in ("relu", "residual")
+    ],
 ]
 
 PARAMS = [
@@ -1070,3 +1111,31 @@ def test_float32_near_fit_regression_not_refused(method: str) -> None:
             err = (got - want).abs().max().item()
             scale = want.abs().max().item()
             assert err <= 1e-2 * scale, f"call {k + 1}: {name}: {err:.3g} of {scale:.3g}"
+
+
+def test_a_global_forward_hook_sends_the_hook_path_to_func():
+    """A global forward hook can change any output: hooks refuse in one line, auto is right."""
+    model = built(mlp)()
+    x, y = vectors([6], seed=35)[0]
+    handle = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, out: out * 1.5 if isinstance(module, nn.Linear) else None
+    )
+    try:
+        with pytest.raises(UnsupportedModelError, match="a global forward hook"):
+            make_per_sample(copy.deepcopy(model), F.cross_entropy, "hooks")(x, y)
+        psg = make_per_sample(copy.deepcopy(model), F.cross_entropy, "auto")
+        _, grads = psg(x, y)
+        want = per_example_rows(psg.model, F.cross_entropy, x, y)
+        for name, rows in grads.as_dict().items():
+            torch.testing.assert_close(rows, want[name])
+        assert psg.method == "func"
+    finally:
+        handle.remove()
+
+
+def test_a_second_per_sample_object_on_one_model_keeps_the_layer_rules():
+    """The first object's own hooks do not make the layers look hooked by the user."""
+    model = built(mlp)()
+    first = make_per_sample(model, F.cross_entropy, "hooks")
+    second = make_per_sample(model, F.cross_entropy, "hooks")
+    assert set(second.rules) == set(first.rules) == {"0", "2", "4"}

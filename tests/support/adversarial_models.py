@@ -10,6 +10,7 @@ reads the model's parameters (a weight penalty). All are small; the suite turns 
 from __future__ import annotations
 
 import contextlib
+import types
 import warnings
 from collections.abc import Iterator
 
@@ -535,3 +536,47 @@ def elbo_loss(out: tuple[torch.Tensor, torch.Tensor], y: torch.Tensor) -> torch.
     same ``kl / N``, so the batch loss is their mean."""
     logits, kl = out
     return F.cross_entropy(logits, y) + kl / 1000
+
+
+# -- 31-34. a fourth review: what changes a layer's output around the hook path -----------------
+
+
+def hooked_mlp(kind: str) -> nn.Sequential:
+    """:func:`mlp` whose first Linear has a forward hook of the user's: ``replace`` returns a new
+    output, ``inplace`` changes the output in place."""
+    model = mlp()
+    if kind == "replace":
+        model[0].register_forward_hook(lambda module, args, out: torch.sin(out) * 2)
+    else:
+        model[0].register_forward_hook(lambda module, args, out: out.mul_(3).sin_())
+    return model
+
+
+def instance_forward_mlp() -> nn.Sequential:
+    """:func:`mlp` whose first Linear's ``forward`` is replaced on the instance (its weight
+    halved inside)."""
+    model = mlp()
+    first = model[0]
+    first.forward = types.MethodType(
+        lambda self, x: F.linear(x, self.weight * 0.5, self.bias), first
+    )
+    return model
+
+
+class InPlaceSequence(nn.Module):
+    """A Linear on ``(B, T, IN)`` inputs (its output a view), changed in place after it returns:
+    an in-place ReLU (``relu``) or a residual add (``residual``); mean over T, then a head."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.fc = nn.Linear(IN, IN)
+        self.head = nn.Linear(IN, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, IN) -> (B, CLASSES)
+        h = self.fc(x)  # (B, T, IN), a view
+        if self.kind == "relu":
+            h.relu_()
+        else:
+            h += x
+        return self.head(h.mean(dim=1))

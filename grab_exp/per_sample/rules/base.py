@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -95,11 +96,22 @@ def rule_for(module: nn.Module) -> LayerRule | None:
         rule = RULES.get(cls)
         if rule is not None:
             own = {n for n, _ in module.named_parameters(recurse=False)}
+            pre_hooks = [h for h in module._forward_pre_hooks.values() if not is_ours(h)]
             plain = (
                 type(module).forward is cls.forward
+                and "forward" not in vars(module)  # a forward replaced on the instance
                 and own <= set(PLAIN_PARAMETERS)
-                and (not module._forward_pre_hooks or isinstance(module, LazyModuleMixin))
+                and (not pre_hooks or isinstance(module, LazyModuleMixin))
                 and not parametrize.is_parametrized(module)
             )
             return rule if plain and rule.supports(module) else None
     return None
+
+
+#: the attribute that marks the hook path's own hooks on a module
+OURS = "_grab_exp_per_sample"
+
+
+def is_ours(hook: Any) -> bool:
+    """Whether ``hook`` is one of the hook path's own (of any per-sample instance)."""
+    return getattr(hook, OURS, False)

@@ -220,7 +220,7 @@ HOSTILE = {
     f"seed={2**70}": f"seed: got {2**70}; allowed: an integer in 0..4294967295",
     "dataset.num_train=0": "dataset.num_train: got 0; allowed: an integer >= 1",
     "dataset.subset=100000": "dataset.subset: got 100000; allowed: null or an integer in 1..2048",
-    "model=mlp model.hidden=[100000000]": "model: got 'MLP'; allowed: a model that fits",
+    "model=mlp model.hidden=[100000000]": "model: got 'mlp'; allowed: a model that fits",
 }
 
 

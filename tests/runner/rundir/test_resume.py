@@ -277,7 +277,7 @@ def test_resumed_job_continues_its_wandb_run(jobs):
     resumed = jobs["resumed"]["run_dir"]
     run = read_offline_run(resumed)  # one run id for both attempts, or it raises
     assert len(run["files"]) == 2  # the killed attempt and the resumed one
-    assert run["run_id"] == _checkpoint(resumed)["wandb_id"]
+    assert run["run_id"] == _checkpoint(resumed)["logger_ids"]["wandb"]
     assert run["run_id"] != read_offline_run(jobs["uninterrupted"]["run_dir"])["run_id"]
     assert run["exit_code"] == 0 and run["name"] == "mean-functional-seed0"
     _, rows = read_rows(resumed)
@@ -405,7 +405,7 @@ def test_wandb_failure_warns_once_and_the_run_finishes(jobs):
     _, rows = parse_rows(done["files"]["metrics.csv"].decode())
     assert [row["epoch"] for row in rows] == [1, 2]
     state = torch.load(io.BytesIO(done["files"][CHECKPOINT_NAME]), weights_only=True)
-    assert state["wandb_id"] is None and state["epoch"] == 1
+    assert state["logger_ids"] == {"wandb": None} and state["epoch"] == 1
     summary = json.loads(done["files"]["summary.json"])
     assert summary["status"] == "finished" and summary["final"]["epoch"] == 2
     assert not list(done["run_dir"].parent.rglob("*.wandb"))  # no W&B run was written
