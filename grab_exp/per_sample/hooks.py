@@ -465,9 +465,11 @@ class HookedPerSample(PerSampleGradients):
         for name, layer_calls in calls.items():
             for call in layer_calls:
                 call.in_place = call.changed()
-                changed = changed or call.in_place
+                if not call.in_place:
+                    continue
+                changed = True
                 views = [t for t in call.outputs if isinstance(t, torch.Tensor) and t._is_view()]
-                if call.in_place and views:
+                if views:
                     raise UnsupportedModelError(
                         f"{_label(name, self._layers[name])}: its output of shape "
                         f"{tuple(views[0].shape)}, a view, was changed in place after the layer "
@@ -487,7 +489,8 @@ class HookedPerSample(PerSampleGradients):
                 "output, which the hook path cannot follow; use method=func (auto does)"
             )
         for name, layer in self._layers.items():
-            if any(not is_ours(h) for h in layer._forward_hooks.values()):
+            hooks = layer._forward_hooks  # one: the path's own (the usual case, read at once)
+            if len(hooks) > 1 and any(not is_ours(h) for h in hooks.values()):
                 raise UnsupportedModelError(
                     f"{_label(name, layer)}: a forward hook of its own can change its output, "
                     "which the hook path cannot follow; use method=func (auto does)"

@@ -67,6 +67,8 @@ class Table1:
         time_machine: Its commit, threads and processor (:meth:`BenchRows.describe_machine`).
         memory_file: The ``state`` benchmark file of the memory column (``None``: the runs').
         memory_machine: Its commit, threads and processor (``None``: the runs').
+        task_metrics: the task's own metrics beside them (``test_ppl_final``, the final test
+            perplexity, for runs that logged one: a language model's), aggregated as the others.
     """
 
     data: pd.DataFrame
@@ -79,6 +81,7 @@ class Table1:
     time_machine: str | None = None
     memory_file: str | None = None
     memory_machine: str | None = None
+    task_metrics: list[str] = field(default_factory=list)
 
     def cite_time_source(self, separator: str = " ") -> str:
         """The benchmark file and, after ``separator``, its machine in parentheses."""
@@ -109,6 +112,7 @@ def per_run(frame: pd.DataFrame, early_epoch: int) -> pd.DataFrame:
                 "train_loss_early": float(early["train/loss"]),
                 "test_acc_final": float(last["test/acc"]),
                 "test_acc_early": float(early["test/acc"]),
+                "test_ppl_final": float(last.get("test/ppl", float("nan"))),
                 "time_s_per_epoch": float(epochs["time/epoch_s"].mean()),
                 "peak_mem_mb": memory,
                 "mem_source": source,
@@ -179,7 +183,8 @@ def build_table1(
         "time_s_per_epoch",
         renames["peak_mem_mb"],
     ]
-    data = aggregate(runs, metrics)
+    task = ["test_ppl_final"] if runs["test_ppl_final"].notna().any() else []
+    data = aggregate(runs, metrics + task)
     if source == "state":
         data[f"{metrics[-1]}_std"] = float("nan")  # one measurement, not a spread over seeds
     if bench:
@@ -205,6 +210,7 @@ def build_table1(
         bench and bench.describe_machine(),
         state and state.source,
         state and state.describe_machine(),
+        task,
     )
 
 

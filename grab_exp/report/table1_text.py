@@ -11,7 +11,7 @@ from grab_exp.report.render import cell, percent
 from grab_exp.report.table1_rows import EARLY_EPOCH
 from grab_exp.report.table1_table import Table1
 
-_DECIMALS = {"train_loss": 4, "test_acc": 4, "time_s": 2, "peak": 1, "state": 2}
+_DECIMALS = {"train_loss": 4, "test_acc": 4, "test_ppl": 2, "time_s": 2, "peak": 1, "state": 2}
 _MEMORY_NAMES = {
     "state": "Training state (MB, allocated)",
     "cuda_step": "Step peak CUDA mem. (MB)",
@@ -82,6 +82,8 @@ def display_frame(table: Table1) -> pd.DataFrame:
     shown = pd.DataFrame({"Row": data["label"], "Seeds": data["n_seeds"].astype(str)})
     for metric in table.metrics:
         shown[names[metric]] = cells(data, metric)
+    for metric in table.task_metrics:  # a language model's perplexity
+        shown[f"Test perplexity (final, {epoch_note(table)[0]})"] = cells(data, metric)
     shown["Time, idle bench (s/epoch)"] = data["bench_epoch_s"].map(lambda s: cell(s, None, 2))
     shown["Time overhead (idle bench)"] = data["time_overhead_pct"].map(percent)
     shown["Mem. overhead"] = [

@@ -107,6 +107,11 @@ def _check_outputs(root, lm: bool, resnet: bool) -> None:
     assert "model Tiny (" in (corners[0].parent / "__main__.log").read_text()
     lm_rows = pd.read_csv(next((root / "outputs" / "lm").rglob("metrics.csv")))
     assert {"train/ppl", "test/ppl"} <= set(lm_rows.columns)
+    lm_table = pd.read_csv(root / "report" / "lm" / "table1.csv")
+    assert lm_table["test_ppl_final_mean"].gt(1).all()  # a perplexity column, in the report too
+    assert "Test perplexity (final" in (root / "report" / "lm" / "table1.md").read_text()
+    corners_table = pd.read_csv(root / "report" / "corners" / "table1.csv")
+    assert "test_ppl_final_mean" not in corners_table.columns  # classification: no such column
     logged = (root / "outputs" / "corners").rglob("epochs.jsonl")
     lines = [json.loads(line) for path in logged for line in path.read_text().splitlines()]
     assert [row["epoch"] for row in lines] == [1, 2]

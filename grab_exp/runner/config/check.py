@@ -75,10 +75,17 @@ def _check_vrgd(cfg: DictConfig) -> None:
         )
 
 
+#: the sizes a model's options left to the data (``null``) take in the checks that size the
+#: model before any data is read (memory, the tree's depth): CIFAR-10's; the run's own model
+#: gets the data's
+DATA_SIZES = {"num_classes": 10, "in_features": 3 * 32 * 32}
+
+
 def _meta_model(cfg: DictConfig) -> torch.nn.Module:
     """The configured model built on the meta device: its shapes, no memory, no data."""
+    left = {k: v for k, v in DATA_SIZES.items() if k in cfg.model and cfg.model[k] is None}
     with torch.device("meta"):
-        return instantiate(cfg.model)
+        return instantiate(cfg.model, **left)
 
 
 def _model_size(cfg: DictConfig) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -57,11 +58,24 @@ def compile_mode(cfg: DictConfig) -> str | None:
     return cfg.trainer.compile_mode if cfg.trainer.compile else None
 
 
-def build_parts(cfg: DictConfig, n: int, strategy: Strategy) -> StepParts:
-    """Model (seeded init), optimizer, ordering of ``n`` examples and pipeline of ``cfg``."""
+def data_options(cfg: DictConfig, data: ArrayData) -> dict[str, int]:
+    """The model options that ``cfg`` leaves to the data (``null``): ``num_classes`` (the
+    data's class count, a vocabulary's size) and ``in_features`` (the values of one image)."""
+    sizes = {"num_classes": data.num_classes}
+    if data.train_x.is_floating_point():
+        sizes["in_features"] = math.prod(data.train_x.shape[1:])
+    model = cfg.model
+    return {key: size for key, size in sizes.items() if key in model and model[key] is None}
+
+
+def build_parts(
+    cfg: DictConfig, n: int, strategy: Strategy, model_options: dict | None = None
+) -> StepParts:
+    """Model (seeded init), optimizer, ordering of ``n`` examples and pipeline of ``cfg``;
+    ``model_options`` fill the model's options left to the data (:func:`data_options`)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
-        model = instantiate(cfg.model).to(strategy.device)
+        model = instantiate(cfg.model, **(model_options or {})).to(strategy.device)
     optimizer = instantiate(cfg.optimizer)(model.parameters())
     if isinstance(optimizer, GSNROptimizer):  # every batch (the last, short one too) splits
         try:
@@ -123,7 +137,7 @@ def build_job(cfg: DictConfig, data: ArrayData, strategy: Strategy) -> TrainingJ
     Raises:
         ConfigError: the model does not fit the data (:func:`check_fit`).
     """
-    parts = build_parts(cfg, len(data.train_y), strategy)
+    parts = build_parts(cfg, len(data.train_y), strategy, data_options(cfg, data))
     check_fit(parts.model, data, cfg)
     captured = capture_step(parts) if cfg.trainer.cuda_graph else None
     return TrainingJob(parts, data, strategy, cfg.batch_size, cfg.eval_batch_size, captured)
