@@ -9,9 +9,9 @@ from torch import nn
 class WordLM(nn.Module):
     """Embedding -> dropout -> LSTM -> dropout -> Linear over the vocabulary.
 
-    Dropout is a module (``dropout > 0``): the hook path of per-sample gradients takes the
-    masks of the batch's own forward. The decoder is not tied to the embedding (tied weights
-    make ``method=auto`` take ``func``).
+    Dropout is a module (``dropout > 0``; none at 0): the hook path of per-sample gradients
+    takes the masks of the batch's own forward. The decoder is not tied to the embedding (tied
+    weights make ``method=auto`` take ``func``).
 
     Args:
         num_classes: the vocabulary's size (the logits per position).
@@ -25,7 +25,7 @@ class WordLM(nn.Module):
     ) -> None:
         super().__init__()
         self.embed = nn.Embedding(num_classes, width)
-        self.drop = nn.Dropout(dropout)
+        self.drop = nn.Dropout(dropout) if dropout else nn.Identity()  # 0: no module to run
         self.lstm = nn.LSTM(width, width, num_layers=layers, batch_first=True)
         self.head = nn.Linear(width, num_classes)
 
