@@ -1048,6 +1048,19 @@ def bench_per_sample(folder: Path) -> None:
             show(f"per_sample.{row['model']}.{path}.over_plain", f"{ratio:.2f}")
 
 
+def bench_check_cost(folder: Path) -> None:
+    """The per-sample check's amortized cost (``epoch_check_1t.json``): each per-sample row's
+    mean step (checked calls counted) over its ``@unchecked`` twin's, in %, and their range."""
+    rows = {r["row"]: r for r in read_bench(folder, "epoch_check_1t")["rows"]}
+    costs = []
+    for row, r in rows.items():
+        twin = rows.get(f"{row}@unchecked")
+        if twin is not None:
+            costs.append(100 * (r["mean_step_ms"] / twin["mean_step_ms"] - 1))
+            show(f"epoch_check_1t.{row}.check_cost_pct", f"{costs[-1]:+.1f}")
+    show("epoch_check_1t.check_cost_pct", signed_span(costs, 1))
+
+
 def _same_operators(folder: Path) -> bool:
     """Whether ``epoch_1t.json`` and ``epoch_2t.json`` in ``folder`` count the same operators
     (eager, total and per stage) in every row both have."""
@@ -1084,6 +1097,8 @@ def bench(folder: Path) -> None:
     bench_sweep(folder)
     if (folder / "per_sample.json").is_file():
         bench_per_sample(folder)
+    if (folder / "epoch_check_1t.json").is_file():
+        bench_check_cost(folder)
 
 
 NUMBERS = RESULTS / "numbers.md"
