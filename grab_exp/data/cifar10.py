@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import os
-import socket
-import threading
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from grab_exp.data.arrays import ArrayData
+from grab_exp.data.download import (
+    DOWNLOAD_ERRORS,
+    REACH_TIMEOUT_S,
+    reason,
+    socket_timeout,
+    unreachable,
+)
 from grab_exp.data.paths import resolve_cache_dir
 from grab_exp.data.subset import uint8_subsets
 
-DOWNLOAD_ERRORS = (urllib.error.URLError, OSError, RuntimeError)
 #: the folder under the cache directory that ``data_dir: null`` means
 DEFAULT_FOLDER = "cifar10"
 #: CIFAR-10's own release, as torchvision's ``CIFAR10`` downloads and extracts it; the startup
@@ -26,24 +25,11 @@ DEFAULT_FOLDER = "cifar10"
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 BATCHES_FOLDER = "cifar-10-batches-py"
 BATCH_FILES = (*(f"data_batch_{k}" for k in range(1, 6)), "test_batch")
-#: seconds the startup check waits for the download server (DNS included) before giving up
-REACH_TIMEOUT_S = 5.0
 #: the ways forward when CIFAR-10 can be neither read nor downloaded
 ALTERNATIVES = (
     "use dataset=cifar10_jpeg dataset.archive=PATH for an offline archive "
     '(docs/experiments.md: "Getting CIFAR-10"), or experiment=smoke for a synthetic run'
 )
-
-
-@contextlib.contextmanager
-def socket_timeout(seconds: float) -> Iterator[None]:
-    """Bound every blocking socket operation (connect, read) opened inside the block."""
-    previous = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(seconds)
-    try:
-        yield
-    finally:
-        socket.setdefaulttimeout(previous)
 
 
 def data_root(data_dir: str | os.PathLike[str] | None) -> Path:
@@ -67,34 +53,6 @@ def unavailable_error(root: Path, reason: str) -> RuntimeError:
         f"dataset=cifar10: CIFAR-10 is not in {root} and could not be downloaded ({reason}); "
         + ALTERNATIVES
     )
-
-
-def _reason(error: BaseException) -> str:
-    return " ".join(str(error).split()) or type(error).__name__
-
-
-@functools.lru_cache(maxsize=8)
-def unreachable(url: str, timeout_s: float) -> str | None:
-    """Why ``url`` cannot be fetched (a HEAD request), or ``None`` when it answers.
-
-    The request runs in a daemon thread joined for ``timeout_s``, so a name lookup that hangs
-    counts as unreachable too. Cached: the startup check runs once per process and URL.
-    """
-    outcome: list[str | None] = [f"no answer within {timeout_s:g} s"]
-
-    def probe() -> None:
-        try:
-            with urllib.request.urlopen(
-                urllib.request.Request(url, method="HEAD"), timeout=timeout_s
-            ):
-                outcome[0] = None
-        except DOWNLOAD_ERRORS as error:
-            outcome[0] = _reason(error)
-
-    thread = threading.Thread(target=probe, daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    return outcome[0]
 
 
 def check_cifar10(
@@ -159,7 +117,7 @@ def load_cifar10(
             train = CIFAR10(root=root, train=True, download=True)
             test = CIFAR10(root=root, train=False, download=True)
     except DOWNLOAD_ERRORS as error:
-        raise unavailable_error(root, _reason(error)) from error
+        raise unavailable_error(root, reason(error)) from error
     train_arrays, test_arrays = _split_tensors(train), _split_tensors(test)
     tensors = [*train_arrays, *test_arrays]
     return uint8_subsets(tensors, train.classes, subset, test_subset, subset_seed)

@@ -19,7 +19,13 @@ from pathlib import Path
 import torch
 
 from grab_exp.data.arrays import ArrayData
-from grab_exp.data.cifar10 import DOWNLOAD_ERRORS, REACH_TIMEOUT_S, socket_timeout, unreachable
+from grab_exp.data.download import (
+    DOWNLOAD_ERRORS,
+    REACH_TIMEOUT_S,
+    reason,
+    socket_timeout,
+    unreachable,
+)
 from grab_exp.data.paths import resolve_cache_dir
 
 WIKITEXT2_URL = "https://wikitext.smerity.com/wikitext-2-v1.zip"
@@ -76,10 +82,9 @@ def _download_wikitext2(root: Path, timeout_s: float) -> None:
         with socket_timeout(timeout_s), urllib.request.urlopen(WIKITEXT2_URL) as response:
             archive = zipfile.ZipFile(io.BytesIO(response.read()))
     except DOWNLOAD_ERRORS as error:
-        reason = " ".join(str(error).split()) or type(error).__name__
         raise RuntimeError(
-            f"dataset=text: WikiText-2 is not in {root} and could not be downloaded ({reason}); "
-            + ALTERNATIVES
+            f"dataset=text: WikiText-2 is not in {root} and could not be downloaded "
+            f"({reason(error)}); " + ALTERNATIVES
         ) from error
     root.mkdir(parents=True, exist_ok=True)
     for member in archive.namelist():
@@ -107,10 +112,10 @@ def check_text(
     root = wikitext2_root(data_dir)
     if (root / SPLIT_FILES["train"][0]).is_file():
         return
-    reason = unreachable(WIKITEXT2_URL, min(download_timeout_s, REACH_TIMEOUT_S))
-    if reason is not None:
+    why = unreachable(WIKITEXT2_URL, min(download_timeout_s, REACH_TIMEOUT_S))
+    if why is not None:
         raise RuntimeError(
-            f"dataset=text: WikiText-2 is not in {root} and could not be downloaded ({reason}); "
+            f"dataset=text: WikiText-2 is not in {root} and could not be downloaded ({why}); "
             + ALTERNATIVES
         )
 

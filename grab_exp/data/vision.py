@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from grab_exp.data.arrays import ArrayData
-from grab_exp.data.cifar10 import DOWNLOAD_ERRORS, REACH_TIMEOUT_S, socket_timeout, unreachable
+from grab_exp.data.download import DOWNLOAD_ERRORS, REACH_TIMEOUT_S, socket_timeout, unreachable
 from grab_exp.data.paths import resolve_cache_dir, resolve_from_repo
 from grab_exp.data.subset import uint8_subsets
 

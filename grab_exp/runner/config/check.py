@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.utils import get_class, get_method, instantiate
+from hydra.utils import get_class, get_method, get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from grab_exp.balance import Ordering
@@ -43,23 +43,24 @@ def _class_of(cfg: DictConfig, group: str) -> type:
     return get_class(cfg[group]._target_)
 
 
-def _short(cfg: DictConfig, group: str) -> str:
-    """The option as a user names it: its class's ``name`` (``cd_grab``), else the one file of
+def option_name(cfg: DictConfig, group: str) -> str:
+    """The group's option as a user names it, from the config alone (a sweep's jobs differ):
+    its class's ``name`` (``cd_grab``), the node's own ``name`` (``mnist``), the one file of
     ``conf/<group>/`` with its ``_target_`` (``classic``), else the class."""
-    target = cfg[group]._target_
-    name = getattr(get_class(target), "name", None)
+    node = cfg[group]
+    name = getattr(get_object(node._target_), "name", None) or node.get("name")
     if isinstance(name, str):
         return name
     files = sorted((CONF_DIR / group).glob("*.yaml"))
-    options = [p.stem for p in files if OmegaConf.load(p).get("_target_") == target]
-    return options[0] if len(options) == 1 else target.rsplit(".", 1)[-1]
+    options = [p.stem for p in files if OmegaConf.load(p).get("_target_") == node._target_]
+    return options[0] if len(options) == 1 else node._target_.rsplit(".", 1)[-1]
 
 
 def _check_per_sample(cfg: DictConfig, user: str, alternative: str = "") -> None:
     """``user`` (an ordering or optimizer) needs a pipeline that gives per-sample gradients."""
     if not _class_of(cfg, "pipeline").provides_per_sample:
         allowed = f"functional ({user} needs per-sample gradients){alternative}"
-        raise config_error("pipeline", _short(cfg, "pipeline"), allowed)
+        raise config_error("pipeline", option_name(cfg, "pipeline"), allowed)
 
 
 def _check_vrgd(cfg: DictConfig) -> None:
@@ -71,7 +72,7 @@ def _check_vrgd(cfg: DictConfig) -> None:
     _check_per_sample(cfg, cls.__name__)
     if cfg.distributed.enabled:
         raise config_error(
-            "optimizer", _short(cfg, "optimizer"), "a plain optimizer with distributed"
+            "optimizer", option_name(cfg, "optimizer"), "a plain optimizer with distributed"
         )
 
 
@@ -112,7 +113,7 @@ def _check_model_memory(cfg: DictConfig) -> None:
     if need > memory:
         raise config_error(
             "model",
-            _short(cfg, "model"),
+            option_name(cfg, "model"),
             f"a model that fits in memory: this one has {count:,} parameters, {need:,} bytes "
             f"for its weights and their gradients; the device has {memory:,} bytes",
         )
@@ -190,13 +191,15 @@ def _check_balance(cfg: DictConfig) -> None:
     if cfg.distributed.enabled or cfg.distributed.simulate_workers:
         if not (isinstance(cls, type) and issubclass(cls, DistributedOrdering)):
             allowed = ", ".join(sorted(Ordering.choices(distributed=True)))
-            raise config_error("balance", _short(cfg, "balance"), f"{allowed} with distributed")
+            raise config_error(
+                "balance", option_name(cfg, "balance"), f"{allowed} with distributed"
+            )
         _check_distributed_balance(cfg, cls)
         return
     if not (isinstance(cls, type) and issubclass(cls, Ordering) and not cls.distributed):
         allowed = ", ".join(sorted(Ordering.choices()))
         hint = " (or distributed=true for a data-parallel ordering)"
-        raise config_error("balance", _short(cfg, "balance"), allowed + hint)
+        raise config_error("balance", option_name(cfg, "balance"), allowed + hint)
     _check_single_balance(cfg, cls)
 
 

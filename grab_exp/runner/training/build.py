@@ -6,12 +6,12 @@ import math
 from dataclasses import dataclass
 
 import torch
-from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig
 
 from grab_exp.data import ArrayData
 from grab_exp.optim import CLIP_HIGH, CLIP_LOW, GSNROptimizer
+from grab_exp.runner.config.check import option_name
 from grab_exp.runner.config.schema import ConfigError
 from grab_exp.runner.training.capture import CapturedStep, capture_step
 from grab_exp.runner.training.step import StepParts
@@ -93,20 +93,13 @@ def build_parts(
     return StepParts(model, optimizer, pipeline, ordering, reducer, loss=loss)
 
 
-def _option(cfg: DictConfig, group: str) -> str:
-    """The group's option as the command chose it (Hydra's choice), else its class's name."""
-    if HydraConfig.initialized():
-        return str(HydraConfig.get().runtime.choices.get(group))
-    return cfg[group]._target_.rsplit(".", 1)[-1]
-
-
 def check_fit(model: torch.nn.Module, data: ArrayData, cfg: DictConfig) -> None:
     """Refuse, in one line naming both settings, a model whose output does not fit the data:
     one that does not take the data's inputs, or whose outputs per example are not the data's
     class count. Two training examples go through the model in eval mode, without gradients
     and with the random number generators put back: nothing of the run changes."""
     x = data.train_x[:2]
-    dataset = f"dataset={_option(cfg, 'dataset')}"
+    dataset = f"dataset={option_name(cfg, 'dataset')}"
     name = type(model).__name__
     training = model.training
     try:

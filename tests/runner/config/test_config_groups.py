@@ -36,7 +36,7 @@ from torch.nn import functional as F
 from grab_exp.__main__ import user_error_line
 from grab_exp.balance import Ordering
 from grab_exp.data import ArrayData
-from grab_exp.data.cifar10 import unreachable
+from grab_exp.data.download import unreachable
 from grab_exp.data.vision import DATASETS
 from grab_exp.runner.config.check import validate_config
 
