@@ -27,10 +27,11 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten
 
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.check import (
@@ -55,6 +56,28 @@ from grab_exp.validation import check_int_at_least
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 #: a path's identity check: ``(losses (B,), c (B,)) -> problem or None``
 Identity = Callable[[torch.Tensor, torch.Tensor], "str | None"] | None
+
+
+def loss_of(loss_fn: LossFn, out: Any, y: torch.Tensor) -> torch.Tensor:
+    """``loss_fn(out, y)``, checked: a scalar, and ``out`` left as it was.
+
+    Raises:
+        LossContractError: the loss is not a scalar, or it changed the model's output in place
+            (the output's gradient, and every check that reads the output, would then be of
+            other numbers).
+    """
+    tensors = [out] if isinstance(out, torch.Tensor) else tree_flatten(out)[0]  # usual: one
+    leaves = [t for t in tensors if isinstance(t, torch.Tensor)]
+    versions = [t._version for t in leaves]
+    loss = loss_fn(out, y)
+    if any(t._version != v for t, v in zip(leaves, versions, strict=True)):
+        raise LossContractError(
+            "loss_fn changed the model's output in place (an in-place clamp_, sub_ or mul_ on "
+            "it): per-sample gradients need a loss that leaves its input as it is; use the "
+            "out-of-place operation (out.clamp(...), not out.clamp_(...))"
+        )
+    check_scalar(loss)
+    return loss
 
 
 def check_scalar(loss: torch.Tensor) -> None:
@@ -160,9 +183,9 @@ class PerSampleGradients(ABC):
                 (drawn under other random masks).
         """
         batch = len(y)
+        loss = loss_of(self.loss_fn, out, y)  # first: a loss that changes its input is named
         losses = example_losses(self.loss_fn, out, y, layout)  # (B,), in out's graph
         self.checker.settle_deferred(losses.dtype)  # the loss splits of the calls since
-        loss = self.loss_fn(out, y)
         if not torch.isfinite(loss):
             return  # a diverged step: nothing to compare; the runner stops on its loss
         problem = loss_problem(loss.detach(), losses.detach())

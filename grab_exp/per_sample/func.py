@@ -18,7 +18,7 @@ from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from grab_exp.grads import BatchGrads, as_batch_grads
-from grab_exp.per_sample.base import LossFn, PerSampleGradients, check_scalar
+from grab_exp.per_sample.base import LossFn, PerSampleGradients, check_scalar, loss_of
 from grab_exp.per_sample.check import CHECK_EVERY, identity_problem, kept_state, relative_gap
 from grab_exp.per_sample.compiled import compile_step
 from grab_exp.per_sample.layout import (
@@ -206,7 +206,7 @@ class FuncPerSample(PerSampleGradients):
                 self.full_check(x, y, batch_out, layout, identity)
             self.checker.passed(key, batch)
         if self.checker.split(batch) is not None:  # the batch loss from the examples' outputs
-            loss = self.loss_fn(_batched(out, layout), y).detach()
+            loss = loss_of(self.loss_fn, _batched(out, layout), y).detach()
             gap = relative_gap(loss, losses.mean(), losses.abs().mean())
             self.checker.settle_gap(gap, losses.dtype)
         for name, p in self.state.named:

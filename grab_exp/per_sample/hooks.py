@@ -44,7 +44,7 @@ from torch.nn.utils import parametrize
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from grab_exp.grads import BatchGrads, as_batch_grads
-from grab_exp.per_sample.base import LossFn, PerSampleGradients, check_scalar
+from grab_exp.per_sample.base import LossFn, PerSampleGradients, loss_of
 from grab_exp.per_sample.buffer import GradBuffer
 from grab_exp.per_sample.check import (
     CHECK_EVERY,
@@ -426,8 +426,7 @@ class HookedPerSample(PerSampleGradients):
         self._calls, self._batch = {}, batch
         with self._in_mode("record"):
             out = call_model(self.model, x)
-        loss = self.loss_fn(out, y)
-        check_scalar(loss)
+        loss = loss_of(self.loss_fn, out, y)
         calls, self._calls = self._calls, {}
         self._check_calls(calls)
         changed = self._read_in_place(calls)

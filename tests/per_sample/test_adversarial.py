@@ -59,6 +59,7 @@ from support.adversarial_models import (
     TinyMoE,
     TokenLM,
     UnusedPooler,
+    clamping_loss,
     elbo_loss,
     hooked_mlp,
     inplace_relu_mlp,
@@ -917,6 +918,17 @@ CASES = [
         )
         for kind in ("relu", "residual")
     ],
+    # 34. a loss that changes the model's output in place: refused naming the loss
+    Case(
+        "34_loss_changes_its_input",
+        built(mlp),
+        lambda: vectors([6] * 3, seed=36),
+        every(
+            ("auto", "hooks", "factored", "func"),
+            refused("loss_fn changed the model's output in place", 0),
+        ),
+        loss=lambda model: clamping_loss,
+    ),
 ]
 
 PARAMS = [

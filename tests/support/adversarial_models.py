@@ -580,3 +580,8 @@ class InPlaceSequence(nn.Module):
         else:
             h += x
         return self.head(h.mean(dim=1))
+
+
+def clamping_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of logits clamped IN PLACE: the loss changes the model's output."""
+    return F.cross_entropy(out.clamp_(-0.5, 0.5), y)
