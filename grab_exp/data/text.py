@@ -77,15 +77,21 @@ def wikitext2_root(data_dir: str | os.PathLike[str] | None) -> Path:
     return resolve_cache_dir(data_dir) / WIKITEXT2_FOLDER
 
 
+def unavailable_error(root: Path, why: str) -> RuntimeError:
+    """The one line of a WikiText-2 that is not in ``root`` and cannot be downloaded (the
+    startup check's and the download's)."""
+    return RuntimeError(
+        f"dataset=text: WikiText-2 is not in {root} and could not be downloaded ({why}); "
+        + ALTERNATIVES
+    )
+
+
 def _download_wikitext2(root: Path, timeout_s: float) -> None:
     try:
         with socket_timeout(timeout_s), urllib.request.urlopen(WIKITEXT2_URL) as response:
             archive = zipfile.ZipFile(io.BytesIO(response.read()))
     except DOWNLOAD_ERRORS as error:
-        raise RuntimeError(
-            f"dataset=text: WikiText-2 is not in {root} and could not be downloaded "
-            f"({reason(error)}); " + ALTERNATIVES
-        ) from error
+        raise unavailable_error(root, reason(error)) from error
     root.mkdir(parents=True, exist_ok=True)
     for member in archive.namelist():
         name = Path(member).name
@@ -114,10 +120,7 @@ def check_text(
         return
     why = unreachable(WIKITEXT2_URL, min(download_timeout_s, REACH_TIMEOUT_S))
     if why is not None:
-        raise RuntimeError(
-            f"dataset=text: WikiText-2 is not in {root} and could not be downloaded ({why}); "
-            + ALTERNATIVES
-        )
+        raise unavailable_error(root, why)
 
 
 def load_text(
