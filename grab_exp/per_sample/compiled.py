@@ -7,10 +7,9 @@ What is captured, per pipeline:
 * ``functional`` with ``method=func``: the per-sample gradient function ``vmap(grad(loss of one
   example))`` - forward, backward and the batching over examples in one graph
   (:class:`~grab_exp.per_sample.func.FuncPerSample` wraps it with :func:`compile_step`).
-* ``functional`` with ``method=hooks`` or ``factored``: not compiled. Its forward hooks put a
-  tensor hook on every layer's output, and Dynamo splits its graph at each one (LeNet: 15
-  graphs), so under compile ``method=auto`` resolves to ``func`` and an explicit ``hooks`` is a
-  config error.
+* ``functional`` with ``method=hooks`` or ``factored``: not compiled. Its forward hooks read the
+  autograd node of every layer's output, and Dynamo splits its graph at each one, so under
+  compile ``method=auto`` resolves to ``func`` and an explicit ``hooks`` is a config error.
 
 The ordering's step, the GSNR and the optimizer stay eager (they are already a few fused
 kernels with no host synchronization). The model itself is not wrapped, so ``state_dict()``
@@ -40,7 +39,7 @@ def check_compile_method(method: str) -> None:
     if method not in COMPILABLE_METHODS:
         raise ValueError(
             f"pipeline.method: got {method!r} with trainer.compile=true; allowed: "
-            f"{', '.join(COMPILABLE_METHODS)} (the hook path's per-layer tensor hooks break "
+            f"{', '.join(COMPILABLE_METHODS)} (the hook path's per-layer hooks break "
             "torch.compile's graph at every layer)"
         )
 

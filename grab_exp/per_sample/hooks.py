@@ -2,7 +2,7 @@
 
 Forward hooks keep every trainable layer's inputs and outputs; one backward pass
 (``torch.autograd.grad`` of the loss at the trainable parameters) gives ``param.grad`` exactly as
-``loss.backward()`` would, and tensor hooks catch the gradients at the layers' outputs. Each
+``loss.backward()`` would, and the same backward gives the gradients at the layers' outputs. Each
 layer's per-sample gradients come from its inputs and output gradients:
 
 * a layer with a rule (:mod:`grab_exp.per_sample.rules`: Linear, Conv2d, Embedding, LayerNorm)
@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.autograd.graph import GradientEdge, get_gradient_edge
 from torch.nn.modules.module import _global_forward_hooks
 from torch.nn.utils import parametrize
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -276,11 +277,9 @@ class HookedPerSample(PerSampleGradients):
                 outputs = [t.view_as(t) if g else t for t, g in zip(outputs, graded, strict=True)]
             call = Call(leaves, spec, outputs, [None] * len(outputs), sources)
             call.versions = [t._version if isinstance(t, torch.Tensor) else 0 for t in outputs]
-            self._calls.setdefault(name, []).append(call)
             if self._mode == "record":
-                for k, t in enumerate(outputs):
-                    if graded[k]:
-                        t.register_hook(_setter(call.grads, k))
+                call.edges = [_edge(t) if g else None for t, g in zip(outputs, graded, strict=True)]
+            self._calls.setdefault(name, []).append(call)
             return tree_unflatten(outputs, output_spec) if alias else None
 
         setattr(hook, OURS, True)
@@ -685,19 +684,20 @@ class HookedPerSample(PerSampleGradients):
         params: dict[str, nn.Parameter],
         everything: bool,
     ) -> tuple[Grads, dict]:
-        """One backward of ``loss``: the gradients at the calls' outputs (into their ``grads``)
-        and at the inputs that require one (tensor -> gradient). With ``everything`` (an output
-        was changed in place since its call: the tensor hooks catch its gradient) the gradients
-        of the trainable ``params`` too, autograd's (by name)."""
+        """One backward of ``loss``: the gradients at the calls' outputs as they were returned
+        (into their ``grads``; at their gradient edges, so an output changed in place since
+        still gets its own) and at the inputs that require one (tensor -> gradient). With
+        ``everything`` (an output was changed in place) the gradients of the trainable
+        ``params`` too, autograd's (by name)."""
         targets = [
             (call, k)
             for layer_calls in calls.values()
             for call in layer_calls
-            for k, t in enumerate(call.outputs)
-            if isinstance(t, torch.Tensor) and t.requires_grad
+            for k, edge in enumerate(call.edges)
+            if edge is not None
         ]
         params = params if everything else {}
-        outputs = [] if everything else [call.outputs[k] for call, k in targets]
+        outputs = [call.edges[k] for call, k in targets]
         inputs = [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
         wanted = [*params.values(), *outputs, *inputs]
         if not loss.requires_grad or not wanted:  # no trainable layer reached the loss
@@ -750,11 +750,12 @@ def _args_spec(count: int) -> Any:
     return tree_flatten(([0] * count, {}))[1]
 
 
-def _setter(grads: list, k: int):
-    def hook(grad: torch.Tensor) -> None:
-        grads[k] = grad
-
-    return hook
+def _edge(tensor: torch.Tensor) -> GradientEdge:
+    """Where autograd takes ``tensor``'s gradient as it is now (an in-place change later gives
+    the tensor a new node; this edge keeps the old one, which the tensor's new node holds)."""
+    if tensor.grad_fn is None:
+        return get_gradient_edge(tensor)  # a leaf: its gradient accumulator
+    return GradientEdge(tensor.grad_fn, tensor.output_nr)
 
 
 def _zeros(param: nn.Parameter, batch: int, out: torch.Tensor | None) -> torch.Tensor:

@@ -111,6 +111,9 @@ class Call:
         sources: the autograd nodes that made the call's tensor inputs (a walk of the graph
             steps over the call from its outputs to them).
         versions: each output tensor's ``_version`` when returned (an in-place change shows).
+        edges: per output leaf, where its gradient is taken (a
+            :class:`~torch.autograd.graph.GradientEdge`; ``None`` where it has none), kept when
+            the call is recorded for a backward.
         in_place: whether an output was changed in place by the end of the forward and loss
             (:meth:`changed` then, as the hook path reads it once per call).
     """
@@ -121,6 +124,7 @@ class Call:
     grads: list[torch.Tensor | None]
     sources: list[Any] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    edges: list[Any] = field(default_factory=list)
     in_place: bool = False
 
     def changed(self) -> bool:

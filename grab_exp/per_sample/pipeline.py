@@ -108,7 +108,7 @@ def resolve_method(
 ) -> str:
     """The method ``method`` means for ``model``: the one place ``auto`` is resolved.
 
-    ``auto`` is ``func`` under compile (the hook path's tensor hooks break the graph at every
+    ``auto`` is ``func`` under compile (the hook path's per-layer hooks break the graph at every
     layer) or when :func:`hooks_supported` says no; else ``factored`` when :func:`auto_hooks_method`
     says so and the consumer reads ``factors`` (an ordering's ``takes_factors``), else ``hooks``.
 

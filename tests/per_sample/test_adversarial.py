@@ -1151,3 +1151,28 @@ def test_a_second_per_sample_object_on_one_model_keeps_the_layer_rules():
     first = make_per_sample(model, F.cross_entropy, "hooks")
     second = make_per_sample(model, F.cross_entropy, "hooks")
     assert set(second.rules) == set(first.rules) == {"0", "2", "4"}
+
+
+@pytest.mark.parametrize("method", ALL)
+def test_inputs_that_require_grad_with_an_output_changed_in_place(method: str) -> None:
+    """Case 35. ``x.requires_grad`` (an input-gradient penalty, an adversarial step) and a Linear
+    whose output a ReLU(inplace=True) changes: the hook path took that output's gradient from a
+    tensor hook and read the backward's results past the parameters as the outputs' gradients,
+    so the shapes clashed. Rows and ``p.grad`` as a plain backward gives them, on every call;
+    ``x.grad`` as it gives it on the hook path, and not written by ``func`` (which takes no
+    gradient at the inputs)."""
+    model = built(inplace_relu_mlp)()
+    psg = make_per_sample(model, F.cross_entropy, method=method)
+    for k, (x, y) in enumerate(vectors([6] * 3, seed=35)):
+        rows = per_example_rows(copy.deepcopy(model), F.cross_entropy, x, y)
+        plain_model, plain_x = copy.deepcopy(model), x.clone().requires_grad_()
+        plain = plain_step(plain_model, F.cross_entropy, plain_x, y)
+        x.requires_grad_()
+        model.zero_grad(set_to_none=True)
+        loss, grads = psg(x, y)
+        assert_right(model, loss, grads, plain, rows)
+        if psg.method == "func":
+            assert x.grad is None, f"call {k + 1}: func wrote x.grad"
+        else:
+            assert x.grad is not None, f"call {k + 1}: x.grad not written"
+            assert_near(x.grad, plain_x.grad, f"call {k + 1}: x.grad")
