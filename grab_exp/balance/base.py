@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -33,6 +34,22 @@ from grab_exp.grads.rows import keep_views
 from grab_exp.validation import check_choice, check_int_at_least
 
 FIRST_EPOCH = ("random", "identity")
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a step cannot do without, from the shapes alone: the bytes it moves to or from
+    memory and the floating-point operations it computes (:mod:`grab_exp.bench.limits` turns
+    them into the step's time limit on a machine)."""
+
+    bytes: int
+    flops: int
+
+    def __add__(self, other: Work) -> Work:
+        return Work(self.bytes + other.bytes, self.flops + other.flops)
+
+
+NO_WORK = Work(0, 0)
 
 
 class Ordering(Sampler[int]):
@@ -232,6 +249,11 @@ class Ordering(Sampler[int]):
 
     def prepare_capture(self) -> None:
         """Make what a captured step needs and must not make itself (before the capture)."""
+
+    def work(self, rows: int) -> Work:
+        """What one step of ``rows`` examples must do at least (:class:`Work`): an ordering that
+        reads no gradients writes ``rows`` keys, which is nothing at this scale."""
+        return NO_WORK
 
     def state_bytes(self) -> int:
         """Bytes held by the ordering's state (orders, keys, accumulators, ...)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from grab_exp.balance.base import Work
 from grab_exp.balance.gradient import GradientOrdering
 from grab_exp.grads.rows import DenseRows, GradRows, constant, keep_views
 
@@ -32,6 +33,12 @@ class CenteredBalance(GradientOrdering):
     def _new_acc(self, vector: torch.Tensor) -> torch.Tensor:
         """The accumulator(s): ``vector``, the zero ``(dim,)`` row after the stale mean."""
         return vector
+
+    def _balance_work(self, rows: int, dim: int, size: int) -> Work:
+        """The accumulator's work, the centering (a subtraction a value) and the raw rows' sum
+        for the next mean (an addition a value; the stale mean read, the sum read and
+        written)."""
+        return super()._balance_work(rows, dim, size) + Work(3 * dim * size, 2 * rows * dim)
 
     def _acc_dots(self, centered: GradRows) -> torch.Tensor:
         """``<v_i, acc>`` ``(B,)`` of a vector accumulator."""

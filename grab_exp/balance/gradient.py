@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from grab_exp.balance.base import Ordering
+from grab_exp.balance.base import NO_WORK, Ordering, Work
 from grab_exp.balance.kernels import make_kernel
 from grab_exp.balance.projection import balance_projection
 from grab_exp.balance.tensors import as_dtype
@@ -83,6 +83,22 @@ class GradientOrdering(Ordering):
         only through the ``GradRows`` operations.
         """
         raise NotImplementedError
+
+    def work(self, rows: int) -> Work:
+        """The rows read once (``rows x d`` values of the state's dtype), their sketch ``g R``
+        where there is one (``R`` made on the fly: not counted as traffic), their norms under
+        ``normalize``, and the balancing itself at the balanced length (:meth:`_balance_work`)."""
+        size = self.dtype.itemsize
+        read = Work(rows * self.d * size, 0)
+        sketch = NO_WORK if self.projection is None else Work(0, 2 * rows * self.d * self.dim)
+        norms = Work(0, 2 * rows * self.dim) if self.normalize else NO_WORK
+        return read + sketch + norms + self._balance_work(rows, self.dim, size)
+
+    def _balance_work(self, rows: int, dim: int, size: int) -> Work:
+        """The balancing of ``rows`` rows of ``dim`` values of ``size`` bytes: by default one
+        dot product with the accumulator and one update of it per row (4 flops a value), the
+        accumulator read and written once."""
+        return Work(2 * dim * size, 4 * rows * dim)
 
     def _take(self, grads: Any, positions: torch.Tensor) -> None:
         self._balance(self._grad_rows(grads), positions)

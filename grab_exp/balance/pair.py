@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from grab_exp.balance.base import Work
 from grab_exp.balance.gradient import GradientOrdering
 from grab_exp.balance.signs import pair_keys, sequential_signs
 from grab_exp.grads.rows import GradRows
@@ -52,6 +53,11 @@ class PairBalance(GradientOrdering):
 
     def _refuse_step(self, rows: int) -> None:
         self._index_check.refuse(torch.ne(self.lead, self._lead), LEAD_CHANGED)
+
+    def _balance_work(self, rows: int, dim: int, size: int) -> Work:
+        """Per pair a difference, a dot product and an update (``rows / 2`` pairs, 5 flops a
+        value of a pair); the accumulator and the pending row read and written once."""
+        return Work(4 * dim * size, 5 * rows * dim // 2)
 
     def _balance(self, grads: GradRows, positions: torch.Tensor) -> None:
         rows, lead = grads.rows, self._lead

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from grab_exp.balance.base import Work
 from grab_exp.balance.centered import CenteredBalance
 from grab_exp.balance.signs import sequential_signs, sign_keys
 from grab_exp.balance.tensors import counting
@@ -55,6 +56,14 @@ class RecursiveBalance(CenteredBalance):
         check_int_at_least("balance.depth", depth, 0)
         self.depth = depth
         super().__init__(n, d, **kwargs)
+
+    def _balance_work(self, rows: int, dim: int, size: int) -> Work:
+        """Mean balance's work at each of the ``D + 1`` levels (a dot product and an update per
+        row), each level's visited nodes (at most ``min(2^l, rows)``) read and written once,
+        the centering and the raw sum once."""
+        levels = self.depth + 1
+        nodes = sum(min(2**level, rows) for level in range(levels))
+        return Work((3 + 2 * nodes) * dim * size, (2 + 4 * levels) * rows * dim)
 
     def _new_acc(self, vector: torch.Tensor) -> torch.Tensor:
         nodes = 2 ** (self.depth + 1) - 1

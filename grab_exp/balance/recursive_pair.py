@@ -6,6 +6,7 @@ import functools
 
 import torch
 
+from grab_exp.balance.base import Work
 from grab_exp.balance.gradient import GradientOrdering
 from grab_exp.balance.kernels import signs_from
 from grab_exp.balance.recursive import node_accumulators
@@ -43,6 +44,12 @@ class RecursivePairBalance(GradientOrdering):
         slot = torch.arange(self.batch_size, device=self.device)  # position p inside the batch
         self._even_slots = slot % 2 == 0  # (b,)
         self._slot_keys = slot * self.batches_max  # (b,)
+
+    def _balance_work(self, rows: int, dim: int, size: int) -> Work:
+        """Pair balance at each of the ``log2 b`` levels (``rows / 2`` pairs a level: a
+        difference, a dot product and an update), the ``b - 1`` nodes read and written once."""
+        nodes = self.batch_size - 1
+        return Work(2 * nodes * dim * size, self.levels * 5 * rows * dim // 2)
 
     def _balance(self, grads: GradRows, positions: torch.Tensor) -> None:
         rows = grads.rows

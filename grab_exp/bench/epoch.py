@@ -3,7 +3,9 @@
 LeNet on CIFAR-10-shaped data, batch 16, all rows in one process: warm-up, then interleaved
 repeats (row 1, row 2, ..., row 1, row 2, ...) so that drifts of the machine hit every row alike.
 Each repeat times ``--steps`` whole training steps; a separately timed step gives the breakdown
-(per-sample gradients, GSNR, ordering step, optimizer). Medians are extrapolated to an epoch of
+(per-sample gradients, GSNR, ordering step, optimizer), and each stage against its limit on this
+machine (:mod:`grab_exp.bench.limits`: the bytes and flops it must move and do, at the stream
+and matmul rates measured right after the timing). Medians are extrapolated to an epoch of
 50,000. Last, the peak memory of one step per row (:mod:`grab_exp.bench.memory`), outside the
 timed steps, and the operators of one step: eager, eager with CUDA's sign loop, and captured
 (``trainer.cuda_graph``: one graph launch and the input copies per step, and the kernels
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from grab_exp.bench.limits import machine_rates, multiples, stage_limits
 from grab_exp.bench.machine import add_device_option, bench_parser, bench_report, write_report
 from grab_exp.bench.memory import memory_method, peak_step_bytes
 from grab_exp.bench.operators import OperatorCount, operator_times
@@ -68,6 +71,7 @@ class Row:
     peak_step_bytes: int | None = None  # None until measure_memory
     operators: dict[str, dict[str, int]] = field(default_factory=dict)
     profile: dict[str, dict] | None = None  # operator_times of its steps (not for ':graph')
+    limits: dict[str, dict] = field(default_factory=dict)  # stage -> stage_limits' entry
     captured: CapturedStep | None = None  # a ``:graph`` row: its steps replay a capture
     cursor: EpochCursor | None = None  # the ordering's next batches (made by build_row)
 
@@ -174,6 +178,16 @@ def time_rows(
             after_repeat(repeat)
 
 
+def measure_limits(rows: list[Row], args, device: torch.device) -> dict[str, float]:
+    """The machine's rates (:func:`~grab_exp.bench.limits.machine_rates`, in this sitting) and
+    each row's stage limits at them; returns the rates."""
+    rates = machine_rates(device)
+    x, y = make_batch(args.batch, device)
+    for row in rows:
+        row.limits = stage_limits(row.step, x, y, rates)
+    return rates
+
+
 def measure_memory(rows: list[Row], args, device: torch.device) -> None:
     """Each row's peak step memory, in steps of their own (never in the timed ones); a CUDA
     ``:graph`` row's is its capture's (a replay allocates nothing the counters see)."""
@@ -250,10 +264,11 @@ def _median_ms(times: list[float]) -> float | None:
     return statistics.median(times) * 1e3 if times else None
 
 
-def summarize(rows: list[Row], args, device: torch.device) -> dict:
+def summarize(rows: list[Row], args, device: torch.device, rates: dict | None = None) -> dict:
     """Medians, per-epoch extrapolation, ratios to classic RR, memory; ``mean_step_ms``, the
     mean step over every timed repeat (what a rare costly step, such as the per-sample check's,
-    adds on average: the median leaves it out).
+    adds on average: the median leaves it out); once measured, the machine's ``rates`` and each
+    row's stage ``limits`` and ``limit_multiples`` (a stage's median over its limit).
 
     A stage a row does not run (``gsnr`` without a VRGD optimizer) has ``None`` as its median.
     """
@@ -262,6 +277,7 @@ def summarize(rows: list[Row], args, device: torch.device) -> dict:
     results = []
     for row in rows:
         step = statistics.median(row.step_times)
+        breakdown = {k: _median_ms(v) for k, v in row.parts.items()}
         results.append(
             {
                 "row": row.name,
@@ -270,7 +286,9 @@ def summarize(rows: list[Row], args, device: torch.device) -> dict:
                 "mean_step_ms": statistics.mean(row.step_times) * 1e3,
                 "epoch_s": step * steps_per_epoch,
                 "ratio_to_classic_rr": step / base,
-                "breakdown_ms": {k: _median_ms(v) for k, v in row.parts.items()},
+                "breakdown_ms": breakdown,
+                "limits": row.limits,
+                "limit_multiples": multiples(breakdown, row.limits),
                 "ordering_state_bytes": row.step.ordering.state_bytes(),
                 "peak_step_bytes": row.peak_step_bytes,
                 "operators": row.operators,
@@ -279,7 +297,13 @@ def summarize(rows: list[Row], args, device: torch.device) -> dict:
         )
     settings = {"device": str(device), "epoch_examples": EPOCH_EXAMPLES}
     return bench_report(
-        "epoch", args, device, settings, memory_method=memory_method(device), rows=results
+        "epoch",
+        args,
+        device,
+        settings,
+        memory_method=memory_method(device),
+        rates=rates,
+        rows=results,
     )
 
 
@@ -309,6 +333,26 @@ def print_table(report: dict) -> None:
             f"{_ops(r, 'eager')}{_ops(r, 'cuda_path')}{_ops(r, 'captured', 'kernels')}"
         )
     print(f"peak: {report['memory_method']}; graph: the kernels inside a captured step's graph")
+    if report.get("rates"):
+        print_limits(report)
+
+
+def print_limits(report: dict) -> None:
+    """Each row's stages against their limits: ``ms / limit ms = x multiple``."""
+    rates = report["rates"]
+    print(
+        f"limits at {rates['stream_gb_s']:.1f} GB/s stream, {rates['matmul_gflop_s']:.1f} "
+        "GFLOP/s matmul (measured in this sitting): stage ms / limit ms (x multiple)"
+    )
+    for r in report["rows"]:
+        cells = []
+        for stage, limit in r["limits"].items():
+            ms, multiple = r["breakdown_ms"].get(stage), r["limit_multiples"].get(stage)
+            if ms is None:
+                continue
+            times = "" if multiple is None else f" (x{multiple:.1f})"
+            cells.append(f"{stage} {ms:.2f}/{limit['limit_ms']:.3f}{times}")
+        print(f"{r['row']:<20}" + "  ".join(cells))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -352,14 +396,18 @@ def main(argv: list[str] | None = None) -> dict:
     rows = build_rows(args, device)
     done: list[str] = []
 
+    rates = None
+
     def save(stage: str) -> dict:  # the file holds what is measured so far, at every stage
         done.append(stage)
-        report = {**summarize(rows, args, device), "done": list(done)}
+        report = {**summarize(rows, args, device, rates), "done": list(done)}
         report["complete"] = stage == "operators"
         write_report(args.out, report)
         return report
 
     time_rows(rows, args, device, lambda k: save(f"timing {k}/{args.repeats}"))
+    rates = measure_limits(rows, args, device)
+    save("limits")
     profile_rows(rows, args, device)
     save("profile")
     measure_memory(rows, args, device)

@@ -85,8 +85,12 @@ def per_example_grads(
     return {n: torch.stack(r) for n, r in rows.items()}
 
 
-def _methods(model: nn.Module, loss_fn, x, y) -> dict[str, Callable[[], object] | str]:
-    """Method -> its step (each on its own copy of ``model``), or why it refuses the model."""
+def _methods(
+    model: nn.Module, loss_fn, x, y, unchecked: bool = False
+) -> dict[str, Callable[[], object] | str]:
+    """Method -> its step (each on its own copy of ``model``), or why it refuses the model;
+    with ``unchecked`` also ``auto``'s path without the per-sample check
+    (``auto:<path>@unchecked``, ``check_every=0``: the check's cost is the ratio of the two)."""
     plain_model = copy.deepcopy(model)
 
     def plain():
@@ -102,6 +106,9 @@ def _methods(model: nn.Module, loss_fn, x, y) -> dict[str, Callable[[], object] 
             methods[method] = str(error).splitlines()[0]
             continue
         methods[method if method == "func" else f"auto:{psg.method}"] = lambda psg=psg: psg(x, y)
+        if unchecked and method == "auto":
+            bare = make_per_sample(copy.deepcopy(model), loss_fn, psg.method, check_every=0)
+            methods[f"auto:{psg.method}@unchecked"] = lambda bare=bare: bare(x, y)
     loop_model = copy.deepcopy(model)
     methods["loop"] = lambda: per_example_grads(loop_model, loss_fn, x, y)
     return methods
@@ -111,13 +118,14 @@ def _methods(model: nn.Module, loss_fn, x, y) -> dict[str, Callable[[], object] 
 WARMUP = 16
 
 
-def bench_model(name: str, repeats: int, device: torch.device) -> dict:
-    """One model's row: each method's median ms per step and its ratio to the plain step."""
+def bench_model(name: str, repeats: int, device: torch.device, unchecked: bool = False) -> dict:
+    """One model's row: each method's median ms per step and its ratio to the plain step
+    (``unchecked``: see :func:`_methods`)."""
     make, batch, loss_fn = MODELS[name]
     torch.manual_seed(0)
     model = make().to(device)
     x, y = (t.to(device) for t in batch(torch.Generator().manual_seed(0)))
-    methods = _methods(model, loss_fn, x, y)
+    methods = _methods(model, loss_fn, x, y, unchecked)
     timed = {m: f for m, f in methods.items() if callable(f)}
     # past the per-sample check's first calls (1, 2, 4, ..., 16: the epoch bench times the check)
     times = interleaved_seconds(timed, device, repeats, warmup=WARMUP)
@@ -139,6 +147,11 @@ def build_parser():
     parser.add_argument(
         "--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}"
     )
+    parser.add_argument(
+        "--unchecked",
+        action="store_true",
+        help="time auto's path without the per-sample check too (auto:<path>@unchecked)",
+    )
     add_device_option(parser)
     return parser
 
@@ -154,7 +167,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f"--models: unknown {unknown} (allowed: {', '.join(MODELS)}), or --repeats < 1"
         )
     device = torch.device(args.device)
-    rows = [bench_model(name, args.repeats, device) for name in names]
+    rows = [bench_model(name, args.repeats, device, args.unchecked) for name in names]
     for row in rows:
         over = row["over_plain"]
         cells = "  ".join(f"{m} {ms:.1f} ms ({over[m]:.2f}x)" for m, ms in row["ms"].items())

@@ -113,7 +113,14 @@ def epoch_report(tmp_path_factory):
 def test_epoch_bench_short_mode_writes_json(epoch_report):
     report = epoch_report
     assert report["benchmark"] == "epoch"
-    assert report["done"] == ["timing 1/2", "timing 2/2", "profile", "memory", "operators"]
+    assert report["done"] == [
+        "timing 1/2",
+        "timing 2/2",
+        "limits",
+        "profile",
+        "memory",
+        "operators",
+    ]
     assert report["complete"]
     assert {"cpu", "torch", "torch_threads", "device"} <= set(report["machine"])
     names = [r["row"] for r in report["rows"]]
@@ -135,6 +142,8 @@ def test_epoch_bench_short_mode_writes_json(epoch_report):
             "epoch_s",
             "ratio_to_classic_rr",
             "breakdown_ms",
+            "limits",
+            "limit_multiples",
             "ordering_state_bytes",
             "peak_step_bytes",
             "operators",
@@ -151,6 +160,27 @@ def test_epoch_bench_short_mode_writes_json(epoch_report):
         assert row["operators"]["captured"]["per_step"] == 4  # 3 input copies, 1 graph launch
         assert row["epoch_s"] > 0
     assert report["rows"][0]["ratio_to_classic_rr"] == 1.0
+
+
+def test_epoch_bench_sets_each_stage_against_its_limit(epoch_report):
+    rates = epoch_report["rates"]
+    assert rates["stream_gb_s"] > 0 and rates["matmul_gflop_s"] > 0
+    rows = {row["row"]: row for row in epoch_report["rows"]}
+    for name, row in rows.items():
+        ran = {stage for stage, ms in row["breakdown_ms"].items() if ms is not None}
+        if name.endswith(":graph"):
+            ran = {"grads", "ordering", "opt"}  # a captured step times no stages
+        assert set(row["limits"]) == ran, name
+        for limit in row["limits"].values():
+            has_work = limit["bytes"] > 0 or limit["flops"] > 0
+            assert (limit["limit_ms"] > 0) == has_work, name
+    classic, mean = rows["rr-classic"], rows["mean"]
+    assert classic["limits"]["ordering"]["limit_ms"] == 0  # RR reads no gradients
+    assert classic["limit_multiples"]["ordering"] is None
+    assert mean["limit_multiples"]["ordering"] > 0
+    # the functional step writes the per-sample rows: more bytes than the classic one, same flops
+    assert mean["limits"]["grads"]["bytes"] > classic["limits"]["grads"]["bytes"]
+    assert mean["limits"]["grads"]["flops"] == classic["limits"]["grads"]["flops"] > 0
 
 
 def test_epoch_bench_counts_the_operators_of_each_step(epoch_report):
@@ -398,6 +428,9 @@ def test_the_per_sample_benchmark_times_every_method_against_the_plain_step(tmp_
     assert json.loads(out.read_text())["rows"] == rows
     with pytest.raises(SystemExit):
         per_sample.main(["--models", "vgg", "--out", str(out)])
+    args = ["--models", "lenet", "--repeats", "2", "--unchecked", "--out", str(out)]
+    (row,) = per_sample.main(args)
+    assert set(row["ms"]) == {"plain", "auto:factored", "auto:factored@unchecked", "func", "loop"}
 
 
 def test_a_killed_epoch_bench_leaves_a_file_the_report_reads(tmp_path):
