@@ -24,9 +24,10 @@ saved input carries the masks the batch forward drew.
 
 Refused (``UnsupportedModelError``, one line naming the layer; ``method=func`` may cover them): a
 parameter shared by two modules (tied weights), a parametrized layer, a layer whose replay would
-draw random numbers (attention or RNN dropout in training mode), a layer that runs for some
-examples only, a parameter that the loss reaches other than through its layer (a weight penalty
-in the loss), and whatever the check finds.
+draw random numbers (attention or RNN dropout in training mode), a replayed layer whose input
+is changed in place during or after its call, a layer that runs for some examples only, a
+parameter that the loss reaches other than through its layer (a weight penalty in the loss),
+and whatever the check finds.
 """
 
 from __future__ import annotations
@@ -171,6 +172,7 @@ class HookedPerSample(PerSampleGradients):
         self._mode = "idle"  # record (this path's forward) | probe | idle (any other forward)
         self._batch = 0
         self._calls: dict[str, list[Call]] = {}
+        self._entry_versions: dict[str, list[list]] = {}  # replayed layer -> its open calls'
         self._build_layers()
 
     # ------------------------------------------------------------------ layers and hooks
@@ -250,9 +252,15 @@ class HookedPerSample(PerSampleGradients):
 
     def _pre_hook(self, name: str):
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> Any:
-            if name in self._expanding and self._mode != "idle":
-                return expand_over_batch(args, self._batch), kwargs
-            return None
+            if self._mode == "idle":
+                return None
+            changed = name in self._expanding
+            if changed:
+                args = expand_over_batch(args, self._batch)
+            if self._mode == "record" and name in self.fallbacks:  # its replay reads its inputs
+                versions = [_version(t) for t in tree_flatten((list(args), kwargs))[0]]
+                self._entry_versions.setdefault(name, []).append(versions)
+            return (args, kwargs) if changed else None
 
         setattr(hook, OURS, True)
         return hook
@@ -279,6 +287,8 @@ class HookedPerSample(PerSampleGradients):
             call.versions = [t._version if isinstance(t, torch.Tensor) else 0 for t in outputs]
             if self._mode == "record":
                 call.edges = [_edge(t) if g else None for t, g in zip(outputs, graded, strict=True)]
+                if name in self.fallbacks:
+                    call.input_versions = self._entry_versions[name].pop()
             self._calls.setdefault(name, []).append(call)
             return tree_unflatten(outputs, output_spec) if alias else None
 
@@ -462,6 +472,13 @@ class HookedPerSample(PerSampleGradients):
         changed = False
         for name, layer_calls in calls.items():
             for call in layer_calls:
+                if call.input_versions and call.input_changed():
+                    raise UnsupportedModelError(
+                        f"{_label(name, self._layers[name])}: an input it read was changed in "
+                        "place during or after its call (x.relu_() on a tensor it was given): the "
+                        "hook path replays the layer on its inputs as they are now; use "
+                        "method=func (auto does), or an out-of-place operation"
+                    )
                 call.in_place = call.changed()
                 if not call.in_place:
                     continue
@@ -512,15 +529,15 @@ class HookedPerSample(PerSampleGradients):
     def _refuse_direct_uses(self, loss: torch.Tensor, calls: dict[str, list[Call]]) -> None:
         """Refuse a parameter that ``loss`` reaches other than through its layer's calls (a
         weight penalty or a center loss in the loss, a parent module that reads it): a walk of
-        the autograd graph from the loss that steps over every recorded call, from its outputs
-        to its inputs. Structural: a penalty whose weight is 0 for now is found too."""
-        skip = {
-            t.grad_fn: call.sources
-            for layer_calls in calls.values()
-            for call in layer_calls
-            for t in call.outputs
-            if isinstance(t, torch.Tensor) and t.grad_fn is not None
-        }
+        the autograd graph from the loss that steps over every recorded call, from the nodes
+        that made its outputs (as returned: an output changed in place since has another node
+        now) to its inputs. Structural: a penalty whose weight is 0 for now is found too."""
+        skip: dict[Any, list] = {}  # two calls may return one tensor (a layer returns its input)
+        for layer_calls in calls.values():
+            for call in layer_calls:
+                for edge in call.edges:
+                    if edge is not None:
+                        skip.setdefault(edge.node, []).extend(call.sources)
         reached = _reached_leaves(loss.grad_fn, skip)
         for name, own in self._own.items():
             used = [n for n, p in own.items() if id(p) in reached]
@@ -748,6 +765,10 @@ def _all_tensors(args: tuple) -> bool:
 def _args_spec(count: int) -> Any:
     """The pytree structure of ``(list(args), {})`` for ``count`` tensor arguments."""
     return tree_flatten(([0] * count, {}))[1]
+
+
+def _version(value: Any) -> int | None:
+    return value._version if isinstance(value, torch.Tensor) else None
 
 
 def _edge(tensor: torch.Tensor) -> GradientEdge:

@@ -111,6 +111,8 @@ class Call:
         sources: the autograd nodes that made the call's tensor inputs (a walk of the graph
             steps over the call from its outputs to them).
         versions: each output tensor's ``_version`` when returned (an in-place change shows).
+        input_versions: per leaf of ``(args, kwargs)``, its tensor's ``_version`` when the call
+            began (``None`` for a non-tensor), kept for a layer that is replayed.
         edges: per output leaf, where its gradient is taken (a
             :class:`~torch.autograd.graph.GradientEdge`; ``None`` where it has none), kept when
             the call is recorded for a backward.
@@ -125,7 +127,16 @@ class Call:
     sources: list[Any] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     edges: list[Any] = field(default_factory=list)
+    input_versions: list[int | None] = field(default_factory=list)
     in_place: bool = False
+
+    def input_changed(self) -> bool:
+        """Whether an input tensor was changed in place since the call began (the saved leaves
+        share their tensors' version counters)."""
+        return any(
+            v is not None and t._version != v
+            for t, v in zip(self.leaves, self.input_versions, strict=False)
+        )
 
     def changed(self) -> bool:
         """Whether an output was changed in place since the call returned it."""

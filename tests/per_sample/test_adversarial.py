@@ -47,12 +47,14 @@ from support.adversarial_models import (
     CenterLoss,
     Checkpointed,
     InPlaceSequence,
+    InputChanged,
     InstanceNet,
     KLModel,
     LSTMClassifier,
     MaskedPool,
     PenaltyLoss,
     PositionModel,
+    ReusedThenChanged,
     SortedBatch,
     SqueezedOutput,
     StepCounter,
@@ -929,6 +931,32 @@ CASES = [
         ),
         loss=lambda model: clamping_loss,
     ),
+    # 36. a Linear called twice, its first output changed in place after the second call: the
+    # graph walk for parameters used outside their layer keyed the calls on the outputs' nodes as
+    # they were at the loss, missed the first call and blamed a weight penalty
+    Case(
+        "36_reused_layer_output_changed_later",
+        built(ReusedThenChanged),
+        lambda: vectors([6] * 4, seed=37),
+        every(ALL, RIGHT),
+    ),
+    # 37/38. a replayed layer whose input is changed in place after its call (37) or by the layer
+    # itself (38): the replay read the changed input (wrong rows, refused by the check with a
+    # generic cause; a crash of the check's backward); refused naming the layer and the cause
+    *[
+        Case(
+            f"{number}_replayed_layer_input_changed_{when}",
+            built(lambda when=when: InputChanged(when)),
+            lambda: vectors([6] * 4, seed=38),
+            {
+                "auto": RIGHT,
+                "func": RIGHT,
+                "hooks": refused(r"layer \(.*an input it read was changed in place", 0),
+                "factored": refused(r"layer \(.*an input it read was changed in place", 0),
+            },
+        )
+        for number, when in (("37", "after"), ("38", "during"))
+    ],
 ]
 
 PARAMS = [

@@ -585,3 +585,59 @@ class InPlaceSequence(nn.Module):
 def clamping_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Cross-entropy of logits clamped IN PLACE: the loss changes the model's output."""
     return F.cross_entropy(out.clamp_(-0.5, 0.5), y)
+
+
+class ReusedThenChanged(nn.Module):
+    """A Linear called twice (``h1``, then ``h2`` from ``tanh(h1)``), ``h1`` changed in place
+    after the second call: the tensor ``h1`` has another autograd node by the loss's time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.head = nn.Linear(IN, IN), nn.Linear(IN, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h1 = self.a(x)
+        h2 = self.a(torch.tanh(h1))
+        h1.relu_()
+        return self.head(h1 + h2)
+
+
+class ExpShift(nn.Module):
+    """``exp(x + b)``: a custom layer with a parameter (replayed by the hook path)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.b = nn.Parameter(torch.randn(HIDDEN) * 0.3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.exp(x + self.b)
+
+
+class ScaleInPlace(nn.Module):
+    """``x.mul_(s)``: a custom layer that changes its input in place and returns it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.s = nn.Parameter(torch.rand(HIDDEN) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mul_(self.s)
+
+
+class InputChanged(nn.Module):
+    """Linear -> a replayed layer, whose input is then changed in place (``after``: ``h.relu_()``
+    after the layer's call) or by the layer itself (``during``: :class:`ScaleInPlace`)."""
+
+    def __init__(self, when: str) -> None:
+        super().__init__()
+        self.when = when
+        self.a, self.head = nn.Linear(IN, HIDDEN), nn.Linear(HIDDEN, CLASSES)
+        self.layer = ExpShift() if when == "after" else ScaleInPlace()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        z = self.layer(h)
+        if self.when == "after":
+            h.relu_()
+            z = 0.1 * z + h
+        return self.head(z)
