@@ -1042,6 +1042,7 @@ def _before_ranges(name: str, old: dict[str, dict], new: dict[str, dict]) -> Non
 def bench_per_sample(folder: Path) -> None:
     """Each model's per-sample paths over its plain step (``per_sample.json``)."""
     report = read_bench(folder, "per_sample")
+    machine_line("per_sample", report["machine"])
     show("per_sample.load_avg_1m", report["machine"]["load_avg_1m"])
     for row in report["rows"]:
         for path, ratio in row["over_plain"].items():
@@ -1051,7 +1052,9 @@ def bench_per_sample(folder: Path) -> None:
 def bench_check_cost(folder: Path) -> None:
     """The per-sample check's amortized cost (``epoch_check_1t.json``): each per-sample row's
     mean step (checked calls counted) over its ``@unchecked`` twin's, in %, and their range."""
-    rows = {r["row"]: r for r in read_bench(folder, "epoch_check_1t")["rows"]}
+    report = read_bench(folder, "epoch_check_1t")
+    machine_line("epoch_check_1t", report["machine"])
+    rows = {r["row"]: r for r in report["rows"]}
     costs = []
     for row, r in rows.items():
         twin = rows.get(f"{row}@unchecked")
@@ -1059,6 +1062,21 @@ def bench_check_cost(folder: Path) -> None:
             costs.append(100 * (r["mean_step_ms"] / twin["mean_step_ms"] - 1))
             show(f"epoch_check_1t.{row}.check_cost_pct", f"{costs[-1]:+.1f}")
     show("epoch_check_1t.check_cost_pct", signed_span(costs, 1))
+
+
+def bench_limits(folder: Path) -> None:
+    """The stage-limits sitting (``epoch_limits_1t.json``): its machine, the rates it measured,
+    and each Table 1 row's stage times as multiples of their limits."""
+    report = read_bench(folder, "epoch_limits_1t")
+    machine_line("epoch_limits_1t", report["machine"])
+    show("epoch_limits_1t.stream_gb_s", f"{report['rates']['stream_gb_s']:.1f}")
+    show("epoch_limits_1t.matmul_gflop_s", f"{report['rates']['matmul_gflop_s']:.0f}")
+    for r in report["rows"]:
+        for stage, multiple in r["limit_multiples"].items():
+            if multiple is not None:
+                show(f"epoch_limits_1t.{r['row']}.{stage}.over_limit", f"{multiple:.1f}")
+                limit = r["limits"][stage]["limit_ms"]
+                show(f"epoch_limits_1t.{r['row']}.{stage}.limit_ms", f"{limit:.3f}")
 
 
 def _same_operators(folder: Path) -> bool:
@@ -1099,6 +1117,8 @@ def bench(folder: Path) -> None:
         bench_per_sample(folder)
     if (folder / "epoch_check_1t.json").is_file():
         bench_check_cost(folder)
+    if (folder / "epoch_limits_1t.json").is_file():
+        bench_limits(folder)
 
 
 NUMBERS = RESULTS / "numbers.md"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every committed benchmark of results/bench/, one after another in one sitting (run it on an
-# otherwise idle machine, from the repository root, at a clean commit; ~15 minutes on 2 cores).
+# otherwise idle machine, from the repository root, at a clean commit; ~35 minutes on 2 cores).
 # The commands are those of results/bench/README.md's table. OUT=<folder> (relative to the
 # repository root) writes elsewhere. BEFORE=<commit>: also run the epoch benchmarks (right after
 # each of ours) and the orderings benchmark of that commit, from a temporary git worktree, into
@@ -35,3 +35,6 @@ bench rss --out "$out/rss.json"
 OMP_NUM_THREADS=1 bench conv --out "$out/conv.json"
 bench vrgd --out "$out/vrgd.json"
 bench sweep --settings 1x2,2x1 --rows rr_classic,mean --seeds 0,7 --out "$out/sweep.json"
+OMP_NUM_THREADS=1 bench epoch --unchecked --warmup 64 --repeats 60 --compare '' --profile-steps 0 --out "$out/epoch_check_1t.json"
+OMP_NUM_THREADS=1 bench per_sample --unchecked --out "$out/per_sample.json"
+OMP_NUM_THREADS=1 bench epoch --repeats 30 --compare '' --out "$out/epoch_limits_1t.json"
