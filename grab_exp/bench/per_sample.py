@@ -89,8 +89,9 @@ def _methods(
     model: nn.Module, loss_fn, x, y, unchecked: bool = False
 ) -> dict[str, Callable[[], object] | str]:
     """Method -> its step (each on its own copy of ``model``), or why it refuses the model;
-    with ``unchecked`` also ``auto``'s path without the per-sample check
-    (``auto:<path>@unchecked``, ``check_every=0``: the check's cost is the ratio of the two)."""
+    with ``unchecked`` also ``auto``'s path and ``func`` without the per-sample check
+    (``auto:<path>@unchecked``, ``func@unchecked``: ``check_every=0``; the check's cost is the
+    ratio of the two)."""
     plain_model = copy.deepcopy(model)
 
     def plain():
@@ -105,10 +106,11 @@ def _methods(
         except (ValueError, RuntimeError) as error:
             methods[method] = str(error).splitlines()[0]
             continue
-        methods[method if method == "func" else f"auto:{psg.method}"] = lambda psg=psg: psg(x, y)
-        if unchecked and method == "auto":
+        name = method if method == "func" else f"auto:{psg.method}"
+        methods[name] = lambda psg=psg: psg(x, y)
+        if unchecked:
             bare = make_per_sample(copy.deepcopy(model), loss_fn, psg.method, check_every=0)
-            methods[f"auto:{psg.method}@unchecked"] = lambda bare=bare: bare(x, y)
+            methods[f"{name}@unchecked"] = lambda bare=bare: bare(x, y)
     loop_model = copy.deepcopy(model)
     methods["loop"] = lambda: per_example_grads(loop_model, loss_fn, x, y)
     return methods
@@ -150,7 +152,7 @@ def build_parser():
     parser.add_argument(
         "--unchecked",
         action="store_true",
-        help="time auto's path without the per-sample check too (auto:<path>@unchecked)",
+        help="time auto's path and func without the per-sample check too (<method>@unchecked)",
     )
     add_device_option(parser)
     return parser
