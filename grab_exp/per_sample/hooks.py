@@ -432,7 +432,7 @@ class HookedPerSample(PerSampleGradients):
             self._build_layers()  # a layer was frozen or unfrozen since
         self._refuse_foreign_hooks()
         shapes = self._use_plan(x)
-        self._calls, self._batch = {}, batch
+        self._calls, self._batch, self._entry_versions = {}, batch, {}
         with self._in_mode("record"):
             out = call_model(self.model, x)
         loss = loss_of(self.loss_fn, out, y)
@@ -466,8 +466,10 @@ class HookedPerSample(PerSampleGradients):
 
         Raises:
             UnsupportedModelError: an output that is a view (a Linear's on ``(B, T, D)`` input)
-                was changed in place: autograd then rebases the view, and the gradient hook on
-                the output the layer returned never fires.
+                was changed in place: autograd then rebases the view, and the node the layer's
+                output came from is no longer on the loss's path; or an input of a replayed
+                layer was changed in place during or after its call (its replay would read the
+                changed input).
         """
         changed = False
         for name, layer_calls in calls.items():
