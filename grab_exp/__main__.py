@@ -60,7 +60,7 @@ def warn_if_sweep_preset_runs_once() -> None:
         )
 
 
-@hydra.main(config_path="conf", config_name="config", version_base="1.3")
+@hydra.main(config_path="pkg://grab_exp.conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
     """Train one job; returns the final test accuracy (for sweepers).
 

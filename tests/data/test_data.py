@@ -42,7 +42,7 @@ ARCHIVE = repo_root() / DEFAULT_ARCHIVE
 #: the CIFAR-10 loaders' and the synthetic set's configs (the others: tests/data/test_text.py and
 #: tests/runner/config/test_config_groups.py, on data made on disk)
 CIFAR_SHAPED = ("cifar10", "cifar10_jpeg", "synthetic")
-DATASET_FILES = sorted((repo_root() / "grab_exp" / "conf" / "dataset").glob("*.yaml"))
+DATASET_FILES = sorted((repo_root() / "conf" / "dataset").glob("*.yaml"))
 DATASET_CONFIGS = [path for path in DATASET_FILES if path.stem in CIFAR_SHAPED]
 # the standard CIFAR-10 label order, which is alphabetical
 CIFAR10_CLASSES = [

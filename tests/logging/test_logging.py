@@ -30,7 +30,7 @@ from grab_exp.logging import (
 )
 from grab_exp.logging.local import git_commit
 
-CONF_LOGGER = REPO_ROOT / "grab_exp" / "conf" / "logger"
+CONF_LOGGER = REPO_ROOT / "conf" / "logger"
 COLUMNS = ["train/loss", "train/acc", "mem/peak_cuda_mb", "time/epoch_s"]
 
 

@@ -3,7 +3,7 @@
 The layers, lowest first (docs/architecture.md, "How the code is organised"):
 
 0. ``validation``, ``devices``, ``trace``, ``data``, ``models``, ``losses``, ``conf`` (the
-   configs' folder): no other part of grab_exp;
+   configs' folder), ``source_tree`` (mounts it from a tree): no other part of grab_exp;
 1. ``grads``: a batch's per-sample gradients;
 2. ``balance`` (the orderings), ``sampler``, ``per_sample``, ``optim``, ``logging``;
 3. ``distributed``: orderings and collectives over workers;
@@ -30,6 +30,7 @@ LAYERS = {
     "data": 0,
     "models": 0,
     "conf": 0,
+    "source_tree": 0,
     "losses": 0,
     "grads": 1,
     "balance": 2,

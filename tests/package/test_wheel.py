@@ -19,9 +19,17 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from support.grab_run import REPO_ROOT, cli_env
+from support.grab_run import CONF_DIR, REPO_ROOT, cli_env
 
-PACKAGE_FILES = ("pyproject.toml", "README.md", "grab_exp", "hydra_plugins")
+PACKAGE_FILES = (
+    "pyproject.toml",
+    "setup.py",
+    "LICENSE",
+    "README.md",
+    "grab_exp",
+    "conf",
+    "hydra_plugins",
+)
 USER_MODEL = '''
 """A user's own model."""
 
@@ -88,8 +96,7 @@ def test_the_installed_wheel_holds_the_configs_and_imports_from_the_venv(install
     venv = installed.parents[1]
     assert venv in module.parents and venv in conf.parents, done.stdout
     found = {p.relative_to(conf).as_posix() for p in conf.rglob("*.yaml")}
-    ours = REPO_ROOT / "grab_exp" / "conf"
-    assert found == {p.relative_to(ours).as_posix() for p in ours.rglob("*.yaml")}
+    assert found == {p.relative_to(CONF_DIR).as_posix() for p in CONF_DIR.rglob("*.yaml")}
 
 
 @pytest.mark.slow
@@ -123,6 +130,8 @@ def test_no_module_reaches_the_configs_by_a_relative_file_path():
     """The configs are read through the package (grab_exp.conf), never from ``parents[k]``."""
     offenders = []
     for path in (REPO_ROOT / "grab_exp").rglob("*.py"):
+        if path.name == "source_tree.py":  # mounts conf/ as grab_exp.conf in an uninstalled tree
+            continue
         text = path.read_text()
         if '"../conf"' in text or '/ "conf"' in text:
             offenders.append(path.relative_to(REPO_ROOT).as_posix())
@@ -133,7 +142,19 @@ def test_no_module_reaches_the_configs_by_a_relative_file_path():
 def test_the_wheel_holds_every_config_of_the_checkout(installed):
     (wheel,) = installed.parents[2].joinpath("dist").glob("grab_exp-*.whl")
     shipped = {n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".yaml")}
-    ours = {
-        p.relative_to(REPO_ROOT).as_posix() for p in REPO_ROOT.joinpath("grab_exp").rglob("*.yaml")
-    }
-    assert shipped == ours
+    ours = {f"grab_exp/{p.relative_to(REPO_ROOT).as_posix()}" for p in CONF_DIR.rglob("*.yaml")}
+    assert shipped == ours  # conf/ at the top of the tree, grab_exp/conf/ in the wheel
+    assert not any(
+        n.startswith("conf/") or "__pycache__" in n for n in zipfile.ZipFile(wheel).namelist()
+    )
+
+
+@pytest.mark.slow
+def test_a_source_tree_on_pythonpath_reads_its_own_configs(installed, tmp_path):
+    """Without an install (``scripts/gpu_check.sh``), the tree's conf/ is ``grab_exp.conf``,
+    even where another checkout is installed editable (this environment's)."""
+    source = installed.parents[2] / "source"
+    code = "import grab_exp.conf as c; print(c.CONF_DIR)"
+    done = _run([sys.executable, "-c", code], tmp_path, PYTHONPATH=str(source))
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()) == source / "conf"

@@ -12,7 +12,7 @@ from torch import nn
 
 from grab_exp.models import MLP, LeNet, LogReg
 
-CONF = Path(__file__).resolve().parents[2] / "grab_exp" / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 MODEL_CONFIGS = sorted((CONF / "model").glob("*.yaml"))
 
 

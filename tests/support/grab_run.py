@@ -44,7 +44,7 @@ from grab_exp.runner.training.epoch import train_steps
 from grab_exp.runner.training.progress import Progress
 from support import REPO_ROOT
 
-CONF_DIR = REPO_ROOT / "grab_exp" / "conf"
+CONF_DIR = REPO_ROOT / "conf"
 ARCHIVE = REPO_ROOT.parent / "shared" / "data" / "cifar10-jpeg.tar.gz"
 needs_archive = pytest.mark.skipif(
     not ARCHIVE.is_file(), reason=f"CIFAR-10 JPEG archive absent: {ARCHIVE}"

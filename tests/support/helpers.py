@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from support import REPO_ROOT
 
-CONF_BALANCE = REPO_ROOT / "grab_exp" / "conf" / "balance"
+CONF_BALANCE = REPO_ROOT / "conf" / "balance"
 
 
 def single_process_orderings(reads_gradients: bool) -> list[str]:

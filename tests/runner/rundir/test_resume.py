@@ -110,7 +110,7 @@ def test_resume_restores_the_generator_and_accumulators(name):
 
 pytestmark = pytest.mark.slow
 
-CONF = REPO_ROOT / "grab_exp" / "conf"
+CONF = REPO_ROOT / "conf"
 EPOCHS = 3
 # 512 examples in batches of 16: 32 steps, about a second per epoch on a small CPU
 KILLED = [
