@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from torch import nn
-from torchvision.models import resnet18
 
 
 def resnet18_gn(num_classes: int = 10, groups: int = 32) -> nn.Module:
@@ -17,6 +16,8 @@ def resnet18_gn(num_classes: int = 10, groups: int = 32) -> nn.Module:
     """
     if groups < 1 or 64 % groups:
         raise ValueError(f"model.groups: got {groups}; allowed: a divisor of 64")
+    from torchvision.models import resnet18  # here: LeNet and synthetic runs need no torchvision
+
     model = resnet18(num_classes=num_classes, norm_layer=lambda c: nn.GroupNorm(groups, c))
     model.conv1 = nn.Conv2d(3, 64, 3, padding=1, bias=False)
     model.maxpool = nn.Identity()
