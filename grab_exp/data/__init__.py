@@ -1,5 +1,6 @@
 """Datasets as preprocessed tensors (:class:`ArrayData`), each loader usable as a Hydra target."""
 
+from grab_exp.data.array_file import check_arrays, load_arrays
 from grab_exp.data.arrays import ArrayData, array_data_from_uint8, normalize_images
 from grab_exp.data.cifar10 import check_cifar10, load_cifar10
 from grab_exp.data.cifar10_jpeg import check_cifar10_jpeg, load_cifar10_jpeg, resolve_archive
@@ -15,6 +16,7 @@ from grab_exp.data.vision import (
 
 #: each loader's startup check: takes the loader's options, reads no data, raises one line
 AVAILABILITY_CHECKS = {
+    load_arrays: check_arrays,
     load_cifar10: check_cifar10,
     load_cifar10_jpeg: check_cifar10_jpeg,
     load_text: check_text,
@@ -26,6 +28,7 @@ __all__ = [
     "AVAILABILITY_CHECKS",
     "ArrayData",
     "array_data_from_uint8",
+    "load_arrays",
     "load_cifar10",
     "load_cifar10_jpeg",
     "load_image_folder",

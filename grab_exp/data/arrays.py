@@ -13,12 +13,13 @@ TENSOR_FIELDS = ("train_x", "train_y", "test_x", "test_y")
 
 @dataclass(frozen=True)
 class ArrayData:
-    """A whole dataset held as tensors, already preprocessed: images and their classes, or a
-    token stream's windows and their next tokens.
+    """A whole dataset held as tensors, already preprocessed: examples of any shape and their
+    classes (images, sequences, table rows), or a token stream's windows and their next tokens.
 
     Attributes:
-        train_x: ``(N, C, H, W)`` float32 training images (normalized), or ``(N, T)`` int64
-            token windows.
+        train_x: ``(N, ...)`` float32 training inputs with at least one dimension per example:
+            ``(N, C, H, W)`` images (normalized), ``(N, C, L)`` sequences, ``(N, F)`` table
+            rows; or ``(N, T)`` int64 token windows.
         train_y: ``(N,)`` int64 training labels in ``0 .. len(classes) - 1``, or ``(N, T)``
             next tokens (a label per position).
         test_x: the test split's inputs, shaped like ``train_x`` past dimension 0.
@@ -35,15 +36,26 @@ class ArrayData:
     def __post_init__(self) -> None:
         for split in ("train", "test"):
             inputs, labels = getattr(self, f"{split}_x"), getattr(self, f"{split}_y")
-            images = inputs.dtype == torch.float32 and inputs.dim() == 4
+            examples = inputs.dtype == torch.float32 and inputs.dim() >= 2
             tokens = inputs.dtype == torch.int64 and inputs.dim() == 2
-            if not (images or tokens):
+            if not (examples or tokens):
                 raise ValueError(
-                    f"{split}_x must be (N, C, H, W) float32 images or (N, T) int64 tokens"
+                    f"{split}_x must be (N, ...) float32 examples (images, sequences, table "
+                    f"rows) or (N, T) int64 tokens; got {inputs.dtype} of shape "
+                    f"{tuple(inputs.shape)}"
                 )
             shape = inputs.shape if tokens else inputs.shape[:1]
             if labels.dtype != torch.int64 or labels.shape != shape:
                 raise ValueError(f"{split}_y must be an int64 tensor of shape {tuple(shape)}")
+        if (
+            self.test_x.shape[1:] != self.train_x.shape[1:]
+            or self.test_x.dtype != self.train_x.dtype
+        ):
+            raise ValueError(
+                f"test_x must be shaped like train_x past dimension 0: train_x is "
+                f"{self.train_x.dtype} (N, {', '.join(map(str, self.train_x.shape[1:]))}), "
+                f"test_x {self.test_x.dtype} (M, {', '.join(map(str, self.test_x.shape[1:]))})"
+            )
 
     @property
     def num_classes(self) -> int:

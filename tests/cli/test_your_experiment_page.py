@@ -26,10 +26,14 @@ PAGE = REPO_ROOT / "docs" / "your-experiment.md"
 BLOCK = re.compile(r"```(python|yaml|bash)\n(.*?)```", re.S)
 
 
-def page_steps() -> list[tuple[str, str]]:
-    """``("file", path + text)`` and ``("run", command)`` steps, in the page's order."""
+def page_steps(section: str = "") -> list[tuple[str, str]]:
+    """``("file", path + text)`` and ``("run", command)`` steps, in the page's order (of the
+    section whose ``## `` heading starts with ``section``, if given)."""
+    text = PAGE.read_text()
+    if section:
+        text = text.split(f"\n## {section}", 1)[1].split("\n## ", 1)[0]
     steps = []
-    for kind, body in BLOCK.findall(PAGE.read_text()):
+    for kind, body in BLOCK.findall(text):
         first, _, text = body.partition("\n")
         if kind in ("python", "yaml") and first.startswith("# file: "):
             steps.append(("file", first.removeprefix("# file: ") + "\n" + text))
@@ -57,17 +61,49 @@ def test_the_page_has_the_files_and_commands_of_every_part():
         files
     )
     runs = [line for kind, line in steps if kind == "run"]
-    assert sum("grab_exp.report" in line for line in runs) == 3
+    assert sum("grab_exp.report" in line for line in runs) == 5
     multiruns = [line for line in runs if re.search(r"-m grab_exp .*-m ", line)]
-    assert len(multiruns) == 3  # three GraB vs RR multiruns
+    assert len(multiruns) == 5  # five GraB vs RR multiruns
 
 
 @pytest.mark.slow
 def test_every_command_of_the_page_runs(tmp_path):
+    skipped = _run_steps(page_steps(), tmp_path)
+    _check_outputs(tmp_path, lm=True, resnet=not skipped)
+    _check_array_outputs(tmp_path)
+
+
+@pytest.mark.slow
+def test_the_table_and_sequence_examples_run_alone(tmp_path):
+    """Section 4 on its own (a reader who starts there): GraB and RR over 2 seeds, reported."""
+    assert _run_steps(page_steps("4. Your arrays from files"), tmp_path) == []
+    _check_array_outputs(tmp_path)
+
+
+def _check_array_outputs(root) -> None:
+    """The table and the sequences: 2 orderings x 2 seeds finished, a report row per ordering."""
+    for name, variants, log in (
+        ("table", {"pair", "rr"}, "model MLP ("),
+        ("sequences", {"mean", "rr"}, "model Conv1d ("),
+    ):
+        table = pd.read_csv(root / "report" / name / "table1.csv")
+        summaries = sorted((root / "outputs" / name).rglob("summary.json"))
+        found = {
+            (json.loads(p.read_text())["variant"], json.loads(p.read_text())["seed"])
+            for p in summaries
+        }
+        assert found == {(v, s) for v in variants for s in (0, 1)}, summaries
+        assert {json.loads(p.read_text())["status"] for p in summaries} == {"finished"}
+        assert len(table) == 2, table
+        assert log in (summaries[0].parent / "__main__.log").read_text()
+
+
+def _run_steps(steps: list[tuple[str, str]], tmp_path) -> list[str]:
+    """Write the files and run the commands of ``steps`` in ``tmp_path``; the skipped commands."""
     env = cli_env(OMP_NUM_THREADS="1")
     env["XDG_CACHE_HOME"] = str(tmp_path / "cache")  # no data cached from elsewhere
     skipped = []
-    for kind, step in page_steps():
+    for kind, step in steps:
         if kind == "file":
             path, text = step.split("\n", 1)
             (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
@@ -90,7 +126,7 @@ def test_every_command_of_the_page_runs(tmp_path):
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 1 and len(lines) == 1, done.stderr
         assert lines[0].startswith(f"error: {expected}"), lines[0]
-    _check_outputs(tmp_path, lm=True, resnet=not skipped)
+    return skipped
 
 
 def _check_outputs(root, lm: bool, resnet: bool) -> None:

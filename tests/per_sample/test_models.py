@@ -74,7 +74,8 @@ def test_model_config_group_has_the_models():
 def test_every_model_config_instantiates_and_forwards(config_path):
     node = OmegaConf.load(config_path)
     vocabulary = 11  # word_lm's is the data's (num_classes: null)
-    model = instantiate(node, **({"num_classes": vocabulary} if node.num_classes is None else {}))
+    data = {"num_classes": vocabulary, "in_features": 3 * 32 * 32}  # mlp's, logreg's input size
+    model = instantiate(node, **{key: v for key, v in data.items() if node.get(key, 0) is None})
     assert isinstance(model, nn.Module)
     if config_path.stem == "word_lm":  # (B, T) tokens -> (B, T, vocabulary) logits
         tokens = torch.randint(0, vocabulary, (4, 7))

@@ -13,6 +13,7 @@ import importlib.util
 import socket
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -227,7 +228,7 @@ def refuse_connections(*args, **kwargs):
 
 
 #: the dataset options whose data a test makes on disk (fake_data), for torchvision's readers
-MADE_DATA = ("mnist", "fashion_mnist", "image_folder", "text")
+MADE_DATA = ("mnist", "fashion_mnist", "image_folder", "text", "arrays")
 
 
 def make_data(option: str, cfg, tmp_path) -> None:
@@ -239,6 +240,12 @@ def make_data(option: str, cfg, tmp_path) -> None:
     elif option == "image_folder":
         write_image_folder(tmp_path / "images", ("ant", "bee"), per_class=3)
         cfg.dataset.root = str(tmp_path / "images")
+    elif option == "arrays":  # CIFAR-shaped values in [-1, 1], 10 classes
+        g = np.random.default_rng(0)
+        for split in ("train", "test"):
+            x, y = g.uniform(-1, 1, size=(20, 3, 32, 32)), np.arange(20) % 10
+            np.savez(tmp_path / f"{split}.npz", x=x, y=y)
+            cfg.dataset[split] = str(tmp_path / f"{split}.npz")
     else:  # text
         (tmp_path / "corpus.txt").write_text("a b c d e f g\n" * 400)
         cfg.dataset.path = str(tmp_path / "corpus.txt")
@@ -249,6 +256,7 @@ def check_made_dataset(option: str, cfg, tmp_path) -> ArrayData:
     make_data(option, cfg, tmp_path)
     data = instantiate(cfg.dataset)
     shapes = {"mnist": (1, 28, 28), "fashion_mnist": (1, 28, 28), "image_folder": (3, 32, 32)}
+    shapes["arrays"] = (3, 32, 32)
     if option == "text":
         assert data.train_x.shape[1:] == (cfg.dataset.seq_len,) == data.train_y.shape[1:]
     else:
@@ -324,7 +332,8 @@ def test_every_target_instantiates(group_option, monkeypatch, tmp_path):
     if group == "hydra/launcher":
         check_launcher(option, node)
         return
-    left = {"num_classes": 11} if node.get("num_classes", 0) is None else {}  # the data's
+    sizes = {"num_classes": 11, "in_features": 3 * 32 * 32}  # the data's, where left to it
+    left = {key: size for key, size in sizes.items() if node.get(key, 0) is None}
     built = None if group == "dataset" else instantiate(node, **left)
     if group == "model":
         check_model(built, cfg)
