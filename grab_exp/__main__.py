@@ -73,7 +73,7 @@ def main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
     from grab_exp.distributed.comm import end_finished_rank, end_process
-    from grab_exp.runner.rundir.state import mark_job_log_start
+    from grab_exp.runner.rundir.state import mark_job_log_start, remove_refused_job
     from grab_exp.runner.training.job import run_job  # after Hydra set up logging
 
     mark_job_log_start(HydraConfig.get().runtime.output_dir)  # before this job's first line
@@ -91,6 +91,8 @@ def main(cfg: DictConfig) -> float | None:
         end_process(stop.exit_code)
     except Exception as error:
         line = user_error_line(error)
+        if line is not None:  # refused before the run started: nothing of it stays
+            remove_refused_job(HydraConfig.get().runtime.output_dir)
         if in_sweep:
             if line is None:
                 logging.getLogger("grab_exp").exception("the job failed")
@@ -111,6 +113,14 @@ def expand_shorthands(argv: list[str]) -> list[str]:
 
 if __name__ == "__main__":
     sys.argv = expand_shorthands(sys.argv)
-    if unknown_key := unknown_key_error(sys.argv[1:]):  # before Hydra's "+key=" advice
-        sys.exit(f"error: {unknown_key}")
+    from grab_exp.runner.launch.search_path import unknown_option_error, unparsable_yaml_error
+
+    # before Hydra's traceback of a YAML file, its block of the search path and its "+key=" advice
+    args = sys.argv[1:]
+    if (
+        error := unparsable_yaml_error(args)
+        or unknown_option_error(args)
+        or unknown_key_error(args)
+    ):
+        sys.exit(f"error: {error}")
     main()

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.utils import get_class, get_method, get_object, instantiate
+from hydra._internal.utils import _locate
+from hydra.errors import InstantiationException
+from hydra.utils import get_class, get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from grab_exp.balance import Ordering
@@ -23,6 +25,7 @@ from grab_exp.distributed.orderings import DistributedOrdering
 from grab_exp.optim import GSNROptimizer
 from grab_exp.per_sample.compiled import COMPILABLE_METHODS
 from grab_exp.runner.config.schema import ConfigError, check_values, config_error
+from grab_exp.runner.config.target_errors import import_error_line, target_error_line
 from grab_exp.validation import check_power_of_two
 
 __all__ = ["ConfigError", "keep_checked", "take_checked", "validate_config"]
@@ -210,7 +213,11 @@ def _check_dataset(cfg: DictConfig) -> None:
     """
     from grab_exp.data import AVAILABILITY_CHECKS
 
-    check = AVAILABILITY_CHECKS.get(get_method(cfg.dataset._target_))
+    try:
+        loader = _locate(cfg.dataset._target_)  # get_method would also log Hydra's own block
+    except ImportError as error:
+        raise ConfigError(import_error_line("dataset", cfg.dataset._target_, error)) from error
+    check = AVAILABILITY_CHECKS.get(loader)
     if check is not None:
         try:
             check(**_options(cfg.dataset))
@@ -314,6 +321,8 @@ def validate_config(cfg: DictConfig) -> None:
             check(cfg)
     except ConfigError:
         raise
+    except InstantiationException as error:  # a user's model, loss, logger... that failed
+        raise ConfigError(target_error_line(error, cfg)) from error
     except (ValueError, TypeError, FileNotFoundError) as error:
         raise ConfigError(str(error).splitlines()[0]) from error
 

@@ -15,7 +15,9 @@ and checks the directory again under its lock.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -53,13 +55,43 @@ def run_dir_of(config: DictConfig) -> Path:
         return Path(config.hydra.run.dir).absolute()
 
 
+def dir_setting(config: DictConfig) -> str:
+    """The setting that places ``config``'s run directory: ``hydra.run.dir`` or
+    ``hydra.sweep.dir``."""
+    return "hydra.sweep.dir" if config.hydra.mode == RunMode.MULTIRUN else "hydra.run.dir"
+
+
+def check_writable(folder: Path, setting: str) -> None:
+    """``folder`` is, or can be made, a folder this process writes into; nothing remains of the
+    check (a temporary folder made and removed in its nearest existing parent).
+
+    Raises:
+        ConfigError: one line naming ``folder``, why, and ``setting``.
+    """
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.is_dir():
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".grab-write-check-", dir=existing))
+            return
+        except OSError as error:
+            why = f"{existing} cannot be written ({error.strerror or error})"
+    else:
+        why = f"{existing} is a file, not a folder"
+    raise ConfigError(
+        f"{setting}: cannot write the folder {folder}: {why}; allowed: a folder you can write "
+        f"({setting}=PATH)"
+    )
+
+
 #: what :func:`check_job` refuses a job with, each one line for users
 JOB_ERRORS = (ConfigError, RunDirInUseError, DamagedFileError)
 
 
 def check_job(config: DictConfig) -> dict[str, Any]:
-    """Check a composed job config: its values first, then its run directory (held by a live
-    job, an unreadable summary, or an earlier run of another config there).
+    """Check a composed job config: its values first, then its run directory (not writable,
+    held by a live job, an unreadable summary, or an earlier run of another config there).
 
     Returns:
         The job's fingerprint, which the job's process keeps for
@@ -73,6 +105,7 @@ def check_job(config: DictConfig) -> dict[str, Any]:
     with hydra_config_of(config):
         validate_config(config)
         fingerprint = config_fingerprint(config)
+    check_writable(run_dir, dir_setting(config))
     check_free(run_dir)
     check_run_dir_config(run_dir, config.overwrite, fingerprint["config"], say_unknown=False)
     return fingerprint

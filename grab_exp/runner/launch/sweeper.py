@@ -37,7 +37,8 @@ from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, OmegaConf
 
 from grab_exp.runner.config.check import keep_checked
-from grab_exp.runner.launch.checks import JOB_ERRORS, check_job, run_dir_of
+from grab_exp.runner.config.schema import ConfigError
+from grab_exp.runner.launch.checks import JOB_ERRORS, check_job, check_writable, run_dir_of
 from grab_exp.runner.training.errors import JobEndError, error_record
 from grab_exp.runner.training.signals import STOP_SIGNALS
 
@@ -212,6 +213,10 @@ class Sweeper(BasicSweeper):
                 f"error: hydra.sweeper.max_batch_size: got {self.max_batch_size}; allowed: null "
                 "(the sweep checks every job, then launches them all)"
             )
+        try:
+            check_writable(Path(self.config.hydra.sweep.dir).absolute(), "hydra.sweep.dir")
+        except ConfigError as error:
+            sys.exit(f"error: {error}")
         jobs = self._jobs(arguments)
         dirs, problems = self._check(jobs)
         if problems:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 from pathlib import Path
@@ -26,6 +27,32 @@ def mark_job_log_start(run_dir: str | Path) -> None:
     line (:func:`keep_aside` moves those lines along with the earlier run)."""
     path = Path(run_dir) / JOB_LOG
     _earlier_log_bytes[str(path)] = path.stat().st_size if path.is_file() else 0
+
+
+#: what Hydra and the job write into a run directory before the run starts
+JOB_STUB = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", JOB_LOG, ".lock")
+
+
+def remove_refused_job(run_dir: str | Path) -> None:
+    """Remove what a job refused before its run started left in ``run_dir`` (Hydra's
+    ``.hydra/``, the job log, the lock file), then ``run_dir`` and its parents up to the working
+    folder as far as they are empty; nothing when ``run_dir`` held anything before this job
+    (an earlier run, or lines of an earlier job in its log)."""
+    run_dir = Path(run_dir).absolute()
+    earlier = _earlier_log_bytes.get(str(run_dir / JOB_LOG), 0)
+    if earlier or has_artifacts(run_dir):
+        return
+    for name in JOB_STUB:
+        (run_dir / name).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        (run_dir / ".hydra").rmdir()
+    cwd, folder = Path.cwd(), run_dir
+    while folder == run_dir or (folder != cwd and folder.is_relative_to(cwd)):
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (a file of the user's, another run's folder), or gone
+            return
+        folder = folder.parent
 
 
 def has_artifacts(run_dir: Path) -> bool:

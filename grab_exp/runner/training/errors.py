@@ -7,15 +7,12 @@ error is named by its type and the first line of its message.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from hydra.errors import InstantiationException
 
 from grab_exp.logging.files import DamagedFileError, WriteError
 from grab_exp.runner.config.schema import ConfigError
+from grab_exp.runner.config.target_errors import raised_by_grab_exp, target_error_line
 from grab_exp.runner.rundir.lock import RunDirInUseError
-
-PACKAGE_DIR = Path(__file__).resolve().parents[2]  # grab_exp/
 
 
 class NonFiniteLossError(RuntimeError):
@@ -26,34 +23,25 @@ class NonFiniteLossError(RuntimeError):
 USER_ERRORS = (ConfigError, DamagedFileError, RunDirInUseError, WriteError, NonFiniteLossError)
 
 
-def _raised_by_grab_exp(error: BaseException) -> bool:
-    """Whether ``error`` was raised by this package's own code (a message written for users)."""
-    tb = error.__traceback__
-    if tb is None:
-        return False
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(PACKAGE_DIR)
-
-
 def user_error_line(error: BaseException) -> str | None:
     """The one-line message of a user error, or ``None`` for anything else (keeps its traceback).
 
-    User errors are the :data:`USER_ERRORS` and an error that a ``_target_`` of this package
-    (e.g. a dataset loader) raised itself, which Hydra's ``instantiate`` wraps in an
-    ``InstantiationException``.
+    User errors are the :data:`USER_ERRORS` and what a ``_target_`` raised, which Hydra's
+    ``instantiate`` wraps in an ``InstantiationException``: one of this package's (e.g. a
+    dataset loader) says its own line (a library's error under it keeps its traceback); a
+    user's is named with its error and file
+    (:func:`~grab_exp.runner.config.target_errors.target_error_line`).
     """
     if isinstance(error, USER_ERRORS):
         return str(error)
+    if not isinstance(error, InstantiationException):
+        return None
     cause = error.__cause__
-    if (
-        isinstance(error, InstantiationException)
-        and cause is not None
-        and _raised_by_grab_exp(cause)
-        and str(cause).strip()
-    ):
+    if cause is not None and raised_by_grab_exp(cause) and str(cause).strip():
         return str(cause).strip().splitlines()[0]
-    return None
+    if "target 'grab_exp." in str(error):  # a library's failure or a bug under one of ours
+        return None
+    return target_error_line(error)  # a user's target (a loader, a model) that raised
 
 
 def error_record(error: BaseException) -> dict[str, str]:

@@ -28,6 +28,7 @@ from grab_exp.logging.files import WriteError, remove_stale_temp_files, shown
 from grab_exp.logging.local import LocalStore
 from grab_exp.runner.config.check import take_checked, validate_config
 from grab_exp.runner.config.fingerprint import check_same_config, config_fingerprint
+from grab_exp.runner.config.user_dirs import replaced_options
 from grab_exp.runner.rundir.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from grab_exp.runner.rundir.identity import run_identity
 from grab_exp.runner.rundir.lock import RunDirInUseError, RunLock, holder
@@ -108,9 +109,9 @@ def _run(cfg: DictConfig, strategy: Strategy, run_dir: Path, fingerprint: dict) 
     if (final := finished_run(run_dir, cfg.overwrite, fingerprint["config"])) is not None:
         _skipped(cfg, strategy, run_dir)
         return final
-    _prepare_run_dir(run_dir, cfg, strategy)
     started = time.time()
-    job = build_job(cfg, instantiate(cfg.dataset).to(strategy.device), strategy)
+    job = build_job(cfg, instantiate(cfg.dataset).to(strategy.device), strategy)  # or refused
+    _prepare_run_dir(run_dir, cfg, strategy)
     identity = run_identity(cfg, strategy.world_size)
     store = LocalStore(run_dir, job.metric_columns) if strategy.is_writer else None
     loggers: dict[str, RunLogger] = {}
@@ -271,16 +272,20 @@ def _end_summary(store: LocalStore, status: str, **fields: Any) -> None:
 
 def job_line(cfg: DictConfig, job: TrainingJob, identity: dict[str, Any]) -> str:
     """The job in words, logged when it starts: ordering, model (its class: a ``model._target_``
-    of the user's shows), dataset, epochs, device."""
-    choices = HydraConfig.get().runtime.choices
+    of the user's shows), dataset, epochs, device, and the user's files (``--config-dir``) that
+    replace ours of the same name."""
+    runtime = HydraConfig.get().runtime
+    choices = runtime.choices
     data, model = job.data, job.parts.model
     name = type(getattr(model, "_orig_mod", model)).__name__  # compiled: the model's own class
     parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    replaced = replaced_options(choices, runtime.config_sources)
     return (
         f"job: ordering {identity['variant']} ({identity['pipeline']} pipeline), model "
         f"{name} ({parameters:,} parameters), dataset {choices.get('dataset')} "
         f"({len(data.train_y):,} train / {len(data.test_y):,} test), {cfg.epochs} epochs of "
         f"batch {cfg.batch_size}, seed {cfg.seed}, device {job.strategy.device}"
+        + "".join(f"; {path} replaces ours" for path in replaced)
     )
 
 

@@ -434,18 +434,25 @@ def test_cli_loader_range_error_is_one_line(tmp_path):
     assert_cli_one_line(result, tmp_path, case, validated=False)
 
 
-def test_only_errors_raised_by_grab_exp_become_one_line():
-    """A library's or a bug's error inside a target keeps its traceback (no one-line)."""
+def test_only_errors_raised_by_grab_exp_or_a_users_target_become_one_line():
+    """A library's or a bug's error inside one of our targets keeps its traceback (no
+    one-line); what a user's own target raised is one line naming it and the error."""
 
     def library_failure():
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    with pytest.raises(InstantiationException) as wrapped:
-        try:
-            library_failure()
-        except RuntimeError as error:
-            raise InstantiationException("Error in call to target 'x':\n...") from error
-    assert user_error_line(wrapped.value) is None
+    for target in ("grab_exp.data.load_cifar10", "my_data.load"):
+        with pytest.raises(InstantiationException) as wrapped:
+            try:
+                library_failure()
+            except RuntimeError as error:
+                message = f"Error in call to target '{target}':\n..."
+                raise InstantiationException(message) from error
+        line = user_error_line(wrapped.value)
+        if target.startswith("grab_exp."):
+            assert line is None
+        else:
+            assert line.startswith("_target_: my_data.load raised RuntimeError: CUDA error: an")
     assert user_error_line(ValueError("epochs: got 0")) is None
     assert user_error_line(ConfigError("epochs: got 0; allowed: an integer >= 1")) == (
         "epochs: got 0; allowed: an integer >= 1"
