@@ -47,7 +47,7 @@ def remove_refused_job(run_dir: str | Path) -> None:
     with contextlib.suppress(OSError):
         (run_dir / ".hydra").rmdir()
     cwd, folder = Path.cwd(), run_dir
-    while folder == run_dir or (folder != cwd and folder.is_relative_to(cwd)):
+    while folder != cwd and (folder == run_dir or folder.is_relative_to(cwd)):
         try:
             folder.rmdir()
         except OSError:  # not empty (a file of the user's, another run's folder), or gone
