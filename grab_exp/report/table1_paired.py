@@ -107,7 +107,9 @@ def tests_markdown(tests: pd.DataFrame) -> str:
         "the higher accuracy. Signed-rank p: the exact two-sided Wilcoxon signed-rank test, "
         f"whose smallest possible p is {floor}: with so few seeds it can only show that the "
         "signs disagree, never a significant difference. Differences of accuracy are fractions "
-        "(0.01 = 1 point).\n",
+        "(0.01 = 1 point). n/a: no p-value, where the differences are equal on every seed (no "
+        "spread: a t-test is undefined) or one is zero (signed-rank), or Holm's adjustment of "
+        "one.\n",
     ]
     for family, part in tests.groupby("family", sort=False):
         windows = " and ".join(dict.fromkeys(part["window"]))
@@ -126,7 +128,7 @@ def _tests_frame(part: pd.DataFrame) -> pd.DataFrame:
                 f"{r} minus {v}" for r, v in zip(part["row"], part["versus"], strict=True)
             ],
             "Mean diff.": part["mean_difference"].map(lambda v: f"{v:+.4f}"),
-            "t": part["t"].map(lambda v: "—" if math.isnan(v) else f"{v:.2f}"),
+            "t": part["t"].map(lambda v: "n/a" if math.isnan(v) else f"{v:.2f}"),
             "df": part["df"].astype(str),
             "p": part["p"].map(_p),
             "Holm p": part["p_holm"].map(_p),
@@ -137,7 +139,7 @@ def _tests_frame(part: pd.DataFrame) -> pd.DataFrame:
 
 
 def _p(value: float) -> str:
-    """A p-value at 4 decimals (``<0.0001`` below); ``—`` when undefined."""
+    """A p-value at 4 decimals (``<0.0001`` below); ``n/a`` when undefined."""
     if math.isnan(value):
-        return "—"
+        return "n/a"
     return "<0.0001" if value < 0.0001 else f"{value:.4f}"
