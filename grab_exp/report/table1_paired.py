@@ -104,7 +104,9 @@ def tests_markdown(tests: pd.DataFrame) -> str:
         "adjustment over every test of the family (its size in the heading), valid whatever "
         "their dependence; the GraB rows of one seed are all compared with the same RR run, so "
         "they are dependent. Better in: the seeds on which the first row has the lower loss or "
-        "the higher accuracy. Signed-rank p: the exact two-sided Wilcoxon signed-rank test, "
+        "the higher accuracy. 95% CI: the t-interval of the mean difference (n - 1 degrees of "
+        "freedom); from 3 seeds its width rests on 3 differences and moves a lot with any one "
+        "of them. Signed-rank p: the exact two-sided Wilcoxon signed-rank test, "
         f"whose smallest possible p is {floor}: with so few seeds it can only show that the "
         "signs disagree, never a significant difference. Differences of accuracy are fractions "
         "(0.01 = 1 point). n/a: no p-value, where the differences are equal on every seed (no "
@@ -128,6 +130,10 @@ def _tests_frame(part: pd.DataFrame) -> pd.DataFrame:
                 f"{r} minus {v}" for r, v in zip(part["row"], part["versus"], strict=True)
             ],
             "Mean diff.": part["mean_difference"].map(lambda v: f"{v:+.4f}"),
+            "95% CI": [
+                _interval(low, high)
+                for low, high in zip(part["ci95_low"], part["ci95_high"], strict=True)
+            ],
             "t": part["t"].map(lambda v: "n/a" if math.isnan(v) else f"{v:.2f}"),
             "df": part["df"].astype(str),
             "p": part["p"].map(_p),
@@ -136,6 +142,11 @@ def _tests_frame(part: pd.DataFrame) -> pd.DataFrame:
             "Signed-rank p": part["signed_rank_p"].map(_p),
         }
     )
+
+
+def _interval(low: float, high: float) -> str:
+    """``[-0.0053, +0.0759]``; ``n/a`` without one."""
+    return "n/a" if math.isnan(low) else f"[{low:+.4f}, {high:+.4f}]"
 
 
 def _p(value: float) -> str:

@@ -63,6 +63,8 @@ class PairedTest:
         p: Its two-sided p-value, ``n - 1`` degrees of freedom (NaN without spread).
         signed_rank_p: Exact two-sided Wilcoxon signed-rank p (NaN with a zero difference).
         better: Seeds on the better side for the first row (lower loss, higher accuracy).
+        ci_low: Lower end of the 95% t-interval of the mean difference (NaN without spread).
+        ci_high: Its upper end.
     """
 
     n: int
@@ -72,6 +74,8 @@ class PairedTest:
     p: float
     signed_rank_p: float
     better: int
+    ci_low: float = float("nan")
+    ci_high: float = float("nan")
 
 
 def paired_test(values: Sequence[float], others: Sequence[float], sign: int) -> PairedTest:
@@ -98,14 +102,16 @@ def paired_test(values: Sequence[float], others: Sequence[float], sign: int) -> 
         )
     diff = a - b
     sd = float(diff.std(ddof=1))
-    t = p = float("nan")
+    t = p = low = high = float("nan")
     if sd > NO_SPREAD * float(np.abs(np.concatenate([a, b])).max()):
         result = stats.ttest_rel(a, b)
         t, p = float(result.statistic), float(result.pvalue)
+        low, high = map(float, result.confidence_interval(0.95))
     rank_p = float("nan")
     if np.all(diff != 0):
         rank_p = float(stats.wilcoxon(diff, method="exact").pvalue)
-    return PairedTest(len(a), float(diff.mean()), sd, t, p, rank_p, int((diff * sign > 0).sum()))
+    better = int((diff * sign > 0).sum())
+    return PairedTest(len(a), float(diff.mean()), sd, t, p, rank_p, better, low, high)
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
@@ -166,7 +172,8 @@ def paired_tests(frame: pd.DataFrame, early_epoch: int) -> pd.DataFrame:
 
     Columns: ``family``, ``window``, ``metric``, ``row``, ``versus``, ``n``, ``mean_difference``,
     ``sd_difference``, ``t``, ``df``, ``p``, ``p_holm`` (Holm over the family), ``better``
-    (seeds on the row's better side), ``signed_rank_p``; comparisons with fewer than 2 shared
+    (seeds on the row's better side), ``signed_rank_p``, ``ci95_low`` and ``ci95_high`` (the
+    95% t-interval of the mean difference); comparisons with fewer than 2 shared
     seeds are left out.
     """
     rows = sorted(
@@ -211,4 +218,6 @@ def _test_row(family: str, window: Window, metric: str, row, other, test: Paired
         "p_holm": float("nan"),
         "better": test.better,
         "signed_rank_p": test.signed_rank_p,
+        "ci95_low": test.ci_low,
+        "ci95_high": test.ci_high,
     }

@@ -108,7 +108,8 @@ def test_the_tests_table_says_n_a_where_a_test_has_no_p(tmp_path):
     keys = list(zip(same.loc[mean, "seed"], same.loc[mean, "epoch"], strict=True))
     same.loc[mean, "test/acc"] = [rr[key] + 0.1 for key in keys]
     text = table1_paired.tests_markdown(paired_tests(same, early_epoch=5))
-    assert "| test accuracy | Mean minus RR (functional) | +0.1000 | n/a | 2 | n/a | n/a |" in text
+    row = "| test accuracy | Mean minus RR (functional) | +0.1000 | n/a | n/a | 2 | n/a | n/a |"
+    assert row in text  # no interval, no t, no p, no Holm p
 
 
 def test_a_short_run_draws_each_panel_once(tmp_path):
@@ -152,3 +153,16 @@ def test_figure_2_names_its_memory_and_its_sources_and_the_runs_path(tmp_path):
     assert any(" ± " in label and " MB, +0.4%" in label for label in labels), labels
     with pytest.raises(ValueError, match=r"no rows .*@nope"):
         read_epoch_bench(BENCH, method="nope")
+
+
+def test_a_paired_test_gives_the_95_percent_t_interval():
+    """For 2 degrees of freedom Student's t quantile has a closed form: (2u - 1) / sqrt(2u(1-u))."""
+    test = paired_test([1.0, 2.0, 3.0], [0.0, 0.5, 0.5], 1)  # differences 1, 1.5, 2.5
+    quantile = 0.95 / math.sqrt(2 * 0.975 * 0.025)
+    half = quantile * test.sd / math.sqrt(3)
+    assert (test.ci_low, test.ci_high) == pytest.approx((test.mean - half, test.mean + half))
+    assert test.sd == pytest.approx(
+        math.sqrt(((1 - 5 / 3) ** 2 + (1.5 - 5 / 3) ** 2 + (2.5 - 5 / 3) ** 2) / 2)
+    )
+    none = paired_test([0.3, 0.5, 0.7], [0.1, 0.3, 0.5], 1)
+    assert math.isnan(none.ci_low) and math.isnan(none.ci_high)
