@@ -125,6 +125,8 @@ def table1(folder: str, label: str) -> None:
     paper_gaps(last, final, label)
     run_times(sorted(runs["run"].unique()), label)
     overheads(folder, label)
+    if final <= 10:
+        rss_increments_by_seed(runs, label)
     if final > 10:
         memory(folder, label)
         per_seed(paired, 5, f"{label}.ep5")
@@ -163,13 +165,19 @@ def per_seed(paired: pd.DataFrame, epoch: int, label: str) -> None:
 SENSITIVITY_WINDOWS = (1, 2, 3, 5, 10, 20, 30, 50)
 
 
+#: every window from the last SENSITIVITY_SPAN[0] to the last SENSITIVITY_SPAN[1] epochs is
+#: checked too, so that the page's "every window from the last 3 to the last 50" is a count
+SENSITIVITY_SPAN = (3, 50)
+
+
 def window_sensitivity(runs: pd.DataFrame, label: str) -> None:
     """How many of the 10 GraB-vs-RR paired t-tests (5 variants, train loss and test accuracy,
     uncorrected) give p < 0.05 on each run's mean over its last k epochs, per k of
-    :data:`SENSITIVITY_WINDOWS`; the 91-100 window was chosen after seeing RR's last epoch."""
+    :data:`SENSITIVITY_WINDOWS`, and the fewest over every k of :data:`SENSITIVITY_SPAN`; the
+    91-100 window was chosen after seeing RR's last epoch."""
     final = runs["epoch"].max()
-    counts = {}
-    for k in SENSITIVITY_WINDOWS:
+
+    def below_05(k: int) -> tuple[int, int]:
         means = runs[runs["epoch"] > final - k].groupby(["seed", "row"])[["train/loss", "test/acc"]]
         wide = means.mean().unstack()
         below = [
@@ -177,9 +185,20 @@ def window_sensitivity(runs: pd.DataFrame, label: str) -> None:
             for column in ("train/loss", "test/acc")
             for row in GRAB
         ]
-        counts[k] = f"{sum(below)} of {len(below)}"
+        return sum(below), len(below)
+
+    counts = {}
+    for k in SENSITIVITY_WINDOWS:
+        counts[k] = "{} of {}".format(*below_05(k))
         show(f"{label}.window_sensitivity.last{k}.below_05", counts[k])
     show(f"{label}.window_sensitivity", "; ".join(f"last {k}: {c}" for k, c in counts.items()))
+    first, last = SENSITIVITY_SPAN
+    span = [below_05(k) for k in range(first, min(last, final) + 1)]
+    fewest = min(span)
+    show(
+        f"{label}.window_sensitivity.every_last{first}_to_{last}",
+        f"at least {fewest[0]} of {fewest[1]} in each of the {len(span)} windows",
+    )
 
 
 def running_loss_vs_paper(last: pd.DataFrame, label: str) -> None:
@@ -208,6 +227,28 @@ def overheads(folder: str, label: str) -> None:
             )
     grab = table[table["variant"].isin([v for v, _ in GRAB_ROWS])]
     show(f"{label}.grab.time_overhead_pct", signed_span(grab["time_overhead_pct"], 0))
+    per_run = grab[grab["mem_increment_se_mb"].notna()]
+    if len(per_run):
+        multiples = per_run["mem_increment_mb"] / per_run["mem_increment_se_mb"]
+        show(
+            f"{label}.grab.mem_increment.se_multiples",
+            f"{multiples.min():.1f} to {multiples.max():.1f}",
+        )
+
+
+def rss_increments_by_seed(runs: pd.DataFrame, label: str) -> None:
+    """Per-run memory (peak RSS) paired by seed: each GraB row minus RR (functional) of the
+    same seed at the final epoch, how many seeds are above 0 per row (the table's ± is the
+    unpaired standard error of the difference of the seed means)."""
+    final = runs[runs["epoch"] == runs["epoch"].max()]
+    rss = final.pivot(index="seed", columns="row", values="mem/peak_rss_mb")
+    if rss.isna().all().all():
+        return
+    parts = []
+    for row, names in zip(GRAB, GRAB_ROWS, strict=True):
+        difference = rss[row] - rss["rr"]
+        parts.append(f"{row_label(*names)} {int((difference > 0).sum())} of {len(difference)}")
+    show(f"{label}.grab.mem_increment.seeds_above", ", ".join(parts))
 
 
 def memory(folder: str, label: str) -> None:
