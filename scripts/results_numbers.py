@@ -53,6 +53,19 @@ TARGETS = {
 }
 
 
+#: the overheads the paper's text states (they are not in its Table 1): its abstract's headline,
+#: "only in the cost of 8.7% training time overhead and 0.85% peak GPU memory usage overhead",
+#: and its Figure 2 text's ranges for mean, pair and batch balance and for the recursive two
+PAPER_TEXT = {
+    "headline.time_overhead_pct": "+8.7",
+    "headline.mem_overhead_pct": "+0.85",
+    "simple.time_overhead_pct": "8.7-22",
+    "simple.mem_overhead_pct": "0.85-12",
+    "recursive.time_overhead_pct": "60-90",
+    "recursive.mem_overhead_pct": "53-66",
+}
+
+
 def variance_ratio_p(f: float) -> float:
     """Two-sided p of a variance ratio F with (2, 2) degrees of freedom (CDF x / (1 + x))."""
     return 2 * min(f / (1 + f), 1 / (1 + f))
@@ -111,10 +124,15 @@ def table1(folder: str, label: str) -> None:
     pair_tests(tests, label)
     paper_gaps(last, final, label)
     run_times(sorted(runs["run"].unique()), label)
+    overheads(folder, label)
+    if final <= 10:
+        rss_increments_by_seed(runs, label)
     if final > 10:
         memory(folder, label)
         per_seed(paired, 5, f"{label}.ep5")
         last_epochs(runs, label)
+        window_sensitivity(runs, label)
+        running_loss_vs_paper(last, label)
         early(runs, label)
         rerun(runs, label)
         wall_times(sorted(runs["run"].unique()), label)
@@ -143,10 +161,105 @@ def per_seed(paired: pd.DataFrame, epoch: int, label: str) -> None:
             show(f"{label}.grab_minus_rr.{name}.row_means", signed_span(means, 3))
 
 
+#: late windows of the sensitivity check: each run's mean over its last k epochs
+SENSITIVITY_WINDOWS = (1, 2, 3, 5, 10, 20, 30, 50)
+
+
+#: every window from the last SENSITIVITY_SPAN[0] to the last SENSITIVITY_SPAN[1] epochs is
+#: checked too, so that the page's "every window from the last 3 to the last 50" is a count
+SENSITIVITY_SPAN = (3, 50)
+
+
+def window_sensitivity(runs: pd.DataFrame, label: str) -> None:
+    """How many of the 10 GraB-vs-RR paired t-tests (5 variants, train loss and test accuracy,
+    uncorrected) give p < 0.05 on each run's mean over its last k epochs, per k of
+    :data:`SENSITIVITY_WINDOWS`, and the fewest over every k of :data:`SENSITIVITY_SPAN`; the
+    91-100 window was chosen after seeing RR's last epoch."""
+    final = runs["epoch"].max()
+
+    def below_05(k: int) -> tuple[int, int]:
+        means = runs[runs["epoch"] > final - k].groupby(["seed", "row"])[["train/loss", "test/acc"]]
+        wide = means.mean().unstack()
+        below = [
+            paired_test(wide[column][row], wide[column]["rr"], 1).p < 0.05
+            for column in ("train/loss", "test/acc")
+            for row in GRAB
+        ]
+        return sum(below), len(below)
+
+    counts = {}
+    for k in SENSITIVITY_WINDOWS:
+        counts[k] = "{} of {}".format(*below_05(k))
+        show(f"{label}.window_sensitivity.last{k}.below_05", counts[k])
+    show(f"{label}.window_sensitivity", "; ".join(f"last {k}: {c}" for k, c in counts.items()))
+    first, last = SENSITIVITY_SPAN
+    span = [below_05(k) for k in range(first, min(last, final) + 1)]
+    fewest = min(span)
+    show(
+        f"{label}.window_sensitivity.every_last{first}_to_{last}",
+        f"at least {fewest[0]} of {fewest[1]} in each of the {len(span)} windows",
+    )
+
+
+def running_loss_vs_paper(last: pd.DataFrame, label: str) -> None:
+    """The other reading of the paper's train loss: our running loss (``train/running_loss``,
+    the mean of the last epoch's step losses) minus the paper's final train loss, seed means per
+    row; and the paper's own GraB rows minus its RR (functional) row, beside ours."""
+    paper = pd.read_csv(RESULTS / "paper_table1.csv")
+    keys = [variant_dir(v, p) for v, p in zip(paper["variant"], paper["pipeline"], strict=True)]
+    published = paper.set_axis(keys)["train_loss_final"]
+    running = last["train/running_loss"].mean().loc[keys]
+    show(f"{label}.ours_running_minus_paper.loss", signed_span(running - published, 3))
+    show("paper.grab_minus_rr.loss", signed_span(published[GRAB] - published["rr"], 3))
+
+
+def overheads(folder: str, label: str) -> None:
+    """From the report's ``table1.csv``: each row's time overhead over RR (functional) (from the
+    bench it was given) and, for per-run memory, its increment ± standard error over seeds."""
+    table = pd.read_csv(RESULTS / folder / "table1.csv")
+    for row in table.itertuples():
+        key = variant_dir(row.variant, row.pipeline)
+        show(f"{label}.{key}.time_overhead_pct", f"{row.time_overhead_pct:+.0f}")
+        if not pd.isna(row.mem_increment_se_mb):
+            show(
+                f"{label}.{key}.mem_increment",
+                f"{row.mem_increment_mb:+.1f} ± {row.mem_increment_se_mb:.1f} MB",
+            )
+    grab = table[table["variant"].isin([v for v, _ in GRAB_ROWS])]
+    show(f"{label}.grab.time_overhead_pct", signed_span(grab["time_overhead_pct"], 0))
+    per_run = grab[grab["mem_increment_se_mb"].notna()]
+    if len(per_run):
+        multiples = per_run["mem_increment_mb"] / per_run["mem_increment_se_mb"]
+        show(
+            f"{label}.grab.mem_increment.se_multiples",
+            f"{multiples.min():.1f} to {multiples.max():.1f}",
+        )
+
+
+def rss_increments_by_seed(runs: pd.DataFrame, label: str) -> None:
+    """Per-run memory (peak RSS) paired by seed: each GraB row minus RR (functional) of the
+    same seed at the final epoch, how many seeds are above 0 per row (the table's ± is the
+    unpaired standard error of the difference of the seed means)."""
+    final = runs[runs["epoch"] == runs["epoch"].max()]
+    rss = final.pivot(index="seed", columns="row", values="mem/peak_rss_mb")
+    if rss.isna().all().all():
+        return
+    parts = []
+    for row, names in zip(GRAB, GRAB_ROWS, strict=True):
+        difference = rss[row] - rss["rr"]
+        parts.append(f"{row_label(*names)} {int((difference > 0).sum())} of {len(difference)}")
+    show(f"{label}.grab.mem_increment.seeds_above", ", ".join(parts))
+
+
 def memory(folder: str, label: str) -> None:
     """From the report's ``table1_vs_paper.csv``: each row's memory (ours: the training state),
-    its increment over RR (functional) in MB and in %, ours and the paper's."""
+    its increment over RR (functional) in MB and in %, ours and the paper's; the spans of mean,
+    pair and batch balance (the paper's text's "simple" rows)."""
     side = pd.read_csv(RESULTS / folder / "table1_vs_paper.csv")
+    simple = side[side["variant"].isin(["mean", "pair", "batch"])]
+    for column in ("time_overhead_pct", "mem_overhead_pct"):
+        show(f"{label}.simple.{column}", signed_span(simple[column], 0))
+    show(f"{label}.simple.mem_increment_mb", signed_span(simple["mem_increment_mb"], 2))
     for row in side.itertuples():
         key = variant_dir(row.variant, row.pipeline)
         show(f"{label}.{key}.state_mb", f"{row.state_mb_mean:.2f}")
@@ -208,6 +321,17 @@ def _tested(rows: pd.DataFrame, key: str, scale: float, digits: int) -> None:
     show(f"{key}.p_holm", p_span(rows["p_holm"]))
     show(f"{key}.holm_below_05", f"{int((rows['p_holm'] < 0.05).sum())} of {len(rows)}")
     show(f"{key}.better", f"{span(rows['better'], 0)} of {span(rows['n'], 0)}")
+    keys = dict(zip(GRAB_LABELS, GRAB, strict=True))
+    for row in rows.itertuples():
+        low, high = (scale * getattr(row, end) for end in ("ci95_low", "ci95_high"))
+        mean = scale * row.mean_difference
+        d = digits + 1
+        show(
+            f"{key}.ci95.{keys.get(row.row, row.row)}",
+            f"{mean:+.{d}f} [{low:+.{d}f}, {high:+.{d}f}]",
+        )
+    excludes = ((rows["ci95_low"] > 0) | (rows["ci95_high"] < 0)).sum()
+    show(f"{key}.ci95.excludes_zero", f"{int(excludes)} of {len(rows)}")
 
 
 def pair_tests(tests: pd.DataFrame, label: str) -> None:
@@ -356,6 +480,8 @@ def paper_gaps(last: pd.DataFrame, final: int, label: str) -> None:
         paper.loc["mean", "test_acc_final"] - paper.loc["rr-classic", "test_acc_final"]
     )
     show("paper.mean_minus_rr_classic.acc_points", f"{published:+.1f}")
+    for key, value in PAPER_TEXT.items():
+        show(f"paper.text.{key}", value)
 
 
 def rerun(runs: pd.DataFrame, label: str) -> None:
@@ -386,6 +512,7 @@ def early(runs: pd.DataFrame, label: str) -> None:
     one), and the spread of the five at the last epoch."""
     recursive = [row for row in GRAB if row.startswith("recursive")]
     others = [row for row in GRAB if row not in recursive]
+    show(f"{label}.recursive_leads.chance", f"{len(recursive)} in {len(GRAB)}")
     epochs = list(range(2, 11))
     for name, column, sign, scale in (
         ("loss", "train/loss", -1, 1),
@@ -403,6 +530,8 @@ def early(runs: pd.DataFrame, label: str) -> None:
         )
         digits = 4 if name == "loss" else 2
         show(f"{label}.recursive_leads.{name}.min_margin", f"{margin[margin > 0].min():.{digits}f}")
+        sd = scale * values[GRAB].groupby(level="epoch").std()  # over seeds, per epoch and row
+        show(f"{label}.recursive_leads.{name}.seed_sd", span(sd.to_numpy().ravel(), digits - 1))
         for seed, part in values.groupby(level="seed"):
             ahead = (part[recursive] * sign).max(axis=1) > (part[others] * sign).max(axis=1)
             show(
@@ -575,7 +704,10 @@ def bench_machines(folder: Path) -> None:
     for name, m in blocks.items():
         machine_line(name, m)
     if (folder / "training_state.json").is_file():
-        machine_line("training_state", read_bench(folder, "training_state")["machine"])
+        state = read_bench(folder, "training_state")
+        machine_line("training_state", state["machine"])
+        for row in state["rows"]:  # the step's peak working memory, beside epoch_1t's peak_step
+            show(f"training_state.{row['row']}.step_peak", mib(row["step_peak"]))
     show("bench.cpus", sorted({m["cpu"] for m in blocks.values()}))
     show("bench.commits", sorted({str(m.get("commit"))[:7] for m in blocks.values()}))
     show("bench.all_clean", all(m.get("dirty") is False for m in blocks.values()))

@@ -81,6 +81,11 @@ def add_arguments(cli: argparse.ArgumentParser) -> None:
         "time overheads (without it the report shows none)",
     )
     cli.add_argument(
+        "--bench-method",
+        help="the per-sample method the runs used where it is not --bench's default: its "
+        "<row>@<method> rows stand for the per-sample rows (e.g. hooks)",
+    )
+    cli.add_argument(
         "--state",
         help="`python -m grab_exp.bench state` JSON: the training state's allocated bytes, "
         "the memory column and Figure 2's memory panel (without it: the runs' own peaks)",
@@ -115,7 +120,7 @@ def compute(frame: pd.DataFrame, args: argparse.Namespace) -> Report:
     Raises:
         ValueError: ``args.bench`` is not an ``epoch`` benchmark with Table 1's rows.
     """
-    bench = read_epoch_bench(args.bench) if args.bench else None
+    bench = read_epoch_bench(args.bench, method=args.bench_method) if args.bench else None
     state = read_training_state(args.state) if args.state else None
     paper = None
     if not args.no_paper:

@@ -56,6 +56,7 @@ def read_bench_rows(
     benchmark: str,
     columns: dict[str, Callable[[dict], float]],
     name: str | None = None,
+    method: str | None = None,
 ) -> BenchRows:
     """Table 1's rows of a ``python -m grab_exp.bench <benchmark>`` JSON.
 
@@ -64,14 +65,19 @@ def read_bench_rows(
         benchmark: The benchmark that must have written it.
         columns: Column name -> its value from a row of the file.
         name: How captions cite the file (default: ``path`` relative to the working directory).
+        method: The per-sample method the runs used, when not the file's default: its
+            ``<row>@<method>`` rows (``rr@hooks``...) stand for the per-sample rows.
 
     Raises:
-        ValueError: not a ``benchmark`` file, or without Table 1's rows.
+        ValueError: not a ``benchmark`` file, without Table 1's rows, or without a per-sample
+            row's ``@method`` twin.
     """
     data = json.loads(Path(path).read_text())
     if data.get("benchmark") != benchmark:
         raise ValueError(f"{path}: not a `python -m grab_exp.bench {benchmark}` file")
     keys = {variant_dir(*row): row for row in ROW_ORDER}  # the rows' run directory names
+    if method:
+        keys = _method_keys(data["rows"], keys, method, path)
     rows = [
         {"variant": keys[r["row"]][0], "pipeline": keys[r["row"]][1],
          **{column: value(r) for column, value in columns.items()}}
@@ -79,19 +85,38 @@ def read_bench_rows(
     ]  # fmt: skip
     if not rows:
         raise ValueError(f"{path}: no Table 1 row ({', '.join(keys)})")
-    return BenchRows(pd.DataFrame(rows), name or shown(path), data.get("machine", {}))
+    source = name or shown(path)
+    return BenchRows(
+        pd.DataFrame(rows), f"{source}, its @{method} rows" if method else source,
+        data.get("machine", {}),
+    )  # fmt: skip
 
 
-def read_epoch_bench(path: str | os.PathLike[str], name: str | None = None) -> BenchRows:
+def _method_keys(
+    rows: list[dict], keys: dict[str, tuple[str, str]], method: str, path
+) -> dict[str, tuple[str, str]]:
+    """Bench row name -> Table 1 row, each per-sample row's ``<row>@<method>`` twin for it."""
+    named = {r["row"] for r in rows}
+    twins = {key if row[1] == "classic" else f"{key}@{method}": row for key, row in keys.items()}
+    missing = [twin for twin in twins if twin not in named]
+    if missing:
+        raise ValueError(f"{path}: no rows {', '.join(missing)} for --bench-method {method}")
+    return twins
+
+
+def read_epoch_bench(
+    path: str | os.PathLike[str], name: str | None = None, method: str | None = None
+) -> BenchRows:
     """The Table 1 rows of an ``epoch`` benchmark JSON (its VRGD rows are left out).
 
-    ``name`` is how captions cite the file (default: ``path`` relative to the working directory).
+    ``name`` is how captions cite the file (default: ``path`` relative to the working
+    directory); ``method``: read the per-sample rows' ``@method`` twins (:func:`read_bench_rows`).
 
     Raises:
         ValueError: not an ``epoch`` benchmark, or without Table 1's rows.
     """
     columns = {"step_ms": lambda r: float(r["step_ms"]), "epoch_s": lambda r: float(r["epoch_s"])}
-    return read_bench_rows(path, "epoch", columns, name)
+    return read_bench_rows(path, "epoch", columns, name, method)
 
 
 def read_training_state(path: str | os.PathLike[str], name: str | None = None) -> BenchRows:

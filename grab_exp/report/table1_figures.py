@@ -17,9 +17,17 @@ from grab_exp.report.render import COLUMN_WIDTH_IN, STYLE, log_axis
 from grab_exp.report.table1_rows import BASELINE, color_of, line_style, row_label, row_rank
 from grab_exp.report.table1_stats import WINDOW
 from grab_exp.report.table1_table import Table1
-from grab_exp.report.table1_text import MB_NOTE, MEMORY_NOTES
+from grab_exp.report.table1_text import MB_NOTE, MEMORY_NOTES, SE_NOTE, increment
 
 _PANELS = (("train/loss", "Train loss"), ("test/acc", "Test accuracy"))
+#: Figure 2's title words for its memory panel, by memory source
+_MEMORY_WORDS = {
+    "state": "training-state memory",
+    "cuda_step": "step-peak CUDA memory",
+    "cuda": "peak CUDA memory",
+    "rss": "peak RSS",
+    "mixed": "peak memory",
+}
 _MEMORY_AXIS = {
     "state": "Training state (MB):\nmodel, grads, momentum,\nordering, step peak",
     "cuda_step": "Step peak CUDA memory (MB)",
@@ -42,9 +50,9 @@ def zoom_span(last_epoch: int) -> int:
 
 def panel_spans(last: int, zoom: int) -> list[tuple[int, int]]:
     """Figure 1's rows of panels as ``(first, last)`` epochs: all of them, the first ``zoom``
-    and, for runs of at least twice :data:`WINDOW` epochs, the last :data:`WINDOW` (the
-    window of the paired tests)."""
-    spans = [(1, last), (1, zoom)]
+    where that is fewer than all, and, for runs of at least twice :data:`WINDOW` epochs, the
+    last :data:`WINDOW` (the window of the paired tests)."""
+    spans = [(1, last)] + ([(1, zoom)] if zoom < last else [])
     return spans + ([(last - WINDOW + 1, last)] if last >= 2 * WINDOW else [])
 
 
@@ -124,15 +132,17 @@ def _span_words(first: int, end: int, last: int) -> str:
 
 
 def _epoch_axis(ax, first: int, end: int) -> None:
-    """x axis from ``first`` to ``end``, a tick at every epoch up to 10 of them, else about 6."""
-    pad = 0.04 * max(end - first, 1)  # end markers stay whole
-    ax.set_xlim(first - pad if end > first else first - 0.5, max(end + pad, first + 0.5))
+    """x axis from ``first`` to ``end`` (no epoch without data), a tick at ``first`` and at
+    every epoch up to 10 of them, else about 6 (round ones after ``first``)."""
+    ax.set_xlim(first - 0.5, first + 0.5) if end == first else ax.set_xlim(first, end)
     ax.set_xlabel("Epoch")
     ax.grid(alpha=0.25, linewidth=0.4)
     if end - first < 10:
         ax.set_xticks(range(first, end + 1, 1 if end - first < 6 else 2))
     else:
-        ax.xaxis.set_major_locator(MaxNLocator(6, integer=True))
+        ticks = MaxNLocator(6, integer=True).tick_values(first, end)
+        step = ticks[1] - ticks[0]
+        ax.set_xticks([first, *(t for t in ticks if first + step / 2 < t <= end)])
 
 
 def _draw_curves(ax, curves: pd.DataFrame, rows, same) -> None:
@@ -149,7 +159,7 @@ def _draw_curves(ax, curves: pd.DataFrame, rows, same) -> None:
         every = max(1, len(part) // 10)
         size = 5 if (variant, pipeline) in same.values() else 3  # visible around its twin's
         ax.plot(x, mean, linestyle=style, color=color, label=label, marker=marker, ms=size,
-                markevery=every, mfc="none", mew=0.7)  # fmt: skip
+                markevery=every, mfc="none", mew=0.7, clip_on=False)  # fmt: skip  # whole ends
         ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.15, linewidth=0)
 
 
@@ -217,11 +227,19 @@ def figure2(table: Table1):
             _draw_bars(ax, data, metric, overhead, colors)
             ax.set_xlabel(title, fontsize=6)
         axes[0].set_yticks(range(len(data)), data["label"])
-        fig.suptitle(
-            "Training time and training-state memory; labels: overhead over RR (functional)",
-            fontsize=7,
-        )
+        fig.suptitle(figure2_title(table), fontsize=6)
     return fig
+
+
+def figure2_title(table: Table1) -> str:
+    """Figure 2's title: what its panels show, then where each panel's numbers come from (file,
+    commit, threads, processor)."""
+    memory = _MEMORY_WORDS[table.memory_source]
+    time = f"time: {table.cite_time_source()}" if table.time_source else "time: the runs' own"
+    where = f"memory: {table.memory_file} ({table.memory_machine})" if table.memory_file else (
+        "memory: the runs' own"
+    )  # fmt: skip
+    return f"Training time and {memory}; labels: overhead over RR (functional)\n{time}\n{where}"
 
 
 def figure2_caption(table: Table1) -> str:
@@ -244,7 +262,8 @@ def figure2_caption(table: Table1) -> str:
     return (
         "**Figure 2.** Training time per epoch and memory of Table 1's rows; the label beside "
         "each bar is its overhead over RR (functional) (ref.), memory's in MB and in %. "
-        f"{time} Memory: {memory}; {MB_NOTE}."
+        f"{time} Memory: {memory}; {MB_NOTE}"
+        + (f"; {SE_NOTE}." if table.data["mem_increment_se_mb"].notna().any() else ".")
     )
 
 
@@ -281,13 +300,17 @@ def _bar_label(data: pd.DataFrame, y: int, overhead: str | None, row) -> str:
     if math.isnan(pct):
         return ""
     if overhead == "mem_overhead_pct":
-        return f"{data['mem_increment_mb'].iloc[y]:+.2f} MB, {overhead_label(pct)}"
+        mb, se = data["mem_increment_mb"].iloc[y], data["mem_increment_se_mb"].iloc[y]
+        return f"{increment(mb, se)}, {overhead_label(pct)}"
     return overhead_label(pct)
 
 
 def overhead_label(pct: float) -> str:
-    """``+12%``, ``-35%``, or ``±0%`` for overheads under half a percent."""
-    return "±0%" if abs(pct) < 0.5 else f"{pct:+.0f}%"
+    """The overhead as measured, with its sign: ``+12%``, ``-35%``; under 1% in magnitude one
+    significant digit (``-0.4%``, ``+0.03%``); ``0%`` only when it is 0."""
+    if pct == 0:
+        return "0%"
+    return f"{pct:+.1g}%" if abs(pct) < 1 else f"{pct:+.0f}%"
 
 
 def figure_captions(frame: pd.DataFrame, table: Table1) -> str:

@@ -104,10 +104,14 @@ def tests_markdown(tests: pd.DataFrame) -> str:
         "adjustment over every test of the family (its size in the heading), valid whatever "
         "their dependence; the GraB rows of one seed are all compared with the same RR run, so "
         "they are dependent. Better in: the seeds on which the first row has the lower loss or "
-        "the higher accuracy. Signed-rank p: the exact two-sided Wilcoxon signed-rank test, "
+        "the higher accuracy. 95% CI: the t-interval of the mean difference (n - 1 degrees of "
+        "freedom); from 3 seeds its width rests on 3 differences and moves a lot with any one "
+        "of them. Signed-rank p: the exact two-sided Wilcoxon signed-rank test, "
         f"whose smallest possible p is {floor}: with so few seeds it can only show that the "
         "signs disagree, never a significant difference. Differences of accuracy are fractions "
-        "(0.01 = 1 point).\n",
+        "(0.01 = 1 point). n/a: no p-value, where the differences are equal on every seed (no "
+        "spread: a t-test is undefined) or one is zero (signed-rank), or Holm's adjustment of "
+        "one.\n",
     ]
     for family, part in tests.groupby("family", sort=False):
         windows = " and ".join(dict.fromkeys(part["window"]))
@@ -126,7 +130,11 @@ def _tests_frame(part: pd.DataFrame) -> pd.DataFrame:
                 f"{r} minus {v}" for r, v in zip(part["row"], part["versus"], strict=True)
             ],
             "Mean diff.": part["mean_difference"].map(lambda v: f"{v:+.4f}"),
-            "t": part["t"].map(lambda v: "—" if math.isnan(v) else f"{v:.2f}"),
+            "95% CI": [
+                _interval(low, high)
+                for low, high in zip(part["ci95_low"], part["ci95_high"], strict=True)
+            ],
+            "t": part["t"].map(lambda v: "n/a" if math.isnan(v) else f"{v:.2f}"),
             "df": part["df"].astype(str),
             "p": part["p"].map(_p),
             "Holm p": part["p_holm"].map(_p),
@@ -136,8 +144,13 @@ def _tests_frame(part: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def _interval(low: float, high: float) -> str:
+    """``[-0.0053, +0.0759]``; ``n/a`` without one."""
+    return "n/a" if math.isnan(low) else f"[{low:+.4f}, {high:+.4f}]"
+
+
 def _p(value: float) -> str:
-    """A p-value at 4 decimals (``<0.0001`` below); ``—`` when undefined."""
+    """A p-value at 4 decimals (``<0.0001`` below); ``n/a`` when undefined."""
     if math.isnan(value):
-        return "—"
+        return "n/a"
     return "<0.0001" if value < 0.0001 else f"{value:.4f}"

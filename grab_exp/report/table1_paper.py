@@ -183,9 +183,9 @@ def _memory_note(table: Table1) -> str:
             f"- Our memory is the training state ({table.memory_file}; {table.memory_machine}): "
             "model, gradients, momentum, the per-sample buffer, the ordering's state and the "
             "step's peak working memory (the CPU profiler's allocation events). It leaves out "
-            "what the paper's peak GPU allocation also holds (evaluation, the batches on the "
-            "device, workspaces, the CUDA context), so our base is smaller and our percentages "
-            f"larger: compare the increments in MB ({MB_NOTE})."
+            "evaluation and the batches on the device, which the paper's peak GPU allocation "
+            "(torch's allocator) may hold, so our base is smaller and our percentages larger: "
+            f"compare the increments in MB, not the totals or percentages ({MB_NOTE})."
         )
     if table.memory_source == "cuda_step":
         return (

@@ -8,13 +8,14 @@ from its name).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 
 import pandas as pd
 from omegaconf import OmegaConf
 
 from grab_exp.report.collect import Record
-from grab_exp.report.frames import ID_COLUMNS, warn_skip
+from grab_exp.report.experiments import check_one_experiment
+from grab_exp.report.frames import ID_COLUMNS
 from grab_exp.runner.rundir.identity import CONF_DIR, conf_choices
 from grab_exp.runner.rundir.resolvers import variant_dir
 
@@ -86,22 +87,19 @@ def line_style(variant: str, pipeline: str) -> tuple[object, str]:
     return STYLES[rank] if rank < len(STYLES) else ("-", ".")
 
 
-def runs_frame(runs: Iterable[Record]) -> pd.DataFrame:
+def runs_frame(runs: Sequence[Record]) -> pd.DataFrame:
     """The tidy frame of Table 1's runs (records of :mod:`grab_exp.report.collect`), in the
-    report's order; of two runs sharing variant, pipeline and seed, the later one is dropped with
-    a warning (pass one sweep's runs)."""
+    report's order.
+
+    Raises:
+        ValueError: the runs are not one experiment, or two share ordering and seed
+            (:func:`grab_exp.report.experiments.check_one_experiment`).
+    """
     frames = [run_frame for run_frame, _ in runs]
     if not frames:
         return pd.DataFrame(columns=list(ID_COLUMNS))
+    check_one_experiment(runs)
     frame = pd.concat(frames, ignore_index=True)
-    ids = frame[["run", "variant", "pipeline", "seed"]].drop_duplicates()
-    duplicated = ids.duplicated(["variant", "pipeline", "seed"])
-    for _, row in ids[duplicated].iterrows():
-        warn_skip(
-            f"skipping {row['run']}: another run of {row['variant']}/{row['pipeline']} "
-            f"seed {row['seed']} was already collected (pass one sweep's directories)"
-        )
-    frame = frame[~frame["run"].isin(ids[duplicated]["run"])]
     pairs = zip(frame["variant"], frame["pipeline"].fillna(""), strict=True)
     keyed = frame.assign(_rank=[row_rank(v, p) for v, p in pairs])
     keyed = keyed.sort_values(["_rank", "seed", "run", "epoch"], kind="stable")

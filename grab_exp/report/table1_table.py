@@ -236,8 +236,10 @@ def aggregate(runs: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
 
 def add_overheads(data: pd.DataFrame, time_column: str, memory_column: str) -> bool:
     """Add ``time_overhead_pct`` and ``mem_overhead_pct``: ``time_column`` and ``memory_column``
-    in % over the functional RR row's (NaN without one), and ``mem_increment_mb``: the memory
-    above that row's, in the memory column's unit.
+    in % over the functional RR row's (NaN without one), ``mem_increment_mb``: the memory
+    above that row's, in the memory column's unit, and ``mem_increment_se_mb``: its standard
+    error over seeds, ``sqrt(s^2 / n + s_ref^2 / n_ref)`` (NaN where the memory is one
+    measurement per row, a bench's).
 
     Returns:
         Whether ``data`` has a functional RR row.
@@ -248,7 +250,18 @@ def add_overheads(data: pd.DataFrame, time_column: str, memory_column: str) -> b
         data[name] = 100.0 * (data[column] / reference - 1.0)
         if name == "mem_overhead_pct":
             data["mem_increment_mb"] = data[column] - reference
+            data["mem_increment_se_mb"] = _increment_se(data, base, column)
     return not base.empty
+
+
+def _increment_se(data: pd.DataFrame, base: pd.DataFrame, mean_column: str) -> pd.Series:
+    """Standard error of each row's mean minus the baseline's (``mean_column``'s ``_std``)."""
+    std = mean_column.removesuffix("_mean") + "_std"
+    if base.empty or std not in data:
+        return data[mean_column] * float("nan")
+    ref = float(base[std].iloc[0]) ** 2 / int(base["n_seeds"].iloc[0])
+    se = (data[std] ** 2 / data["n_seeds"] + ref) ** 0.5
+    return se.where(~is_baseline(data))
 
 
 def versus_rr(table: Table1) -> pd.DataFrame:

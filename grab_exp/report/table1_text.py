@@ -23,8 +23,8 @@ _MEMORY_NAMES = {
 MEMORY_NOTES = {
     "state": "the training state's allocated bytes from {file} ({machine}): model, gradients, "
     "momentum, per-sample buffer, ordering state and the step's peak working memory (the CPU "
-    "profiler's allocation events); evaluation, the batches, the dataset, workspaces outside "
-    "torch's allocator and a CUDA context are not in it, so it is smaller than a GPU process's "
+    "profiler's allocation events); evaluation, the batches and the dataset are not in it, so "
+    "compare its increments over RR (functional), not its totals or percentages, with a GPU "
     "peak allocation; one measurement per row, the same for every seed",
     "cuda_step": "peak CUDA memory allocated above the epoch start (dataset on the GPU excluded)",
     "cuda": "peak CUDA memory allocated (the dataset on the GPU included)",
@@ -32,6 +32,11 @@ MEMORY_NOTES = {
     "mixed": "peak CUDA memory where measured, else peak process RSS",
 }
 MB_NOTE = "MB = 2^20 bytes"
+#: what ``±`` after a memory increment is (per-run memory only)
+SE_NOTE = (
+    "± after a memory increment: its standard error over seeds, sqrt(s^2/n + s_ref^2/n_ref); "
+    "an increment within about two of them is within the seeds' spread, not a measured overhead"
+)
 
 
 def decimals(metric: str) -> int:
@@ -71,9 +76,12 @@ def cells(data: pd.DataFrame, metric: str) -> list[str]:
     return [cell(m, s, places) for m, s in pairs]
 
 
-def increment(mb: float) -> str:
-    """A memory increment over the baseline, e.g. ``+0.71 MB``; ``—`` when missing."""
-    return "—" if mb is None or math.isnan(mb) else f"{mb:+.2f} MB"
+def increment(mb: float, se: float = float("nan")) -> str:
+    """A memory increment over the baseline, e.g. ``+0.71 MB``, with its standard error where
+    seeds spread it (``+6.78 ± 5.84 MB``); ``—`` when missing."""
+    if mb is None or math.isnan(mb):
+        return "—"
+    return f"{mb:+.2f} MB" if math.isnan(se) else f"{mb:+.2f} ± {se:.2f} MB"
 
 
 def display_frame(table: Table1) -> pd.DataFrame:
@@ -86,9 +94,10 @@ def display_frame(table: Table1) -> pd.DataFrame:
         shown[f"Test perplexity (final, {epoch_note(table)[0]})"] = cells(data, metric)
     shown["Time, idle bench (s/epoch)"] = data["bench_epoch_s"].map(lambda s: cell(s, None, 2))
     shown["Time overhead (idle bench)"] = data["time_overhead_pct"].map(percent)
+    increments = zip(data["mem_increment_mb"], data["mem_increment_se_mb"], strict=True)
     shown["Mem. overhead"] = [
-        f"{increment(mb)} ({percent(pct)})" if not math.isnan(pct) else "—"
-        for mb, pct in zip(data["mem_increment_mb"], data["mem_overhead_pct"], strict=True)
+        f"{increment(mb, se)} ({percent(pct)})" if not math.isnan(pct) else "—"
+        for (mb, se), pct in zip(increments, data["mem_overhead_pct"], strict=True)
     ]
     return shown
 
@@ -111,7 +120,7 @@ def notes(table: Table1) -> list[str]:
         "Time during the runs: mean training seconds per epoch as the jobs measured them, "
         "machine load included; not comparable between rows.",
         _time_note(table),
-        f"Memory: {_memory_note(table)}; {MB_NOTE}.",
+        f"Memory: {_memory_note(table)}; {MB_NOTE}" + _se_note(table) + ".",
         f"Device of the runs: {', '.join(table.devices)}.",
     ]
 
@@ -124,6 +133,11 @@ def _time_note(table: Table1) -> str:
         f"time x steps per epoch) from {table.cite_time_source()}, one measurement per row: "
         "the only source of the time overhead."
     )
+
+
+def _se_note(table: Table1) -> str:
+    """``; <SE_NOTE>`` where the memory increments have standard errors, else ``""``."""
+    return f"; {SE_NOTE}" if table.data["mem_increment_se_mb"].notna().any() else ""
 
 
 def _memory_note(table: Table1) -> str:

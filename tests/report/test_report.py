@@ -197,7 +197,7 @@ def test_table1_columns_rows_and_headers(report):
         header = next(csv.reader(handle))
     stats = [f"{metric}_{kind}" for metric in METRICS for kind in ("mean", "std")]
     ids = ["variant", "pipeline", "label", "n_seeds", "final_epoch", "mem_source"]
-    overheads = ["time_overhead_pct", "mem_overhead_pct", "mem_increment_mb"]
+    overheads = ["time_overhead_pct", "mem_overhead_pct", "mem_increment_mb", "mem_increment_se_mb"]
     assert header == [*ids, *stats, "bench_epoch_s", *overheads]
     rows = read_csv_rows(report / "table1.csv")
     assert [(r["variant"], r["pipeline"]) for r in rows] == ROWS

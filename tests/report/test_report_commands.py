@@ -103,7 +103,7 @@ def test_vrgd_regenerates_the_committed_tables(tmp_path):
 @pytest.mark.parametrize(
     ("report", "options"),
     [
-        ("table1-5-epochs", []),
+        ("table1-5-epochs", ["--bench-method", "hooks"]),  # the runs' hook path
         (  # 100 epochs
             "table1",
             ["--state", "results/bench/training_state.json", "--hardware", "AMD EPYC, 2 cores"],

@@ -47,6 +47,7 @@ ALLOWED = {
         "0.001", "0.01",  # conf/: lr, weight decay
         "1-100", "91-100", "2-10",  # epoch ranges
         "25%", "45%",  # the VRGD report's accuracy targets
+        "95%",  # the level of the paired tests' intervals
         "0.05",  # the significance level the Holm-adjusted p are read against
     },
     "results/bench/README.md": {
