@@ -1,6 +1,6 @@
 """The rewrites for speed and determinism compute what the code before them computed:
-``sequential_signs`` (numpy on the CPU, device kernels elsewhere) gives the same signs, so does
-recursive_pair's level walk (numpy on the CPU), and
+``sequential_signs`` (numpy on the CPU, device kernels elsewhere) gives the same signs, so do
+the trees' level walks (recursive's block levels and recursive_pair's, numpy on the CPU), and
 recursive balance's block and gather levels (deterministic on CUDA, unlike ``index_add_`` with
 repeated nodes) equal the old per-level ``index_add_`` accumulators to float64 rounding, with the
 same orders."""
@@ -98,7 +98,7 @@ def test_a_subclass_without_a_name_of_its_own_keeps_out_of_the_registry():
     assert Ordering.registry["recursive"] is RecursiveBalance
 
 
-def _pair_tree_epochs(bal, zs, batch: int, device_path: bool):
+def _tree_epochs(bal, zs, batch: int, device_path: bool):
     """Orders and end-of-epoch accumulators, every step on the CPU's numpy level walk or, inside
     ``graph_safe``, on the device path (the operators a CUDA step launches)."""
     seen = []
@@ -116,12 +116,15 @@ def _pair_tree_epochs(bal, zs, batch: int, device_path: bool):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("normalize", [False, True])
 @pytest.mark.parametrize("kernel", ["deterministic", "probabilistic"])
-def test_recursive_pairs_host_levels_are_the_device_levels_bit_for_bit(kernel, normalize, dtype):
-    n, b, d = 36, 8, 11  # a short last batch of 4, appended unbalanced
+@pytest.mark.parametrize("name", ["recursive", "recursive_pair"])
+def test_the_trees_host_levels_are_the_device_levels_bit_for_bit(name, kernel, normalize, dtype):
+    # recursive: depth 4 with steps of 8, levels 0-3 a block, level 4 gathered; recursive_pair:
+    # a short last batch of 4, appended unbalanced
+    n, b, d = 36, 8, 11
     zs = random_grads(n, d, epochs=3, seed=7)
-    options = {"kernel": kernel, "c": 2.0, "normalize": normalize, "dtype": dtype}
-    host, device = (make("recursive_pair", n, d, batch_size=b, **options) for _ in range(2))
-    got = _pair_tree_epochs(host, zs, b, device_path=False)
-    want = _pair_tree_epochs(device, zs, b, device_path=True)
+    options = {"kernel": kernel, "c": 2.0, "normalize": normalize, "dtype": dtype, "depth": 4}
+    host, device = (make(name, n, d, batch_size=b, **options) for _ in range(2))
+    got = _tree_epochs(host, zs, b, device_path=False)
+    want = _tree_epochs(device, zs, b, device_path=True)
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
     assert got[0].abs().sum() > 0 and not torch.equal(got[1], got[3])  # it balanced
