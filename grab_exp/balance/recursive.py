@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import numpy
 import torch
 
 from grab_exp.balance.base import Work
 from grab_exp.balance.centered import CenteredBalance
-from grab_exp.balance.signs import sequential_signs, sign_keys
+from grab_exp.balance.signs import host_signs, sequential_signs, sign_keys
 from grab_exp.balance.tensors import counting
+from grab_exp.devices import host_reads_allowed
 from grab_exp.grads.rows import GradRows, constant, kept_view
 from grab_exp.validation import check_int_at_least
 
@@ -83,22 +85,52 @@ class RecursiveBalance(CenteredBalance):
         block = kept_view(self.acc, nodes, lambda: self.acc[:nodes])  # (S, dim): block levels
         node_dots = centered.dots(block)  # (B, S) <v_i, acc_k> before this batch
         coef = torch.zeros_like(node_dots)  # (B, S): acc_k += sum_i coef_ik v_i
-        node = torch.zeros(rows, dtype=torch.long, device=self.device)  # (B,) heap index
-        left, right = (constant(k, 1, torch.long, self.device) for k in (1, 2))  # child offsets
-        for level in range(self.depth + 1):
+        walk = self._host_block_levels if host_reads_allowed(self.device) else self._block_levels
+        node, signs = walk(node_dots, gram, thresholds, coef, block_levels)  # (B,) each
+        for level in range(block_levels, self.depth + 1):
             same_node = node[:, None] == node[None, :]  # (B, B)
-            if level < block_levels:
-                dots = node_dots.gather(1, node[:, None])[:, 0]  # (B,) <v_i, acc_node(i)>
-                signs = sequential_signs(dots, gram * same_node, thresholds[level])  # (B,)
-                coef.scatter_(1, node[:, None], signs[:, None])
-            else:
-                signs = self._gathered_level(centered, gram, same_node, node, thresholds[level])
-            if level < self.depth:  # the left child on +, the right one on -
-                node = 2 * node + torch.where(signs > 0, left, right)
+            signs = self._gathered_level(centered, gram, same_node, node, thresholds[level])
+            if level < self.depth:
+                node = self._children(node, signs)
         centered.accumulate(block, coef)  # one product: a fixed order of sums, any device
         leaf = node - (2**self.depth - 1)  # (B,)
         keys = leaf * (2 * self.n) + sign_keys(positions, signs, self.n)  # (B,)
         self.keys.index_copy_(0, positions, keys)
+
+    def _block_levels(self, node_dots, gram, thresholds, coef, levels: int):
+        """Sign the first ``levels`` (block) levels from ``node_dots (B, S)``, their signs written
+        into ``coef (B, S)``; returns each example's node after them and the last level's signs,
+        ``(B,)`` each."""
+        node = torch.zeros(len(node_dots), dtype=torch.long, device=self.device)  # heap index
+        for level in range(levels):
+            same_node = node[:, None] == node[None, :]  # (B, B)
+            dots = node_dots.gather(1, node[:, None])[:, 0]  # (B,) <v_i, acc_node(i)>
+            signs = sequential_signs(dots, gram * same_node, thresholds[level])  # (B,)
+            coef.scatter_(1, node[:, None], signs[:, None])
+            if level < self.depth:
+                node = self._children(node, signs)
+        return node, signs
+
+    def _host_block_levels(self, node_dots, gram, thresholds, coef, levels: int):
+        """:meth:`_block_levels` on the CPU through numpy on the tensors' own memory (``coef``
+        written in place): the same masked Gram matrices and sign recursions, so the same signs
+        and nodes bit for bit, without some ten operator launches a level."""
+        dots_of, grams, limits = node_dots.numpy(), gram.numpy(), thresholds.numpy()
+        weights = coef.numpy()  # (B, S)
+        every = numpy.arange(len(dots_of))  # (B,)
+        node = numpy.zeros(len(dots_of), dtype=numpy.int64)  # (B,) heap index
+        for level in range(levels):
+            same_node = node[:, None] == node[None, :]  # (B, B)
+            signs = host_signs(dots_of[every, node], grams * same_node, limits[level])  # (B,)
+            weights[every, node] = signs
+            if level < self.depth:  # the left child on +, the right one on -
+                node = 2 * node + numpy.where(signs > 0, 1, 2)
+        return torch.from_numpy(node), torch.from_numpy(signs)
+
+    def _children(self, node: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
+        """The next level's nodes ``(B,)``: the left child on ``+``, the right one on ``-``."""
+        left, right = (constant(k, 1, torch.long, self.device) for k in (1, 2))  # child offsets
+        return 2 * node + torch.where(signs > 0, left, right)
 
     def _gathered_level(self, centered, gram, same_node, node, thresholds) -> torch.Tensor:
         """Sign and apply one gather level: ``node (B,)`` the visited nodes; returns ``(B,)``."""

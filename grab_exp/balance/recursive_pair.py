@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 
+import numpy
 import torch
 
 from grab_exp.balance.base import Work
@@ -11,6 +12,7 @@ from grab_exp.balance.gradient import GradientOrdering
 from grab_exp.balance.kernels import signs_from
 from grab_exp.balance.recursive import node_accumulators
 from grab_exp.balance.signs import UNBALANCED_KEY
+from grab_exp.devices import host_reads_allowed
 from grab_exp.grads.rows import GradRows, inverse_norms
 from grab_exp.validation import check_power_of_two
 
@@ -56,12 +58,15 @@ class RecursivePairBalance(GradientOrdering):
         if rows != self.batch_size:  # the epoch's last, checked in _check_rows
             self.keys.index_copy_(0, positions, UNBALANCED_KEY + positions)
             return
-        arrangement = torch.arange(rows, device=self.device)  # (b,) members by position
         node_dots = grads.dots(self.acc)  # (b, b-1): <g_j, acc_k>
         gram = grads.gram() if self.normalize else None  # (b, b)
         coef = node_dots.new_zeros(rows, self.batch_size - 1)  # (b, b-1): acc_k += sum c_jk g_j
-        for level in range(self.levels):
-            arrangement = self._split_level(node_dots, gram, coef, arrangement, level)
+        if host_reads_allowed(self.device):
+            arrangement = self._host_levels(node_dots, gram, coef)
+        else:
+            arrangement = torch.arange(rows, device=self.device)  # (b,) members by position
+            for level in range(self.levels):
+                arrangement = self._split_level(node_dots, gram, coef, arrangement, level)
         grads.accumulate(self.acc, coef)
         batch = torch.div(self.position, self.batch_size, rounding_mode="floor")  # ()
         keys = torch.where(self._even_slots, batch, self.batches_max - 1 - batch)  # (b,)
@@ -83,10 +88,8 @@ class RecursivePairBalance(GradientOrdering):
         the batch (no node is visited twice in one batch), so all dot products come from
         ``node_dots`` and the updates are collected in ``coef`` for one final ``addmm``.
         """
-        groups = 2**level
-        pairs = arrangement.view(groups, -1, 2)  # (groups, pairs per group, 2)
-        first, second = pairs[..., 0].reshape(-1), pairs[..., 1].reshape(-1)  # (b/2,)
-        node = _level_nodes(groups, pairs.shape[1], self.device)  # (b/2,)
+        first, second = _pairs(arrangement, level)  # (b/2,) each
+        node = _level_nodes(2**level, len(first) // 2**level, self.device)  # (b/2,)
         dots = node_dots[first, node] - node_dots[second, node]  # (b/2,) <g_f - g_s, acc>
         if gram is None:
             signs = weighted = signs_from(dots, self._thresholds(len(dots)))  # (b/2,)
@@ -95,15 +98,55 @@ class RecursivePairBalance(GradientOrdering):
             weight = inverse_norms(norm_sq)  # (b/2,)
             signs = signs_from(dots * weight, self._thresholds(len(dots)))  # (b/2,)
             weighted = signs * weight
-        coef[first, node] = weighted
-        coef[second, node] = -weighted
-        plus = signs > 0
-        winners = torch.where(plus, first, second).view(groups, -1)
-        losers = torch.where(plus, second, first).view(groups, -1)
-        return torch.cat([winners, losers], dim=1).reshape(-1)
+        return _split(torch, coef, (first, second, node), signs, weighted, level)
+
+    def _host_levels(self, node_dots, gram, coef) -> torch.Tensor:
+        """:meth:`_split_level` for every level at once on the CPU, through numpy on the
+        tensors' own memory (``coef`` is written in place; no device to wait for): the same
+        differences, products and comparisons in the same precision, so the same signs, weights
+        and arrangement bit for bit, without some fifteen operator launches a level."""
+        dots_of, weights_of = node_dots.numpy(), coef.numpy()  # (b, b-1) each
+        grams = None if gram is None else gram.numpy()  # (b, b)
+        arrangement = numpy.arange(self.batch_size)  # (b,) members by position
+        for level in range(self.levels):
+            first, second = _pairs(arrangement, level)  # (b/2,) each
+            node = _level_nodes(2**level, len(first) // 2**level, self.device).numpy()
+            dots = dots_of[first, node] - dots_of[second, node]  # (b/2,)
+            limits = self._thresholds(len(dots)).numpy()  # (b/2,)
+            if grams is None:
+                signs = weighted = numpy.where(dots < limits, 1.0, -1.0).astype(dots.dtype)
+            else:
+                norm_sq = grams[first, first] + grams[second, second] - 2 * grams[first, second]
+                weight = inverse_norms(torch.from_numpy(norm_sq)).numpy()  # (b/2,)
+                signs = numpy.where(dots * weight < limits, 1.0, -1.0).astype(dots.dtype)
+                weighted = signs * weight
+            members = (first, second, node)
+            arrangement = _split(numpy, weights_of, members, signs, weighted, level)
+        return torch.from_numpy(arrangement)
 
     def _end_epoch(self) -> None:
         self.acc.zero_()
+
+
+def _pairs(arrangement, level: int):
+    """The first and second members ``(b/2,)`` of the pairs of a level's groups, group after
+    group (a torch tensor or a numpy array, as ``arrangement (b,)``)."""
+    pairs = arrangement.reshape(2**level, -1, 2)  # (groups, pairs per group, 2)
+    return pairs[..., 0].reshape(-1), pairs[..., 1].reshape(-1)
+
+
+def _split(xp, coef, members, signs, weighted, level: int):
+    """Write the pairs' weights into ``coef`` (``+`` at the first member's node column, ``-`` at
+    the second's) and return the arrangement ``(b,)`` after the split: each of the level's
+    groups' winners (the first member on ``+``), then its losers. ``xp``: ``torch`` or
+    ``numpy``, as the arrays."""
+    first, second, node = members
+    coef[first, node] = weighted
+    coef[second, node] = -weighted
+    plus = signs > 0
+    winners = xp.where(plus, first, second).reshape(2**level, -1)
+    losers = xp.where(plus, second, first).reshape(2**level, -1)
+    return xp.concatenate([winners, losers], axis=1).reshape(-1)
 
 
 @functools.cache

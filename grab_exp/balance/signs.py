@@ -38,14 +38,20 @@ def sequential_signs(
     """
     if not host_reads_allowed(dots.device):
         return device_signs(dots, gram, thresholds)
-    running = dots.detach().numpy().copy()  # (B,)
-    columns = gram.detach().t().contiguous().numpy()  # (B, B): row j is column j of gram
-    limits = thresholds.detach().numpy()  # (B,)
+    arrays = (t.detach().numpy() for t in (dots, gram, thresholds))
+    return torch.from_numpy(host_signs(*arrays))
+
+
+def host_signs(dots: numpy.ndarray, gram: numpy.ndarray, limits: numpy.ndarray) -> numpy.ndarray:
+    """:func:`sequential_signs` on numpy arrays (the CPU's path): ``(B,)``, ``(B, B)``, ``(B,)``
+    in, ``(B,)`` signs with the dtype of ``dots`` out."""
+    running = dots.copy()  # (B,)
+    columns = numpy.ascontiguousarray(gram.T)  # (B, B): row j is column j of gram
     signs = numpy.empty_like(running)  # (B,)
     for j, column in enumerate(columns):
         signs[j] = 1.0 if running[j] < limits[j] else -1.0
         running += signs[j] * column  # rows k > j see s_j <v_k, v_j>
-    return torch.from_numpy(signs)
+    return signs
 
 
 def device_signs(dots: torch.Tensor, gram: torch.Tensor, thresholds: torch.Tensor) -> torch.Tensor:

@@ -226,9 +226,12 @@ class GSNROptimizer(torch.optim.Optimizer):
     def _scaled_with_decay(
         group: Group, params: Tensors, grads: Tensors, ratios: Tensors
     ) -> Tensors:
-        """``r ⊙ ḡ + weight_decay · θ`` per tensor (the decay on the unscaled parameter); VR-Adam
-        passes its averaged ``p̂`` as ``r``."""
-        step = torch._foreach_mul(grads, ratios)  # r ⊙ ḡ, one per tensor
+        """``r ⊙ ḡ + weight_decay · θ`` per tensor (the decay on the unscaled parameter)."""
+        return GSNROptimizer._with_decay(group, params, torch._foreach_mul(grads, ratios))
+
+    @staticmethod
+    def _with_decay(group: Group, params: Tensors, step: Tensors) -> Tensors:
+        """``step + weight_decay · θ`` per tensor, in place on ``step`` (our own tensors)."""
         if group["weight_decay"] != 0:
             torch._foreach_add_(step, params, alpha=group["weight_decay"])
         return step

@@ -13,12 +13,14 @@ For one parameter element ``j`` and the group-mean gradients ``g_1 .. g_k``::
 then, per parameter tensor (every weight and every bias is its own "layer"), ``r`` is divided by
 its mean over the tensor and clipped to ``[γ, 1]``.
 
-``σ²`` is computed with exactly this formula: two column reductions over the batch (a mean and a
-mean square), in float32 for float32 gradients. (``torch.var_mean`` would avoid the cancellation
-but is 10-50x slower along the batch dimension on CPU.) The cancellation costs little here: the
-relative error of ``σ²`` is about ``1e-7 · (1 + r)``, so it matters only where ``r ≳ 1e5`` -
-elements far above their tensor's mean ratio, clipped at 1 anyway - and float64 input (the
-tests) is exact to ~1e-16. The clamp at 0 removes the negative rounding residue.
+``σ²`` is computed with exactly this formula, from the two moments that
+:func:`~grab_exp.optim.moments.column_moments` takes in one pass over the rows (a Linear
+layer's factored rows from its factors, never per example), in float32 for float32 gradients.
+(``torch.var_mean`` would avoid the cancellation but is 10-50x slower along the batch dimension
+on CPU.) The cancellation costs little here: the relative error of ``σ²`` is about
+``1e-7 · (1 + r)``, so it matters only where ``r ≳ 1e5`` - elements far above their tensor's
+mean ratio, clipped at 1 anyway - and float64 input (the tests) is exact to ~1e-16 · (1 + r).
+The clamp at 0 removes the negative rounding residue.
 
 **Choice of ε** (ours; the paper only says "small"): ``ε = eps · s + tiny`` where ``s`` is the
 tensor's mean squared group gradient, ``mean_j (1/k) Σ_d g_d² = mean_j (σ² + ḡ²)``, and ``tiny``
@@ -37,20 +39,20 @@ training step stays free of host synchronization on CUDA.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from grab_exp.grads import BatchGrads
+from grab_exp.grads import BatchGrads, DenseRows, GradRows
+from grab_exp.optim.moments import column_moments, grad_blocks
 from grab_exp.optim.settings import check_gsnr_settings, resolve_groups
 
 __all__ = ["GSNRStats", "gsnr_ratios"]
 
 PerSample = BatchGrads | Mapping[str, torch.Tensor] | Sequence[torch.Tensor] | torch.Tensor
-
-_CPU_BLOCK = 1 << 21  # elements squared at a time on CPU (8 MiB in float32); see _mean_square
 
 
 @dataclass(frozen=True)
@@ -82,41 +84,73 @@ class GSNRStats:
         return dict(zip(self.names, self.ratios, strict=True))
 
 
-def _moments(g: torch.Tensor, k: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean ḡ ``# (n,)`` and mean square ``(1/k) Σ_d g_d² # (n,)`` over ``k`` groups of
-    ``g # (B, n)``; each column is one reduction over the batch dimension."""
-    x = g.to(dtype)  # (B, n); no copy when already in dtype
-    batch, n = x.shape
-    if n == 0:
-        empty = x.new_zeros(0)
-        return empty, empty
-    if k < batch:
-        x = x.reshape(k, batch // k, n).mean(dim=1)  # (k, n) group means
-        return x.mean(dim=0), x.square_().mean(dim=0)  # x is our own tensor here
-    return x.mean(dim=0), _mean_square(x)
+def _column_blocks(
+    per_sample: PerSample, sizes: Sequence[int] | None
+) -> tuple[list[tuple[slice, GradRows]], list[torch.Size] | None, tuple[str, ...] | None]:
+    """The rows as column blocks (:func:`~grab_exp.optim.moments.column_moments`' input), the
+    parameters' shapes (``None`` for a matrix) and names (``None`` unless named)."""
+    if isinstance(per_sample, BatchGrads):
+        if sizes is not None:
+            raise ValueError("gsnr_ratios: sizes is only for a (B, d) matrix")
+        return grad_blocks(per_sample), list(per_sample.shapes.values()), tuple(per_sample.shapes)
+    names = tuple(per_sample) if isinstance(per_sample, Mapping) else None
+    if isinstance(per_sample, torch.Tensor):
+        if per_sample.dim() != 2:
+            raise ValueError(f"gsnr_ratios: a matrix must be (B, d), got {tuple(per_sample.shape)}")
+        tensors, shapes = [per_sample], None
+    else:
+        tensors = list(per_sample.values() if isinstance(per_sample, Mapping) else per_sample)
+        shapes = [g.shape[1:] for g in tensors]
+        if sizes is not None:
+            raise ValueError("gsnr_ratios: sizes is only for a (B, d) matrix")
+    if not tensors:
+        raise ValueError("gsnr_ratios: no per-sample gradients given")
+    batch = tensors[0].shape[0]
+    if any(g.shape[0] != batch for g in tensors):
+        raise ValueError("gsnr_ratios: the per-sample gradients have different batch sizes")
+    blocks, start = [], 0
+    for g in tensors:
+        rows = DenseRows(g.reshape(batch, math.prod(g.shape[1:])))  # (B, n)
+        blocks.append((slice(start, start + rows.width), rows))
+        start += rows.width
+    return blocks, shapes, names
 
 
-def _mean_square(x: torch.Tensor) -> torch.Tensor:
-    """``(1/k) Σ_d x_d²`` per column of ``x # (k, n)`` -> ``# (n,)``.
-
-    On CPU the squares are formed ``_CPU_BLOCK`` elements at a time: a temporary above glibc's
-    32 MiB mmap threshold is page-faulted in afresh on every call, which made this 4x slower
-    (LeNet, B = 256). Elsewhere (CUDA's caching allocator) one temporary is cheapest.
-    """
-    if x.device.type != "cpu" or x.numel() <= _CPU_BLOCK:
-        return x.square().mean(dim=0)
-    columns = max(1, _CPU_BLOCK // x.shape[0])
-    return torch.cat([c.square().mean(dim=0) for c in x.split(columns, dim=1)])
-
-
-def _layer_means(x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+def _layer_means(x: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
     """Mean of each tensor's chunk of ``x # (d,)`` -> ``# (L,)``; 0 for an empty tensor."""
-    return torch.stack([c.sum() / max(n, 1) for c, n in zip(x.split(sizes), sizes, strict=True)])
+    sums = torch.stack([c.sum() for c in x.split(sizes)])  # (L,)
+    return sums.mul_(_inverse_sizes(sizes, x.dtype, x.device))
 
 
-def _expand(means: torch.Tensor, sizes: list[int]) -> torch.Tensor:
-    """Repeat ``means[l] # (L,)`` over tensor ``l``'s chunk -> ``# (d,)`` (views + one cat)."""
-    return torch.cat([means[i].expand(n) for i, n in enumerate(sizes)])
+@functools.cache
+def _inverse_sizes(sizes: tuple[int, ...], dtype: torch.dtype, device: torch.device):
+    """``1 / max(n, 1)`` of each tensor's size ``# (L,)``, made once (by fills: no host copy)."""
+    return torch.cat([torch.full((1,), 1 / max(n, 1), dtype=dtype, device=device) for n in sizes])
+
+
+def _scaled_ratios(
+    mean: torch.Tensor, second: torch.Tensor, sizes: tuple[int, ...], gamma: float, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``r = ḡ² / (σ² + ε)`` over its tensor's mean, clipped to ``[γ, 1]``, from the moments
+    ``mean, second # (d,)`` (overwritten): ``# (d,)``, and the counts clipped low and high, int64
+    ``# ()``. A tensor's scalar reaches its chunk through one ``_foreach`` call for all."""
+    scale = _layer_means(second, sizes).mul_(eps).add_(torch.finfo(second.dtype).tiny)  # (L,) ε
+    ratio = torch.mul(mean, mean, out=mean)  # (d,) ḡ²
+    var = second.sub_(ratio).clamp_min_(0)  # (d,) σ²
+    torch._foreach_add_(var.split(sizes), scale.unbind())  # σ² + ε
+    ratio.div_(var)  # (d,) r
+    layer_mean = _layer_means(ratio, sizes)  # (L,)
+    layer_mean = torch.where(layer_mean > 0, layer_mean, 1.0)
+    torch._foreach_div_(ratio.split(sizes), layer_mean.unbind())
+    flat = torch.clamp(ratio, gamma, 1.0, out=var)  # (d,) in [γ, 1]
+    # sign(r - clipped r): 1 clipped high, -1 clipped low, else 0; its sum and its count
+    # (sums of ±1 and 0: exact in float32 up to 2^24 elements, in float64 beyond)
+    wide = torch.float64 if len(flat) > 2**24 else None
+    clipped = ratio.sub_(flat).sign_()  # (d,)
+    net = clipped.sum(dtype=wide)  # high - low
+    both = clipped.abs_().sum(dtype=wide)  # high + low
+    low, high = torch.stack([both - net, both + net]).div_(2).to(torch.int64).unbind()
+    return flat, low, high
 
 
 def gsnr_ratios(
@@ -131,9 +165,10 @@ def gsnr_ratios(
 
     Args:
         per_sample: Per-sample gradients: a :class:`~grab_exp.grads.batch.BatchGrads` (what
-            ``grab_exp.per_sample`` returns; read through its ``as_dict()``), a dict name ->
-            ``# (B, *shape)`` (what ``vmap(grad)`` returns), a sequence of ``# (B, *shape)``
-            tensors, or one matrix ``# (B, d)`` whose columns are the parameters concatenated.
+            ``grab_exp.per_sample`` returns; read block by block, factors as factors), a dict
+            name -> ``# (B, *shape)`` (what ``vmap(grad)`` returns), a sequence of
+            ``# (B, *shape)`` tensors, or one matrix ``# (B, d)`` whose columns are the
+            parameters concatenated.
         groups: Number of equal groups ``k`` (>= 2, dividing ``B``); ``None`` means ``k = B``.
             Groups are consecutive slices of the batch: group ``d`` holds examples
             ``d·B/k .. (d+1)·B/k − 1``.
@@ -150,45 +185,18 @@ def gsnr_ratios(
             tensors with different batch sizes, or ``sizes`` that do not add up to ``d``.
     """
     check_gsnr_settings(gamma, groups, eps)
-    if isinstance(per_sample, BatchGrads):
-        per_sample = per_sample.as_dict()
-    names = tuple(per_sample) if isinstance(per_sample, Mapping) else None
-    if isinstance(per_sample, torch.Tensor):
-        if per_sample.dim() != 2:
-            raise ValueError(f"gsnr_ratios: a matrix must be (B, d), got {tuple(per_sample.shape)}")
-        tensors, shapes = [per_sample], None
-    else:
-        tensors = list(per_sample.values() if isinstance(per_sample, Mapping) else per_sample)
-        shapes = [g.shape[1:] for g in tensors]
-        if sizes is not None:
-            raise ValueError("gsnr_ratios: sizes is only for a (B, d) matrix")
-    if not tensors:
-        raise ValueError("gsnr_ratios: no per-sample gradients given")
-    batch = tensors[0].shape[0]
-    if any(g.shape[0] != batch for g in tensors):
-        raise ValueError("gsnr_ratios: the per-sample gradients have different batch sizes")
+    blocks, shapes, names = _column_blocks(per_sample, sizes)
+    batch = blocks[0][1].rows
     k = resolve_groups(batch, groups)
-    dtype = torch.promote_types(tensors[0].dtype, torch.float32)
-    parts = [_moments(g.reshape(batch, math.prod(g.shape[1:])), k, dtype) for g in tensors]
-    mean = torch.cat([m for m, _ in parts])  # (d,) ḡ
-    second = torch.cat([s for _, s in parts])  # (d,) (1/k) Σ_d g_d²
-    d = mean.numel()
+    dtype = torch.promote_types(blocks[0][1].like.dtype, torch.float32)
+    d = blocks[-1][0].stop
     if shapes is not None:
         sizes = [s.numel() for s in shapes]
     sizes = [d] if sizes is None else list(sizes)
     if sum(sizes) != d or any(n < 0 for n in sizes):
         raise ValueError(f"gsnr_ratios: sizes add up to {sum(sizes)}, the matrix has d = {d}")
-    signal = mean.square()  # (d,) ḡ²
-    var = (second - signal).clamp_min_(0)  # (d,) σ²
-    tiny = torch.finfo(dtype).tiny
-    scale = _layer_means(second, sizes) * eps + tiny  # (L,) ε of each tensor
-    ratio = signal / var.add_(_expand(scale, sizes))  # (d,) r = ḡ² / (σ² + ε)
-    layer_mean = _layer_means(ratio, sizes)  # (L,)
-    layer_mean = torch.where(layer_mean > 0, layer_mean, torch.ones_like(layer_mean))
-    scaled = ratio / _expand(layer_mean, sizes)  # (d,)
-    clip_low = (scaled < gamma).sum()  # () int64
-    clip_high = (scaled > 1).sum()  # () int64
-    flat = scaled.clamp_(gamma, 1.0)  # (d,) in [γ, 1]
+    mean, second = column_moments(blocks, d, k, dtype)  # (d,) ḡ, (d,) (1/k) Σ_d g_d²
+    flat, clip_low, clip_high = _scaled_ratios(mean, second, tuple(sizes), gamma, eps)
     chunks = list(flat.split(sizes))
     ratios = chunks if shapes is None else [c.view(s) for c, s in zip(chunks, shapes, strict=True)]
     return GSNRStats(ratios, flat, names, clip_low, clip_high, d)

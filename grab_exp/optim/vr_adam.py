@@ -10,7 +10,10 @@ is **our choice**, following the paper's description (GSNR-scaled gradient into 
 
 Implementation: we store ``e_t = p_t − (1 − β3^t)``, which obeys the same recursion with input
 ``r_t − 1`` (``e_t = β3·e_{t−1} + (1 − β3)(r_t − 1)``, ``e_0 = 0``), so
-``p̂_t = 1 + e_t / (1 − β3^t)`` - mathematically identical, and exactly 1 when every ``r`` is 1.
+``p̂_t = 1 + e_t / (1 − β3^t)`` - mathematically identical, and exactly 1 when every ``r`` is 1
+(then ``e`` stays exactly 0). The step's input ``ḡ + (e_t / (1 − β3^t)) ⊙ ḡ`` takes four passes
+over the tensors before Adam's (the lerp and the ``− (1 − β3)`` of ``e``, the division, one
+``addcmul``), and is exactly ``ḡ`` when ``e`` is 0.
 Hence ``gamma = 1`` reproduces ``torch.optim.Adam(lr, betas, eps=adam_eps, weight_decay,
 capturable=True, foreach=True)`` bit for bit where torch runs that (CUDA): the step counts are
 device tensors and the Adam operations mirror torch's capturable multi-tensor Adam one for one
@@ -102,10 +105,12 @@ class VRAdam(GSNROptimizer):
         exp_avg_sqs = [s["exp_avg_sq"] for s in states]
         devs = [s["gsnr_dev"] for s in states]  # e_t = p_t − (1 − β3^t)
         torch._foreach_add_(steps, 1)
-        torch._foreach_lerp_(devs, torch._foreach_sub(ratios, 1.0), 1 - beta3)
-        scale = torch._foreach_div(devs, _one_minus_powers(beta3, steps))
-        torch._foreach_add_(scale, 1.0)  # p̂_t
-        g = self._scaled_with_decay(group, params, grads, scale)  # p̂_t ⊙ ḡ + wd · θ
+        # e_t = β3 e + (1 − β3)(r − 1): the lerp towards r, less (1 − β3); no r − 1 temporaries
+        torch._foreach_lerp_(devs, ratios, 1 - beta3)
+        torch._foreach_sub_(devs, 1 - beta3)
+        scale = torch._foreach_div(devs, _one_minus_powers(beta3, steps))  # p̂_t − 1
+        g = torch._foreach_addcmul(grads, grads, scale)  # p̂_t ⊙ ḡ = ḡ + (p̂_t − 1) ⊙ ḡ
+        self._with_decay(group, params, g)  # + wd · θ
         # from here torch's capturable multi-tensor Adam, operation for operation
         torch._foreach_lerp_(exp_avgs, g, 1 - beta1)
         torch._foreach_mul_(exp_avg_sqs, beta2)

@@ -1,10 +1,13 @@
 """The rewrites for speed and determinism compute what the code before them computed:
-``sequential_signs`` (numpy on the CPU, device kernels elsewhere) gives the same signs, and
+``sequential_signs`` (numpy on the CPU, device kernels elsewhere) gives the same signs, so do
+the trees' level walks (recursive's block levels and recursive_pair's, numpy on the CPU), and
 recursive balance's block and gather levels (deterministic on CUDA, unlike ``index_add_`` with
 repeated nodes) equal the old per-level ``index_add_`` accumulators to float64 rounding, with the
 same orders."""
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -12,6 +15,7 @@ from support.helpers import make, random_grads, run_epochs
 
 from grab_exp.balance.recursive import RecursiveBalance
 from grab_exp.balance.signs import device_signs, sequential_signs, sign_keys
+from grab_exp.devices import graph_safe
 
 
 def signs_before(dots: torch.Tensor, gram: torch.Tensor, thresholds: torch.Tensor):
@@ -92,3 +96,35 @@ def test_a_subclass_without_a_name_of_its_own_keeps_out_of_the_registry():
 
     assert IndexAddRecursive.name == "recursive"  # inherited
     assert Ordering.registry["recursive"] is RecursiveBalance
+
+
+def _tree_epochs(bal, zs, batch: int, device_path: bool):
+    """Orders and end-of-epoch accumulators, every step on the CPU's numpy level walk or, inside
+    ``graph_safe``, on the device path (the operators a CUDA step launches)."""
+    seen = []
+    for z in zs:
+        for start in range(0, bal.n, batch):
+            idx = bal.order[start : start + batch]
+            with graph_safe() if device_path else contextlib.nullcontext():
+                bal.step(z[idx].to(bal.dtype), idx)
+        seen.append(bal.acc.clone())
+        bal.set_epoch(bal.epoch + 1)
+        seen.append(bal.order.clone())
+    return seen
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("kernel", ["deterministic", "probabilistic"])
+@pytest.mark.parametrize("name", ["recursive", "recursive_pair"])
+def test_the_trees_host_levels_are_the_device_levels_bit_for_bit(name, kernel, normalize, dtype):
+    # recursive: depth 4 with steps of 8, levels 0-3 a block, level 4 gathered; recursive_pair:
+    # a short last batch of 4, appended unbalanced
+    n, b, d = 36, 8, 11
+    zs = random_grads(n, d, epochs=3, seed=7)
+    options = {"kernel": kernel, "c": 2.0, "normalize": normalize, "dtype": dtype, "depth": 4}
+    host, device = (make(name, n, d, batch_size=b, **options) for _ in range(2))
+    got = _tree_epochs(host, zs, b, device_path=False)
+    want = _tree_epochs(device, zs, b, device_path=True)
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    assert got[0].abs().sum() > 0 and not torch.equal(got[1], got[3])  # it balanced

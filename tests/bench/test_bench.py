@@ -275,10 +275,10 @@ def test_epoch_bench_peak_memory_holds_the_per_sample_work(epoch_report):
     classic = peaks.pop("rr-classic")
     assert 0 < classic < per_sample
     assert all(peak > classic for peak in peaks.values())  # the hooks' per-layer work on top
-    for row, peak in peaks.items():  # the GSNR's work on top of the same row without it
-        if "+vr_" in row:
+    for row, peak in peaks.items():  # the GSNR reads the rows where they are (factors too):
+        if "+vr_" in row:  # within four (d,) vectors of the same row without it
             plain = row.split("+", 1)[0]
-            assert peak > peaks[plain], (row, peak, plain, peaks[plain])
+            assert peak <= peaks[plain] + 4 * LENET_FLOATS * 4, (row, peak, plain, peaks[plain])
 
 
 @pytest.fixture(scope="module")
