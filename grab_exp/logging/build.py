@@ -14,6 +14,8 @@ from grab_exp.logging.wandb_logger import build_wandb_logger
 def logger_problem(key: str, node: Mapping[str, Any]) -> str | None:
     """Why ``logger.extra.<key>`` cannot be a logger (one line), or ``None``."""
     setting = f"logger.extra.{key}"
+    if key == "wandb":
+        return f"{setting}: the name wandb is logger.wandb's (logger=wandb); allowed: another name"
     target = node.get("_target_") if isinstance(node, Mapping) else None
     if not target:
         return f"{setting}: got {node!r}; allowed: a node with a _target_ (a RunLogger subclass)"

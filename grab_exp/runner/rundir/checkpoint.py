@@ -115,6 +115,23 @@ def load_checkpoint(run_dir: Path) -> dict[str, Any] | None:
     return state
 
 
+def logger_ids(state: dict[str, Any]) -> dict[str, str | None]:
+    """Each logger's run id kept in a checkpoint (one written before ``logger_ids`` existed
+    kept W&B's alone, as ``wandb_id``)."""
+    if "logger_ids" in state:
+        return dict(state["logger_ids"])
+    return {"wandb": state.get("wandb_id")}
+
+
+def merged_logger_ids(
+    kept: dict[str, str | None], started: dict[str, str | None]
+) -> dict[str, str | None]:
+    """Every logger id the run has had: ``kept`` (the checkpoint's), updated by the ids this
+    attempt's loggers returned; a logger absent now or that returned ``None`` keeps its old id,
+    so a later attempt with it continues the same run."""
+    return {**kept, **{name: run_id for name, run_id in started.items() if run_id is not None}}
+
+
 def _problem(error: Exception) -> str:
     """What is wrong with a checkpoint file, without torch's advice (``weights_only=False``
     would run whatever code the file holds)."""

@@ -12,6 +12,7 @@ from pathlib import Path
 from hydra.errors import InstantiationException
 
 from grab_exp.logging.files import DamagedFileError, WriteError
+from grab_exp.logging.guard import LoggerIdError
 from grab_exp.runner.config.schema import ConfigError
 from grab_exp.runner.rundir.lock import RunDirInUseError
 
@@ -23,7 +24,14 @@ class NonFiniteLossError(RuntimeError):
 
 
 #: errors whose message is written for users: one ``error: ...`` line, no traceback
-USER_ERRORS = (ConfigError, DamagedFileError, RunDirInUseError, WriteError, NonFiniteLossError)
+USER_ERRORS = (
+    ConfigError,
+    DamagedFileError,
+    RunDirInUseError,
+    WriteError,
+    NonFiniteLossError,
+    LoggerIdError,
+)
 
 
 def _raised_by_grab_exp(error: BaseException) -> bool:

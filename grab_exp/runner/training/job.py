@@ -22,13 +22,19 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from grab_exp.distributed.comm import CollectiveError, exit_after_collective_error
-from grab_exp.logging.base import RunLogger
 from grab_exp.logging.build import build_loggers
 from grab_exp.logging.files import WriteError, remove_stale_temp_files, shown
+from grab_exp.logging.guard import GuardedLogger
 from grab_exp.logging.local import LocalStore
 from grab_exp.runner.config.check import take_checked, validate_config
 from grab_exp.runner.config.fingerprint import check_same_config, config_fingerprint
-from grab_exp.runner.rundir.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from grab_exp.runner.rundir.checkpoint import (
+    CHECKPOINT_NAME,
+    load_checkpoint,
+    logger_ids,
+    merged_logger_ids,
+    save_checkpoint,
+)
 from grab_exp.runner.rundir.identity import run_identity
 from grab_exp.runner.rundir.lock import RunDirInUseError, RunLock, holder
 from grab_exp.runner.rundir.state import finished_run, has_artifacts, keep_aside
@@ -113,10 +119,11 @@ def _run(cfg: DictConfig, strategy: Strategy, run_dir: Path, fingerprint: dict) 
     job = build_job(cfg, instantiate(cfg.dataset).to(strategy.device), strategy)
     identity = run_identity(cfg, strategy.world_size)
     store = LocalStore(run_dir, job.metric_columns) if strategy.is_writer else None
-    loggers: dict[str, RunLogger] = {}
+    loggers: list[GuardedLogger] = []
     if strategy.is_writer:
         name = strategy.run_name(identity["variant"], identity["pipeline"], cfg.seed)
-        loggers = build_loggers(cfg.logger, group=cfg.name, name=name)
+        built = build_loggers(cfg.logger, group=cfg.name, name=name)
+        loggers = [GuardedLogger(key, each, stop_requested) for key, each in built.items()]
         store.write_summary(
             "running",
             identity=identity,
@@ -148,7 +155,7 @@ def _run(cfg: DictConfig, strategy: Strategy, run_dir: Path, fingerprint: dict) 
         ended = {"wall_time_s": time.time() - started, **({"final": final} if final else {})}
         if store:
             _end_summary(store, status, **ended, **failure)
-        for logger in loggers.values():
+        for logger in loggers:
             logger.finish(status, ended)
         if strategy.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -175,7 +182,7 @@ def _train(
     job: TrainingJob,
     run_dir: Path,
     store: LocalStore | None,
-    loggers: dict[str, RunLogger],
+    loggers: list[GuardedLogger],
     identity: dict,
     config: dict,
 ) -> dict[str, Any]:
@@ -190,10 +197,10 @@ def _train(
     ids = logger_ids(state) if state else {}
     if loggers:  # the loggers get the nested config; the checkpoint keeps the job's flat one
         nested = {**OmegaConf.to_container(cfg, resolve=True), "identity": identity}
-        ids = {
-            key: logger.start(run_dir, nested, ids.get(key), metrics)
-            for key, logger in loggers.items()
+        started = {
+            each.name: each.start(run_dir, nested, ids.get(each.name), metrics) for each in loggers
         }
+        ids = merged_logger_ids(ids, started)
     progress = Progress(cfg.progress if store else "none", cfg.epochs)
     for epoch in range(state["epoch"] + 1 if state else 0, cfg.epochs):
         check_stop()
@@ -204,7 +211,7 @@ def _train(
         if store:
             store.append(row)
             store.write_summary("running", final=row)
-        for logger in loggers.values():
+        for logger in loggers:
             logger.log(row, row["epoch"])
     return metrics[-1] if metrics else {}
 
@@ -215,14 +222,6 @@ def _restore(job: TrainingJob, state: dict[str, Any]) -> list[dict[str, Any]]:
     job.parts.optimizer.load_state_dict(state["optimizer"])
     job.strategy.load_ordering_state(job.parts.ordering, state)
     return state["metrics"]
-
-
-def logger_ids(state: dict[str, Any]) -> dict[str, str | None]:
-    """Each logger's run id kept in a checkpoint (one written before ``logger_ids`` existed
-    kept W&B's alone, as ``wandb_id``)."""
-    if "logger_ids" in state:
-        return dict(state["logger_ids"])
-    return {"wandb": state.get("wandb_id")}
 
 
 def _check_finite(row: dict[str, Any], epoch: int) -> None:
