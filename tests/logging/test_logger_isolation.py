@@ -121,10 +121,10 @@ def test_the_checkpoint_keeps_every_logger_id_the_run_has_had(tmp_path):
     run_dir = tmp_path / "run"
     first = _run(tmp_path, run_dir, *overrides("a", "none", "log"), *STOP_AFTER_FIRST_EPOCH)
     assert first.returncode == 128 + signal.SIGTERM, first.stdout
-    assert load_checkpoint(run_dir)["logger_ids"] == {"a": "a-1"}  # stop's start gave None
+    assert load_checkpoint(run_dir)["logger_ids"] == {"a": "a-1", "stop": None}
     second = _run(tmp_path, run_dir, *overrides("b", "none", "log"))
     assert second.returncode == 0, second.stdout
-    assert load_checkpoint(run_dir)["logger_ids"] == {"a": "a-1", "b": "b-1"}
+    assert load_checkpoint(run_dir)["logger_ids"] == {"a": "a-1", "stop": None, "b": "b-1"}
 
 
 def test_a_logger_named_wandb_is_refused_beside_logger_wandb(tmp_path):

@@ -127,9 +127,14 @@ def merged_logger_ids(
     kept: dict[str, str | None], started: dict[str, str | None]
 ) -> dict[str, str | None]:
     """Every logger id the run has had: ``kept`` (the checkpoint's), updated by the ids this
-    attempt's loggers returned; a logger absent now or that returned ``None`` keeps its old id,
-    so a later attempt with it continues the same run."""
-    return {**kept, **{name: run_id for name, run_id in started.items() if run_id is not None}}
+    attempt's loggers returned (``None`` where one gave none); a logger absent now, or that
+    returned ``None`` after an earlier attempt's id, keeps that id, so a later attempt with it
+    continues the same run."""
+    merged = dict(kept)
+    for name, run_id in started.items():
+        if run_id is not None or merged.get(name) is None:
+            merged[name] = run_id
+    return merged
 
 
 def _problem(error: Exception) -> str:
