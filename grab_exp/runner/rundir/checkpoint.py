@@ -123,6 +123,16 @@ def logger_ids(state: dict[str, Any]) -> dict[str, str | None]:
     return {"wandb": state.get("wandb_id")}
 
 
+def kept_logger_ids(run_dir: Path) -> dict[str, str | None]:
+    """The logger ids in ``run_dir``'s checkpoint (``{}`` without a readable one), read
+    without restoring anything (:func:`load_checkpoint` also sets the RNG states)."""
+    try:
+        state = torch.load(run_dir / CHECKPOINT_NAME, map_location="cpu", weights_only=True)
+    except Exception:  # absent or damaged: no ids to tell
+        return {}
+    return logger_ids(state) if isinstance(state, dict) else {}
+
+
 def merged_logger_ids(
     kept: dict[str, str | None], started: dict[str, str | None]
 ) -> dict[str, str | None]:

@@ -201,6 +201,8 @@ def _train(
             each.name: each.start(run_dir, nested, ids.get(each.name), metrics) for each in loggers
         }
         ids = merged_logger_ids(ids, started)
+        if store:  # what an upload reads to recognise a run that W&B has already
+            store.write_summary("running", logger_ids=ids)
     progress = Progress(cfg.progress if store else "none", cfg.epochs)
     for epoch in range(state["epoch"] + 1 if state else 0, cfg.epochs):
         check_stop()
