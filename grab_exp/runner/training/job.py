@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from grab_exp.distributed.comm import CollectiveError, exit_after_collective_error
@@ -42,6 +41,7 @@ from grab_exp.runner.training.build import TrainingJob, build_job
 from grab_exp.runner.training.connect import connect
 from grab_exp.runner.training.epoch import run_epoch
 from grab_exp.runner.training.errors import NonFiniteLossError, error_record
+from grab_exp.runner.training.load import load_dataset
 from grab_exp.runner.training.progress import Progress
 from grab_exp.runner.training.signals import check_stop, stop_on_signals, stop_requested
 from grab_exp.runner.training.strategy import Strategy, check_checkpoint_kind
@@ -116,7 +116,8 @@ def _run(cfg: DictConfig, strategy: Strategy, run_dir: Path, fingerprint: dict) 
         return final
     _prepare_run_dir(run_dir, cfg, strategy)
     started = time.time()
-    job = build_job(cfg, instantiate(cfg.dataset).to(strategy.device), strategy)
+    choice = HydraConfig.get().runtime.choices.get("dataset")
+    job = build_job(cfg, load_dataset(cfg, strategy.device, choice), strategy)
     identity = run_identity(cfg, strategy.world_size)
     store = LocalStore(run_dir, job.metric_columns) if strategy.is_writer else None
     loggers: list[GuardedLogger] = []
