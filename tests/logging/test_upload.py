@@ -192,3 +192,16 @@ def test_damaged_run_folders_are_refused_by_name_and_left_as_they_were(trained, 
     }
     assert not any((root / name / "wandb").exists() for name in [*DAMAGES, "busy"])
     assert os.path.islink(root / "link")
+
+
+@pytest.mark.slow
+def test_online_without_a_key_is_one_line_per_run_printed_once(trained, tmp_path):
+    run_dir = _copy(trained["local"], tmp_path / "run")
+    done = _upload(tmp_path, run_dir, "--mode", "online", auto=True)
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"{run_dir}: refused: wandb.init failed: UsageError: No API key configured. Use "
+        "`wandb login` to log in."
+    ]
+    assert not (run_dir / "wandb_upload.json").exists()
