@@ -2,8 +2,9 @@
 
 :class:`GuardedLogger` wraps one :class:`~grab_exp.logging.base.RunLogger` for the runner:
 
-* each call gets read-only copies (a fresh ``MappingProxyType`` of a deep copy of each row and
-  of the config), so a logger that edits or extends a row changes nothing the runner keeps;
+* each call gets copies of its own (a fresh deep copy of each row and of the config, plain
+  dicts, so ``json.dumps(row)`` works), so a logger that edits or extends a row changes
+  nothing the runner keeps, nor what another logger gets;
 * each call runs in a daemon thread and is bounded in time (``timeout_s``) and by a stop
   signal that arrives during it (the ``stop`` predicate): a hung logger does not wedge the job;
 * a call that raises or times out is one warning line naming the setting
@@ -20,7 +21,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from types import MappingProxyType
 from typing import Any
 
 from grab_exp.logging.base import RunLogger
@@ -35,9 +35,9 @@ class LoggerIdError(ValueError):
     """A logger's ``start`` returned an id that is not a string (the checkpoint keeps ids)."""
 
 
-def frozen(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A read-only deep copy of ``mapping`` (nested dicts stay editable copies, never ours)."""
-    return MappingProxyType(copy.deepcopy(dict(mapping)))
+def own_copy(mapping: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy of ``mapping`` for one logger call: what the logger does to it stays there."""
+    return copy.deepcopy(dict(mapping))
 
 
 def setting_of(name: str) -> str:
@@ -82,7 +82,7 @@ class GuardedLogger:
         Raises:
             LoggerIdError: the id is neither a string nor ``None`` (one line naming the setting).
         """
-        copies = (frozen(config), tuple(frozen(row) for row in rows))
+        copies = (own_copy(config), [own_copy(row) for row in rows])
         run_id = self._call("start", self.logger.start, run_dir, copies[0], resume_id, copies[1])
         if run_id is not None and not (isinstance(run_id, str) and run_id):
             raise LoggerIdError(
@@ -92,12 +92,12 @@ class GuardedLogger:
         return run_id
 
     def log(self, row: Mapping[str, Any], epoch: int) -> None:
-        """The logger's :meth:`~RunLogger.log` with a read-only copy of ``row``."""
-        self._call("log", self.logger.log, frozen(row), epoch)
+        """The logger's :meth:`~RunLogger.log` with a copy of ``row``."""
+        self._call("log", self.logger.log, own_copy(row), epoch)
 
     def finish(self, status: str, summary: Mapping[str, Any]) -> None:
-        """The logger's :meth:`~RunLogger.finish` with a read-only copy of ``summary``."""
-        self._call("finish", self.logger.finish, status, frozen(summary))
+        """The logger's :meth:`~RunLogger.finish` with a copy of ``summary``."""
+        self._call("finish", self.logger.finish, status, own_copy(summary))
 
     def _call(self, method: str, call: Callable[..., Any], *args: Any) -> Any:
         """``call(*args)`` in a thread, bounded; its result, or ``None`` after a failure."""
