@@ -5,6 +5,7 @@ command ran in, progress for a slow load and SIGTERM honoured during it."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -51,6 +52,17 @@ def test_a_token_label_outside_the_vocabulary_is_refused():
     data = loaders.ArrayData(tokens, labels, tokens, tokens.clone(), classes=("a", "b", "c"))
     with pytest.raises(DataError, match=r"train_y\[2\] holds label 5; allowed: 0\.\.2"):
         check_loaded(data, SETTING)
+
+
+def test_test_examples_of_another_shape_than_the_training_ones_are_refused_in_one_line():
+    images = loaders.images()
+    data = dataclasses.replace(images, test_x=images.test_x[:, :1])  # grey test images, RGB train
+    with pytest.raises(DataError) as caught:
+        check_loaded(data, SETTING)
+    assert str(caught.value) == (
+        f"{SETTING}: test_x holds examples of shape (1, 32, 32), train_x (3, 32, 32); "
+        "allowed: the same shape in both splits"
+    )
 
 
 def test_good_data_passes_unchanged():
