@@ -32,8 +32,10 @@ from support.misbehaving_loggers import (
 )
 from support.run_files import TIMING_COLUMNS
 
+from grab_exp.logging.build import build_loggers
 from grab_exp.logging.guard import GuardedLogger
 from grab_exp.runner.rundir.checkpoint import load_checkpoint
+from grab_exp.runner.training.errors import user_error_line
 
 SMALL = [
     "experiment=smoke",
@@ -137,6 +139,25 @@ def test_a_logger_named_wandb_is_refused_beside_logger_wandb(tmp_path):
         "error: logger.extra.wandb: the name wandb is logger.wandb's (logger=wandb); "
         "allowed: another name"
     )
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"fault": "raise", "nope": 1}, "TypeError: "),  # an option the class does not take
+        ({"fault": "raise", "name": 7}, "TypeError: name must be a str, got int)"),  # it raised
+    ],
+)
+def test_a_logger_that_cannot_be_built_is_refused_in_one_line_naming_it(options, error):
+    node = {"_target_": "support.misbehaving_loggers.Unbuildable", **options}
+    with pytest.raises(ValueError) as caught:
+        build_loggers({"extra": {"mine": node}}, group="g", name="n")
+    message = str(caught.value)
+    assert message.startswith(
+        "logger.extra.mine: support.misbehaving_loggers.Unbuildable could not be built ("
+    ), message
+    assert error in message and "\n" not in message
+    assert user_error_line(caught.value) == message  # the job's one error line, no traceback
 
 
 def test_a_call_that_hangs_is_abandoned_after_its_bound(tmp_path, caplog):

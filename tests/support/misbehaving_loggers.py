@@ -80,6 +80,15 @@ class MisbehavingLogger(RunLogger):
         self._misbehave("finish", summary)
 
 
+class Unbuildable(MisbehavingLogger):
+    """A logger whose constructor raises where ``name`` is not a string (a user's bad option)."""
+
+    def __init__(self, fault: str, name: str = "bad") -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {type(name).__name__}\nsecond line")
+        super().__init__(fault, name=name)
+
+
 def overrides(name: str, fault: str, at: str, odd_id: str = "object") -> list[str]:
     """The command-line overrides that add this logger as ``logger.extra.<name>``."""
     node = f"+logger.extra.{name}"

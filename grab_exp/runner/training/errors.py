@@ -12,6 +12,7 @@ from pathlib import Path
 from hydra.errors import InstantiationException
 
 from grab_exp.data.checks import DataError
+from grab_exp.logging.build import LoggerBuildError
 from grab_exp.logging.files import DamagedFileError, WriteError
 from grab_exp.logging.guard import LoggerIdError
 from grab_exp.runner.config.schema import ConfigError
@@ -32,6 +33,7 @@ USER_ERRORS = (
     WriteError,
     NonFiniteLossError,
     LoggerIdError,
+    LoggerBuildError,
     DataError,
 )
 
