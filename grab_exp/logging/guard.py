@@ -5,6 +5,8 @@
 * each call gets copies of its own (a fresh deep copy of each row and of the config, plain
   dicts, so ``json.dumps(row)`` works), so a logger that edits or extends a row changes
   nothing the runner keeps, nor what another logger gets;
+* what a call changes of the process's own state that training reads (torch's default dtype and
+  CPU random state, the working directory) is put back after it, with one warning the first time;
 * each call runs in a daemon thread and is bounded in time (``timeout_s``) and by a stop
   signal that arrives during it (the ``stop`` predicate): a hung logger does not wedge the job;
 * a call that raises or times out is one warning line naming the setting
@@ -22,6 +24,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+import torch
 
 from grab_exp.logging.base import RunLogger
 
@@ -69,6 +73,7 @@ class GuardedLogger:
         self.stop = stop
         self.timeout_s = timeout_s
         self.failure: str | None = None
+        self.restored = False  # whether a call's change of the process was put back before
 
     def start(
         self,
@@ -114,11 +119,15 @@ class GuardedLogger:
         thread = threading.Thread(target=target, name=f"{self.setting}.{method}", daemon=True)
         stopped_before = self.stop()
         deadline = time.monotonic() + self.timeout_s
+        state = _process_state()
         thread.start()
-        while thread.is_alive() and time.monotonic() < deadline:
-            if not stopped_before and self.stop():
-                break
-            thread.join(_POLL_S)
+        try:
+            while thread.is_alive() and time.monotonic() < deadline:
+                if not stopped_before and self.stop():
+                    break
+                thread.join(_POLL_S)
+        finally:
+            self._restore(method, state)
         if thread.is_alive():
             why = "a stop signal arrived" if self.stop() else f"no answer in {self.timeout_s:g} s"
             return self._fail(method, f"abandoned ({why})")
@@ -128,6 +137,26 @@ class GuardedLogger:
             return self._fail(method, f"{type(error).__name__}: {first_line}")
         return outcome.get("result")
 
+    def _restore(self, method: str, state: dict[str, Any]) -> None:
+        """Put back what the call changed of ``state`` (:func:`_process_state`); the first time,
+        one warning."""
+        changed = [key for key, value in _process_state().items() if not _same(value, state[key])]
+        if not changed:
+            return
+        torch.set_default_dtype(state["torch default dtype"])
+        torch.set_rng_state(state["torch random state"])
+        if state["working directory"] is not None:
+            os.chdir(state["working directory"])
+        if self.restored:
+            return
+        self.restored = True
+        log.warning(
+            "%s: %s changed %s; put back (a logger must not change what training reads)",
+            self.setting,
+            method,
+            ", ".join(changed),
+        )
+
     def _fail(self, method: str, problem: str) -> None:
         self.failure = f"{method} failed: {problem}"
         log.warning(
@@ -136,3 +165,23 @@ class GuardedLogger:
             self.setting,
             self.failure,
         )
+
+
+def _process_state() -> dict[str, Any]:
+    """The process-wide state a logger's call could change under training."""
+    return {
+        "torch default dtype": torch.get_default_dtype(),
+        "torch random state": torch.get_rng_state(),
+        "working directory": _cwd(),
+    }
+
+
+def _cwd() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:  # the folder was removed under the process
+        return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b

@@ -27,6 +27,7 @@ from support.misbehaving_loggers import (
     FAULTS,
     ODD_IDS,
     STOP_AFTER_FIRST_EPOCH,
+    ChangesProcessState,
     MisbehavingLogger,
     overrides,
 )
@@ -158,6 +159,24 @@ def test_a_logger_that_cannot_be_built_is_refused_in_one_line_naming_it(options,
     ), message
     assert error in message and "\n" not in message
     assert user_error_line(caught.value) == message  # the job's one error line, no traceback
+
+
+def test_what_a_call_changes_of_the_process_that_training_reads_is_put_back(tmp_path, caplog):
+    guarded = GuardedLogger("global", ChangesProcessState("none"))
+    (tmp_path / "run").mkdir()
+    guarded.start(tmp_path / "run", {}, None, ())
+    cwd, random_state = os.getcwd(), torch.get_rng_state()
+    guarded.log({"epoch": 1}, 1)
+    assert torch.get_default_dtype() == torch.float32  # the model built next is float32
+    assert torch.equal(torch.get_rng_state(), random_state) and os.getcwd() == cwd
+    guarded.log({"epoch": 2}, 2)  # put back again, without a second warning
+    assert torch.get_default_dtype() == torch.float32
+    (record,) = [r for r in caplog.records if "logger.extra.global" in r.getMessage()]
+    assert record.getMessage() == (
+        "logger.extra.global: log changed torch default dtype, torch random state, working "
+        "directory; put back (a logger must not change what training reads)"
+    )
+    assert guarded.failure is None  # not a failure: it is called again
 
 
 def test_a_call_that_hangs_is_abandoned_after_its_bound(tmp_path, caplog):

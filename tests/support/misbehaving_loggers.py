@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from grab_exp.logging import RunLogger
 
 #: what a logger can do wrong at a call; ``odd_id`` applies to ``start`` only
@@ -87,6 +89,16 @@ class Unbuildable(MisbehavingLogger):
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}\nsecond line")
         super().__init__(fault, name=name)
+
+
+class ChangesProcessState(MisbehavingLogger):
+    """A logger whose ``log`` changes what training reads process-wide: torch's default dtype
+    (float64 weights from then on), its global random state and the working directory."""
+
+    def log(self, row, epoch):
+        torch.set_default_dtype(torch.float64)
+        torch.manual_seed(epoch)
+        os.chdir(Path(self.events).parent.parent if self.events else "/")
 
 
 def overrides(name: str, fault: str, at: str, odd_id: str = "object") -> list[str]:
