@@ -162,7 +162,9 @@ def read_run(run_dir: Path) -> CheckedRun:
         raise RunLoadError(f"skipping {run_dir}: {error} (a job is writing it)") from None
     summary = _summary(run_dir, files[SUMMARY_FILE])
     if (status := summary.get("status")) != "finished":
-        raise RunLoadError(f"skipping unfinished run {run_dir} (status {status!r})")
+        raise RunLoadError(
+            f"skipping unfinished run {run_dir} (status {status!r}){_advice(status)}"
+        )
     identity = _identity(summary, None, run_dir, str(run_dir))
     final = summary.get("final") or {}
     metrics = check_complete(_metrics(run_dir, files[METRICS_FILE]), final, run_dir)
@@ -276,6 +278,15 @@ def parse_wandb_path(path: str) -> tuple[str, str | None]:
     if len(parts) < 2 or not all(parts[:2]):
         raise ValueError(f"--wandb wants ENTITY/PROJECT[/GROUP], got {path!r}")
     return "/".join(parts[:2]), (parts[2] if len(parts) == 3 and parts[2] else None)
+
+
+def _advice(status: object) -> str:
+    """What to do about an unfinished run whose lock no job holds (read under it)."""
+    if status == "running":  # no job holds its lock: it ended without writing its status
+        return ": no job holds it (killed or crashed); the command that started it resumes it"
+    if status == "interrupted":
+        return ": the command that started it resumes it"
+    return ": its summary.json's error says why; the command that started it runs it again"
 
 
 def read_api_runs(runs: Iterable[Any]) -> list[Record]:

@@ -151,7 +151,7 @@ DAMAGES = {
     "half_row": (_half_row, "incomplete metrics.csv (it ends in half a row"),
     "missing_epoch": (_missing_epoch, "corrupt metrics.csv (epochs"),
     "no_metrics": (lambda d: (d / "metrics.csv").unlink(), "no metrics.csv"),
-    "running": (_status("running"), "unfinished run"),
+    "running": (_status("running"), "(status 'running'): no job holds it (killed or crashed)"),
     "final_differs": (_final_differs, "last row differs from summary.json's final row"),
     "no_summary_json": (lambda d: (d / "summary.json").write_text("{"), "unreadable summary"),
 }
