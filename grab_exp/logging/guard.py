@@ -9,6 +9,7 @@
   CPU random state, the working directory) is put back after it, with one warning the first time;
 * each call runs in a daemon thread and is bounded in time (``timeout_s``) and by a stop
   signal that arrives during it (the ``stop`` predicate): a hung logger does not wedge the job;
+* a Python warning a call issues is one warning line naming the setting;
 * a call that raises or times out is one warning line naming the setting
   (``logger.extra.<name>`` or ``logger.wandb``) and the error; the logger is skipped from then on;
 * :meth:`GuardedLogger.start` checks the id the logger returns: a ``str`` or ``None``, else the
@@ -22,6 +23,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -120,14 +122,21 @@ class GuardedLogger:
         stopped_before = self.stop()
         deadline = time.monotonic() + self.timeout_s
         state = _process_state()
-        thread.start()
-        try:
-            while thread.is_alive() and time.monotonic() < deadline:
-                if not stopped_before and self.stop():
-                    break
-                thread.join(_POLL_S)
-        finally:
-            self._restore(method, state)
+        # the logger's warnings (W&B's failure) become one line naming it, not Python's two
+        # lines quoting this module's source; caught here, in the thread that waits, so that a
+        # call abandoned still running cannot keep the job's own warnings caught
+        with warnings.catch_warnings(record=True) as caught:  # the filters as they are
+            thread.start()
+            try:
+                while thread.is_alive() and time.monotonic() < deadline:
+                    if not stopped_before and self.stop():
+                        break
+                    thread.join(_POLL_S)
+            finally:
+                self._restore(method, state)
+        for warning in caught:
+            first_line = (str(warning.message).strip().splitlines() or [""])[0]
+            log.warning("%s: %s", self.setting, first_line)
         if thread.is_alive():
             why = "a stop signal arrived" if self.stop() else f"no answer in {self.timeout_s:g} s"
             return self._fail(method, f"abandoned ({why})")

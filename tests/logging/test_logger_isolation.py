@@ -18,6 +18,7 @@ import json
 import os
 import signal
 import time
+import warnings
 
 import pytest
 import torch
@@ -177,6 +178,20 @@ def test_what_a_call_changes_of_the_process_that_training_reads_is_put_back(tmp_
         "directory; put back (a logger must not change what training reads)"
     )
     assert guarded.failure is None  # not a failure: it is called again
+
+
+class Warns(MisbehavingLogger):
+    def log(self, row, epoch):
+        warnings.warn("W&B disabled for the rest of this job (no key)\nmore", stacklevel=2)
+
+
+def test_a_warning_of_a_call_is_one_line_naming_the_logger(tmp_path, caplog, capsys):
+    guarded = GuardedLogger("wandb", Warns("none"))
+    guarded.log({"epoch": 1}, 1)
+    assert [r.getMessage() for r in caplog.records] == [
+        "logger.wandb: W&B disabled for the rest of this job (no key)"
+    ]
+    assert capsys.readouterr().err == ""  # not Python's warning with a quoted source line
 
 
 def test_a_call_that_hangs_is_abandoned_after_its_bound(tmp_path, caplog):
