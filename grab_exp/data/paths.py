@@ -27,6 +27,13 @@ def resolve_from_repo(path: str | os.PathLike[str]) -> Path:
     return expanded if expanded.is_absolute() else (repo_root() / expanded).resolve()
 
 
+def resolve_from_cwd(path: str | os.PathLike[str]) -> Path:
+    """Expand ``~`` and make a relative path absolute against the folder the command ran in
+    (a user's data; jobs keep that folder as their working directory: ``hydra.job.chdir=false``)."""
+    expanded = Path(path).expanduser()
+    return expanded if expanded.is_absolute() else (Path.cwd() / expanded).resolve()
+
+
 def default_cache_dir() -> Path:
     """Return ``$XDG_CACHE_HOME/grab_exp`` (``~/.cache/grab_exp`` when the variable is unset)."""
     cache_home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"

@@ -26,7 +26,7 @@ from grab_exp.data.download import (
     socket_timeout,
     unreachable,
 )
-from grab_exp.data.paths import resolve_cache_dir
+from grab_exp.data.paths import resolve_cache_dir, resolve_from_cwd
 
 WIKITEXT2_URL = "https://wikitext.smerity.com/wikitext-2-v1.zip"
 WIKITEXT2_FOLDER = "wikitext-2"  # what the archive extracts to, under the data directory
@@ -48,11 +48,20 @@ def _words(text: str) -> list[str]:
 
 def _split_texts(path: Path) -> tuple[str, str]:
     """The training and test text of ``path``: a folder's two files, or one file's first 90% of
-    lines and the rest."""
+    lines and the rest.
+
+    Raises:
+        FileNotFoundError: a folder without one of its two files (one line).
+        ValueError: a file that is not UTF-8 text, or a split without words (one line naming
+            the file).
+    """
     if path.is_file():
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = _read_text(path).splitlines()
         cut = max(1, len(lines) * 9 // 10)
-        return "\n".join(lines[:cut]), "\n".join(lines[cut:])
+        texts = ("\n".join(lines[:cut]), "\n".join(lines[cut:]))
+        for split, text in zip(("train", "test"), texts, strict=True):
+            _check_words(text, f"{path} (its {split} split: {SHARES[split]} of its lines)")
+        return texts
     texts = []
     for split, names in SPLIT_FILES.items():
         found = [path / name for name in names if (path / name).is_file()]
@@ -60,8 +69,35 @@ def _split_texts(path: Path) -> tuple[str, str]:
             raise FileNotFoundError(
                 f"dataset.path: {path} has no {split} file ({' or '.join(names)}); " + ALTERNATIVES
             )
-        texts.append(found[0].read_text(encoding="utf-8"))
+        texts.append(_check_words(_read_text(found[0]), str(found[0])))
     return texts[0], texts[1]
+
+
+SHARES = {"train": "the first 90%", "test": "the last 10%"}
+
+
+def _read_text(path: Path) -> str:
+    """``path``'s UTF-8 text; refused in one line (never its bytes) when it is not text."""
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"dataset.path: {path} is not UTF-8 text (byte {error.start} is "
+            f"0x{data[error.start]:02x}); allowed: a text file, or a folder of them"
+        ) from None
+    if "\x00" in text:
+        raise ValueError(
+            f"dataset.path: {path} is not text (it holds NUL bytes, as binary files do); "
+            "allowed: a text file, or a folder of them"
+        )
+    return text
+
+
+def _check_words(text: str, where: str) -> str:
+    if not text.split():
+        raise ValueError(f"dataset.path: {where} holds no words; allowed: text with words")
+    return text
 
 
 def _windows(ids: torch.Tensor, seq_len: int, count: int | None) -> tuple[torch.Tensor, ...]:
@@ -112,8 +148,10 @@ def check_text(
         RuntimeError: no ``dataset.path``, WikiText-2 not downloaded and its server silent.
     """
     if path is not None:
-        if not Path(path).expanduser().exists():
-            raise FileNotFoundError(f"dataset.path: no file or folder {path}; " + ALTERNATIVES)
+        if not (where := resolve_from_cwd(path)).exists():
+            raise FileNotFoundError(
+                f"dataset.path: no file or folder {path} (looked for {where}); " + ALTERNATIVES
+            )
         return
     root = wikitext2_root(data_dir)
     if (root / SPLIT_FILES["train"][0]).is_file():
@@ -160,7 +198,7 @@ def load_text(
             _download_wikitext2(root, download_timeout_s)
         source = root
     else:
-        source = Path(path).expanduser()
+        source = resolve_from_cwd(path)
     train_text, test_text = _split_texts(source)
     train_words, test_words = _words(train_text), _words(test_text)
     counts = Counter(w for w in train_words if w != UNK)

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from grab_exp.data.arrays import ArrayData
 from grab_exp.data.download import DOWNLOAD_ERRORS, REACH_TIMEOUT_S, socket_timeout, unreachable
-from grab_exp.data.paths import resolve_cache_dir, resolve_from_repo
+from grab_exp.data.paths import resolve_cache_dir, resolve_from_cwd
 from grab_exp.data.subset import uint8_subsets
 
 #: name -> (torchvision class, a URL its download reads: the startup check asks it)
@@ -116,13 +117,15 @@ def load_torchvision(
 
 
 def check_image_folder(root: str | os.PathLike[str] | None = None, **_options: object) -> None:
-    """Startup check: ``dataset.root`` holds ``train/`` and ``test/`` (one line if not)."""
-    folder = None if root is None else resolve_from_repo(root)
+    """Startup check: ``dataset.root`` holds ``train/`` and ``test/`` (one line if not, saying
+    where it looked: a relative root is taken from the folder the command ran in)."""
+    folder = None if root is None else resolve_from_cwd(root)
     for split in ("train", "test"):
         if folder is None or not (folder / split).is_dir():
+            where = "" if folder is None else f" (looked in {folder})"
             raise FileNotFoundError(
-                f"dataset.root: got {root!r}, which has no {split}/ folder; allowed: a folder "
-                "with train/<class>/<images> and test/<class>/<images>"
+                f"dataset.root: got {root!r}{where}, which has no {split}/ folder; allowed: a "
+                "folder with train/<class>/<images> and test/<class>/<images>"
             )
 
 
@@ -136,21 +139,28 @@ def load_image_folder(
     """Images on disk in torchvision's ``ImageFolder`` layout: ``root/train/<class>/*`` and
     ``root/test/<class>/*`` (the classes of ``train``), each resized to ``size x size`` RGB.
 
+    A relative ``root`` is taken from the folder the command ran in. Each image is read as
+    8-bit RGB (:func:`read_image`: 16-bit grey scaled to 8 bits, other depths refused).
     Usable as a Hydra ``_target_`` (``conf/dataset/image_folder.yaml``).
 
     Raises:
-        FileNotFoundError: ``root`` lacks ``train/`` or ``test/`` (one line).
+        FileNotFoundError: ``root`` lacks ``train/`` or ``test/``, or a class folder holds no
+            image (one line).
+        ValueError: a file that is not an image this loader reads (one line naming it).
     """
     from torchvision import transforms
     from torchvision.datasets import ImageFolder
 
     check_image_folder(root)
-    folder = resolve_from_repo(root)
-    prepare = transforms.Compose(
-        [transforms.Resize((size, size)), transforms.PILToTensor(), transforms.Lambda(_rgb)]
-    )
-    train = ImageFolder(str(folder / "train"), transform=prepare)
-    test = ImageFolder(str(folder / "test"), transform=prepare)
+    folder = resolve_from_cwd(root)
+    prepare = transforms.Compose([transforms.Resize((size, size)), transforms.PILToTensor()])
+    splits = []
+    for split in ("train", "test"):
+        try:
+            splits.append(ImageFolder(str(folder / split), loader=read_image, transform=prepare))
+        except FileNotFoundError as error:  # torchvision's: a class folder without images
+            raise FileNotFoundError(f"dataset.root: {folder / split}: {error}") from None
+    train, test = splits
     if test.classes != train.classes:
         raise ValueError(f"dataset.root: test/ has classes {test.classes}, train/ {train.classes}")
     tensors = []
@@ -160,6 +170,35 @@ def load_image_folder(
     return uint8_subsets(tensors, train.classes, subset, test_subset, subset_seed)
 
 
-def _rgb(image: torch.Tensor) -> torch.Tensor:
-    """A ``(C, H, W)`` uint8 image as 3 channels (grey repeated, alpha dropped)."""
-    return image.expand(3, -1, -1) if image.shape[0] == 1 else image[:3]
+#: PIL's modes of 16-bit grey images (``I`` too, where its values lie in 0..65535)
+SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
+def read_image(path: str) -> Any:
+    """The image file ``path`` as an 8-bit RGB PIL image (grey repeated, alpha dropped).
+
+    16-bit grey (PIL's ``I;16*``, or ``I`` within 0..65535) is scaled to 8 bits,
+    ``round(v * 255 / 65535)``; floating-point or wider images are refused.
+
+    Raises:
+        ValueError: not an image PIL reads, or of a depth refused (one line naming the file).
+    """
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            image.load()
+            pixels = np.asarray(image) if image.mode in (*SIXTEEN_BIT_MODES, "F") else None
+            if pixels is None:
+                return image.convert("RGB")
+    except OSError as error:  # PIL's UnidentifiedImageError, a truncated file
+        raise ValueError(
+            f"dataset.root: {path} is not an image this loader reads ({error})"
+        ) from None
+    if image.mode == "F" or pixels.min() < 0 or pixels.max() > 65535:
+        raise ValueError(
+            f"dataset.root: {path} is a {image.mode}-mode image with values "
+            f"{pixels.min()}..{pixels.max()}; allowed: 8-bit images, or 16-bit grey (0..65535)"
+        )
+    eight = (pixels.astype(np.uint32) * 255 + 65535 // 2) // 65535
+    return Image.fromarray(eight.astype(np.uint8)).convert("RGB")  # 2-D uint8: L

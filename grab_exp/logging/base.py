@@ -21,7 +21,9 @@ class RunLogger(ABC):
 
     The runner calls :meth:`start` once per attempt of a job (a resumed job again, with the id
     :meth:`start` returned before and the rows its checkpoint holds), :meth:`log` after every
-    epoch, and :meth:`finish` once, however the job ends.
+    epoch, and :meth:`finish` once, however the job ends. Each call gets copies of its own and
+    is bounded in time (:class:`~grab_exp.logging.guard.GuardedLogger`): a logger that raises or
+    hangs is named in one warning and skipped from then on; the run goes on untouched.
     """
 
     @abstractmethod
@@ -43,7 +45,8 @@ class RunLogger(ABC):
                 rows a killed attempt may not have delivered.
 
         Returns:
-            An id to keep in the checkpoint for a later attempt, or ``None``.
+            An id to keep in the checkpoint for a later attempt (a non-empty ``str``; anything
+            else refuses the job before its first epoch), or ``None``.
         """
 
     @abstractmethod

@@ -11,9 +11,15 @@ from grab_exp.logging.base import RunLogger
 from grab_exp.logging.wandb_logger import build_wandb_logger
 
 
+class LoggerBuildError(ValueError):
+    """A ``logger.extra`` logger whose constructor raised (its options, or its own code)."""
+
+
 def logger_problem(key: str, node: Mapping[str, Any]) -> str | None:
     """Why ``logger.extra.<key>`` cannot be a logger (one line), or ``None``."""
     setting = f"logger.extra.{key}"
+    if key == "wandb":
+        return f"{setting}: the name wandb is logger.wandb's (logger=wandb); allowed: another name"
     target = node.get("_target_") if isinstance(node, Mapping) else None
     if not target:
         return f"{setting}: got {node!r}; allowed: a node with a _target_ (a RunLogger subclass)"
@@ -33,8 +39,9 @@ def build_loggers(cfg: Mapping[str, Any], group: str, name: str) -> dict[str, Ru
     ``logger.extra.<name>`` node, built from its ``_target_`` with its other keys.
 
     Raises:
-        ValueError: a ``logger.extra`` node that is not a :class:`RunLogger` (one line naming
-            it), or an invalid ``logger.wandb.mode``.
+        ValueError: a ``logger.extra`` node that is not a :class:`RunLogger`
+            (:class:`LoggerBuildError`: whose constructor raised; one line naming it), or an
+            invalid ``logger.wandb.mode``.
     """
     loggers: dict[str, RunLogger] = {}
     if (wandb := build_wandb_logger(cfg.get("wandb"), group=group, name=name)) is not None:
@@ -42,5 +49,13 @@ def build_loggers(cfg: Mapping[str, Any], group: str, name: str) -> dict[str, Ru
     for key, node in (cfg.get("extra") or {}).items():
         if (problem := logger_problem(key, node)) is not None:
             raise ValueError(problem)
-        loggers[key] = instantiate(node)
+        try:
+            loggers[key] = instantiate(node)
+        except Exception as error:  # Hydra wraps the constructor's error: name its own
+            cause = error.__cause__ or error
+            first = (str(cause).strip().splitlines() or [""])[0]
+            raise LoggerBuildError(
+                f"logger.extra.{key}: {node['_target_']} could not be built "
+                f"({type(cause).__name__}: {first})"
+            ) from None
     return loggers

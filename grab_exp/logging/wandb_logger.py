@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -43,6 +42,8 @@ class WandbLogger(RunLogger):
         group: Run group (the experiment name).
         name: Run display name (variant-pipeline-seed).
         init_timeout: Seconds ``wandb.init`` may take before it counts as a failure.
+        git_commit: The commit W&B records for the run; ``None``: W&B's own look at the
+            working directory's repository (an upload sends the run's own commit).
 
     Raises:
         ValueError: invalid ``mode``, at construction.
@@ -57,6 +58,7 @@ class WandbLogger(RunLogger):
         group: str | None = None,
         name: str | None = None,
         init_timeout: float = 30.0,
+        git_commit: str | None = None,
     ) -> None:
         self.requested_mode = mode
         self.mode = resolve_mode(mode)
@@ -66,6 +68,7 @@ class WandbLogger(RunLogger):
         self.group = group
         self.name = name
         self.init_timeout = float(init_timeout)
+        self.git_commit = git_commit
         self.failure: str | None = None
         self._run: Any = None
 
@@ -146,16 +149,16 @@ class WandbLogger(RunLogger):
         except Exception as error:
             self._fail("wandb.log", error)
 
-    def save_files(self, base: str | os.PathLike[str], paths: Iterable[Path]) -> None:
-        """Attach ``paths`` (under ``base``, whose layout they keep) to the open run: copies in
-        the run's files folder, which W&B uploads when the run ends."""
+    def save_files(self, files: Mapping[str, bytes]) -> None:
+        """Attach ``files`` (path in the run directory -> its bytes) to the open run: copies in
+        the run's files folder, in the same layout, which W&B uploads when the run ends."""
         if not self.active:
             return
         try:
-            for path in paths:
-                copy = Path(self._run.dir) / Path(path).relative_to(base)
+            for name, data in files.items():
+                copy = Path(self._run.dir) / name
                 copy.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(path, copy)
+                copy.write_bytes(data)
         except Exception as error:
             self._fail("saving files", error)
 
@@ -193,14 +196,19 @@ class WandbLogger(RunLogger):
             config=config,
             mode=self.mode,
             reinit="create_new",
-            settings=wandb.Settings(**quiet_settings(self.init_timeout)),
+            settings=wandb.Settings(**quiet_settings(self.init_timeout), **self._git()),
         )
+
+    def _git(self) -> dict[str, Any]:
+        """``wandb.Settings`` keywords that record :attr:`git_commit` instead of W&B's look."""
+        return {} if self.git_commit is None else {"git_commit": self.git_commit}
 
     def _fail(self, where: str, error: BaseException) -> None:
         """Record the first failure and warn about it; the logger is a no-op from now on."""
         if self.failure is not None:
             return
-        self.failure = f"{where} failed: {type(error).__name__}: {error}"
+        first_line = (str(error).strip().splitlines() or [""])[0]  # pydantic's run to 4 lines
+        self.failure = f"{where} failed: {type(error).__name__}: {first_line}"
         warnings.warn(
             f"W&B disabled for the rest of this job ({self.failure}); "
             "metrics still go to the local store (metrics.csv, summary.json).",

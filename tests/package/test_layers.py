@@ -12,7 +12,7 @@ The layers, lowest first (docs/architecture.md, "How the code is organised"):
 6. ``runner.training``: one job's training, its path in ``runner.training.job``;
 7. ``runner.launch``: jobs from the command line (checks, the sweeper, the launcher);
 8. ``report``, ``bench``: read or time jobs;
-9. the entry points (``grab_exp``, ``grab_exp.__main__``).
+9. the entry points (``grab_exp``, ``grab_exp.__main__``, ``grab_exp.logging.__main__``).
 
 Every ``import`` and ``from ... import`` of a module (also inside functions) counts.
 """
@@ -38,6 +38,7 @@ LAYERS = {
     "per_sample": 2,
     "optim": 2,
     "logging": 2,
+    "logging.__main__": 9,  # python -m grab_exp.logging: its command lives in report/
     "distributed": 3,
     "runner": 4,  # grab_exp/runner/__init__.py
     "runner.config": 4,

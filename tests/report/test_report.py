@@ -297,7 +297,10 @@ def test_unfinished_run_is_skipped_with_a_warning(sweep, tmp_path):
     with pytest.warns(ReportWarning) as caught:
         frame = table1_frame([copy])
     messages = [str(warning.message) for warning in caught]
-    assert f"skipping unfinished run {victim} (status 'running')" in messages
+    assert (  # no job holds its lock: the advice is to resume, not to wait
+        f"skipping unfinished run {victim} (status 'running'): no job holds it (killed or "
+        "crashed); the command that started it resumes it"
+    ) in messages
     assert (
         f"skipping {orphan}: no summary.json (a job that never started, or stopped first)"
         in messages

@@ -179,4 +179,5 @@ def _merge(segments: list[dict[str, Any]]) -> dict[str, Any]:
         "summary": summary,
         "exit_code": segments[-1]["exit_code"],
         "files": [segment["file"] for segment in segments],
+        "git": run.get("git", {}),
     }

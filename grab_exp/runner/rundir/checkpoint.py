@@ -115,6 +115,38 @@ def load_checkpoint(run_dir: Path) -> dict[str, Any] | None:
     return state
 
 
+def logger_ids(state: dict[str, Any]) -> dict[str, str | None]:
+    """Each logger's run id kept in a checkpoint (one written before ``logger_ids`` existed
+    kept W&B's alone, as ``wandb_id``)."""
+    if "logger_ids" in state:
+        return dict(state["logger_ids"])
+    return {"wandb": state.get("wandb_id")}
+
+
+def kept_logger_ids(run_dir: Path) -> dict[str, str | None]:
+    """The logger ids in ``run_dir``'s checkpoint (``{}`` without a readable one), read
+    without restoring anything (:func:`load_checkpoint` also sets the RNG states)."""
+    try:
+        state = torch.load(run_dir / CHECKPOINT_NAME, map_location="cpu", weights_only=True)
+    except Exception:  # absent or damaged: no ids to tell
+        return {}
+    return logger_ids(state) if isinstance(state, dict) else {}
+
+
+def merged_logger_ids(
+    kept: dict[str, str | None], started: dict[str, str | None]
+) -> dict[str, str | None]:
+    """Every logger id the run has had: ``kept`` (the checkpoint's), updated by the ids this
+    attempt's loggers returned (``None`` where one gave none); a logger absent now, or that
+    returned ``None`` after an earlier attempt's id, keeps that id, so a later attempt with it
+    continues the same run."""
+    merged = dict(kept)
+    for name, run_id in started.items():
+        if run_id is not None or merged.get(name) is None:
+            merged[name] = run_id
+    return merged
+
+
 def _problem(error: Exception) -> str:
     """What is wrong with a checkpoint file, without torch's advice (``weights_only=False``
     would run whatever code the file holds)."""

@@ -12,6 +12,7 @@ NFSv3 only with a working ``lockd``); docs/troubleshooting.md lists caveats.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import fcntl
 import json
@@ -19,6 +20,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,14 +82,28 @@ def check_free(run_dir: Path) -> None:
     Raises:
         RunDirInUseError: as :meth:`RunLock.acquire`.
     """
+    with reading_lock(run_dir):
+        pass
+
+
+@contextlib.contextmanager
+def reading_lock(run_dir: Path) -> Iterator[None]:
+    """Hold ``run_dir``'s lock shared while its files are read (a reader of finished runs): a
+    job cannot take the directory meanwhile. Creates nothing; no lock file, nothing to hold.
+
+    Raises:
+        RunDirInUseError: a live job holds the directory (as :meth:`RunLock.acquire`).
+    """
     try:
-        fd = os.open(Path(run_dir) / LOCK_NAME, os.O_RDWR)
+        fd = os.open(Path(run_dir) / LOCK_NAME, os.O_RDONLY)  # a read-only copy of a run too
     except FileNotFoundError:
+        yield
         return
     try:
         _lock_or_refuse(fd, Path(run_dir), fcntl.LOCK_SH)
+        yield
     finally:
-        os.close(fd)  # also drops the probe's lock
+        os.close(fd)  # also drops the lock
 
 
 def _alive_here(pid: object) -> bool:

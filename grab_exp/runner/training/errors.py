@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from hydra.errors import InstantiationException
 
+from grab_exp.data.checks import DataError
+from grab_exp.logging.build import LoggerBuildError
 from grab_exp.logging.files import DamagedFileError, WriteError
+from grab_exp.logging.guard import LoggerIdError
 from grab_exp.runner.config.schema import ConfigError
 from grab_exp.runner.config.target_errors import raised_by_grab_exp, target_error_line
 from grab_exp.runner.rundir.lock import RunDirInUseError
@@ -20,7 +23,16 @@ class NonFiniteLossError(RuntimeError):
 
 
 #: errors whose message is written for users: one ``error: ...`` line, no traceback
-USER_ERRORS = (ConfigError, DamagedFileError, RunDirInUseError, WriteError, NonFiniteLossError)
+USER_ERRORS = (
+    ConfigError,
+    DamagedFileError,
+    RunDirInUseError,
+    WriteError,
+    NonFiniteLossError,
+    LoggerIdError,
+    LoggerBuildError,
+    DataError,
+)
 
 
 def user_error_line(error: BaseException) -> str | None:

@@ -18,18 +18,23 @@ from typing import Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from grab_exp.distributed.comm import CollectiveError, exit_after_collective_error
-from grab_exp.logging.base import RunLogger
 from grab_exp.logging.build import build_loggers
 from grab_exp.logging.files import WriteError, remove_stale_temp_files, shown
+from grab_exp.logging.guard import GuardedLogger
 from grab_exp.logging.local import LocalStore
 from grab_exp.runner.config.check import take_checked, validate_config
 from grab_exp.runner.config.fingerprint import check_same_config, config_fingerprint
 from grab_exp.runner.config.user_dirs import replaced_options
-from grab_exp.runner.rundir.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from grab_exp.runner.rundir.checkpoint import (
+    CHECKPOINT_NAME,
+    load_checkpoint,
+    logger_ids,
+    merged_logger_ids,
+    save_checkpoint,
+)
 from grab_exp.runner.rundir.identity import run_identity
 from grab_exp.runner.rundir.lock import RunDirInUseError, RunLock, holder
 from grab_exp.runner.rundir.state import finished_run, has_artifacts, keep_aside
@@ -37,6 +42,7 @@ from grab_exp.runner.training.build import TrainingJob, build_job
 from grab_exp.runner.training.connect import connect
 from grab_exp.runner.training.epoch import run_epoch
 from grab_exp.runner.training.errors import NonFiniteLossError, error_record
+from grab_exp.runner.training.load import load_dataset
 from grab_exp.runner.training.progress import Progress
 from grab_exp.runner.training.signals import check_stop, stop_on_signals, stop_requested
 from grab_exp.runner.training.strategy import Strategy, check_checkpoint_kind
@@ -110,14 +116,16 @@ def _run(cfg: DictConfig, strategy: Strategy, run_dir: Path, fingerprint: dict) 
         _skipped(cfg, strategy, run_dir)
         return final
     started = time.time()
-    job = build_job(cfg, instantiate(cfg.dataset).to(strategy.device), strategy)  # or refused
+    choice = HydraConfig.get().runtime.choices.get("dataset")
+    job = build_job(cfg, load_dataset(cfg, strategy.device, choice), strategy)  # or refused
     _prepare_run_dir(run_dir, cfg, strategy)
     identity = run_identity(cfg, strategy.world_size)
     store = LocalStore(run_dir, job.metric_columns) if strategy.is_writer else None
-    loggers: dict[str, RunLogger] = {}
+    loggers: list[GuardedLogger] = []
     if strategy.is_writer:
         name = strategy.run_name(identity["variant"], identity["pipeline"], cfg.seed)
-        loggers = build_loggers(cfg.logger, group=cfg.name, name=name)
+        built = build_loggers(cfg.logger, group=cfg.name, name=name)
+        loggers = [GuardedLogger(key, each, stop_requested) for key, each in built.items()]
         store.write_summary(
             "running",
             identity=identity,
@@ -149,7 +157,7 @@ def _run(cfg: DictConfig, strategy: Strategy, run_dir: Path, fingerprint: dict) 
         ended = {"wall_time_s": time.time() - started, **({"final": final} if final else {})}
         if store:
             _end_summary(store, status, **ended, **failure)
-        for logger in loggers.values():
+        for logger in loggers:
             logger.finish(status, ended)
         if strategy.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -176,7 +184,7 @@ def _train(
     job: TrainingJob,
     run_dir: Path,
     store: LocalStore | None,
-    loggers: dict[str, RunLogger],
+    loggers: list[GuardedLogger],
     identity: dict,
     config: dict,
 ) -> dict[str, Any]:
@@ -191,10 +199,12 @@ def _train(
     ids = logger_ids(state) if state else {}
     if loggers:  # the loggers get the nested config; the checkpoint keeps the job's flat one
         nested = {**OmegaConf.to_container(cfg, resolve=True), "identity": identity}
-        ids = {
-            key: logger.start(run_dir, nested, ids.get(key), metrics)
-            for key, logger in loggers.items()
+        started = {
+            each.name: each.start(run_dir, nested, ids.get(each.name), metrics) for each in loggers
         }
+        ids = merged_logger_ids(ids, started)
+        if store:  # what an upload reads to recognise a run that W&B has already
+            store.write_summary("running", logger_ids=ids)
     progress = Progress(cfg.progress if store else "none", cfg.epochs)
     for epoch in range(state["epoch"] + 1 if state else 0, cfg.epochs):
         check_stop()
@@ -205,7 +215,7 @@ def _train(
         if store:
             store.append(row)
             store.write_summary("running", final=row)
-        for logger in loggers.values():
+        for logger in loggers:
             logger.log(row, row["epoch"])
     return metrics[-1] if metrics else {}
 
@@ -216,14 +226,6 @@ def _restore(job: TrainingJob, state: dict[str, Any]) -> list[dict[str, Any]]:
     job.parts.optimizer.load_state_dict(state["optimizer"])
     job.strategy.load_ordering_state(job.parts.ordering, state)
     return state["metrics"]
-
-
-def logger_ids(state: dict[str, Any]) -> dict[str, str | None]:
-    """Each logger's run id kept in a checkpoint (one written before ``logger_ids`` existed
-    kept W&B's alone, as ``wandb_id``)."""
-    if "logger_ids" in state:
-        return dict(state["logger_ids"])
-    return {"wandb": state.get("wandb_id")}
 
 
 def _check_finite(row: dict[str, Any], epoch: int) -> None:
