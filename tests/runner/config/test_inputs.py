@@ -177,7 +177,7 @@ def booby_trapped(monkeypatch):
     def loaded(*args, **kwargs):
         raise AssertionError("data loaded (or the job built) before the config was validated")
 
-    monkeypatch.setattr(run_module, "instantiate", loaded)
+    monkeypatch.setattr(run_module, "load_dataset", loaded)
     monkeypatch.setattr(run_module, "build_job", loaded)
 
 
