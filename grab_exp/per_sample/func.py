@@ -29,7 +29,8 @@ from grab_exp.per_sample.layout import (
     input_shapes,
     take,
 )
-from grab_exp.per_sample.modules import CHECKPOINT_REFUSAL, UnsupportedModelError
+from grab_exp.per_sample.modules import CHECKPOINT_REFUSAL, UnsupportedModelError, random_modules
+from grab_exp.per_sample.verify import GradSnapshot
 from grab_exp.validation import check_int_at_least
 
 __all__ = ["RANDOMNESS_CHOICES", "FuncPerSample"]
@@ -189,6 +190,10 @@ class FuncPerSample(PerSampleGradients):
             self._grad_fn = compile_step(self._grad_fn, compile_mode)
 
     def _compute(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
+        """The rows from ``vmap(grad)``; ``param.grad`` from the batch's own forward and one
+        ``loss.backward()`` (a plain step's work on top of the rows': the price of a
+        ``param.grad`` that gradient hooks, ties and post-accumulate hooks act on as they would
+        in a plain step); then the checks."""
         batch = batch_size(x)
         key = (input_shapes(x), self.state.key())
         layout = self._output_layout(key, x)
@@ -199,22 +204,57 @@ class FuncPerSample(PerSampleGradients):
         except RuntimeError as error:
             raise UnsupportedModelError(vmap_failure(self.model, error)) from error
         rows = as_batch_grads(grads)
+        params = self.trainable()
+        if self.randomness is not None and random_modules(self.model):
+            return self._drawn(x, y, rows, grads, losses, out, layout, key, due)
+        with GradSnapshot(params.values()) as snapshot, torch.enable_grad():
+            batch_out = call_model(self.model, x)  # the batch's own forward
+            loss = loss_of(self.loss_fn, batch_out, y)
+            if loss.requires_grad:
+                loss.backward(retain_graph=due)
+            if not due:  # a full check reads every example's loss
+                self._settle_split(self._examples_loss(out, y, layout), losses, batch)
+            full = (lambda ident: self.full_check(x, y, batch_out, layout, ident)) if due else None
+            self.verify_and_check(rows, params, snapshot, full, self._identity(rows))
+            if due:
+                self.checker.passed(key, batch)
+        return loss.detach(), rows
+
+    def _drawn(self, x, y, rows, grads, losses, out, layout, key, due):
+        """A call with random layers active: every example drew its own masks under ``vmap``,
+        which no batch backward can reproduce, so ``param.grad`` is the rows' mean (a gradient
+        hook on a parameter, which that would ignore, is refused)."""
+        batch = len(y)
+        hooked = [n for n, p in self.trainable().items() if p._backward_hooks]
+        if hooked:
+            raise UnsupportedModelError(
+                f"{hooked[0]} has a gradient hook (register_hook), and with random layers "
+                "active method=func forms param.grad from the rows, which the hook cannot act "
+                "on; put the random layers in eval mode, or remove the hook"
+            )
         if due:
             with kept_state(self.model), torch.enable_grad():  # the batch's own forward
-                batch_out = call_model(self.model, x)
-                identity = None if self.randomness is not None else self._identity(rows)
-                self.full_check(x, y, batch_out, layout, identity)
+                self.full_check(x, y, call_model(self.model, x), layout, None)
             self.checker.passed(key, batch)
-        if self.checker.split(batch) is not None:  # the batch loss from the examples' outputs
-            loss = loss_of(self.loss_fn, _batched(out, layout), y).detach()
-            gap = relative_gap(loss, losses.mean(), losses.abs().mean())
-            self.checker.settle_gap(gap, losses.dtype)
+        if not due:
+            self._settle_split(self._examples_loss(out, y, layout), losses, batch)
         for name, p in self.state.named:
             g = grads.get(name)
             if g is not None:
                 mean = g.mean(dim=0).to(p.dtype)  # (*param.shape)
                 p.grad = mean if p.grad is None else p.grad.add_(mean)
         return losses.mean(), rows
+
+    def _examples_loss(self, out: Any, y: torch.Tensor, layout: OutputLayout) -> torch.Tensor:
+        """``loss_fn`` of the examples' own outputs, stacked as a batch's (not the batch's own
+        forward: a model that mixes the examples is the mixing check's to name)."""
+        return loss_of(self.loss_fn, _batched(out, layout), y).detach()
+
+    def _settle_split(self, loss: torch.Tensor, losses: torch.Tensor, batch: int) -> None:
+        """``loss`` against the mean of the examples' own losses (every call)."""
+        if self.checker.split(batch) is not None:
+            gap = relative_gap(loss.detach(), losses.mean(), losses.abs().mean())
+            self.checker.settle_gap(gap, losses.dtype)
 
     def _identity(self, rows: BatchGrads):
         """The identity over all rows (:func:`~grab_exp.per_sample.check.identity_problem`)."""
