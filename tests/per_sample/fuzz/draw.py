@@ -1,0 +1,56 @@
+"""The fuzzer's one source of choices: :class:`Draw`, a ``random.Random(seed)`` that names every
+feature it turns on, so a case's features are known and any of them can be turned off again.
+
+Every choice consumes the same random numbers whether a feature is on or off, so turning one
+feature off (``off``) leaves every other choice of the seed as it was: that is how a failing case
+is shrunk (:func:`fuzz.oracle.shrink`).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import torch
+
+
+class Draw:
+    """Seeded choices that record the features they turn on.
+
+    Args:
+        seed: the case's seed.
+        off: features forced off (a choice among options falls back to the first option).
+
+    Attributes:
+        features: the features turned on so far, in the order drawn.
+    """
+
+    def __init__(self, seed: int, off: frozenset[str] = frozenset()) -> None:
+        self.rng = random.Random(seed)
+        self.off = off
+        self.features: list[str] = []
+
+    def chance(self, feature: str, p: float) -> bool:
+        """Whether ``feature`` is on (probability ``p``, never when it is in ``off``)."""
+        on = self.rng.random() < p and feature not in self.off
+        if on:
+            self.features.append(feature)
+        return on
+
+    def pick(self, kind: str, options: Sequence[str], weights: Sequence[float] | None = None):
+        """One of ``options``; records ``kind:option`` unless it is the first (the plain one).
+        An option in ``off`` (as ``kind:option``) falls back to the first."""
+        choice = self.rng.choices(list(options), weights=weights)[0]
+        if f"{kind}:{choice}" in self.off:
+            choice = options[0]
+        if choice != options[0]:
+            self.features.append(f"{kind}:{choice}")
+        return choice
+
+    def int(self, low: int, high: int) -> int:
+        """A size in ``[low, high]`` (not a feature)."""
+        return self.rng.randint(low, high)
+
+    def generator(self) -> torch.Generator:
+        """A torch generator seeded from this draw (for tensors: weights, inputs)."""
+        return torch.Generator().manual_seed(self.rng.getrandbits(62))
