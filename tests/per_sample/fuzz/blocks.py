@@ -197,7 +197,9 @@ def vector_block(draw, earlier: list[nn.Module]) -> nn.Module:
     kinds = ["linear", "residual", "layernorm", "groupnorm", "batchnorm", "custom", "scripted"]
     kinds += ["parametrized", "checkpoint", "fwd_hook", "sort", "tied", "share", "gated"]
     kind = draw.pick("block", kinds)
-    linears = [m for b in earlier for m in b.modules() if type(m) is nn.Linear]
+    linears = [
+        m for b in earlier for m in b.modules() if type(m) is nn.Linear and m.in_features == D
+    ]
     if kind in ("tied", "share") and not linears:
         kind = "linear"
     return _VECTOR[kind](draw, linears)
@@ -258,19 +260,17 @@ _VECTOR = {
 
 def conv_block(draw, dims: int) -> nn.Module:
     """One ``(B, D, *spatial) -> same`` block: grouped / dilated convolutions and norms."""
-    kind = draw.pick("conv_block", ["conv", "groupnorm", "batchnorm", "relu_"])
-    if kind == "conv":
+    kind = draw.pick("conv_block", ["conv", "groupnorm", "batchnorm", "conv_relu_"])
+    if kind in ("conv", "conv_relu_"):
         groups = int(draw.pick("groups", ["1", "2", "8"]))
         dilation = int(draw.pick("dilation", ["1", "2"]))
         conv = (nn.Conv1d if dims == 1 else nn.Conv2d)(
             D, D, 3, padding="same", groups=groups, dilation=dilation
         )
-        return Wrap(conv, "tanh")
+        return Wrap(conv, "tanh" if kind == "conv" else "relu_")
     if kind == "groupnorm":
         return Wrap(nn.GroupNorm(4, D))
-    if kind == "batchnorm":
-        return Wrap((nn.BatchNorm1d if dims == 1 else nn.BatchNorm2d)(D).eval())
-    return Wrap(nn.Identity(), "relu_")
+    return Wrap((nn.BatchNorm1d if dims == 1 else nn.BatchNorm2d)(D).eval())
 
 
 def token_block(draw) -> nn.Module:

@@ -30,7 +30,7 @@ class Case:
     """A generated case (see the module docstring).
 
     Attributes:
-        seed, off: what it was drawn from (``off``: features turned off).
+        seed, off, only: what it was drawn from (:func:`draw_case`).
         family: the model's family (:mod:`fuzz.models`).
         features: every feature it has, model, loss, inputs and schedule.
         method, check_every, reuse_buffer: ``make_per_sample``'s arguments (``check_every``
@@ -42,6 +42,7 @@ class Case:
 
     seed: int
     off: frozenset[str]
+    only: frozenset[str] | None
     family: str
     features: tuple[str, ...]
     method: str
@@ -52,10 +53,14 @@ class Case:
     build: Callable[[], tuple[nn.Module, Callable]]
 
 
-def draw_case(seed: int, off: frozenset[str] = frozenset()) -> Case:
-    """The case of ``seed`` with the features in ``off`` turned off."""
-    draw = Draw(seed, off)
+def draw_case(
+    seed: int, off: frozenset[str] = frozenset(), only: frozenset[str] | None = None
+) -> Case:
+    """The case of ``seed`` with the features in ``off`` turned off, or with the features in
+    ``only`` on and every other off (``family:<name>`` in it picks the family)."""
+    draw = Draw(seed, off, only)
     family = draw.rng.choice(FAMILIES)
+    family = next((f[7:] for f in only or () if f.startswith("family:")), family)
     method = draw.pick("method", METHODS, [0.55, 0.15, 0.15, 0.15])
     check_every = 1 if draw.chance("check:every_call", 0.15) else None
     reuse_buffer = draw.chance("reuse_buffer", 0.3)
@@ -69,7 +74,7 @@ def draw_case(seed: int, off: frozenset[str] = frozenset()) -> Case:
     changes = schedule(draw, calls, family == "lm")
 
     def build() -> tuple[nn.Module, Callable, list[str]]:
-        d = Draw(model_seed, off)
+        d = Draw(model_seed, off, only)
         net = build_net(d, family, VOCAB if family == "lm" else CLASSES).double()
         reinit(net, d.generator())
         if d.chance("tie:before", 0.1):
@@ -82,6 +87,6 @@ def draw_case(seed: int, off: frozenset[str] = frozenset()) -> Case:
     model_features = build()[2]
     features = (*draw.features, *model_features)
     return Case(
-        seed, off, family, features, method, check_every, reuse_buffer, data, changes,
+        seed, off, only, family, features, method, check_every, reuse_buffer, data, changes,
         lambda: build()[:2],
     )  # fmt: skip

@@ -20,19 +20,28 @@ class Draw:
     Args:
         seed: the case's seed.
         off: features forced off (a choice among options falls back to the first option).
+        only: if given, the features on: every other is off (a regression's minimal model).
 
     Attributes:
         features: the features turned on so far, in the order drawn.
     """
 
-    def __init__(self, seed: int, off: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self, seed: int, off: frozenset[str] = frozenset(), only: frozenset[str] | None = None
+    ) -> None:
         self.rng = random.Random(seed)
-        self.off = off
+        self.off, self.only = off, only
         self.features: list[str] = []
+
+    def allowed(self, feature: str, drawn: bool) -> bool:
+        """Whether ``feature`` is on, given that the draw turned it on or not."""
+        if self.only is not None:
+            return feature in self.only
+        return drawn and feature not in self.off
 
     def chance(self, feature: str, p: float) -> bool:
         """Whether ``feature`` is on (probability ``p``, never when it is in ``off``)."""
-        on = self.rng.random() < p and feature not in self.off
+        on = self.allowed(feature, self.rng.random() < p)
         if on:
             self.features.append(feature)
         return on
@@ -40,9 +49,9 @@ class Draw:
     def pick(self, kind: str, options: Sequence[str], weights: Sequence[float] | None = None):
         """One of ``options``; records ``kind:option`` unless it is the first (the plain one).
         An option in ``off`` (as ``kind:option``) falls back to the first."""
-        choice = self.rng.choices(list(options), weights=weights)[0]
-        if f"{kind}:{choice}" in self.off:
-            choice = options[0]
+        drawn = self.rng.choices(list(options), weights=weights)[0]
+        on = [o for o in options if self.allowed(f"{kind}:{o}", o == drawn)]
+        choice = on[0] if on else options[0]
         if choice != options[0]:
             self.features.append(f"{kind}:{choice}")
         return choice
