@@ -12,6 +12,11 @@ MINIMAL: dict[str, tuple[int, tuple[str, ...]]] = {
     "param_hook_after": (55, ("family:vec", "sched:param_hook")),
     # wrong: the same hook registered before, asked of the hook path by name
     "param_hook_before_hooks": (384, ("family:vec", "hook:param_before", "method:hooks")),
+    # wrong: two Linear weights tied after make_per_sample (HF tie_weights()), on call 4
+    "tie_after_construction": (1, ("family:vec", "block:linear", "sched:tie_after")),
+    "tie_after_construction_hooks": (1, ("family:vec", "sched:tie_after", "method:hooks")),
+    # false refusal: a layer idle on the first batches (a Python flag) that runs later
+    "layer_idle_then_runs": (1, ("family:vec", "block:gated", "input:dict")),
     # crash: func vmaps over the Python values of a dict input
     "dict_python_values_func": (1, ("family:vec", "input:dict", "method:func")),
     # crash: the same with a tuple input holding None and a float

@@ -3,9 +3,9 @@ draws from its own seed, so the model under test and its reference change alike.
 
 ``sched:tie_after`` ties two Linear weights after ``make_per_sample`` (what HF ``tie_weights()``
 does), ``sched:param_hook`` registers a gradient hook on a parameter (masking some of its
-entries), ``sched:freeze`` / ``sched:unfreeze`` switch ``requires_grad``, ``sched:replace_head``
-puts a larger head in, ``sched:add_block`` appends a block, ``sched:step`` moves every parameter
-as an optimizer step would.
+entries), ``sched:fwd_hook`` a forward hook on a module, ``sched:freeze`` / ``sched:unfreeze``
+switch ``requires_grad``, ``sched:replace_head`` puts a larger head in, ``sched:add_block``
+appends a block, ``sched:step`` moves every parameter as an optimizer step would.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from .blocks import D, Wrap
 from .models import reinit
 
 Change = Callable[[nn.Module], None]
-KINDS = ["tie_after", "param_hook", "freeze", "unfreeze", "replace_head", "add_block", "step"]
+KINDS = ["tie_after", "param_hook", "fwd_hook", "freeze", "unfreeze", "replace_head"]
+KINDS += ["add_block", "step"]
 
 
 def linears(model: nn.Module) -> list[nn.Linear]:
@@ -38,6 +39,13 @@ def param_hook(model: nn.Module, g: torch.Generator) -> None:
     p = params[int(torch.randint(len(params), (1,), generator=g))]
     mask = (torch.rand(p.shape, generator=g) < 0.5).to(p.dtype)
     p.register_hook(lambda grad: grad * mask)
+
+
+def fwd_hook(model: nn.Module, g: torch.Generator) -> None:
+    """A forward hook that scales the output of a random Linear (or of the head)."""
+    found = linears(model) or [model.head]
+    module = found[int(torch.randint(len(found), (1,), generator=g))]
+    module.register_forward_hook(lambda m, i, o: o * 0.75)
 
 
 def freeze(model: nn.Module, g: torch.Generator) -> None:
@@ -73,6 +81,7 @@ def step(model: nn.Module, g: torch.Generator) -> None:
 _KIND = {
     "tie_after": tie_after,
     "param_hook": param_hook,
+    "fwd_hook": fwd_hook,
     "freeze": freeze,
     "unfreeze": unfreeze,
     "replace_head": replace_head,
@@ -91,8 +100,9 @@ def schedule(draw, calls: int, lm: bool) -> list[list[Change]]:
     out: list[list[Change]] = [[] for _ in range(calls)]
     if draw.chance("sched:tie_after", 0.1):
         out[draw.int(0, calls - 1)].append(change("tie_after", draw.rng.getrandbits(30)))
-    if draw.chance("sched:param_hook", 0.1):
-        out[draw.int(0, calls - 1)].append(change("param_hook", draw.rng.getrandbits(30)))
+    for kind in ("param_hook", "fwd_hook"):
+        if draw.chance(f"sched:{kind}", 0.1):
+            out[draw.int(0, calls - 1)].append(change(kind, draw.rng.getrandbits(30)))
     for k in range(1, calls):
         for kind in ("freeze", "unfreeze", "replace_head", "add_block", "step"):
             if lm and kind in ("replace_head", "add_block"):
