@@ -70,23 +70,44 @@ def split_state(
 
 def _make_grad_fn(
     model: nn.Module, loss_fn: LossFn, chunk_size: int | None, randomness: str | None
-) -> Callable[[Grads, Grads, torch.Tensor, torch.Tensor], tuple[Grads, torch.Tensor]]:
-    """Build ``vmap(grad(loss of one example))`` over the batch dimension of ``x`` and ``y``."""
+) -> Callable[[Grads, Grads, Inputs, torch.Tensor], tuple[Grads, torch.Tensor]]:
+    """Build ``vmap(grad(loss of one example))`` over the batch dimension of ``x`` and ``y``:
+    dimension 0 of every tensor leaf that has one; Python values and ``()`` tensors (flags,
+    ``None`` masks) are passed to every example as they are."""
     model_and_loss = _ModelAndLoss(model, loss_fn)
 
-    def one_example(trainable: Grads, fixed: Grads, xi: Inputs, yi: torch.Tensor):
-        one = tree_map(lambda t: t.unsqueeze(0) if isinstance(t, torch.Tensor) else t, xi)
-        state = [{f"model.{n}": t for n, t in part.items()} for part in (trainable, fixed)]
-        loss, out = functional_call(model_and_loss, tuple(state), (one, yi.unsqueeze(0)))
-        check_scalar(loss)
-        detached = tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, out)
-        return loss, (loss.detach(), detached)
+    def batched(trainable: Grads, fixed: Grads, x: Inputs, y: torch.Tensor):
+        dims = (_batch_dims(x), _batch_dims(y))
 
-    return vmap(
-        grad(one_example, has_aux=True),
-        in_dims=(None, None, 0, 0),
-        chunk_size=chunk_size,
-        randomness=randomness or "error",
+        def one_example(trainable: Grads, fixed: Grads, xi: Inputs, yi: torch.Tensor):
+            one, y1 = (_unsqueezed(v, d) for v, d in zip((xi, yi), dims, strict=True))
+            state = [{f"model.{n}": t for n, t in part.items()} for part in (trainable, fixed)]
+            loss, out = functional_call(model_and_loss, tuple(state), (one, y1))
+            check_scalar(loss)
+            detached = tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, out)
+            return loss, (loss.detach(), detached)
+
+        return vmap(
+            grad(one_example, has_aux=True),
+            in_dims=(None, None, *dims),
+            chunk_size=chunk_size,
+            randomness=randomness or "error",
+        )(trainable, fixed, x, y)
+
+    return batched
+
+
+def _batch_dims(value: Any) -> Any:
+    """``value``'s in_dims for vmap: 0 for a tensor with dimensions, else ``None``."""
+    return tree_map(lambda t: 0 if isinstance(t, torch.Tensor) and t.dim() else None, value)
+
+
+def _unsqueezed(value: Any, dims: Any) -> Any:
+    """One example's ``value`` as a batch of one (its batched leaves given dimension 0 back)."""
+    leaves, spec = tree_flatten(value)
+    flags = tree_flatten(dims)[0]  # one per leaf (None is a leaf of torch's pytrees)
+    return tree_unflatten(
+        [t if d is None else t.unsqueeze(0) for t, d in zip(leaves, flags, strict=True)], spec
     )
 
 

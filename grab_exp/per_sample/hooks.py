@@ -81,10 +81,16 @@ __all__ = ["FactoredPerSample", "HookedPerSample", "UnsupportedModelError", "che
 def check_supported(model: nn.Module) -> None:
     """Raise ``UnsupportedModelError`` naming the first parameter shared by two modules (tied
     weights: a layer's hooks see only that layer's use of it), or the first parametrized layer
-    (``torch.nn.utils.parametrize``: its weight is computed outside its forward). One module
+    (``torch.nn.utils.parametrize``: its weight is computed outside its forward), or the first
+    ``torch.jit.script`` module (it takes no Python hooks). One module
     at two places (called twice) is fine: its calls are summed."""
     owners: dict[int, tuple[int, str]] = {}  # parameter -> (its module, that module's name)
     for name, module in model.named_modules(remove_duplicate=False):
+        if isinstance(module, torch.jit.ScriptModule):
+            raise UnsupportedModelError(
+                f"{_label(name, module)} is a torch.jit.script module, whose layers the hook "
+                "path cannot hook; use method=func (auto does)"
+            )
         if parametrize.is_parametrized(module):
             raise UnsupportedModelError(
                 f"{_label(name, module)} is parametrized (torch.nn.utils.parametrize: "

@@ -27,23 +27,26 @@ def batch(size: int, seed: int, features: int = 6, classes: int = 4):
 
 
 def example_rows(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict:
-    """``name -> (B, *shape)``: one ``backward()`` per example on a copy of the model."""
-    model = copy.deepcopy(model)
+    """``name -> (B, *shape)``: the gradient of each example's loss alone (``autograd.grad``
+    on the model itself: ``p.grad`` untouched, and no copy, which a scripted module's parameters
+    would not survive)."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     rows: dict[str, list] = {n: [] for n, _ in named}
     for i in range(len(y)):
-        model.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
-        for n, p in named:
-            rows[n].append(torch.zeros_like(p) if p.grad is None else p.grad.clone())
+        loss = F.cross_entropy(model(x[i : i + 1]), y[i : i + 1])
+        grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+        for (n, p), g in zip(named, grads, strict=True):
+            rows[n].append(torch.zeros_like(p) if g is None else g)
     return {n: torch.stack(r) for n, r in rows.items()}
 
 
 def plain_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict:
-    model = copy.deepcopy(model)
-    model.zero_grad(set_to_none=True)
-    F.cross_entropy(model(x), y).backward()
-    return {n: p.grad for n, p in model.named_parameters()}
+    """The batch-mean loss's gradient, as a plain ``loss.backward()`` writes it to ``p.grad``
+    (``None`` where the loss does not reach a parameter)."""
+    named = list(model.named_parameters())
+    loss = F.cross_entropy(model(x), y)
+    grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+    return {n: g for (n, _), g in zip(named, grads, strict=True)}
 
 
 def assert_right(model: nn.Module, grads, x: torch.Tensor, y: torch.Tensor, where: str) -> None:
@@ -181,3 +184,54 @@ def test_reuse_buffer_with_a_head_replaced_by_a_larger_one() -> None:
         model.zero_grad(set_to_none=True)
         _, grads = psg(x, y)
         assert_right(model, grads, x, y, f"call {k + 1}")
+
+
+class Flagged(nn.Module):
+    """A model called with keyword inputs that hold Python values and ``None`` beside the batch
+    (``scale=0.5``, ``mask=None``), and a ``torch.jit.script`` submodule."""
+
+    def __init__(self, scripted: bool = False) -> None:
+        super().__init__()
+        self.body = nn.Linear(6, 6)
+        if scripted:
+            self.body = torch.jit.script(self.body)
+        self.head = nn.Linear(6, 4)
+
+    def forward(self, x, scale=1.0, mask=None):
+        h = torch.tanh(self.body(x)) * scale
+        return self.head(h if mask is None else h * mask)
+
+
+@pytest.mark.parametrize("method", ("auto", "func"))
+def test_python_values_and_none_inside_dict_inputs(method: str) -> None:
+    """``func`` mapped vmap over every leaf of the inputs: a float or ``None`` in a dict of
+    inputs crashed with torch's raw "Got in_dim=0 for an input but the input is of type float"
+    (issue 49's fuzzer: the largest crash class). Only tensors with dimensions are batched."""
+    model = built(Flagged)
+    psg = make_per_sample(model, F.cross_entropy, method=method)
+    for k in range(2):
+        x, y = batch(5, seed=40 + k)
+        model.zero_grad(set_to_none=True)
+        _, grads = psg({"x": x, "scale": 0.5, "mask": None}, y)
+        got = grads.as_dict()
+        reference = copy.deepcopy(model)
+        for i in range(len(y)):
+            reference.zero_grad(set_to_none=True)
+            F.cross_entropy(reference(x[i : i + 1], 0.5, None), y[i : i + 1]).backward()
+            for n, p in reference.named_parameters():
+                torch.testing.assert_close(got[n][i], p.grad, msg=f"call {k + 1}: {n}")
+
+
+def test_a_scripted_submodule_goes_to_func_in_one_line_or_right() -> None:
+    """A ``torch.jit.script`` submodule: ``auto`` crashed reading its ``forward`` ("'_CachedForward'
+    object has no attribute '__getattr__'"), the hook path on ``get_parameter``. The hook path now
+    refuses it by name; ``auto`` takes ``func``, which is right."""
+    model = built(lambda: Flagged(scripted=True))
+    with pytest.raises(UnsupportedModelError, match=r"^body \(RecursiveScriptModule\) is a torch"):
+        make_per_sample(model, F.cross_entropy, method="hooks")
+    psg = make_per_sample(model, F.cross_entropy, method="auto")
+    x, y = batch(5, seed=50)
+    model.zero_grad(set_to_none=True)
+    _, grads = psg(x, y)
+    assert psg.method == "func"
+    assert_right(model, grads, x, y, "call 1")
