@@ -380,9 +380,9 @@ def mismatch(
     label = f"{layer or '<root>'} ({type(model.get_submodule(layer)).__name__})"
     advice = "use method=func" if method != "func" else "no method supports this model"
     return (
-        f"{label}: {subject} do not add up to autograd's gradient of the examples' own losses "
-        f"(relative difference {worst:.2g}): rows attributed to the wrong examples (a model "
-        f"that reorders its batch), a term missing or counted twice; {advice}"
+        f"{label}: {subject}, weighted per example, do not add up to autograd's gradient of the "
+        f"examples' own losses weighted alike (relative difference {worst:.2g}): the rows are "
+        f"not those of the examples they are given for; {advice}"
     )
 
 

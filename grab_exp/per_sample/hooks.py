@@ -651,9 +651,9 @@ class HookedPerSample(PerSampleGradients):
             ran, probed = len(calls.get(name, [])), self.layouts.get(name, [])
             if ran and not probed:
                 raise UnsupportedModelError(
-                    f"{_label(name, layer)} ran on this batch but not in the probe of its first "
-                    "example: it runs for some examples only (data-dependent routing, as a "
-                    "mixture of experts' expert); use method=func"
+                    f"{_label(name, layer)} ran on this batch but not in the probe of its kind "
+                    "of batch (it runs on some batches or examples only: data-dependent "
+                    "control flow); use method=func"
                 )
             if ran and ran != len(probed) and len(set(probed)) > 1:
                 raise UnsupportedModelError(
