@@ -59,15 +59,11 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Identity = Callable[[torch.Tensor, torch.Tensor], "str | None"] | None
 
 
-#: errors raised inside a method that become its one-line refusal (a ``ValueError`` is one already)
-FAILURES = (RuntimeError, TypeError, IndexError, KeyError, AttributeError, NotImplementedError)
-
-
 def one_line(error: Exception) -> str:
-    """The error's first line, with its type unless it is a ``ValueError`` (a refusal's own)."""
+    """The error's first line, with its type unless it is a refusal (already one line)."""
     lines = str(error).strip().splitlines()
     text = lines[0] if lines else ""
-    return text if isinstance(error, ValueError) else f"{type(error).__name__}: {text}"
+    return text if isinstance(error, UnsupportedModelError) else f"{type(error).__name__}: {text}"
 
 
 def loss_of(loss_fn: LossFn, out: Any, y: torch.Tensor) -> torch.Tensor:
@@ -164,7 +160,9 @@ class PerSampleGradients(ABC):
         self.check()
         try:
             return self._compute(x, y)
-        except FAILURES as error:  # torch's or the model's, raised inside this method
+        except UnsupportedModelError:
+            raise
+        except Exception as error:  # torch's, the model's or the loss's, inside this method
             raise UnsupportedModelError(f"method={self.method}: {one_line(error)}") from error
 
     def restructure(self) -> None:

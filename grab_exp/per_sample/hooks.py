@@ -46,7 +46,7 @@ from torch.nn.utils import parametrize
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from grab_exp.grads import BatchGrads, as_batch_grads
-from grab_exp.per_sample.base import FAILURES, LossFn, PerSampleGradients, loss_of, one_line
+from grab_exp.per_sample.base import LossFn, PerSampleGradients, loss_of, one_line
 from grab_exp.per_sample.buffer import GradBuffer
 from grab_exp.per_sample.check import (
     CHECK_EVERY,
@@ -547,7 +547,9 @@ class HookedPerSample(PerSampleGradients):
             out = [None if id(p) in rows else views.get(n) for n, p in own.items()]
             try:
                 grads = self._layer_grads(name, calls.get(name, []), batch, out)
-            except FAILURES as error:
+            except UnsupportedModelError:
+                raise
+            except Exception as error:  # a rule's or a replay's, named by its layer
                 label = _label(name, self._layers[name])
                 raise UnsupportedModelError(f"{label}: {one_line(error)}") from error
             for (n, p), g in zip(own.items(), grads, strict=True):

@@ -235,3 +235,18 @@ def test_a_scripted_submodule_goes_to_func_in_one_line_or_right() -> None:
     _, grads = psg(x, y)
     assert psg.method == "func"
     assert_right(model, grads, x, y, "call 1")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_an_error_inside_a_method_is_one_line_naming_the_method(method: str) -> None:
+    """Any error raised inside a method (torch's, the model's, the loss's: here targets of
+    another batch size, a raw ``ValueError`` of cross_entropy or vmap; the fuzzer's last crash
+    class) is a one-line refusal naming the method and the original error; ``p.grad`` is left
+    as it was."""
+    model = built(AutoEncoder)
+    psg = make_per_sample(model, F.cross_entropy, method=method)
+    x, y = batch(5, seed=60)
+    with pytest.raises(UnsupportedModelError, match=r"^method=\w+: .*ValueError: ") as error:
+        psg(x, y[:4])
+    assert "\n" not in str(error.value)
+    assert all(p.grad is None for p in model.parameters()), "refused but wrote p.grad"
