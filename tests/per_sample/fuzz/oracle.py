@@ -6,8 +6,8 @@ references), ``refused`` (a one-line ``ValueError``, e.g. ``UnsupportedModelErro
 case allows: a feature refused by design, :data:`BY_DESIGN`, or any refusal of the hook path
 asked for by name), ``false_refusal`` (a one-line refusal of a case that must be right),
 ``crash`` (any other exception, or a refusal over several lines), ``wrong`` (a call returned and
-its rows, ``p.grad`` or loss differ) and ``invalid`` (the reference itself failed: a fault of
-the generator). Only ``right`` and ``refused`` pass.
+its rows, ``p.grad`` or loss differ, or it raised and left a ``p.grad``) and ``invalid`` (the
+reference itself failed: a fault of the generator). Only ``right`` and ``refused`` pass.
 """
 
 from __future__ import annotations
@@ -130,6 +130,15 @@ def compare(model, loss, grads, ref: Reference) -> str | None:
     return None
 
 
+def written_on_refusal(model, call: int) -> Outcome | None:
+    """``wrong`` where a call that raised left a ``p.grad`` (it was ``None`` before the call):
+    a refusal leaves ``p.grad`` as it was."""
+    written = [n for n, p in model.named_parameters() if p.grad is not None]
+    if not written:
+        return None
+    return Outcome("wrong", call, f"raised but wrote p.grad of {', '.join(written[:3])}")
+
+
 def options(case: Case) -> dict:
     extra = {} if case.check_every is None else {"check_every": case.check_every}
     return {"reuse_buffer": case.reuse_buffer, **extra}
@@ -161,7 +170,7 @@ def _run(case: Case) -> Outcome:
         try:
             loss, grads = psg(x, y)
         except Exception as error:  # every exception is classified
-            return classify(error, case, k)
+            return written_on_refusal(model, k) or classify(error, case, k)
         problem = compare(model, loss, grads, ref)
         if problem is not None:
             return Outcome("wrong", k, f"B={size(y)}: {problem}")

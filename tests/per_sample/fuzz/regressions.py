@@ -25,6 +25,9 @@ MINIMAL: dict[str, tuple[int, tuple[str, ...]]] = {
     "tuple_targets": (18, ("family:vec", "loss:tuple")),
     # crash: a torch.jit.script submodule
     "scripted_submodule": (32, ("family:vec", "block:scripted")),
+    # crash (raw "Expected input batch_size (1) to match target batch_size (4)"): a per-token
+    # head after a position embedding pos(arange(T))[None], on the hook path by name
+    "lm_position_embedding_hooks": (0, ("family:lm", "pos:call", "method:hooks")),
     # false refusal: a packed LSTM (pack_padded_sequence with per-example lengths)
     "packed_lstm": (105, ("family:rnn",)),
     # crash: a packed LSTM whose first example has length 1
