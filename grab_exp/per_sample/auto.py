@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from grab_exp.grads import BatchGrads
-from grab_exp.per_sample.base import PerSampleGradients
+from grab_exp.per_sample.base import PerSampleGradients, one_line
 from grab_exp.per_sample.hooks import HookedPerSample
 from grab_exp.per_sample.layout import Inputs
 from grab_exp.per_sample.modules import LossContractError, UnsupportedModelError
@@ -74,13 +74,14 @@ class AutoPerSample(PerSampleGradients):
             left = self.chosen.method
             self.chosen.remove()
             make_func, self._make_func = self._make_func, None
-            self.reason = _one_line(hooks_error)
+            self.reason = _without_method(one_line(hooks_error))
             try:
                 self.chosen = make_func()
                 return self.chosen(x, y)
             except (RuntimeError, ValueError) as func_error:  # UnsupportedModelError included
                 raise UnsupportedModelError(
-                    f"method={left}: {self.reason} | method=func: {_one_line(func_error)}"
+                    f"method={left}: {self.reason} | method=func: "
+                    f"{_without_method(one_line(func_error))}"
                 ) from func_error
 
     def state_bytes(self) -> int:
@@ -88,12 +89,6 @@ class AutoPerSample(PerSampleGradients):
 
     def _compute(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         return self.chosen._compute(x, y)
-
-
-def _one_line(error: Exception) -> str:
-    lines = str(error).strip().splitlines()
-    text = lines[0] if lines else ""
-    return text if isinstance(error, ValueError) else f"{type(error).__name__}: {text}"
 
 
 def _running_buffers(norms: list[nn.Module]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -104,3 +99,9 @@ def _running_buffers(norms: list[nn.Module]) -> list[tuple[torch.Tensor, torch.T
         if m.training and m.track_running_stats
         for b in m.buffers(recurse=False)
     ]
+
+
+def _without_method(message: str) -> str:
+    """A path's refusal without its ``method=...:`` prefix (auto's message names each path)."""
+    head, _, rest = message.partition(": ")
+    return rest if head.startswith("method=") and rest else message

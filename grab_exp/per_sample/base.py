@@ -51,11 +51,19 @@ from grab_exp.per_sample.modules import (
     UnsupportedModelError,
     module_problem,
 )
+from grab_exp.per_sample.verify import GradSnapshot, rows_problem
 from grab_exp.validation import check_int_at_least
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 #: a path's identity check: ``(losses (B,), c (B,)) -> problem or None``
 Identity = Callable[[torch.Tensor, torch.Tensor], "str | None"] | None
+
+
+def one_line(error: Exception) -> str:
+    """The error's first line, with its type unless it is a refusal (already one line)."""
+    lines = str(error).strip().splitlines()
+    text = lines[0] if lines else ""
+    return text if isinstance(error, UnsupportedModelError) else f"{type(error).__name__}: {text}"
 
 
 def loss_of(loss_fn: LossFn, out: Any, y: torch.Tensor) -> torch.Tensor:
@@ -150,7 +158,12 @@ class PerSampleGradients(ABC):
             self.state = ModelState(self.model)
             self.restructure()
         self.check()
-        return self._compute(x, y)
+        try:
+            return self._compute(x, y)
+        except UnsupportedModelError:
+            raise
+        except Exception as error:  # torch's, the model's or the loss's, inside this method
+            raise UnsupportedModelError(f"method={self.method}: {one_line(error)}") from error
 
     def restructure(self) -> None:
         """List the modules whose modes :meth:`check` reads (again, for a model whose modules
@@ -169,6 +182,41 @@ class PerSampleGradients(ABC):
     def trainable(self) -> dict[str, nn.Parameter]:
         """The trainable parameters, in ``named_parameters`` order (the rows' columns)."""
         return self.state.trainable()
+
+    def verify(
+        self, rows: BatchGrads, params: dict[str, nn.Parameter], snapshot: GradSnapshot
+    ) -> None:
+        """Refuse rows whose mean is not this call's ``param.grad``, autograd's
+        (:mod:`~grab_exp.per_sample.verify`; every call while the check is on)."""
+        if not self.checker.on:
+            return
+        names, tensors = list(params), list(params.values())
+        problem = rows_problem(rows, names, snapshot.grads(), tensors, self.model, self.method)
+        if isinstance(problem, torch.Tensor):  # CUDA: judged at the next full check
+            self.checker.defer_rows(problem)
+        elif problem is not None:
+            raise UnsupportedModelError(problem)
+
+    def verify_and_check(
+        self,
+        rows: BatchGrads,
+        params: dict[str, nn.Parameter],
+        snapshot: GradSnapshot,
+        full: Callable[[Identity], None] | None,
+        identity: Identity,
+    ) -> None:
+        """:meth:`verify` on every call; ``full(identity)`` (the :meth:`full_check` of the
+        batch) where one is due. Where the rows' mean is off, the full check runs first without
+        the identity: its loss and mixing checks name their cause; else the observation is the
+        refusal (the identity could only blame the rows' order)."""
+        try:
+            self.verify(rows, params, snapshot)
+        except UnsupportedModelError:
+            if full is not None:
+                full(None)
+            raise
+        if full is not None:
+            full(identity)
 
     def full_check(self, x: Inputs, y: torch.Tensor, out, layout, identity: Identity) -> None:
         """The full check of one batch (:mod:`~grab_exp.per_sample.check`); raises its problem.

@@ -22,7 +22,8 @@ __all__ = ["batchnorm_to_groupnorm"]
 def batchnorm_to_groupnorm(model: nn.Module, max_groups: int = 32) -> nn.Module:
     """Replace every BatchNorm layer of ``model`` (in place) with a GroupNorm; return ``model``.
 
-    Each ``BatchNorm*d(C)`` becomes ``GroupNorm(gcd(C, max_groups), C)`` with the same ``eps``
+    Each ``BatchNorm*d(C)`` becomes ``GroupNorm(gcd(C, max_groups), C)`` (a ``BatchNorm1d``:
+    groups of at least two channels, right on ``(B, C)`` inputs too) with the same ``eps``
     and affinity, on the same device and dtype; an affine layer's weight and bias are copied
     (GroupNorm's affine map is per channel too). A ``BatchNorm`` that is the model itself
     cannot be replaced in place and is refused.
@@ -32,26 +33,43 @@ def batchnorm_to_groupnorm(model: nn.Module, max_groups: int = 32) -> nn.Module:
         max_groups: the most groups a GroupNorm gets (32, as in Wu & He's GroupNorm paper).
 
     Raises:
-        ValueError: ``max_groups < 1``, or ``model`` is itself a BatchNorm layer.
+        ValueError: ``max_groups < 1``, ``model`` is itself a BatchNorm layer, or a
+            ``BatchNorm1d`` of one channel (no group of two channels; the message names it).
     """
     check_int_at_least("max_groups", max_groups, 1)
     if isinstance(model, BATCHNORM):
         raise ValueError("batchnorm_to_groupnorm: the model is a BatchNorm layer; wrap it first")
-    for module in list(model.modules()):
+    for prefix, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, BATCHNORM):
-                setattr(module, child_name, _group_norm(child, max_groups))
+                name = f"{prefix}.{child_name}" if prefix else child_name
+                setattr(module, child_name, _group_norm(child, max_groups, name))
     return model
 
 
-def _group_norm(batch_norm: nn.Module, max_groups: int) -> nn.GroupNorm:
+def _groups(batch_norm: nn.Module, max_groups: int, name: str) -> int:
+    """``gcd(C, max_groups)`` groups; for a ``BatchNorm1d``, which may see ``(B, C)`` inputs (one
+    value per channel), groups of at least two channels: a group of one value normalizes it to
+    0, and the layer would output its bias whatever the input."""
+    channels = batch_norm.num_features
+    if not isinstance(batch_norm, nn.BatchNorm1d):
+        return math.gcd(channels, max_groups)
+    fitting = [g for g in range(1, min(max_groups, channels // 2) + 1) if channels % g == 0]
+    if not fitting:
+        raise ValueError(
+            f"batchnorm_to_groupnorm: {name} (BatchNorm1d) has {channels} channel: on (B, C) "
+            "inputs a GroupNorm of it outputs its bias whatever the input; remove that layer or "
+            "use a LayerNorm"
+        )
+    return fitting[-1]
+
+
+def _group_norm(batch_norm: nn.Module, max_groups: int, name: str) -> nn.GroupNorm:
     channels = batch_norm.num_features
     like = batch_norm.weight if batch_norm.affine else batch_norm.running_mean
     options = {} if like is None else {"device": like.device, "dtype": like.dtype}
-    norm = nn.GroupNorm(
-        math.gcd(channels, max_groups), channels, eps=batch_norm.eps, affine=batch_norm.affine,
-        **options,
-    )  # fmt: skip
+    groups = _groups(batch_norm, max_groups, name)
+    norm = nn.GroupNorm(groups, channels, eps=batch_norm.eps, affine=batch_norm.affine, **options)
     if batch_norm.affine:
         with torch.no_grad():
             norm.weight.copy_(batch_norm.weight)

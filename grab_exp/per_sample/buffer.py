@@ -18,18 +18,18 @@ class GradBuffer:
 
     def __init__(self) -> None:
         self.buffer: torch.Tensor | None = None  # (rows >= B, d)
-        self._shapes: dict[str, torch.Size] = {}  # trainable name -> shape: the layout
+        #: the layout: per trainable parameter, (name, the parameter object's id, its shape)
+        self._layout: list[tuple[str, int, torch.Size]] = []
         self._views: dict[int, Grads] = {}  # B -> name -> (B, *shape) views of the buffer
 
-    def views(
-        self, model: nn.Module, batch: int, trainable: list[str], tensors: list[torch.Tensor]
-    ) -> Grads:
+    def views(self, batch: int, params: dict[str, nn.Parameter], tensors: list[torch.Tensor]):
         """Name -> ``(B, *shape)`` column blocks of the buffer (``{}``: write fresh tensors).
 
         Args:
-            model: The model (read for the parameters' shapes when the layout changes).
             batch: ``B``.
-            trainable: Names of the trainable parameters, in ``named_parameters`` order.
+            params: The trainable parameters by name, in ``named_parameters`` order: the layout
+                is keyed by the parameter objects and their shapes, so a replaced or resized
+                parameter gets a new one.
             tensors: The layers' inputs and output gradients: the buffer takes their dtype and
                 device; when they mix dtypes or devices (or there are none), ``{}``.
         """
@@ -38,21 +38,20 @@ class GradBuffer:
         like = tensors[0]
         if any(t.dtype != like.dtype or t.device != like.device for t in tensors):
             return {}
-        if list(self._shapes) != trainable:  # first call, or parameters were (un)frozen
-            shapes = dict(model.named_parameters())
-            self._shapes = {n: shapes[n].shape for n in trainable}
-            self.buffer = None
+        layout = [(n, id(p), p.shape) for n, p in params.items()]
+        if layout != self._layout:  # first call, or parameters were (un)frozen or replaced
+            self._layout, self.buffer = layout, None
         buffer = self.buffer
         small = buffer is None or len(buffer) < batch
         if small or buffer.dtype != like.dtype or buffer.device != like.device:
-            d = sum(shape.numel() for shape in self._shapes.values())
+            d = sum(shape.numel() for _, _, shape in layout)
             self.buffer = torch.empty(batch, d, dtype=like.dtype, device=like.device)  # (B, d)
             self._views = {}
         if batch not in self._views:
-            widths = [shape.numel() for shape in self._shapes.values()]
+            widths = [shape.numel() for _, _, shape in layout]
             blocks = torch.split(self.buffer[:batch], widths, dim=1)  # (B, d_i) each
             self._views[batch] = {
                 n: block.view(batch, *shape)
-                for (n, shape), block in zip(self._shapes.items(), blocks, strict=True)
+                for (n, _, shape), block in zip(layout, blocks, strict=True)
             }
         return self._views[batch]

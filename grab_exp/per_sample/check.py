@@ -109,6 +109,7 @@ class Check:
         self.pending = True
         self._seen: set = set()
         self._gap: torch.Tensor | None = None  # CUDA: the loss split's largest gap, read later
+        self._rows: torch.Tensor | None = None  # CUDA: the rows' worst gap / tolerance, later
 
     @property
     def on(self) -> bool:
@@ -171,9 +172,21 @@ class Check:
         elif gap is not None:
             _refuse_gap(gap, dtype)
 
+    def defer_rows(self, ratio: torch.Tensor) -> None:
+        """Keep a call's rows-against-``param.grad`` gap (``()``, over its tolerance) on the
+        device for the next full check (no host read inside a step)."""
+        self._rows = ratio if self._rows is None else torch.maximum(self._rows, ratio)
+
     def settle_deferred(self, dtype: torch.dtype) -> None:
-        """Refuse what the loss splits kept on the device since the last full check showed
-        (one host read)."""
+        """Refuse what the loss splits and the rows' comparisons kept on the device since the
+        last full check showed (one host read each)."""
+        if self._rows is not None:
+            ratio, self._rows = self._rows.item(), None
+            if not ratio <= 1:
+                raise UnsupportedModelError(
+                    f"the rows' mean differed from autograd's gradient on a call since the last "
+                    f"check ({ratio:.2g} times the tolerance); use method=func"
+                )
         if self._gap is not None:
             gap, self._gap = self._gap.item(), None
             _refuse_gap(gap, dtype)
@@ -367,9 +380,9 @@ def mismatch(
     label = f"{layer or '<root>'} ({type(model.get_submodule(layer)).__name__})"
     advice = "use method=func" if method != "func" else "no method supports this model"
     return (
-        f"{label}: {subject} do not add up to autograd's gradient of the examples' own losses "
-        f"(relative difference {worst:.2g}): rows attributed to the wrong examples (a model "
-        f"that reorders its batch), a term missing or counted twice; {advice}"
+        f"{label}: {subject}, weighted per example, do not add up to autograd's gradient of the "
+        f"examples' own losses weighted alike (relative difference {worst:.2g}): the rows are "
+        f"not those of the examples they are given for; {advice}"
     )
 
 

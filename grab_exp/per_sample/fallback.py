@@ -132,11 +132,6 @@ class FuncFallback:
                 rows[n].append(torch.zeros_like(p) if g is None else g)
         return {n: torch.stack(r) for n, r in rows.items()}
 
-    @staticmethod
-    def mean(batch: int, per_sample: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        """Batch-mean gradients ``[p.shape]`` from the per-sample ones."""
-        return [None if p is None else p.sum(dim=0).div_(batch) for p in per_sample]
-
 
 def _write(grad_: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor | None:
     return grad_ if grad_ is None or out is None else out.copy_(grad_)

@@ -29,7 +29,8 @@ from grab_exp.per_sample.layout import (
     input_shapes,
     take,
 )
-from grab_exp.per_sample.modules import CHECKPOINT_REFUSAL, UnsupportedModelError
+from grab_exp.per_sample.modules import CHECKPOINT_REFUSAL, UnsupportedModelError, random_modules
+from grab_exp.per_sample.verify import GradSnapshot
 from grab_exp.validation import check_int_at_least
 
 __all__ = ["RANDOMNESS_CHOICES", "FuncPerSample"]
@@ -69,23 +70,44 @@ def split_state(
 
 def _make_grad_fn(
     model: nn.Module, loss_fn: LossFn, chunk_size: int | None, randomness: str | None
-) -> Callable[[Grads, Grads, torch.Tensor, torch.Tensor], tuple[Grads, torch.Tensor]]:
-    """Build ``vmap(grad(loss of one example))`` over the batch dimension of ``x`` and ``y``."""
+) -> Callable[[Grads, Grads, Inputs, torch.Tensor], tuple[Grads, torch.Tensor]]:
+    """Build ``vmap(grad(loss of one example))`` over the batch dimension of ``x`` and ``y``:
+    dimension 0 of every tensor leaf that has one; Python values and ``()`` tensors (flags,
+    ``None`` masks) are passed to every example as they are."""
     model_and_loss = _ModelAndLoss(model, loss_fn)
 
-    def one_example(trainable: Grads, fixed: Grads, xi: Inputs, yi: torch.Tensor):
-        one = tree_map(lambda t: t.unsqueeze(0) if isinstance(t, torch.Tensor) else t, xi)
-        state = [{f"model.{n}": t for n, t in part.items()} for part in (trainable, fixed)]
-        loss, out = functional_call(model_and_loss, tuple(state), (one, yi.unsqueeze(0)))
-        check_scalar(loss)
-        detached = tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, out)
-        return loss, (loss.detach(), detached)
+    def batched(trainable: Grads, fixed: Grads, x: Inputs, y: torch.Tensor):
+        dims = (_batch_dims(x), _batch_dims(y))
 
-    return vmap(
-        grad(one_example, has_aux=True),
-        in_dims=(None, None, 0, 0),
-        chunk_size=chunk_size,
-        randomness=randomness or "error",
+        def one_example(trainable: Grads, fixed: Grads, xi: Inputs, yi: torch.Tensor):
+            one, y1 = (_unsqueezed(v, d) for v, d in zip((xi, yi), dims, strict=True))
+            state = [{f"model.{n}": t for n, t in part.items()} for part in (trainable, fixed)]
+            loss, out = functional_call(model_and_loss, tuple(state), (one, y1))
+            check_scalar(loss)
+            detached = tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, out)
+            return loss, (loss.detach(), detached)
+
+        return vmap(
+            grad(one_example, has_aux=True),
+            in_dims=(None, None, *dims),
+            chunk_size=chunk_size,
+            randomness=randomness or "error",
+        )(trainable, fixed, x, y)
+
+    return batched
+
+
+def _batch_dims(value: Any) -> Any:
+    """``value``'s in_dims for vmap: 0 for a tensor with dimensions, else ``None``."""
+    return tree_map(lambda t: 0 if isinstance(t, torch.Tensor) and t.dim() else None, value)
+
+
+def _unsqueezed(value: Any, dims: Any) -> Any:
+    """One example's ``value`` as a batch of one (its batched leaves given dimension 0 back)."""
+    leaves, spec = tree_flatten(value)
+    flags = tree_flatten(dims)[0]  # one per leaf (None is a leaf of torch's pytrees)
+    return tree_unflatten(
+        [t if d is None else t.unsqueeze(0) for t, d in zip(leaves, flags, strict=True)], spec
     )
 
 
@@ -189,6 +211,10 @@ class FuncPerSample(PerSampleGradients):
             self._grad_fn = compile_step(self._grad_fn, compile_mode)
 
     def _compute(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
+        """The rows from ``vmap(grad)``; ``param.grad`` from the batch's own forward and one
+        ``loss.backward()`` (a plain step's work on top of the rows': the price of a
+        ``param.grad`` that gradient hooks, ties and post-accumulate hooks act on as they would
+        in a plain step); then the checks."""
         batch = batch_size(x)
         key = (input_shapes(x), self.state.key())
         layout = self._output_layout(key, x)
@@ -199,22 +225,57 @@ class FuncPerSample(PerSampleGradients):
         except RuntimeError as error:
             raise UnsupportedModelError(vmap_failure(self.model, error)) from error
         rows = as_batch_grads(grads)
+        params = self.trainable()
+        if self.randomness is not None and random_modules(self.model):
+            return self._drawn(x, y, rows, grads, losses, out, layout, key, due)
+        with GradSnapshot(params.values()) as snapshot, torch.enable_grad():
+            batch_out = call_model(self.model, x)  # the batch's own forward
+            loss = loss_of(self.loss_fn, batch_out, y)
+            if loss.requires_grad:
+                loss.backward(retain_graph=due)
+            if not due:  # a full check reads every example's loss
+                self._settle_split(self._examples_loss(out, y, layout), losses, batch)
+            full = (lambda ident: self.full_check(x, y, batch_out, layout, ident)) if due else None
+            self.verify_and_check(rows, params, snapshot, full, self._identity(rows))
+            if due:
+                self.checker.passed(key, batch)
+        return loss.detach(), rows
+
+    def _drawn(self, x, y, rows, grads, losses, out, layout, key, due):
+        """A call with random layers active: every example drew its own masks under ``vmap``,
+        which no batch backward can reproduce, so ``param.grad`` is the rows' mean (a gradient
+        hook on a parameter, which that would ignore, is refused)."""
+        batch = len(y)
+        hooked = [n for n, p in self.trainable().items() if p._backward_hooks]
+        if hooked:
+            raise UnsupportedModelError(
+                f"{hooked[0]} has a gradient hook (register_hook), and with random layers "
+                "active method=func forms param.grad from the rows, which the hook cannot act "
+                "on; put the random layers in eval mode, or remove the hook"
+            )
         if due:
             with kept_state(self.model), torch.enable_grad():  # the batch's own forward
-                batch_out = call_model(self.model, x)
-                identity = None if self.randomness is not None else self._identity(rows)
-                self.full_check(x, y, batch_out, layout, identity)
+                self.full_check(x, y, call_model(self.model, x), layout, None)
             self.checker.passed(key, batch)
-        if self.checker.split(batch) is not None:  # the batch loss from the examples' outputs
-            loss = loss_of(self.loss_fn, _batched(out, layout), y).detach()
-            gap = relative_gap(loss, losses.mean(), losses.abs().mean())
-            self.checker.settle_gap(gap, losses.dtype)
+        if not due:
+            self._settle_split(self._examples_loss(out, y, layout), losses, batch)
         for name, p in self.state.named:
             g = grads.get(name)
             if g is not None:
                 mean = g.mean(dim=0).to(p.dtype)  # (*param.shape)
                 p.grad = mean if p.grad is None else p.grad.add_(mean)
         return losses.mean(), rows
+
+    def _examples_loss(self, out: Any, y: torch.Tensor, layout: OutputLayout) -> torch.Tensor:
+        """``loss_fn`` of the examples' own outputs, stacked as a batch's (not the batch's own
+        forward: a model that mixes the examples is the mixing check's to name)."""
+        return loss_of(self.loss_fn, _batched(out, layout), y).detach()
+
+    def _settle_split(self, loss: torch.Tensor, losses: torch.Tensor, batch: int) -> None:
+        """``loss`` against the mean of the examples' own losses (every call)."""
+        if self.checker.split(batch) is not None:
+            gap = relative_gap(loss.detach(), losses.mean(), losses.abs().mean())
+            self.checker.settle_gap(gap, losses.dtype)
 
     def _identity(self, rows: BatchGrads):
         """The identity over all rows (:func:`~grab_exp.per_sample.check.identity_problem`)."""

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +46,7 @@ from torch.nn.utils import parametrize
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from grab_exp.grads import BatchGrads, as_batch_grads
-from grab_exp.per_sample.base import LossFn, PerSampleGradients, loss_of
+from grab_exp.per_sample.base import LossFn, PerSampleGradients, loss_of, one_line
 from grab_exp.per_sample.buffer import GradBuffer
 from grab_exp.per_sample.check import (
     CHECK_EVERY,
@@ -71,6 +71,7 @@ from grab_exp.per_sample.layout import (
 from grab_exp.per_sample.modules import CHECKPOINT_REFUSAL, UnsupportedModelError, draws_random
 from grab_exp.per_sample.rules import LayerRule, rule_for
 from grab_exp.per_sample.rules.base import OURS, is_ours
+from grab_exp.per_sample.verify import GradSnapshot
 
 Grads = dict[str, torch.Tensor]
 
@@ -80,10 +81,16 @@ __all__ = ["FactoredPerSample", "HookedPerSample", "UnsupportedModelError", "che
 def check_supported(model: nn.Module) -> None:
     """Raise ``UnsupportedModelError`` naming the first parameter shared by two modules (tied
     weights: a layer's hooks see only that layer's use of it), or the first parametrized layer
-    (``torch.nn.utils.parametrize``: its weight is computed outside its forward). One module
+    (``torch.nn.utils.parametrize``: its weight is computed outside its forward), or the first
+    ``torch.jit.script`` module (it takes no Python hooks). One module
     at two places (called twice) is fine: its calls are summed."""
     owners: dict[int, tuple[int, str]] = {}  # parameter -> (its module, that module's name)
     for name, module in model.named_modules(remove_duplicate=False):
+        if isinstance(module, torch.jit.ScriptModule):
+            raise UnsupportedModelError(
+                f"{_label(name, module)} is a torch.jit.script module, whose layers the hook "
+                "path cannot hook; use method=func (auto does)"
+            )
         if parametrize.is_parametrized(module):
             raise UnsupportedModelError(
                 f"{_label(name, module)} is parametrized (torch.nn.utils.parametrize: "
@@ -448,18 +455,34 @@ class HookedPerSample(PerSampleGradients):
             gap = loss_gap(self.loss_fn, out, y, loss, self.plan.output, k)
             self.checker.settle_gap(gap, loss.dtype)  # before the backward: nothing written yet
         params = self.trainable()  # read once per call: the rows' columns
-        totals, input_grads = self._backward(loss, x, calls, due, params, everything=changed)
-        rows, means = self._rows(calls, batch, list(params))
-        written = [(totals if changed else means).get(n) for n in params]
-        if due:
-            with _written_first(params.values(), written):  # else after the check
-                identity = self._identity(calls, rows, batch)
-                self.full_check(x, y, out, self.plan.output, identity)
+        with GradSnapshot(params.values()) as snapshot:  # a refusal puts param.grad back
+            self._backward(loss, calls, retain=due)  # loss.backward(): autograd's param.grad
+            rows = self._rows(calls, batch, params)
+            grads = self._batch_grads(rows, params)
+            full = (
+                (lambda ident: self.full_check(x, y, out, self.plan.output, ident)) if due else None
+            )
+            identity = self._identity(calls, rows, batch) if due else None
+            self._verify(grads, params, snapshot, calls, full, identity)
+            if due:
                 self.checker.passed(key, batch)
-        else:
-            _add_to_grad(params.values(), written)
-        _add_to_grad(input_grads, input_grads.values())
-        return loss.detach(), self._batch_grads(rows, params)
+        return loss.detach(), grads
+
+    def _verify(self, grads, params, snapshot, calls, full, identity) -> None:
+        """:meth:`verify_and_check`, naming a layer that ran without autograd recording it as
+        the cause."""
+        try:
+            self.verify_and_check(grads, params, snapshot, full, identity)
+        except UnsupportedModelError:
+            blind = [n for n, cs in calls.items() if any(not any(c.edges) for c in cs)]
+            if not blind:
+                raise
+            raise UnsupportedModelError(
+                f"{_label(blind[0], self._layers[blind[0]])} ran without autograd recording it "
+                "(torch.utils.checkpoint with use_reentrant=True runs it again inside the "
+                "backward, out of the hook path's sight): its rows are missing; use "
+                "use_reentrant=False, or method=func"
+            ) from None
 
     def _read_in_place(self, calls: dict[str, list[Call]]) -> bool:
         """Note each call's in-place change (once per call); whether any output changed.
@@ -513,20 +536,25 @@ class HookedPerSample(PerSampleGradients):
                     "which the hook path cannot follow; use method=func (auto does)"
                 )
 
-    def _rows(
-        self, calls: dict[str, list[Call]], batch: int, trainable: list[str]
-    ) -> tuple[dict, Grads]:
-        """The rows of every ``trainable`` parameter (``(B, *shape)`` or factors) and its mean
-        gradient (``None`` where no call of its layer reached the loss), in ``named_parameters``
-        order."""
-        views = self._buffer_views(batch, trainable, calls)
-        rows: dict[str, Any] = {}
-        means: Grads = {}
+    def _rows(self, calls: dict[str, list[Call]], batch: int, params: dict[str, nn.Parameter]):
+        """The rows of every trainable parameter (``(B, *shape)`` or factors), in
+        ``named_parameters`` order; keyed by the parameter object, so the rows of a parameter
+        that two layers share add up."""
+        views = self._buffer_views(batch, params, calls)
+        rows: dict[int, Any] = {}
         for name in self._layers:
-            grads, mean = self._layer_grads(name, calls.get(name, []), batch, views)
-            rows.update(zip(self._own[name], grads, strict=True))
-            means.update(zip(self._own[name], mean, strict=True))
-        return {n: rows[n] for n in trainable}, {n: means[n] for n in trainable}
+            own = self._own[name]
+            out = [None if id(p) in rows else views.get(n) for n, p in own.items()]
+            try:
+                grads = self._layer_grads(name, calls.get(name, []), batch, out)
+            except UnsupportedModelError:
+                raise
+            except Exception as error:  # a rule's or a replay's, named by its layer
+                label = _label(name, self._layers[name])
+                raise UnsupportedModelError(f"{label}: {one_line(error)}") from error
+            for (n, p), g in zip(own.items(), grads, strict=True):
+                rows[id(p)] = g if id(p) not in rows else _added(rows[id(p)], g, n)
+        return {n: rows[id(p)] for n, p in params.items()}
 
     def _refuse_direct_uses(self, loss: torch.Tensor, calls: dict[str, list[Call]]) -> None:
         """Refuse a parameter that ``loss`` reaches other than through its layer's calls (a
@@ -625,9 +653,9 @@ class HookedPerSample(PerSampleGradients):
             ran, probed = len(calls.get(name, [])), self.layouts.get(name, [])
             if ran and not probed:
                 raise UnsupportedModelError(
-                    f"{_label(name, layer)} ran on this batch but not in the probe of its first "
-                    "example: it runs for some examples only (data-dependent routing, as a "
-                    "mixture of experts' expert); use method=func"
+                    f"{_label(name, layer)} ran on this batch but not in the probe of its kind "
+                    "of batch (it runs on some batches or examples only: data-dependent "
+                    "control flow); use method=func"
                 )
             if ran and ran != len(probed) and len(set(probed)) > 1:
                 raise UnsupportedModelError(
@@ -646,33 +674,26 @@ class HookedPerSample(PerSampleGradients):
                     "randomness='different'"
                 )
 
-    def _layer_grads(
-        self, name: str, calls: list[Call], batch: int, views: Grads
-    ) -> tuple[list, list]:
-        """One layer's per-sample grads ``[(B, *p.shape)]`` and mean grads (its calls summed;
-        the means ``None`` where no call reached the loss, as ``loss.backward()`` leaves
-        ``param.grad``)."""
-        out = [views.get(n) for n in self._own[name]]
+    def _layer_grads(self, name: str, calls: list[Call], batch: int, out: list) -> list:
+        """One layer's per-sample grads ``[(B, *p.shape)]`` (or factors), its calls summed;
+        zeros where no call reached the loss."""
         total: list | None = None
-        means: list | None = None
         for call, layout in zip(calls, self._call_layouts(name, {name: calls}), strict=True):
             if all(g is None for g in call.grads):
                 continue  # this call's outputs did not reach the loss
-            grads, mean = self._call_grads(name, call, layout, batch, out, len(calls) > 1)
+            grads = self._call_grads(name, call, layout, batch, out, len(calls) > 1)
             if total is None:
-                total, means, out = grads, mean, [None] * len(out)
+                total, out = grads, [None] * len(out)
                 continue
             total = [t if g is None else t.add_(g) for t, g in zip(total, grads, strict=True)]
-            means = [m if g is None else m.add_(g) for m, g in zip(means, mean, strict=True)]
         if total is None:  # the layer did not reach the loss
             own = self._own[name].values()
             total = [_zeros(p, batch, o) for p, o in zip(own, out, strict=True)]
-            means = [None] * len(total)
-        return total, means
+        return total
 
     def _call_grads(
         self, name: str, call: Call, layout: CallLayout, batch: int, out: list, several: bool
-    ) -> tuple[list, list]:
+    ) -> list:
         layer = self._layers[name]
         for k, g in enumerate(call.grads):
             if g is not None and layout.outputs[k] is None:
@@ -684,54 +705,34 @@ class HookedPerSample(PerSampleGradients):
         rule = self.rules.get(name)
         if rule is not None:
             a = call.leaves[0].movedim(layout.inputs[0], 0)  # (B, ...)
-            g = call.grads[0].movedim(layout.outputs[0], 0)  # (B, ...), of the mean loss
-            g_sum = g * batch
+            g_sum = call.grads[0].movedim(layout.outputs[0], 0) * batch  # (B, ...), summed loss
             factored = self.factored and not several and not call.in_place
             factors = rule.factors(layer, a, g_sum) if factored else None
-            grads = factors or rule.per_sample(layer, a, g_sum, out)
-            return grads, rule.mean(layer, a, g, grads)
-        fallback = self.fallbacks[name]
-        grads = fallback.per_sample(call, layout, batch, out)  # hooks idle: not recording
-        return grads, fallback.mean(batch, grads)
+            return factors or rule.per_sample(layer, a, g_sum, out)
+        return self.fallbacks[name].per_sample(call, layout, batch, out)  # hooks idle
 
-    def _backward(
-        self,
-        loss: torch.Tensor,
-        x: Inputs,
-        calls: dict,
-        retain: bool,
-        params: dict[str, nn.Parameter],
-        everything: bool,
-    ) -> tuple[Grads, dict]:
-        """One backward of ``loss``: the gradients at the calls' outputs as they were returned
-        (into their ``grads``; at their gradient edges, so an output changed in place since
-        still gets its own) and at the inputs that require one (tensor -> gradient). With
-        ``everything`` (an output was changed in place) the gradients of the trainable
-        ``params`` too, autograd's (by name)."""
-        targets = [
-            (call, k)
+    def _backward(self, loss: torch.Tensor, calls: dict[str, list[Call]], retain: bool) -> None:
+        """``loss.backward()``, which writes ``param.grad`` (and the inputs' ``.grad``) as a
+        plain step does, with the gradients at the calls' outputs captured on the way (into
+        their ``grads``): by pre-hooks on the nodes that made them as they were returned (an
+        output changed in place since still gets its own)."""
+        handles = [
+            edge.node.register_prehook(_capture(call, k, edge.output_nr))
             for layer_calls in calls.values()
             for call in layer_calls
             for k, edge in enumerate(call.edges)
             if edge is not None
         ]
-        params = params if everything else {}
-        outputs = [call.edges[k] for call, k in targets]
-        inputs = [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
-        wanted = [*params.values(), *outputs, *inputs]
-        if not loss.requires_grad or not wanted:  # no trainable layer reached the loss
-            return dict.fromkeys(params), {}
         try:
-            grads = torch.autograd.grad(loss, wanted, allow_unused=True, retain_graph=retain)
+            if loss.requires_grad:  # else no trainable layer reached the loss
+                loss.backward(retain_graph=retain)
         except RuntimeError as error:
             raise _backward_error(error) from error
-        totals = dict(zip(params, grads, strict=False))
-        for (call, k), g in zip(targets, grads[len(params) :], strict=False):
-            call.grads[k] = g
-        rest = grads[len(params) + len(outputs) :]
-        return totals, {t: g for t, g in zip(inputs, rest, strict=True) if g is not None}
+        finally:
+            for handle in handles:
+                handle.remove()
 
-    def _buffer_views(self, batch: int, trainable: list[str], calls: dict) -> Grads:
+    def _buffer_views(self, batch: int, params: dict[str, nn.Parameter], calls: dict) -> Grads:
         """Name -> ``(B, *shape)`` column blocks of the reused buffer (``{}``: write fresh).
 
         The buffer takes the dtype and device of the layers' floating inputs and output
@@ -746,7 +747,7 @@ class HookedPerSample(PerSampleGradients):
             for t in (*call.leaves[:1], *call.grads)
             if isinstance(t, torch.Tensor) and t.is_floating_point()  # not Embedding's indices
         ]
-        return self.grad_buffer.views(self.model, batch, trainable, tensors)
+        return self.grad_buffer.views(batch, params, tensors)
 
 
 class FactoredPerSample(HookedPerSample):
@@ -787,32 +788,28 @@ def _zeros(param: nn.Parameter, batch: int, out: torch.Tensor | None) -> torch.T
     return torch.zeros(batch, *param.shape, dtype=param.dtype, device=param.device)
 
 
-def _add_to_grad(tensors: Iterable[torch.Tensor], grads: list[torch.Tensor | None]) -> None:
-    """Add autograd's gradients to the tensors' ``.grad``, as ``loss.backward()`` would."""
-    for tensor, grad in zip(tensors, grads, strict=True):
-        if grad is not None:
-            tensor.grad = grad if tensor.grad is None else tensor.grad.add_(grad)
+def _capture(call: Call, k: int, output_nr: int):
+    """A node pre-hook that keeps the gradient at the node's output ``output_nr`` as the
+    gradient of ``call``'s output ``k``."""
+
+    def hook(grad_outputs: tuple) -> None:
+        call.grads[k] = grad_outputs[output_nr]
+
+    return hook
 
 
-@contextlib.contextmanager
-def _written_first(params: Iterable[nn.Parameter], grads: Iterable[torch.Tensor | None]):
-    """Add ``grads`` to ``param.grad`` around the block, as ``loss.backward()`` would, so that a
-    refusal inside it leaves ``param.grad`` as before: first when no parameter has a ``.grad``
-    (the usual step after ``zero_grad(set_to_none=True)``: the gradients are not held twice,
-    and a refusal sets them back to ``None``), else after the block."""
-    params, grads = list(params), list(grads)
-    first = all(p.grad is None for p in params)
-    if first:
-        _add_to_grad(params, grads)
-    try:
-        yield
-    except BaseException:
-        if first:
-            for p in params:
-                p.grad = None
-        raise
-    if not first:
-        _add_to_grad(params, grads)
+def _added(rows: Any, more: Any, name: str) -> Any:
+    """The rows of a parameter that two layers share: their sum."""
+    if more is None:
+        return rows
+    if rows is None:
+        return more
+    if not isinstance(rows, torch.Tensor) or not isinstance(more, torch.Tensor):
+        raise UnsupportedModelError(
+            f"{name} is shared by two layers, whose factored rows cannot be added; use "
+            "method=hooks or func"
+        )
+    return rows.add_(more)
 
 
 def _reached_leaves(root: Any, skip: dict) -> set[int]:

@@ -259,6 +259,26 @@ def test_batchnorm_is_refused_naming_the_helper_and_the_helper_makes_the_model_w
     assert_matches(grads, expected)
 
 
+def test_batchnorm1d_on_vectors_becomes_a_groupnorm_that_depends_on_its_input():
+    """Issue 49: ``BatchNorm1d(C)`` over ``(B, C)`` became ``GroupNorm(C, C)``, one value per
+    group, normalized to 0: the layer output its bias for any input. Groups of at least two
+    channels now; a one-channel BatchNorm1d is refused by name."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 8), nn.BatchNorm1d(8), nn.Linear(8, 3)).double()
+    batchnorm_to_groupnorm(model)
+    assert model[1].num_groups == 4  # two channels a group
+    x, y = torch.randn(4, 5, dtype=torch.float64), torch.tensor([0, 1, 2, 0])
+    h = model[0](x)
+    assert not torch.allclose(model[1](h), model[1](h * torch.linspace(1, 2, 8)))
+    expected = per_example_loop(model, x, y)
+    assert_matches(make_per_sample(model, F.cross_entropy)(x, y)[1], expected)
+    lone = nn.Sequential(nn.Linear(5, 1), nn.BatchNorm1d(1))
+    with pytest.raises(
+        ValueError, match=r"^batchnorm_to_groupnorm: 1 \(BatchNorm1d\) has 1 channel"
+    ):
+        batchnorm_to_groupnorm(lone)
+
+
 @pytest.mark.parametrize("method", ["func", "auto"])
 def test_the_check_leaves_no_trace(method):
     """The check restores param.grad and the random generator: a checked call gives what it

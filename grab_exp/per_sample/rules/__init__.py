@@ -11,9 +11,8 @@ Adding a layer type::
     @register_rule(nn.MyLayer)
     class MyLayerRule(LayerRule):
         def per_sample(self, layer, a, g, out=(None, None)): ...  # [(B, *p.shape) per param]
-        def mean(self, layer, a, g, per_sample): ...  # [p.shape per param]; optional
 
-Both return one tensor per parameter of ``layer.named_parameters(recurse=False)``, in that
+It returns one tensor per parameter of ``layer.named_parameters(recurse=False)``, in that
 order (frozen ones included).
 """
 

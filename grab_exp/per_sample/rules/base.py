@@ -17,7 +17,7 @@ Outs = Sequence[torch.Tensor | None]
 
 
 class LayerRule:
-    """Per-sample and batch-mean gradients of one layer type's own parameters.
+    """Per-sample gradients of one layer type's own parameters (``param.grad`` is autograd's).
 
     Attributes:
         has_factors: :meth:`factors` can return a factor form (else it returns ``None``).
@@ -46,23 +46,9 @@ class LayerRule:
         """Per-sample gradients with the weight as factors, or ``None`` (materialize instead).
 
         Same arguments as :meth:`per_sample`; the result's blocks are ``(B, *p.shape)`` tensors
-        or :class:`~grab_exp.grads.linear.LinearFactors`. :meth:`mean` must not read them.
+        or :class:`~grab_exp.grads.linear.LinearFactors`.
         """
         return None
-
-    def mean(
-        self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor, per_sample: list[torch.Tensor]
-    ) -> list[torch.Tensor]:
-        """Batch-mean gradients ``[p.shape]``, as ``loss.backward()`` would give them (by
-        default the mean of the per-sample ones).
-
-        Args:
-            layer: The layer.
-            a: Its input ``# (B, ...)``.
-            g: The gradient of the batch MEAN loss at its output ``# (B, ...)`` (carries ``1/B``).
-            per_sample: What :meth:`per_sample` returned for this batch.
-        """
-        return [p.sum(dim=0).div_(g.shape[0]) for p in per_sample]
 
 
 #: the parameters a rule's layer has (a layer with others is not the one the rule knows)

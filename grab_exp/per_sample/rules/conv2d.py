@@ -97,20 +97,6 @@ def unfold_weight_grads(
     return weight.view(*g.shape[:2], *layer.weight.shape[1:])
 
 
-def conv2d_mean_grads(
-    layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor, per_sample: list[torch.Tensor]
-) -> list[torch.Tensor]:
-    """Batch-mean ``[weight, bias]`` grads: a sum of ``B`` small per-sample blocks.
-
-    ``g (B, O, H', W')`` is the gradient of the batch MEAN loss; ``per_sample`` what
-    :func:`conv2d_grads` returned (the input ``a`` is not read).
-    """
-    grads = [per_sample[0].sum(dim=0).div_(g.shape[0])]  # (O, C, kh, kw)
-    if layer.bias is not None:
-        grads.append(g.sum(dim=(0, 2, 3)))  # (O,)
-    return grads
-
-
 @register_rule(nn.Conv2d)
 class Conv2dRule(LayerRule):
     """``nn.Conv2d``; grouped, non-zero-padded or asymmetric ``"same"`` ones get the
@@ -121,4 +107,3 @@ class Conv2dRule(LayerRule):
         return layer.groups == 1 and zero_padded
 
     per_sample = staticmethod(conv2d_grads)
-    mean = staticmethod(conv2d_mean_grads)

@@ -38,10 +38,3 @@ class EmbeddingRule(LayerRule):
         return layer.max_norm is None and not layer.scale_grad_by_freq and not layer.sparse
 
     per_sample = staticmethod(embedding_grads)
-
-    def mean(self, layer, a, g, per_sample):
-        weight = g.new_zeros(layer.weight.shape)  # (V, D)
-        g2 = g.reshape(-1, weight.shape[1])  # (B*T, D), of the batch MEAN loss
-        if layer.padding_idx is not None:
-            g2 = g2 * (a.reshape(-1, 1) != layer.padding_idx)
-        return [weight.index_add_(0, a.flatten(), g2)]

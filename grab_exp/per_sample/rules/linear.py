@@ -26,18 +26,6 @@ def linear_grads(
     return grads
 
 
-def linear_mean_grads(layer: nn.Linear, a: torch.Tensor, g: torch.Tensor) -> list[torch.Tensor]:
-    """Batch-mean ``[weight, bias]`` grads: the same matmul as autograd's.
-
-    ``a (B, *, in)`` is the input, ``g (B, *, out)`` the gradient of the batch MEAN loss.
-    """
-    g2, a2 = g.reshape(-1, g.shape[-1]), a.reshape(-1, a.shape[-1])  # (B*T, out), (B*T, in)
-    grads = [g2.T @ a2]  # (out, in)
-    if layer.bias is not None:
-        grads.append(g2.sum(dim=(0,)))  # (out,)
-    return grads
-
-
 @register_rule(nn.Linear)
 class LinearRule(LayerRule):
     """``nn.Linear`` (and subclasses, e.g. ``LazyLinear`` once materialized)."""
@@ -52,6 +40,3 @@ class LinearRule(LayerRule):
             return None  # long sequences, narrow layer: the (B, out, in) blocks are cheaper
         factors = LinearFactors(a3, g3)
         return [factors] if layer.bias is None else [factors, FactorBias(factors)]
-
-    def mean(self, layer, a, g, per_sample):
-        return linear_mean_grads(layer, a, g)

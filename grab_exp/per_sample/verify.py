@@ -1,0 +1,148 @@
+"""What every call checks before it returns: the rows' mean against autograd's ``param.grad``.
+
+Every path lets one ``loss.backward()`` of the batch write ``param.grad`` (ties, gradient hooks,
+post-accumulate hooks hold as in a plain step) and forms its rows apart from it. The rows of a
+batch-mean loss must then average to that call's gradient, parameter by parameter: one pass
+over the ``(B, d)`` rows (:meth:`~grab_exp.grads.rows.GradRows.accumulate`, factors included)
+and an ``O(d)`` comparison. It catches whatever makes the rows miss or double a term of the
+gradient (a weight used outside its layer, a tie made after construction, a gradient hook on a
+parameter, a stale buffer layout); rows permuted among examples keep their sum and are the
+per-example check's (:mod:`~grab_exp.per_sample.check`).
+
+:class:`GradSnapshot` keeps ``param.grad`` as it was before the call, so that a refusal leaves it
+so: nothing to keep when it was ``None`` (the usual step after ``zero_grad``), else a copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from grab_exp.devices import host_reads_allowed
+from grab_exp.grads import BatchGrads
+from grab_exp.per_sample.modules import UnsupportedModelError
+
+__all__ = ["GradSnapshot", "rows_gaps", "rows_problem"]
+
+#: largest relative difference (in norm, per parameter) taken as rounding, per dtype: both sides
+#: come from one backward's output gradients, summed in another order
+TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-3}
+LOOSE_TOLERANCE = 5e-2  # float16, bfloat16
+#: a parameter's difference is relative to at least this share of the largest gradient's norm
+FLOOR = {torch.float64: 1e-7, torch.float32: 1e-4}
+LOOSE_FLOOR = 1e-2
+
+
+class GradSnapshot:
+    """``param.grad`` before a call: the call's own gradient after its backward, and the old
+    ``param.grad`` put back when the block raises.
+
+    Args:
+        params: the trainable parameters, in the rows' column order.
+    """
+
+    def __init__(self, params: Iterable[nn.Parameter]) -> None:
+        self.params = list(params)
+        self.saved = [None if p.grad is None else p.grad.detach().clone() for p in self.params]
+
+    def __enter__(self) -> GradSnapshot:
+        return self
+
+    def __exit__(self, kind, error, trace) -> None:
+        if kind is not None:
+            for p, saved in zip(self.params, self.saved, strict=True):
+                p.grad = saved
+
+    def grads(self) -> list[torch.Tensor | None]:
+        """This call's gradient of each parameter (``None`` where the backward left none)."""
+        return [
+            p.grad if s is None or p.grad is None else p.grad - s
+            for p, s in zip(self.params, self.saved, strict=True)
+        ]
+
+
+@torch.no_grad()
+def rows_gaps(rows: BatchGrads, grads: list[torch.Tensor | None]) -> torch.Tensor:
+    """Per parameter, ``|mean_i g_i - grad|`` relative to ``|grad|`` (or to a floor share of the
+    largest ``|grad|``): a ``(P,)`` tensor on the rows' device.
+
+    Args:
+        rows: the ``(B, d)`` rows, columns in the parameters' order.
+        grads: each parameter's gradient of the batch-mean loss (``None``: zero).
+    """
+    like = rows.like
+    acc = torch.zeros(rows.width, dtype=like.dtype, device=like.device)  # (d,)
+    coef = torch.full((rows.rows,), 1.0 / rows.rows, dtype=like.dtype, device=like.device)
+    rows.accumulate(acc, coef)  # the rows' mean, one pass over them
+    widths = [shape.numel() for shape in rows.shapes.values()]
+    parts = list(acc.split(widths))
+    wants = [
+        torch.zeros_like(part) if g is None else g.detach().reshape(-1).to(acc.dtype)
+        for part, g in zip(parts, grads, strict=True)
+    ]
+    torch._foreach_sub_(parts, wants)  # in place: acc becomes the differences
+    differences = torch.stack(torch._foreach_norm(parts))
+    sizes = torch.stack(torch._foreach_norm(wants))
+    floor = FLOOR.get(acc.dtype, LOOSE_FLOOR) * sizes.max()
+    return differences / torch.maximum(sizes, floor).clamp_min(torch.finfo(acc.dtype).tiny)
+
+
+def rows_problem(
+    rows: BatchGrads,
+    names: list[str],
+    grads: list[torch.Tensor | None],
+    params: list[nn.Parameter],
+    model: nn.Module,
+    method: str,
+) -> str | torch.Tensor | None:
+    """The one-line refusal when the rows' mean is not autograd's gradient; ``None`` when it is.
+
+    On a device that a step must not read from the host (CUDA), the ``()`` worst gap instead,
+    for :meth:`~grab_exp.per_sample.check.Check.settle_rows` to judge at the next full check.
+    """
+    if not names or rows.rows == 0:
+        return None
+    gaps = rows_gaps(rows, grads)
+    tolerance = TOLERANCE.get(rows.like.dtype, LOOSE_TOLERANCE)
+    if not host_reads_allowed(gaps.device):
+        return gaps.nan_to_num(nan=float("inf")).max() / tolerance
+    worst = int(gaps.nan_to_num(nan=float("inf")).argmax())
+    gap = float(gaps[worst])
+    if gap <= tolerance:
+        return None
+    return mean_refusal(model, names[worst], params[worst], gap, method)
+
+
+def mean_refusal(model: nn.Module, name: str, param: nn.Parameter, gap: float, method: str) -> str:
+    """The refusal for rows whose mean differs from ``param.grad`` at ``name``, naming a cause
+    only where one is known (a gradient hook on the parameter, a parameter shared by modules)."""
+    layer = name.rpartition(".")[0]
+    label = f"{layer or '<root>'} ({type(model.get_submodule(layer)).__name__})"
+    cause = known_cause(model, name, param)
+    found = f"; {cause}" if cause else ""
+    advice = "use method=func" if method != "func" else "no method supports this model"
+    return (
+        f"the rows' mean differs from autograd's gradient at {name} of {label} "
+        f"by {gap:.2g} (relative){found}; {advice}"
+    )
+
+
+def known_cause(model: nn.Module, name: str, param: nn.Parameter) -> str | None:
+    """A cause the rows' mean cannot follow, where the parameter shows it."""
+    if param._backward_hooks:
+        return (
+            f"{name} has a gradient hook (register_hook), which changes autograd's gradient but "
+            "not the rows; per-sample rows under a gradient hook are refused on every method"
+        )
+    owners = [n for n, m in model.named_modules() if any(q is param for q in m.parameters(False))]
+    if len(owners) > 1:
+        return f"{name} is shared by {' and '.join(o or '<root>' for o in owners[:2])}"
+    return None
+
+
+def refuse(problem: str | None) -> None:
+    """Raise the problem (a one-line :class:`UnsupportedModelError`), if any."""
+    if problem is not None:
+        raise UnsupportedModelError(problem)

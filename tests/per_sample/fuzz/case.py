@@ -1,0 +1,92 @@
+"""One generated case: a model, its loss, its batches, the changes between calls and the method
+under test, all drawn from one seed (:func:`draw_case`).
+
+The model is built by :meth:`Case.build`, which can be called again for a fresh copy that is
+equal in every parameter, tie and hook (the reference's model: a copy made by ``deepcopy`` would
+carry the hooks of ``make_per_sample``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from .draw import Draw
+from .inputs import batches
+from .losses import CLASS_LOSSES, TOKEN_LOSSES, class_loss, token_loss, with_extras
+from .models import CLASSES, FAMILIES, VOCAB, build_net, reinit
+from .schedule import Change, param_hook, schedule, tie_after
+
+METHODS = ["auto", "func", "hooks", "factored"]
+#: the class losses' weights: the right ones more often than those refused by design
+CLASS_LOSS_WEIGHTS = [4, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]
+
+
+@dataclass
+class Case:
+    """A generated case (see the module docstring).
+
+    Attributes:
+        seed, off, only: what it was drawn from (:func:`draw_case`).
+        family: the model's family (:mod:`fuzz.models`).
+        features: every feature it has, model, loss, inputs and schedule.
+        method, check_every, reuse_buffer: ``make_per_sample``'s arguments (``check_every``
+            ``None``: the default).
+        batches: ``(x, y)`` per call.
+        changes: the changes before each call (call 0's come after ``make_per_sample``).
+        build: a fresh ``(model, loss_fn)``.
+    """
+
+    seed: int
+    off: frozenset[str]
+    only: frozenset[str] | None
+    family: str
+    features: tuple[str, ...]
+    method: str
+    check_every: int | None
+    reuse_buffer: bool
+    batches: list[tuple[Any, Any]]
+    changes: list[list[Change]]
+    build: Callable[[], tuple[nn.Module, Callable]]
+
+
+def draw_case(
+    seed: int, off: frozenset[str] = frozenset(), only: frozenset[str] | None = None
+) -> Case:
+    """The case of ``seed`` with the features in ``off`` turned off, or with the features in
+    ``only`` on and every other off (``family:<name>`` in it picks the family)."""
+    draw = Draw(seed, off, only)
+    family = draw.rng.choice(FAMILIES)
+    family = next((f[7:] for f in only or () if f.startswith("family:")), family)
+    method = draw.pick("method", METHODS, [0.55, 0.15, 0.15, 0.15])
+    check_every = 1 if draw.chance("check:every_call", 0.15) else None
+    reuse_buffer = draw.chance("reuse_buffer", 0.3)
+    if family == "lm":
+        loss = draw.pick("loss", TOKEN_LOSSES)
+    else:
+        loss = draw.pick("loss", CLASS_LOSSES, CLASS_LOSS_WEIGHTS)
+    model_seed = draw.rng.getrandbits(62)
+    calls = draw.int(2, 5)
+    data = batches(draw, family, loss, calls)
+    changes = schedule(draw, calls, family == "lm")
+
+    def build() -> tuple[nn.Module, Callable, list[str]]:
+        d = Draw(model_seed, off, only)
+        net = build_net(d, family, VOCAB if family == "lm" else CLASSES).double()
+        reinit(net, d.generator())
+        if d.chance("tie:before", 0.1):
+            tie_after(net, d.generator())
+        if d.chance("hook:param_before", 0.08):
+            param_hook(net, d.generator())
+        base = token_loss(loss) if family == "lm" else class_loss(loss)
+        return net, with_extras(base, net, net.aux, net.store), d.features
+
+    model_features = build()[2]
+    features = (*draw.features, *model_features)
+    return Case(
+        seed, off, only, family, features, method, check_every, reuse_buffer, data, changes,
+        lambda: build()[:2],
+    )  # fmt: skip

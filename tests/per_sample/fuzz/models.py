@@ -1,0 +1,187 @@
+"""The fuzzer's models: a stem for the input's kind, blocks, a pooling, a head (:class:`Net`).
+
+Families (``family:...`` features): ``vec`` (``(B, 5)`` floats), ``img`` (``(B, 3, 6, 6)``),
+``seq`` (``(B, 3, T)`` for 1-d convolutions), ``tok`` (``(B, T)`` token ids padded with
+:data:`PAD`, embeddings and attention) and ``rnn`` (token ids through ``pack_padded_sequence``
+and an RNN, LSTM or GRU). ``lm`` is ``tok`` with a per-token head (``(B, T, V)`` outputs).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence
+
+from .blocks import D, conv_block, token_block, vector_block
+
+IN, CLASSES, VOCAB, PAD = 5, 4, 12, 0
+
+FAMILIES = ["vec", "img", "seq", "tok", "rnn", "lm"]
+
+
+class Net(nn.Module):
+    """``stem -> body -> pool -> neck -> head``; ``forward(x, mask=None, scale=1.0, flag=True)``
+    takes the Python values of dict and tuple inputs.
+
+    Args:
+        aux: return ``{"logits": out, "aux": (h**2).mean()}`` (a batch-mean scalar beside the
+            output, as a VAE's KL term).
+        store: keep the pooled activation on ``self.last`` (a loss may read it).
+    """
+
+    def __init__(self, stem, body, pool, neck, head, aux: bool = False, store: bool = False):
+        super().__init__()
+        self.stem, self.pool, self.head = stem, pool, head
+        self.body, self.neck = nn.ModuleList(body), nn.ModuleList(neck)
+        self.aux, self.store = aux, store
+
+    def forward(self, x, mask=None, scale=1.0, flag=True):
+        ctx = {"mask": mask, "flag": flag}
+        h = self.stem(x, ctx) * scale
+        for block in self.body:
+            h = block(h, ctx)
+        h = self.pool(h, ctx)
+        for block in self.neck:
+            h = block(h, ctx)
+        if self.store:
+            self.last = h
+        out = self.head(h)
+        return {"logits": out, "aux": (h**2).mean()} if self.aux else out
+
+
+class VecStem(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(IN, D)
+
+    def forward(self, x, ctx):
+        return torch.tanh(self.lin(x))
+
+
+class ConvStem(nn.Module):
+    def __init__(self, dims: int) -> None:
+        super().__init__()
+        self.conv = (nn.Conv1d if dims == 1 else nn.Conv2d)(3, D, 3, padding=1)
+
+    def forward(self, x, ctx):
+        return torch.tanh(self.conv(x))
+
+
+class TokenStem(nn.Module):
+    """Embeddings of ``(B, T)`` ids, a position embedding used as ``pos``, and the mask:
+    ``internal`` (``x != PAD``), ``input`` (the batch's, ``None`` on some calls) or ``none``."""
+
+    def __init__(self, draw) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(
+            VOCAB,
+            D,
+            padding_idx=PAD if draw.chance("emb:padding_idx", 0.4) else None,
+            max_norm=1.0 if draw.chance("emb:max_norm", 0.15) else None,
+            sparse=draw.chance("emb:sparse", 0.15),
+            scale_grad_by_freq=draw.chance("emb:scale_grad_by_freq", 0.05),
+        )
+        self.pos_use = draw.pick("pos", ["none", "call", "keyword", "weight"])
+        self.pos = nn.Embedding(16, D) if self.pos_use != "none" else None
+        self.mask_from = draw.pick("mask", ["internal", "input", "none"])
+
+    def forward(self, x, ctx):
+        t = x.shape[1]
+        if self.mask_from == "internal":
+            ctx["mask"] = x != PAD
+        elif self.mask_from == "none":
+            ctx["mask"] = None
+        ctx["lengths"] = (x != PAD).sum(1)
+        h = self.emb(x)
+        if self.pos_use == "call":
+            h = h + self.pos(torch.arange(t))[None]
+        elif self.pos_use == "keyword":
+            h = h + self.pos(input=torch.arange(t))
+        elif self.pos_use == "weight":
+            h = h + self.pos.weight[:t][None]
+        return h
+
+
+class RnnStem(nn.Module):
+    """Embeddings, ``pack_padded_sequence`` (lengths from the padding) and an RNN, LSTM or GRU;
+    the last layer's final hidden state ``(B, D)``."""
+
+    def __init__(self, draw) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, D)
+        kind = draw.pick("rnn", ["LSTM", "GRU", "RNN"])
+        layers = 2 if draw.chance("rnn:two_layers", 0.3) else 1
+        self.rnn = getattr(nn, kind)(D, D, num_layers=layers, batch_first=True)
+
+    def forward(self, x, ctx):
+        lengths = (x != PAD).sum(1)
+        packed = pack_padded_sequence(self.emb(x), lengths, batch_first=True, enforce_sorted=False)
+        _, hidden = self.rnn(packed)
+        hidden = hidden[0] if isinstance(hidden, tuple) else hidden
+        return hidden[-1]
+
+
+class Pool(nn.Module):
+    """``(B, T, D)`` or ``(B, D, *spatial)`` to ``(B, D)``: ``mean`` (masked when the batch has
+    a mask), ``last`` (the last real token, by index), ``sel`` (the same by ``h[sel]``),
+    ``first``, ``spatial`` (mean over the spatial dimensions) or ``none``."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, h, ctx):
+        if self.kind == "none":
+            return h
+        if self.kind == "spatial":
+            return h.flatten(2).mean(2)
+        if self.kind == "first":
+            return h[:, 0]
+        if self.kind == "mean":
+            if ctx["mask"] is None:
+                return h.mean(1)
+            m = ctx["mask"].to(h.dtype)[..., None]
+            return (h * m).sum(1) / m.sum(1)
+        last = ctx["lengths"] - 1
+        if self.kind == "last":
+            return h[torch.arange(h.shape[0]), last]
+        sel = torch.zeros(h.shape[:2], dtype=torch.bool)
+        sel[torch.arange(h.shape[0]), last] = True
+        return h[sel]
+
+
+def build_net(draw, family: str, outputs: int) -> Net:
+    """A :class:`Net` of ``family`` with ``outputs`` logits (per token for ``lm``)."""
+    body: list[nn.Module] = []
+    if family in ("tok", "lm"):
+        stem, pool = TokenStem(draw), Pool("none" if family == "lm" else "tok")
+        body = [token_block(draw) for _ in range(draw.int(0, 2))]
+        if family == "tok":
+            pool = Pool(draw.pick("pool", ["mean", "last", "sel", "first"]))
+    elif family in ("img", "seq"):
+        dims = 2 if family == "img" else 1
+        stem, pool = ConvStem(dims), Pool("spatial")
+        body = [conv_block(draw, dims) for _ in range(draw.int(0, 2))]
+    else:
+        stem, pool = (VecStem() if family == "vec" else RnnStem(draw)), Pool("none")
+    neck: list[nn.Module] = []
+    if family != "lm":
+        for _ in range(draw.int(0, 3 if family == "vec" else 2)):
+            neck.append(vector_block(draw, [stem, *neck]))
+    aux, store = draw.chance("out:aux", 0.1), draw.chance("out:stored", 0.1)
+    return Net(stem, body, pool, neck, nn.Linear(D, outputs), aux=aux, store=store)
+
+
+def reinit(model: nn.Module, g: torch.Generator) -> None:
+    """Every parameter and running statistic drawn from ``g`` (the padding row kept at 0)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(0.5 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+        for name, b in model.named_buffers():
+            if name.endswith("running_var"):
+                b.copy_(0.5 + torch.rand(b.shape, generator=g, dtype=b.dtype))
+            elif name.endswith("running_mean"):
+                b.copy_(0.1 * torch.randn(b.shape, generator=g, dtype=b.dtype))
+        for m in model.modules():
+            if isinstance(m, nn.Embedding) and m.padding_idx is not None:
+                m.weight[m.padding_idx].zero_()

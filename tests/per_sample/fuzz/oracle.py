@@ -1,0 +1,191 @@
+"""The oracle: run one case's ``psg`` over its batches against the references and name the
+outcome.
+
+Outcomes (:data:`OUTCOMES`): ``right`` (every call's loss, rows and ``p.grad`` equal the
+references), ``refused`` (a one-line ``ValueError``, e.g. ``UnsupportedModelError``, that the
+case allows: a feature refused by design, :data:`BY_DESIGN`, or any refusal of the hook path
+asked for by name), ``false_refusal`` (a one-line refusal of a case that must be right),
+``crash`` (any other exception, or a refusal over several lines), ``wrong`` (a call returned and
+its rows, ``p.grad`` or loss differ, or it raised and left a ``p.grad``) and ``invalid`` (the
+reference itself failed: a fault of the generator). Only ``right`` and ``refused`` pass.
+"""
+
+from __future__ import annotations
+
+import traceback
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import grab_exp
+from grab_exp.per_sample import UnsupportedModelError, make_per_sample
+
+from .case import Case, draw_case
+from .inputs import size
+from .reference import Reference, dense_grad, reference
+
+OUTCOMES = ("right", "refused", "false_refusal", "crash", "wrong", "invalid")
+PASSING = ("right", "refused")
+#: features whose refusal is by design (docs/which-models-work.md: the loss contract and
+#: "Refused, and what to do"; torch.func cannot transform an old-style autograd.Function)
+BY_DESIGN = {
+    "loss:weight_mean": "class weight= with a mean reduction",
+    "loss:sum": "reduction='sum'",
+    "loss:ignore": "ignore_index averaged over the batch",
+    "loss:token_flat": "ignore_index averaged over the batch's tokens",
+    "ckpt:reentrant": "reentrant checkpointing",
+    "emb:scale_grad_by_freq": "Embedding(scale_grad_by_freq=True)",
+    "sort:no_unsort": "a model that reorders its outputs (the loss contract breaks)",
+    "fn:old": "an old-style autograd.Function (torch.func cannot transform it)",
+}
+#: features refused by design on ``func`` only
+BY_DESIGN_FUNC = {
+    "rnn:GRU": "torch's vmap has no rule for GRU",
+    "rnn:RNN": "torch's vmap has no rule for RNN",
+    "block:share": "one module at two places",
+}
+HOOK_PATH = ("hooks", "factored")
+LIBRARY = str(Path(grab_exp.__file__).parent)
+TOLERANCE = 1e-8  #: float64: relative to the largest reference entry
+
+
+@dataclass
+class Outcome:
+    """What one case did.
+
+    Attributes:
+        kind: one of :data:`OUTCOMES`.
+        call: the 0-based call it happened at (``-1``: ``make_per_sample``; ``None``: right).
+        detail: one line: the message, or what differs and by how much.
+    """
+
+    kind: str
+    call: int | None = None
+    detail: str = ""
+
+
+def allowed_refusal(case: Case) -> bool:
+    """Whether ``case`` may be refused: a by-design feature, or the hook path by name."""
+    design = set(BY_DESIGN) | (set(BY_DESIGN_FUNC) if case.method == "func" else set())
+    return case.method in HOOK_PATH or bool(design & set(case.features))
+
+
+def classify(error: Exception, case: Case, call: int) -> Outcome:
+    """The outcome of an exception raised at ``call``."""
+    message = str(error)
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    if not is_refusal(error) or "\n" in message or not first:
+        lines = message.count("\n") + 1
+        return Outcome("crash", call, f"{type(error).__name__} ({lines} lines): {first}"[:300])
+    kind = "refused" if allowed_refusal(case) else "false_refusal"
+    return Outcome(kind, call, f"{type(error).__name__}: {first}"[:300])
+
+
+def is_refusal(error: Exception) -> bool:
+    """An ``UnsupportedModelError``, or a ``ValueError`` raised by grab_exp itself (not torch's
+    own ``ValueError``, a raw message)."""
+    if isinstance(error, UnsupportedModelError):
+        return True
+    frames = traceback.extract_tb(error.__traceback__)
+    return isinstance(error, ValueError) and bool(frames) and LIBRARY in frames[-1].filename
+
+
+def difference(got: torch.Tensor | None, want: torch.Tensor | None) -> str | None:
+    """Why ``got`` is not ``want`` (``None`` where it is), at :data:`TOLERANCE`."""
+    if want is None:
+        return None if got is None or not got.any() else "nonzero where autograd gives none"
+    if got is None:
+        return "none where autograd gives one"
+    if got.shape != want.shape:
+        return f"shape {tuple(got.shape)} != {tuple(want.shape)}"
+    got = got.to(want.dtype)
+    if not torch.equal(torch.isfinite(got), torch.isfinite(want)):
+        return "non-finite entries differ"
+    finite = torch.isfinite(want)
+    scale = want[finite].abs().max().item() if finite.any() else 0.0
+    err = (got - want)[finite].abs().max().item() if finite.any() else 0.0
+    if err > TOLERANCE * scale + 1e-14:
+        return f"off by {err:.3g} (scale {scale:.3g})"
+    return None
+
+
+def compare(model, loss, grads, ref: Reference) -> str | None:
+    """What differs between one call's returns (and ``p.grad``) and the references."""
+    problem = difference(loss.detach().reshape(()), ref.loss.reshape(()))
+    if problem is not None:
+        return f"loss {problem}"
+    rows = grads.as_dict()
+    if list(rows) != list(ref.rows):
+        return f"row names {list(rows)} != trainable {list(ref.rows)}"
+    for name, want in ref.rows.items():
+        problem = difference(rows[name], want)
+        if problem is not None:
+            return f"rows of {name} {problem}"
+    for name, p in model.named_parameters():
+        problem = difference(dense_grad(p), ref.grads[name])
+        if problem is not None:
+            return f"p.grad of {name} {problem}"
+    return None
+
+
+def written_on_refusal(model, call: int) -> Outcome | None:
+    """``wrong`` where a call that raised left a ``p.grad`` (it was ``None`` before the call):
+    a refusal leaves ``p.grad`` as it was."""
+    written = [n for n, p in model.named_parameters() if p.grad is not None]
+    if not written:
+        return None
+    return Outcome("wrong", call, f"raised but wrote p.grad of {', '.join(written[:3])}")
+
+
+def options(case: Case) -> dict:
+    extra = {} if case.check_every is None else {"check_every": case.check_every}
+    return {"reuse_buffer": case.reuse_buffer, **extra}
+
+
+def run_case(case: Case) -> Outcome:
+    """Run ``case``: one ``psg`` over its batches, each call against its references."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _run(case)
+
+
+def _run(case: Case) -> Outcome:
+    model, loss_fn = case.build()
+    ref_model, ref_loss = case.build()
+    try:
+        psg = make_per_sample(model, loss_fn, case.method, **options(case))
+    except Exception as error:  # every exception is classified
+        return classify(error, case, -1)
+    for k, (x, y) in enumerate(case.batches):
+        for change in case.changes[k]:
+            change(model)
+            change(ref_model)
+        try:
+            ref = reference(ref_model, ref_loss, x, y)
+        except Exception as error:  # a fault of the generator, not of the code under test
+            return Outcome("invalid", k, f"{type(error).__name__}: {error}".splitlines()[0])
+        model.zero_grad(set_to_none=True)
+        try:
+            loss, grads = psg(x, y)
+        except Exception as error:  # every exception is classified
+            return written_on_refusal(model, k) or classify(error, case, k)
+        problem = compare(model, loss, grads, ref)
+        if problem is not None:
+            return Outcome("wrong", k, f"B={size(y)}: {problem}")
+    return Outcome("right")
+
+
+def shrink(case: Case, outcome: Outcome) -> frozenset[str]:
+    """The features of ``case`` that its failing ``outcome`` needs: each turned off in turn,
+    kept off while the case still fails the same way."""
+    off = set(case.off)
+    for feature in case.features:
+        if feature.startswith("method:"):
+            continue
+        trial = draw_case(case.seed, frozenset(off | {feature}))
+        if run_case(trial).kind == outcome.kind:
+            off.add(feature)
+    kept = draw_case(case.seed, frozenset(off)).features
+    return frozenset(kept)

@@ -1,0 +1,52 @@
+"""The references of one call: a plain ``loss_fn(model(x), y).backward()`` (``p.grad``) and a
+per-example loop (rows), on a model of its own, in float64."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .inputs import call_model, example, size
+
+
+@dataclass
+class Reference:
+    """What one call must return.
+
+    Attributes:
+        loss: the batch loss ``()``.
+        grads: parameter name -> the plain backward's ``p.grad`` (dense) or ``None``.
+        rows: trainable parameter name -> ``(B, *shape)``, example ``i``'s gradient of its own
+            loss (``backward`` per example: parameter hooks run as in training).
+    """
+
+    loss: torch.Tensor
+    grads: dict[str, torch.Tensor | None]
+    rows: dict[str, torch.Tensor]
+
+
+def dense_grad(p: nn.Parameter) -> torch.Tensor | None:
+    if p.grad is None:
+        return None
+    return p.grad.to_dense() if p.grad.is_sparse else p.grad.clone()
+
+
+def reference(model: nn.Module, loss_fn, x: Any, y: Any) -> Reference:
+    """The references of the batch ``(x, y)`` for ``model`` as it is now."""
+    model.zero_grad(set_to_none=True)
+    loss = loss_fn(call_model(model, x), y)
+    loss.backward()
+    grads = {n: dense_grad(p) for n, p in model.named_parameters()}
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    rows: dict[str, list[torch.Tensor]] = {n: [] for n, _ in named}
+    for i in range(size(y)):
+        model.zero_grad(set_to_none=True)
+        loss_fn(call_model(model, example(x, i)), example(y, i)).backward()
+        for n, p in named:
+            g = dense_grad(p)
+            rows[n].append(torch.zeros_like(p) if g is None else g)
+    model.zero_grad(set_to_none=True)
+    return Reference(loss.detach(), grads, {n: torch.stack(r) for n, r in rows.items()})

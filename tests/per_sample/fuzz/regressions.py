@@ -1,0 +1,50 @@
+"""Named regression cases: the minimal models of the failure classes the fuzzer found, each a
+seed and the only features on (:func:`~fuzz.case.draw_case` with ``only``), run by the same
+oracle (``test_regression[<name>]``). The comment names what main did (``d72f4c7``)."""
+
+from __future__ import annotations
+
+from .case import Case, draw_case
+
+#: name -> (seed, the features on)
+MINIMAL: dict[str, tuple[int, tuple[str, ...]]] = {
+    # wrong: rows ignore a gradient hook on a parameter registered after make_per_sample
+    "param_hook_after": (55, ("family:vec", "sched:param_hook")),
+    # wrong: the same hook registered before, asked of the hook path by name
+    "param_hook_before_hooks": (384, ("family:vec", "hook:param_before", "method:hooks")),
+    # wrong: two Linear weights tied after make_per_sample (HF tie_weights()), on call 4
+    "tie_after_construction": (1, ("family:vec", "block:linear", "sched:tie_after")),
+    "tie_after_construction_hooks": (1, ("family:vec", "sched:tie_after", "method:hooks")),
+    # false refusal: a layer idle on the first batches (a Python flag) that runs later
+    "layer_idle_then_runs": (1, ("family:vec", "block:gated", "input:dict")),
+    # crash: func vmaps over the Python values of a dict input
+    "dict_python_values_func": (1, ("family:vec", "input:dict", "method:func")),
+    # crash: the same with a tuple input holding None and a float
+    "tuple_input_python_values_func": (3, ("family:vec", "input:tuple", "method:func")),
+    # crash: targets given as a tuple (labels, per-example weights)
+    "tuple_targets": (18, ("family:vec", "loss:tuple")),
+    # crash: a torch.jit.script submodule
+    "scripted_submodule": (32, ("family:vec", "block:scripted")),
+    # crash (raw "Expected input batch_size (1) to match target batch_size (4)"): a per-token
+    # head after a position embedding pos(arange(T))[None], on the hook path by name
+    "lm_position_embedding_hooks": (0, ("family:lm", "pos:call", "method:hooks")),
+    # false refusal: a packed LSTM (pack_padded_sequence with per-example lengths)
+    "packed_lstm": (105, ("family:rnn",)),
+    # crash: a packed LSTM whose first example has length 1
+    "packed_lstm_first_len1": (34, ("family:rnn", "batch:first_len1")),
+    # crash: Embedding(sparse=True)
+    "sparse_embedding": (263, ("family:tok", "emb:sparse")),
+    # false refusal: a loss reading an activation the model stored on itself
+    "loss_reads_stored_activation": (22, ("family:vec", "out:stored")),
+    # false refusal: a batch-mean scalar returned beside the output (a VAE's KL term)
+    "batch_mean_aux_output": (2, ("family:vec", "out:aux")),
+}
+
+
+def regression(name: str) -> Case:
+    """The regression case ``name``."""
+    seed, only = MINIMAL[name]
+    return draw_case(seed, only=frozenset(only))
+
+
+REGRESSIONS = {name: (lambda name=name: regression(name)) for name in MINIMAL}

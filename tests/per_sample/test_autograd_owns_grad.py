@@ -1,0 +1,252 @@
+"""One ``loss.backward()`` owns ``p.grad`` on every path, and every call compares its rows' mean
+with it (issue 49): the classes of silent errors that this makes impossible, each a named case.
+
+References are written here: a per-example loop of ``backward()`` calls (rows) and a plain
+``loss.backward()`` on a copy of the model (``p.grad``), in float64.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from grab_exp.per_sample import UnsupportedModelError, make_per_sample
+
+F64 = torch.float64
+METHODS = ("auto", "hooks", "factored", "func")
+
+
+def batch(size: int, seed: int, features: int = 6, classes: int = 4):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(size, features, generator=g, dtype=F64)
+    return x, torch.randint(0, classes, (size,), generator=g)
+
+
+def example_rows(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict:
+    """``name -> (B, *shape)``: the gradient of each example's loss alone (``autograd.grad``
+    on the model itself: ``p.grad`` untouched, and no copy, which a scripted module's parameters
+    would not survive)."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    rows: dict[str, list] = {n: [] for n, _ in named}
+    for i in range(len(y)):
+        loss = F.cross_entropy(model(x[i : i + 1]), y[i : i + 1])
+        grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+        for (n, p), g in zip(named, grads, strict=True):
+            rows[n].append(torch.zeros_like(p) if g is None else g)
+    return {n: torch.stack(r) for n, r in rows.items()}
+
+
+def plain_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict:
+    """The batch-mean loss's gradient, as a plain ``loss.backward()`` writes it to ``p.grad``
+    (``None`` where the loss does not reach a parameter)."""
+    named = list(model.named_parameters())
+    loss = F.cross_entropy(model(x), y)
+    grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+    return {n: g for (n, _), g in zip(named, grads, strict=True)}
+
+
+def assert_right(model: nn.Module, grads, x: torch.Tensor, y: torch.Tensor, where: str) -> None:
+    want_rows, want_grads = example_rows(model, x, y), plain_grads(model, x, y)
+    got = grads.as_dict()
+    assert list(got) == list(want_rows), f"{where}: row names"
+    for n, want in want_rows.items():
+        torch.testing.assert_close(got[n], want, msg=f"{where}: rows of {n}")
+    for n, p in model.named_parameters():
+        if want_grads[n] is None:
+            assert p.grad is None or not p.grad.any(), f"{where}: p.grad of {n}"
+        else:
+            torch.testing.assert_close(p.grad, want_grads[n], msg=f"{where}: p.grad of {n}")
+
+
+class AutoEncoder(nn.Module):
+    """``enc`` then a decoder ``dec``; with ``transposed``, the decoder is
+    ``F.linear(h, enc.weight.t())`` (a weight used outside its layer)."""
+
+    def __init__(self, transposed: bool = False) -> None:
+        super().__init__()
+        self.enc = nn.Linear(6, 6, bias=False)
+        self.dec = nn.Linear(6, 6)
+        self.head = nn.Linear(6, 4)
+        self.transposed = transposed
+
+    def forward(self, x):
+        h = torch.tanh(self.enc(x))
+        h = F.linear(h, self.enc.weight.t()) if self.transposed else self.dec(h)
+        return self.head(torch.tanh(h))
+
+
+def built(make, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return make().double()
+
+
+@pytest.mark.parametrize("method", ("auto", "hooks", "func"))
+def test_weights_tied_after_construction_add_up(method: str) -> None:
+    """``m.dec.weight = m.enc.weight`` after ``make_per_sample`` (HF ``tie_weights()``): the rows
+    are keyed by the parameter object, so both layers' rows add up (they were off by ~0.4)."""
+    model = built(AutoEncoder)
+    psg = make_per_sample(model, F.cross_entropy, method=method)
+    for k, size in enumerate((5, 7, 5, 3)):
+        if k == 1:
+            model.dec.weight = model.enc.weight
+        x, y = batch(size, seed=k)
+        model.zero_grad(set_to_none=True)
+        _, grads = psg(x, y)
+        assert_right(model, grads, x, y, f"call {k + 1}")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_weight_used_outside_its_layer_is_right_or_refused_on_every_call(method: str) -> None:
+    """A tied decoder ``F.linear(h, enc.weight.t())``: the hook path's rows miss that use (off by
+    72%, silently, on the first batch); now the rows' mean is compared with autograd's
+    ``p.grad`` on every call, the checks' schedule off included: hooks and factored refuse
+    naming ``enc.weight``, auto and func are right."""
+    model = built(lambda: AutoEncoder(transposed=True))
+    psg = make_per_sample(model, F.cross_entropy, method=method, check_every=1 << 20)
+    for k, size in enumerate((5, 7, 5)):
+        x, y = batch(size, seed=10 + k)
+        model.zero_grad(set_to_none=True)
+        if method in ("hooks", "factored"):
+            with pytest.raises(UnsupportedModelError, match=r"enc\.weight") as error:
+                psg(x, y)
+            assert "\n" not in str(error.value)
+            assert all(p.grad is None for p in model.parameters()), "refused but wrote p.grad"
+            return
+        _, grads = psg(x, y)
+        assert_right(model, grads, x, y, f"call {k + 1}")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_gradient_hook_on_a_parameter_is_refused_naming_it(method: str) -> None:
+    """``weight.register_hook(lambda g: g * mask)`` (train some rows only): ``p.grad`` used to be
+    written from the rows' sum, the hook ignored. Every method refuses in one line naming the
+    parameter and the hook, and leaves ``p.grad`` as it was."""
+    model = built(AutoEncoder)
+    mask = torch.zeros(6, 6, dtype=F64)
+    mask[:3] = 1
+    model.dec.weight.register_hook(lambda g: g * mask)
+    psg = make_per_sample(model, F.cross_entropy, method=method, check_every=1 << 20)
+    x, y = batch(5, seed=3)
+    model.zero_grad(set_to_none=True)
+    with pytest.raises(UnsupportedModelError, match=r"dec\.weight has a gradient hook") as error:
+        psg(x, y)
+    assert "\n" not in str(error.value)
+    assert all(p.grad is None for p in model.parameters()), "refused but wrote p.grad"
+
+
+def test_a_refusal_puts_back_accumulated_grads() -> None:
+    """Gradient accumulation (no ``zero_grad`` between calls): a refused call leaves ``p.grad``
+    as the calls before it made it."""
+    model = built(lambda: AutoEncoder(transposed=True))
+    psg = make_per_sample(model, F.cross_entropy, method="hooks")
+    before = {n: torch.ones_like(p) for n, p in model.named_parameters()}
+    for n, p in model.named_parameters():
+        p.grad = before[n].clone()
+    with pytest.raises(UnsupportedModelError):
+        psg(*batch(5, seed=4))
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, before[n], msg=n)
+
+
+@pytest.mark.parametrize("method", ("hooks", "func"))
+def test_post_accumulate_hooks_fire_once_per_call(method: str) -> None:
+    """``register_post_accumulate_grad_hook`` (an optimizer step in the backward) fires as in a
+    plain step: once per parameter and call, after ``p.grad`` holds the batch's gradient."""
+    model = built(AutoEncoder)
+    seen: list[torch.Tensor] = []
+    model.head.weight.register_post_accumulate_grad_hook(lambda p: seen.append(p.grad.clone()))
+    psg = make_per_sample(model, F.cross_entropy, method=method)
+    for k in range(3):
+        x, y = batch(5, seed=20 + k)
+        want = plain_grads(model, x, y)["head.weight"]
+        model.zero_grad(set_to_none=True)
+        psg(x, y)
+        assert len(seen) == k + 1, f"call {k + 1}: the hook fired {len(seen)} times in all"
+        torch.testing.assert_close(seen[-1], want)
+
+
+def test_reuse_buffer_with_a_head_replaced_by_a_larger_one() -> None:
+    """``reuse_buffer=True`` and the head replaced by a larger one between calls: the buffer's
+    layout is keyed by the parameter objects and shapes, so it is laid out anew (the rows were
+    off by 1.5, with torch's "output was resized" warning only)."""
+    model = built(lambda: nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 4)))
+    psg = make_per_sample(model, F.cross_entropy, method="hooks", reuse_buffer=True)
+    for k in range(4):
+        if k == 2:
+            torch.manual_seed(5)
+            model[0] = nn.Linear(6, 16).double()
+            model[2] = nn.Linear(16, 4).double()
+        x, y = batch(5, seed=30 + k)
+        model.zero_grad(set_to_none=True)
+        _, grads = psg(x, y)
+        assert_right(model, grads, x, y, f"call {k + 1}")
+
+
+class Flagged(nn.Module):
+    """A model called with keyword inputs that hold Python values and ``None`` beside the batch
+    (``scale=0.5``, ``mask=None``), and a ``torch.jit.script`` submodule."""
+
+    def __init__(self, scripted: bool = False) -> None:
+        super().__init__()
+        self.body = nn.Linear(6, 6)
+        if scripted:
+            self.body = torch.jit.script(self.body)
+        self.head = nn.Linear(6, 4)
+
+    def forward(self, x, scale=1.0, mask=None):
+        h = torch.tanh(self.body(x)) * scale
+        return self.head(h if mask is None else h * mask)
+
+
+@pytest.mark.parametrize("method", ("auto", "func"))
+def test_python_values_and_none_inside_dict_inputs(method: str) -> None:
+    """``func`` mapped vmap over every leaf of the inputs: a float or ``None`` in a dict of
+    inputs crashed with torch's raw "Got in_dim=0 for an input but the input is of type float"
+    (issue 49's fuzzer: the largest crash class). Only tensors with dimensions are batched."""
+    model = built(Flagged)
+    psg = make_per_sample(model, F.cross_entropy, method=method)
+    for k in range(2):
+        x, y = batch(5, seed=40 + k)
+        model.zero_grad(set_to_none=True)
+        _, grads = psg({"x": x, "scale": 0.5, "mask": None}, y)
+        got = grads.as_dict()
+        reference = copy.deepcopy(model)
+        for i in range(len(y)):
+            reference.zero_grad(set_to_none=True)
+            F.cross_entropy(reference(x[i : i + 1], 0.5, None), y[i : i + 1]).backward()
+            for n, p in reference.named_parameters():
+                torch.testing.assert_close(got[n][i], p.grad, msg=f"call {k + 1}: {n}")
+
+
+def test_a_scripted_submodule_goes_to_func_in_one_line_or_right() -> None:
+    """A ``torch.jit.script`` submodule: ``auto`` crashed reading its ``forward`` ("'_CachedForward'
+    object has no attribute '__getattr__'"), the hook path on ``get_parameter``. The hook path now
+    refuses it by name; ``auto`` takes ``func``, which is right."""
+    model = built(lambda: Flagged(scripted=True))
+    with pytest.raises(UnsupportedModelError, match=r"^body \(RecursiveScriptModule\) is a torch"):
+        make_per_sample(model, F.cross_entropy, method="hooks")
+    psg = make_per_sample(model, F.cross_entropy, method="auto")
+    x, y = batch(5, seed=50)
+    model.zero_grad(set_to_none=True)
+    _, grads = psg(x, y)
+    assert psg.method == "func"
+    assert_right(model, grads, x, y, "call 1")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_an_error_inside_a_method_is_one_line_naming_the_method(method: str) -> None:
+    """Any error raised inside a method (torch's, the model's, the loss's: here targets of
+    another batch size, a raw ``ValueError`` of cross_entropy or vmap; the fuzzer's last crash
+    class) is a one-line refusal naming the method and the original error; ``p.grad`` is left
+    as it was."""
+    model = built(AutoEncoder)
+    psg = make_per_sample(model, F.cross_entropy, method=method)
+    x, y = batch(5, seed=60)
+    with pytest.raises(UnsupportedModelError, match=r"^method=\w+: .*ValueError: ") as error:
+        psg(x, y[:4])
+    assert "\n" not in str(error.value)
+    assert all(p.grad is None for p in model.parameters()), "refused but wrote p.grad"

@@ -1,0 +1,74 @@
+"""The seeded differential fuzzer of ``make_per_sample`` (issue 49, item 11): generated models,
+losses, inputs and batch schedules, each case ONE ``psg`` over several batches against a float64
+per-example loop (rows) and a plain ``loss.backward()`` (``p.grad``); see :mod:`fuzz`.
+
+Every case must end ``right`` or ``refused`` (a one-line refusal that the case allows: a feature
+refused by design, :data:`fuzz.oracle.BY_DESIGN`, or the hook path asked for by name); a
+``wrong`` result, a ``crash`` (a raw or multi-line exception), a ``false_refusal`` (a refusal of a
+case that must be right) and an ``invalid`` case fail. The summary table of outcome classes is
+printed at the end of the module.
+
+Sizes: ``GRAB_FUZZ_CASES`` cases (default 400: their references take about 20 s of one core,
+the code under test a few times that) from seed ``GRAB_FUZZ_START`` (default 0). Thousands:
+``GRAB_FUZZ_CASES=2000 python -m pytest tests/per_sample/test_fuzz.py``, or without pytest, with
+the failure classes, the features' failure rates and shrinking:
+``PYTHONPATH=tests/per_sample python -m fuzz.run --cases 2000 --shrink``.
+
+One case, by its seed: ``python -m pytest "tests/per_sample/test_fuzz.py::test_fuzz_case[seed17]"``
+(or ``PYTHONPATH=tests/per_sample python -m fuzz.run --seed 17``). The named regression cases
+(:mod:`fuzz.regressions`) run in the same harness: ``test_regression[<name>]``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from fuzz.case import Case, draw_case
+from fuzz.oracle import PASSING, Outcome, run_case
+from fuzz.regressions import REGRESSIONS
+from fuzz.report import failure_classes, table
+
+CASES = int(os.environ.get("GRAB_FUZZ_CASES", "400"))
+START = int(os.environ.get("GRAB_FUZZ_START", "0"))
+RESULTS: list[tuple[Case, Outcome]] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _summary(request):
+    """One torch thread for the module's small models (threads only contend on them); print the
+    outcome table and the failure classes after its cases."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+    plugins = request.config.pluginmanager
+    reporter, capture = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
+    if reporter is None or capture is None or not RESULTS:
+        return
+    with capture.global_and_fixture_disabled():  # shown without -s
+        reporter.write_line(f"\nfuzz: {len(RESULTS)} cases\n{table(RESULTS)}")
+        reporter.write_line(failure_classes(RESULTS))
+
+
+def check(case: Case, name: str) -> None:
+    outcome = run_case(case)
+    RESULTS.append((case, outcome))
+    if outcome.kind not in PASSING:  # the message says it all: no traceback of tensors
+        pytest.fail(
+            f"{name} [{case.family}, method={case.method}]: {outcome.kind} at call "
+            f"{outcome.call}: {outcome.detail}; features: {' '.join(case.features)}",
+            pytrace=False,
+        )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(START, START + CASES), ids=lambda s: f"seed{s}")
+def test_fuzz_case(seed: int) -> None:
+    check(draw_case(seed), f"seed {seed}")
+
+
+@pytest.mark.parametrize("name", list(REGRESSIONS))
+def test_regression(name: str) -> None:
+    check(REGRESSIONS[name](), name)
