@@ -39,6 +39,8 @@ BY_DESIGN = {
     "emb:scale_grad_by_freq": "Embedding(scale_grad_by_freq=True)",
     "sort:no_unsort": "a model that reorders its outputs (the loss contract breaks)",
     "fn:old": "an old-style autograd.Function (torch.func cannot transform it)",
+    "sched:param_hook": "a gradient hook on a parameter (refused on every method)",
+    "hook:param_before": "a gradient hook on a parameter (refused on every method)",
 }
 #: features refused by design on ``func`` only
 BY_DESIGN_FUNC = {
