@@ -1,8 +1,8 @@
 """Checks of a loaded dataset, whoever's loader made it: one line each, before any training.
 
 :func:`check_loaded` refuses an empty split, a label outside the dataset's classes (on either
-split), test examples shaped unlike the training ones and an input that is not finite (NaN or
-infinite), naming the dataset setting, the split, the first offending index and what is allowed.
+split) and an input that is not finite (NaN or infinite), naming the dataset setting, the split,
+the first offending index and what is allowed.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ def check_loaded(data: ArrayData, setting: str) -> ArrayData:
         ``data``, unchanged.
 
     Raises:
-        DataError: an empty split, a label outside ``0 .. len(classes) - 1``, test examples
-            shaped unlike the training ones, or a non-finite input (one line).
+        DataError: an empty split, a label outside ``0 .. len(classes) - 1`` or a
+            non-finite input (one line). Test examples shaped unlike the training ones are
+            refused by :class:`ArrayData` itself, when the loader builds it.
     """
     for split in ("train", "test"):
         inputs, labels = getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
@@ -38,12 +39,6 @@ def check_loaded(data: ArrayData, setting: str) -> ArrayData:
         _check_labels(labels, data.num_classes, f"{setting}: {split}_y")
         if inputs.is_floating_point():
             _check_finite(inputs, f"{setting}: {split}_x")
-    train, test = tuple(data.train_x.shape[1:]), tuple(data.test_x.shape[1:])
-    if train != test:  # the model would fail at the first test pass, after an epoch's training
-        raise DataError(
-            f"{setting}: test_x holds examples of shape {test}, train_x {train}; "
-            "allowed: the same shape in both splits"
-        )
     return data
 
 

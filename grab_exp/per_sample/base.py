@@ -184,14 +184,19 @@ class PerSampleGradients(ABC):
         return self.state.trainable()
 
     def verify(
-        self, rows: BatchGrads, params: dict[str, nn.Parameter], snapshot: GradSnapshot
+        self,
+        rows: BatchGrads,
+        params: dict[str, nn.Parameter],
+        snapshot: GradSnapshot,
+        loss: torch.Tensor | None = None,
     ) -> None:
         """Refuse rows whose mean is not this call's ``param.grad``, autograd's
         (:mod:`~grab_exp.per_sample.verify`; every call while the check is on)."""
         if not self.checker.on:
             return
         names, tensors = list(params), list(params.values())
-        problem = rows_problem(rows, names, snapshot.grads(), tensors, self.model, self.method)
+        grads = snapshot.grads()
+        problem = rows_problem(rows, names, grads, tensors, self.model, self.method, loss)
         if isinstance(problem, torch.Tensor):  # CUDA: judged at the next full check
             self.checker.defer_rows(problem)
         elif problem is not None:
@@ -204,13 +209,15 @@ class PerSampleGradients(ABC):
         snapshot: GradSnapshot,
         full: Callable[[Identity], None] | None,
         identity: Identity,
+        loss: torch.Tensor | None = None,
     ) -> None:
-        """:meth:`verify` on every call; ``full(identity)`` (the :meth:`full_check` of the
-        batch) where one is due. Where the rows' mean is off, the full check runs first without
-        the identity: its loss and mixing checks name their cause; else the observation is the
-        refusal (the identity could only blame the rows' order)."""
+        """:meth:`verify` on every call (``loss``: the batch's; nothing is judged where it is not
+        finite); ``full(identity)`` (the :meth:`full_check` of the batch) where one is due.
+        Where the rows' mean is off, the full check runs first without the identity: its loss
+        and mixing checks name their cause; else the observation is the refusal (the identity
+        could only blame the rows' order)."""
         try:
-            self.verify(rows, params, snapshot)
+            self.verify(rows, params, snapshot, loss)
         except UnsupportedModelError:
             if full is not None:
                 full(None)

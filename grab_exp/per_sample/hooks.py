@@ -463,16 +463,16 @@ class HookedPerSample(PerSampleGradients):
                 (lambda ident: self.full_check(x, y, out, self.plan.output, ident)) if due else None
             )
             identity = self._identity(calls, rows, batch) if due else None
-            self._verify(grads, params, snapshot, calls, full, identity)
+            self._verify(grads, params, snapshot, calls, full, identity, loss)
             if due:
                 self.checker.passed(key, batch)
         return loss.detach(), grads
 
-    def _verify(self, grads, params, snapshot, calls, full, identity) -> None:
+    def _verify(self, grads, params, snapshot, calls, full, identity, loss) -> None:
         """:meth:`verify_and_check`, naming a layer that ran without autograd recording it as
         the cause."""
         try:
-            self.verify_and_check(grads, params, snapshot, full, identity)
+            self.verify_and_check(grads, params, snapshot, full, identity, loss)
         except UnsupportedModelError:
             blind = [n for n, cs in calls.items() if any(not any(c.edges) for c in cs)]
             if not blind:

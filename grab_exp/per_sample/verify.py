@@ -64,13 +64,16 @@ class GradSnapshot:
 
 
 @torch.no_grad()
-def rows_gaps(rows: BatchGrads, grads: list[torch.Tensor | None]) -> torch.Tensor:
+def rows_gaps(
+    rows: BatchGrads, grads: list[torch.Tensor | None], loss: torch.Tensor | None = None
+) -> torch.Tensor:
     """Per parameter, ``|mean_i g_i - grad|`` relative to ``|grad|`` (or to a floor share of the
-    largest ``|grad|``): a ``(P,)`` tensor on the rows' device.
+    largest ``|grad|``): a ``(P,)`` tensor on the rows' device; 0 where ``grad`` is not finite.
 
     Args:
         rows: the ``(B, d)`` rows, columns in the parameters' order.
         grads: each parameter's gradient of the batch-mean loss (``None``: zero).
+        loss: the ``()`` batch loss; where it is not finite, nothing is judged (0 gaps).
     """
     like = rows.like
     acc = torch.zeros(rows.width, dtype=like.dtype, device=like.device)  # (d,)
@@ -86,7 +89,10 @@ def rows_gaps(rows: BatchGrads, grads: list[torch.Tensor | None]) -> torch.Tenso
     differences = torch.stack(torch._foreach_norm(parts))
     sizes = torch.stack(torch._foreach_norm(wants))
     floor = FLOOR.get(acc.dtype, LOOSE_FLOOR) * sizes.max()
-    return differences / torch.maximum(sizes, floor).clamp_min(torch.finfo(acc.dtype).tiny)
+    gaps = differences / torch.maximum(sizes, floor).clamp_min(torch.finfo(acc.dtype).tiny)
+    # a non-finite loss or gradient (training diverged) is training's to stop on, not a refusal
+    judged = sizes.isfinite() if loss is None else sizes.isfinite() & loss.detach().isfinite()
+    return torch.where(judged, gaps, torch.zeros_like(gaps))
 
 
 def rows_problem(
@@ -96,6 +102,7 @@ def rows_problem(
     params: list[nn.Parameter],
     model: nn.Module,
     method: str,
+    loss: torch.Tensor | None = None,
 ) -> str | torch.Tensor | None:
     """The one-line refusal when the rows' mean is not autograd's gradient; ``None`` when it is.
 
@@ -104,7 +111,7 @@ def rows_problem(
     """
     if not names or rows.rows == 0:
         return None
-    gaps = rows_gaps(rows, grads)
+    gaps = rows_gaps(rows, grads, loss)
     tolerance = TOLERANCE.get(rows.like.dtype, LOOSE_TOLERANCE)
     if not host_reads_allowed(gaps.device):
         return gaps.nan_to_num(nan=float("inf")).max() / tolerance

@@ -45,10 +45,30 @@ def _option_line(group: str, value: str, options: list[str]) -> str:
     return f"{group}={value}: no such option; {hint}{allowed}"
 
 
+def _searched_folders(argv: list[str]) -> list[Path] | None:
+    """The folders ``argv`` adds to the search path (``--config-dir``, and the ``file://``
+    entries of a ``hydra.searchpath=[...]`` override); ``None`` if it adds one that is not a
+    folder (``pkg://...``), whose options only Hydra can list."""
+    folders = [Path(folder) for folder in config_dirs(argv)]
+    for override in _overrides(argv):
+        if override.key_or_group != "hydra.searchpath":
+            continue
+        entries = override.value()
+        for entry in entries if isinstance(entries, list) else [entries]:
+            if not str(entry).startswith("file://"):
+                return None
+            folders.append(Path(str(entry).removeprefix("file://")))
+    return folders
+
+
 def unknown_option_error(argv: list[str]) -> str | None:
     """One line for a ``group=option`` (or a sweep's ``group=a,b``) that names no option of
-    the group in our folder or a ``--config-dir`` of ``argv``; ``None`` when every one exists."""
-    folders = [Path(folder) for folder in config_dirs(argv)]
+    the group in our folder or a folder ``argv`` adds (``--config-dir``, ``hydra.searchpath``);
+    ``None`` when every one exists, or when ``argv`` adds a search path entry that is not a
+    folder (Hydra then says it)."""
+    folders = _searched_folders(argv)
+    if folders is None:
+        return None
     groups = {p.name for f in (CONF_DIR, *folders) if f.is_dir() for p in f.iterdir() if p.is_dir()}
     groups.discard("hydra")
     for override in _overrides(argv):
