@@ -121,6 +121,16 @@ def test_a_loader_that_raises_names_the_file_and_leaves_no_run_folder(project):
     _refused(["--config-dir", "my_conf", "dataset=mine", *OWN_DATA], project, line)
 
 
+def test_a_loader_given_a_keyword_it_lacks_names_no_file_of_hydra(project):
+    line = _refused(
+        ["--config-dir", "my_conf", "dataset=mine", "+dataset.size=3", *OWN_DATA],
+        project,
+        "dataset: my_loader.load raised TypeError: ",
+    )
+    assert "unexpected keyword argument 'size'" in line, line
+    assert "hydra" not in line and line.endswith("'size'"), line  # no file of Hydra's
+
+
 def test_a_refused_sweep_keeps_only_its_multirun_yaml(project):
     args = ["-m", "--config-dir", "my_conf", "dataset=mine", "seed=0,1", *OWN_DATA]
     done = run_cli(args, project)

@@ -64,7 +64,7 @@ def _raised_at(cause: BaseException) -> str:
     package) that ``cause`` passed, or ``""``."""
     frames = traceback.extract_tb(cause.__traceback__)
     own = [f for f in frames if not str(Path(f.filename).resolve()).startswith(_INSTALLED)]
-    frame = (own or frames or [None])[-1]
+    frame = (own or [None])[-1]
     return f" ({_shown(frame.filename)}:{frame.lineno})" if frame else ""
 
 
