@@ -107,6 +107,14 @@ def test_a_target_that_cannot_be_imported_or_raises_is_one_line_naming_its_file(
     _refused(["--config-dir", "my_conf", option, *OWN_DATA], project, line)
 
 
+def test_an_extra_logger_that_cannot_be_imported_is_the_same_one_line_as_a_model(project):
+    line = (
+        "logger.extra.mine._target_: cannot import nosuchmod.Log (ModuleNotFoundError: No module "
+        "named 'nosuchmod'); allowed: a module.name on the import path"
+    )
+    _refused(["+logger.extra.mine._target_=nosuchmod.Log", *SMALL], project, line)
+
+
 def test_a_yaml_file_of_the_user_that_is_not_yaml_is_one_line_with_its_line(project):
     (project / "my_conf" / "model" / "bad.yaml").write_text("_target_: boom.Boom\nwidth: [8\n")
     line = "my_conf/model/bad.yaml, line 3: not YAML (expected ',' or ']', but got '<stream end>'"

@@ -68,9 +68,9 @@ def _raised_at(cause: BaseException) -> str:
     return f" ({_shown(frame.filename)}:{frame.lineno})" if frame else ""
 
 
-def _option_file(setting: str) -> str:
+def _option_file(setting: str, target: str) -> str:
     """`` in <file>``: the YAML file of the job's option of ``setting``'s group, if Hydra has a
-    job config and a file in its search path holds it."""
+    job config and a file in its search path holds it and names ``target``."""
     if not HydraConfig.initialized():
         return ""
     runtime = HydraConfig.get().runtime
@@ -78,8 +78,9 @@ def _option_file(setting: str) -> str:
     option = runtime.choices.get(group)
     for source in runtime.config_sources if option is not None else ():
         folder = {"file": Path(source["path"]), "pkg": CONF_DIR}.get(source["schema"])
-        if folder is not None and (folder / group / f"{option}.yaml").is_file():
-            return f" in {_shown(folder / group / f'{option}.yaml')}"
+        file = folder / group / f"{option}.yaml" if folder is not None else None
+        if file is not None and file.is_file() and target in file.read_text():
+            return f" in {_shown(file)}"
     return ""
 
 
@@ -89,8 +90,9 @@ def import_error_line(setting: str, target: str, cause: BaseException | None) ->
     while cause is not None and cause.__cause__ is not None:  # the import's own error
         cause = cause.__cause__
     why = _cause(cause) if cause is not None else "not found"
+    where = _option_file(setting, target)
     return (
-        f"{setting}._target_: cannot import {target} ({why}){_option_file(setting)}; allowed: "
+        f"{setting}._target_: cannot import {target} ({why}){where}; allowed: "
         "a module.name on the import path (the folder the command runs in is on it)"
     )
 
