@@ -12,7 +12,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from grab_exp.runner.config.schema import register_schema
-from grab_exp.runner.launch.override_keys import unknown_key_error
+from grab_exp.runner.launch.override_keys import unknown_key_error, wrong_type_error
 from grab_exp.runner.rundir.resolvers import register_resolvers
 from grab_exp.runner.training.errors import JobEndError, error_record, user_error_line
 from grab_exp.runner.training.signals import JobInterrupted, hand_over
@@ -121,6 +121,7 @@ if __name__ == "__main__":
         error := unparsable_yaml_error(args)
         or unknown_option_error(args)
         or unknown_key_error(args)
+        or wrong_type_error(args)
     ):
         sys.exit(f"error: {error}")
     main()

@@ -115,6 +115,10 @@ def test_an_extra_logger_that_cannot_be_imported_is_the_same_one_line_as_a_model
     _refused(["+logger.extra.mine._target_=nosuchmod.Log", *SMALL], project, line)
 
 
+def test_a_value_of_the_wrong_type_is_one_line_with_what_the_key_takes(tmp_path):
+    _refused(["epochs=abc", *SMALL], tmp_path, "epochs: got 'abc'; allowed: an integer >= 1")
+
+
 def test_a_yaml_file_of_the_user_that_is_not_yaml_is_one_line_with_its_line(project):
     (project / "my_conf" / "model" / "bad.yaml").write_text("_target_: boom.Boom\nwidth: [8\n")
     line = "my_conf/model/bad.yaml, line 3: not YAML (expected ',' or ']', but got '<stream end>'"
