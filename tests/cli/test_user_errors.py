@@ -119,6 +119,12 @@ def test_a_value_of_the_wrong_type_is_one_line_with_what_the_key_takes(tmp_path)
     _refused(["epochs=abc", *SMALL], tmp_path, "epochs: got 'abc'; allowed: an integer >= 1")
 
 
+@pytest.mark.parametrize("flag", ["--config-dir", "-cd"])
+def test_a_config_dir_that_does_not_exist_is_one_line_naming_it(tmp_path, flag):
+    line = _refused([flag, "nonexist", *SMALL], tmp_path, "--config-dir nonexist: no such folder (")
+    assert str(tmp_path / "nonexist") in line, line
+
+
 def test_a_yaml_file_of_the_user_that_is_not_yaml_is_one_line_with_its_line(project):
     (project / "my_conf" / "model" / "bad.yaml").write_text("_target_: boom.Boom\nwidth: [8\n")
     line = "my_conf/model/bad.yaml, line 3: not YAML (expected ',' or ']', but got '<stream end>'"
