@@ -56,8 +56,8 @@ def _refused(args: list[str], cwd: Path, start: str) -> str:
 @pytest.mark.parametrize(
     ("args", "start", "names"),
     [
-        (["hydra.run.dir=/proc/x"], "hydra.run.dir: cannot write the folder /proc/x:", []),
-        (["-m", "hydra.sweep.dir=/proc/x"], "hydra.sweep.dir: cannot write the folder /proc", []),
+        (["hydra.run.dir=/proc/x"], "hydra.run.dir: cannot create the folder /proc/x (", []),
+        (["-m", "hydra.sweep.dir=/proc/x"], "hydra.sweep.dir: cannot create the folder /proc", []),
         ([], "hydra.run.dir: cannot write the folder ", ["outputs is a file, not a folder"]),
         (["-m", "seed=0,1"], "hydra.sweep.dir: cannot write the folder ", ["outputs is a file"]),
     ],
