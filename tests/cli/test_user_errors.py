@@ -174,4 +174,5 @@ def test_the_users_file_of_our_name_wins_and_the_job_line_says_so(project):
     assert done.returncode == 0, done.stderr
     (job,) = [line for line in done.stdout.splitlines() if " - job: " in line]
     assert "model MLP (24,674 parameters)" in job, job  # 3072 -> 8 -> 10
+    assert ", 1 epoch of batch " in job, job  # singular for one
     assert job.endswith(f"; {lenet} replaces ours"), job
