@@ -26,6 +26,15 @@ USER_FILES = {
     "my_conf/model/ghost.yaml": "_target_: nosuchmod.Net\nnum_classes: 10\n",
     "my_conf/dataset/mine.yaml": "_target_: my_loader.load\npath: data.npz\n",
     "my_conf/dataset/ghost.yaml": "_target_: nosuchmod.load\n",
+    "focal.py": (
+        "import torch\nfrom torch import nn\n\n\nclass Focal(nn.Module):\n"
+        "    perplexity = False\n\n    def __init__(self, gamma=2.0):\n"
+        "        super().__init__()\n        self.gamma = gamma\n\n"
+        "    def forward(self, logits, y):\n"
+        '        ce = nn.functional.cross_entropy(logits, y, reduction="none")\n'
+        "        return ((1 - torch.exp(-ce)) ** self.gamma * ce).mean()\n"
+    ),
+    "my_conf/loss/focal.yaml": "_target_: focal.Focal\ngamma: 2.0\n",
 }
 
 
@@ -147,6 +156,18 @@ def test_a_loader_given_a_keyword_it_lacks_names_no_file_of_hydra(project):
     )
     assert "unexpected keyword argument 'size'" in line, line
     assert "hydra" not in line and line.endswith("'size'"), line  # no file of Hydra's
+
+
+@pytest.mark.parametrize("method", ["auto", "hooks", "func"])
+def test_a_loss_of_the_user_that_raises_in_training_is_one_line_naming_it(project, method):
+    args = ["--config-dir", "my_conf", "loss=focal", "loss.gamma=abc", *SMALL]
+    done = run_cli([*args, f"pipeline.method={method}"], project)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1, done.stderr
+    assert lines[0] == (
+        "error: loss: focal.Focal raised TypeError: unsupported operand type(s) for ** or pow(): "
+        "'Tensor' and 'str' (focal.py:14)"
+    ), lines[0]
 
 
 def test_a_refused_sweep_keeps_only_its_multirun_yaml(project):
