@@ -1,9 +1,11 @@
 """Errors a user causes, through ``python -m grab_exp`` as they type it: each one line naming the
 setting or file, exit status 1, and nothing left on disk (a multirun: its ``multirun.yaml``).
 
-Unwritable run and sweep folders, an option a group lacks, a ``_target_`` that cannot be
-imported, a user's model or loader that raises, a ``.yaml`` of theirs that is not YAML, a model
-that does not fit the data; and a user's file of our name wins, saying so in the job's line.
+Unwritable run and sweep folders, an option a group lacks, a ``_target_`` (a logger's too) that
+cannot be imported, a user's model or loader that raises, a value of the wrong type, a missing
+``--config-dir``, a ``.yaml`` of theirs that is not YAML, a model that does not fit the data, a
+user's loss that raises in training; and a user's file of our name wins, saying so in the job's
+line.
 """
 
 from __future__ import annotations
