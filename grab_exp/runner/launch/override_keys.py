@@ -196,13 +196,14 @@ def wrong_type_error(argv: list[str]) -> str | None:
     """``<key>: got <value>; allowed: <kind>`` for an override whose value the typed schema
     (:class:`~grab_exp.runner.config.schema.RunConfig`) cannot take (``epochs=abc``), else
     ``None``: Hydra's own refusal is a block of five lines."""
-    schema = OmegaConf.structured(RunConfig)
+    schema, groups = OmegaConf.structured(RunConfig), _groups()
     for override in _overrides(argv):
         if override.type != OverrideType.CHANGE or override.package is not None:
             continue
         key = override.key_or_group
-        if OmegaConf.select(schema, key, default=_MISSING) is _MISSING:
-            continue  # not the schema's (a group option's key, hydra.*): composed for
+        node = OmegaConf.select(schema, key, default=_MISSING)
+        if node is _MISSING or OmegaConf.is_config(node) or key in groups:
+            continue  # not a value of the schema (a group's option, its key, hydra.*)
         if not override.is_sweep_override():
             values = [override.value()]
         elif override.is_discrete_sweep():

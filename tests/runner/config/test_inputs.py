@@ -222,6 +222,11 @@ def test_wrong_types_are_one_line_from_the_schema(overrides, line):
     assert wrong_type_error([*TINY, *overrides]) == line
 
 
+@pytest.mark.parametrize("args", [["logger=jsonl"], ["logger=wandb", "model=tiny"], ["epochs=3"]])
+def test_a_group_option_or_a_right_value_is_no_wrong_type(args):
+    assert wrong_type_error([*TINY, *args]) is None
+
+
 def test_an_unknown_key_is_still_refused_by_hydra_when_composing():
     with pytest.raises(ConfigCompositionException) as info:
         compose_config([*TINY, "trainer.compiled=true"])
