@@ -12,7 +12,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from grab_exp.runner.config.schema import register_schema
-from grab_exp.runner.launch.override_keys import unknown_key_error
+from grab_exp.runner.launch.override_keys import unknown_key_error, wrong_type_error
 from grab_exp.runner.rundir.resolvers import register_resolvers
 from grab_exp.runner.training.errors import JobEndError, error_record, user_error_line
 from grab_exp.runner.training.signals import JobInterrupted, hand_over
@@ -113,14 +113,20 @@ def expand_shorthands(argv: list[str]) -> list[str]:
 
 if __name__ == "__main__":
     sys.argv = expand_shorthands(sys.argv)
-    from grab_exp.runner.launch.search_path import unknown_option_error, unparsable_yaml_error
+    from grab_exp.runner.launch.search_path import (
+        missing_config_dir_error,
+        unknown_option_error,
+        unparsable_yaml_error,
+    )
 
     # before Hydra's traceback of a YAML file, its block of the search path and its "+key=" advice
     args = sys.argv[1:]
     if (
-        error := unparsable_yaml_error(args)
+        error := missing_config_dir_error(args)
+        or unparsable_yaml_error(args)
         or unknown_option_error(args)
         or unknown_key_error(args)
+        or wrong_type_error(args)
     ):
         sys.exit(f"error: {error}")
     main()

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from hydra.utils import get_class, instantiate
+from hydra.utils import instantiate
 
 from grab_exp.logging.base import RunLogger
 from grab_exp.logging.wandb_logger import build_wandb_logger
@@ -13,6 +14,25 @@ from grab_exp.logging.wandb_logger import build_wandb_logger
 
 class LoggerBuildError(ValueError):
     """A ``logger.extra`` logger whose constructor raised (its options, or its own code)."""
+
+
+def import_target(path: str) -> Any:
+    """The object ``path`` (``module.name``, or ``module.Class.Inner``) names, imported with
+    :mod:`importlib` (Hydra's ``get_class`` logs its own error): raises the import's own error
+    (``ModuleNotFoundError``, ``AttributeError``...)."""
+    module_name, _, attribute = path.rpartition(".")
+    if not module_name:
+        raise ImportError(f"{path!r} is not a module.name")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:  # a class's attribute (module.Class.Inner)?
+        if error.name != module_name or "." not in module_name:
+            raise
+        try:
+            module = import_target(module_name)
+        except (ImportError, AttributeError):
+            raise error from None
+    return getattr(module, attribute)
 
 
 def logger_problem(key: str, node: Mapping[str, Any]) -> str | None:
@@ -24,9 +44,11 @@ def logger_problem(key: str, node: Mapping[str, Any]) -> str | None:
     if not target:
         return f"{setting}: got {node!r}; allowed: a node with a _target_ (a RunLogger subclass)"
     try:
-        cls = get_class(str(target))
-    except Exception as error:  # Hydra wraps the import error
-        return f"{setting}._target_: got {target!r}, which does not import ({error})"
+        cls = import_target(str(target))
+    except Exception as error:  # the same line as a model's or a loader's
+        from grab_exp.runner.config.target_errors import import_error_line
+
+        return import_error_line(setting, str(target), error)
     if not (isinstance(cls, type) and issubclass(cls, RunLogger)):
         return (
             f"{setting}._target_: got {target!r}; allowed: a subclass of grab_exp.logging.RunLogger"

@@ -25,7 +25,7 @@ from grab_exp.per_sample.batchnorm import batchnorm_to_groupnorm
 from grab_exp.per_sample.compiled import COMPILE_MODES
 from grab_exp.per_sample.func import RANDOMNESS_CHOICES, FuncPerSample
 from grab_exp.per_sample.hooks import FactoredPerSample, HookedPerSample, check_supported
-from grab_exp.per_sample.modules import LossContractError, UnsupportedModelError
+from grab_exp.per_sample.modules import LossContractError, UnsupportedModelError, UserCodeError
 from grab_exp.per_sample.pipeline import (
     METHODS,
     ClassicPipeline,
@@ -48,6 +48,7 @@ __all__ = [
     "PerSampleGradients",
     "PerSamplePipeline",
     "UnsupportedModelError",
+    "UserCodeError",
     "batchnorm_to_groupnorm",
     "check_supported",
     "hooks_supported",

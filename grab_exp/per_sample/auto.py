@@ -21,7 +21,7 @@ from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.base import PerSampleGradients, one_line
 from grab_exp.per_sample.hooks import HookedPerSample
 from grab_exp.per_sample.layout import Inputs
-from grab_exp.per_sample.modules import LossContractError, UnsupportedModelError
+from grab_exp.per_sample.modules import LossContractError, UnsupportedModelError, UserCodeError
 
 __all__ = ["AutoPerSample"]
 
@@ -64,8 +64,8 @@ class AutoPerSample(PerSampleGradients):
         rng = torch.get_rng_state()  # and the masks it drew (func draws them again)
         try:
             return self.chosen(x, y)
-        except LossContractError:
-            raise  # the loss is wrong for every method
+        except (LossContractError, UserCodeError):
+            raise  # the loss is wrong for every method, or the user's code raised
         except Exception as hooks_error:  # any failure of the hook path
             torch.set_rng_state(rng)
             with torch.no_grad():

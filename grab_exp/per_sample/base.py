@@ -49,9 +49,11 @@ from grab_exp.per_sample.modules import (
     WATCHED,
     LossContractError,
     UnsupportedModelError,
+    UserCodeError,
     module_problem,
 )
 from grab_exp.per_sample.verify import GradSnapshot, rows_problem
+from grab_exp.tracebacks import raised_in_user_file
 from grab_exp.validation import check_int_at_least
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -64,6 +66,32 @@ def one_line(error: Exception) -> str:
     lines = str(error).strip().splitlines()
     text = lines[0] if lines else ""
     return text if isinstance(error, UnsupportedModelError) else f"{type(error).__name__}: {text}"
+
+
+def _name(obj: Any) -> str:
+    """``module.name`` of a class instance (or of a function)."""
+    named = obj if callable(obj) and hasattr(obj, "__qualname__") else type(obj)
+    return f"{named.__module__}.{named.__qualname__}"
+
+
+def user_code_error(
+    model: nn.Module, loss_fn: LossFn, x: Inputs, y: torch.Tensor, error: Exception
+) -> UserCodeError | None:
+    """:class:`UserCodeError` when ``error`` was raised in a user's file and a plain step
+    (``loss_fn(model(x), y)``, no per-sample method) raises the same type in a user's file;
+    else ``None`` (a per-sample problem: the caller's refusal stands)."""
+    if not raised_in_user_file(error):
+        return None
+    setting, obj = "model", model
+    try:
+        with torch.enable_grad():
+            out = call_model(model, x)
+            setting, obj = "loss", loss_fn
+            loss_fn(out, y)
+    except Exception as plain:  # the user's code fails without any method
+        if type(plain) is type(error) and raised_in_user_file(plain):
+            return UserCodeError(setting, _name(obj), plain)
+    return None
 
 
 def loss_of(loss_fn: LossFn, out: Any, y: torch.Tensor) -> torch.Tensor:
@@ -153,6 +181,8 @@ class PerSampleGradients(ABC):
         Raises:
             UnsupportedModelError: the check found rows or a loss it cannot get right (one line
                 naming the cause); ``param.grad`` is then as before the call.
+            UserCodeError: the user's model or loss raised in a file of theirs, and a plain step
+                raises the same (their error, not a refusal).
         """
         if self.state.stale(self.model):  # a module or parameter was replaced since
             self.state = ModelState(self.model)
@@ -163,6 +193,8 @@ class PerSampleGradients(ABC):
         except UnsupportedModelError:
             raise
         except Exception as error:  # torch's, the model's or the loss's, inside this method
+            if (own := user_code_error(self.model, self.loss_fn, x, y, error)) is not None:
+                raise own from error
             raise UnsupportedModelError(f"method={self.method}: {one_line(error)}") from error
 
     def restructure(self) -> None:

@@ -41,6 +41,23 @@ class UnsupportedModelError(ValueError):
     names it and the cause, on one line."""
 
 
+class UserCodeError(Exception):
+    """The user's own model or loss raised, in a file of theirs, and a plain step (no per-sample
+    method) raises it too: their code's error, not a per-sample refusal.
+
+    Attributes:
+        setting: ``model`` or ``loss``.
+        target: the class (or function) that raised, as ``module.name``.
+        error: what it raised (its traceback names the user's file and line).
+    """
+
+    def __init__(self, setting: str, target: str, error: BaseException) -> None:
+        lines = str(error).strip().splitlines()
+        first = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+        super().__init__(f"{setting}: {target} raised {first}")
+        self.setting, self.target, self.error = setting, target, error
+
+
 class LossContractError(UnsupportedModelError):
     """A loss that is not the batch mean of per-example losses: no method can use it."""
 

@@ -1,9 +1,11 @@
 """Errors a user causes, through ``python -m grab_exp`` as they type it: each one line naming the
 setting or file, exit status 1, and nothing left on disk (a multirun: its ``multirun.yaml``).
 
-Unwritable run and sweep folders, an option a group lacks, a ``_target_`` that cannot be
-imported, a user's model or loader that raises, a ``.yaml`` of theirs that is not YAML, a model
-that does not fit the data; and a user's file of our name wins, saying so in the job's line.
+Unwritable run and sweep folders, an option a group lacks, a ``_target_`` (a logger's too) that
+cannot be imported, a user's model or loader that raises, a value of the wrong type, a missing
+``--config-dir``, a ``.yaml`` of theirs that is not YAML, a model that does not fit the data, a
+user's loss that raises in training; and a user's file of our name wins, saying so in the job's
+line.
 """
 
 from __future__ import annotations
@@ -26,6 +28,15 @@ USER_FILES = {
     "my_conf/model/ghost.yaml": "_target_: nosuchmod.Net\nnum_classes: 10\n",
     "my_conf/dataset/mine.yaml": "_target_: my_loader.load\npath: data.npz\n",
     "my_conf/dataset/ghost.yaml": "_target_: nosuchmod.load\n",
+    "focal.py": (
+        "import torch\nfrom torch import nn\n\n\nclass Focal(nn.Module):\n"
+        "    perplexity = False\n\n    def __init__(self, gamma=2.0):\n"
+        "        super().__init__()\n        self.gamma = gamma\n\n"
+        "    def forward(self, logits, y):\n"
+        '        ce = nn.functional.cross_entropy(logits, y, reduction="none")\n'
+        "        return ((1 - torch.exp(-ce)) ** self.gamma * ce).mean()\n"
+    ),
+    "my_conf/loss/focal.yaml": "_target_: focal.Focal\ngamma: 2.0\n",
 }
 
 
@@ -56,8 +67,8 @@ def _refused(args: list[str], cwd: Path, start: str) -> str:
 @pytest.mark.parametrize(
     ("args", "start", "names"),
     [
-        (["hydra.run.dir=/proc/x"], "hydra.run.dir: cannot write the folder /proc/x:", []),
-        (["-m", "hydra.sweep.dir=/proc/x"], "hydra.sweep.dir: cannot write the folder /proc", []),
+        (["hydra.run.dir=/proc/x"], "hydra.run.dir: cannot create the folder /proc/x (", []),
+        (["-m", "hydra.sweep.dir=/proc/x"], "hydra.sweep.dir: cannot create the folder /proc", []),
         ([], "hydra.run.dir: cannot write the folder ", ["outputs is a file, not a folder"]),
         (["-m", "seed=0,1"], "hydra.sweep.dir: cannot write the folder ", ["outputs is a file"]),
     ],
@@ -107,6 +118,24 @@ def test_a_target_that_cannot_be_imported_or_raises_is_one_line_naming_its_file(
     _refused(["--config-dir", "my_conf", option, *OWN_DATA], project, line)
 
 
+def test_an_extra_logger_that_cannot_be_imported_is_the_same_one_line_as_a_model(project):
+    line = (
+        "logger.extra.mine._target_: cannot import nosuchmod.Log (ModuleNotFoundError: No module "
+        "named 'nosuchmod'); allowed: a module.name on the import path"
+    )
+    _refused(["+logger.extra.mine._target_=nosuchmod.Log", *SMALL], project, line)
+
+
+def test_a_value_of_the_wrong_type_is_one_line_with_what_the_key_takes(tmp_path):
+    _refused(["epochs=abc", *SMALL], tmp_path, "epochs: got 'abc'; allowed: an integer >= 1")
+
+
+@pytest.mark.parametrize("flag", ["--config-dir", "-cd"])
+def test_a_config_dir_that_does_not_exist_is_one_line_naming_it(tmp_path, flag):
+    line = _refused([flag, "nonexist", *SMALL], tmp_path, "--config-dir nonexist: no such folder (")
+    assert str(tmp_path / "nonexist") in line, line
+
+
 def test_a_yaml_file_of_the_user_that_is_not_yaml_is_one_line_with_its_line(project):
     (project / "my_conf" / "model" / "bad.yaml").write_text("_target_: boom.Boom\nwidth: [8\n")
     line = "my_conf/model/bad.yaml, line 3: not YAML (expected ',' or ']', but got '<stream end>'"
@@ -119,6 +148,28 @@ def test_a_loader_that_raises_names_the_file_and_leaves_no_run_folder(project):
         "(my_loader.py:5)"
     )
     _refused(["--config-dir", "my_conf", "dataset=mine", *OWN_DATA], project, line)
+
+
+def test_a_loader_given_a_keyword_it_lacks_names_no_file_of_hydra(project):
+    line = _refused(
+        ["--config-dir", "my_conf", "dataset=mine", "+dataset.size=3", *OWN_DATA],
+        project,
+        "dataset: my_loader.load raised TypeError: ",
+    )
+    assert "unexpected keyword argument 'size'" in line, line
+    assert "hydra" not in line and line.endswith("'size'"), line  # no file of Hydra's
+
+
+@pytest.mark.parametrize("method", ["auto", "hooks", "func"])
+def test_a_loss_of_the_user_that_raises_in_training_is_one_line_naming_it(project, method):
+    args = ["--config-dir", "my_conf", "loss=focal", "loss.gamma=abc", *SMALL]
+    done = run_cli([*args, f"pipeline.method={method}"], project)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1, done.stderr
+    assert lines[0] == (
+        "error: loss: focal.Focal raised TypeError: unsupported operand type(s) for ** or pow(): "
+        "'Tensor' and 'str' (focal.py:14)"
+    ), lines[0]
 
 
 def test_a_refused_sweep_keeps_only_its_multirun_yaml(project):
@@ -146,4 +197,5 @@ def test_the_users_file_of_our_name_wins_and_the_job_line_says_so(project):
     assert done.returncode == 0, done.stderr
     (job,) = [line for line in done.stdout.splitlines() if " - job: " in line]
     assert "model MLP (24,674 parameters)" in job, job  # 3072 -> 8 -> 10
+    assert ", 1 epoch of batch " in job, job  # singular for one
     assert job.endswith(f"; {lenet} replaces ours"), job

@@ -2,9 +2,10 @@
 
 ``conf/config.yaml`` composes on top of :class:`RunConfig` (its first defaults entry), so Hydra
 itself rejects a wrong type (``epochs=two``) or an unknown key (``trainer.compiled=true``) while
-composing. What types cannot say (ranges and choices) is declared once here in :data:`RANGES`
-and :data:`CHOICES`; :func:`check_values` checks them. Rules that tie several keys together
-live in :mod:`grab_exp.runner.config.check`.
+composing (the command says either in one line first:
+:mod:`grab_exp.runner.launch.override_keys`). What types cannot say (ranges and choices) is
+declared once here in :data:`RANGES` and :data:`CHOICES`; :func:`check_values` checks them.
+Rules that tie several keys together live in :mod:`grab_exp.runner.config.check`.
 """
 
 from __future__ import annotations

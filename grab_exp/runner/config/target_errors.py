@@ -11,7 +11,6 @@ where it was raised, or, for an import, the config file that names the target.
 from __future__ import annotations
 
 import re
-import sysconfig
 import traceback
 from pathlib import Path
 
@@ -20,8 +19,8 @@ from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 
 from grab_exp.conf import CONF_DIR
+from grab_exp.tracebacks import INSTALLED, PACKAGE_DIR, innermost_file
 
-PACKAGE_DIR = Path(__file__).resolve().parents[2]  # grab_exp/
 _TARGET = re.compile(r"target '([^']+)'")
 _FULL_KEY = re.compile(r"full_key: (\S+)")
 
@@ -45,7 +44,7 @@ def _shown(path: str | Path) -> str:
     return str(absolute.relative_to(Path.cwd())) if absolute.is_relative_to(Path.cwd()) else path
 
 
-def _cause(cause: BaseException) -> str:
+def one_cause(cause: BaseException) -> str:
     """``Type: message`` in one line, with the file an ``OSError`` names."""
     if isinstance(cause, OSError) and cause.filename is not None:
         return f"{type(cause).__name__}: {cause.strerror}: {cause.filename}"
@@ -53,24 +52,18 @@ def _cause(cause: BaseException) -> str:
     return f"{type(cause).__name__}: {lines[0]}" if lines else type(cause).__name__
 
 
-#: where installed code lives (the standard library, site-packages): not the user's file
-_INSTALLED = tuple(
-    str(Path(sysconfig.get_paths()[k]).resolve()) for k in ("stdlib", "purelib", "platlib")
-)
-
-
-def _raised_at(cause: BaseException) -> str:
+def raised_at(cause: BaseException) -> str:
     """`` (file:line)`` of the innermost frame of the user's own code (not of an installed
     package) that ``cause`` passed, or ``""``."""
     frames = traceback.extract_tb(cause.__traceback__)
-    own = [f for f in frames if not str(Path(f.filename).resolve()).startswith(_INSTALLED)]
-    frame = (own or frames or [None])[-1]
+    own = [f for f in frames if not str(Path(f.filename).resolve()).startswith(INSTALLED)]
+    frame = (own or [None])[-1]
     return f" ({_shown(frame.filename)}:{frame.lineno})" if frame else ""
 
 
-def _option_file(setting: str) -> str:
+def _option_file(setting: str, target: str) -> str:
     """`` in <file>``: the YAML file of the job's option of ``setting``'s group, if Hydra has a
-    job config and a file in its search path holds it."""
+    job config and a file in its search path holds it and names ``target``."""
     if not HydraConfig.initialized():
         return ""
     runtime = HydraConfig.get().runtime
@@ -78,8 +71,9 @@ def _option_file(setting: str) -> str:
     option = runtime.choices.get(group)
     for source in runtime.config_sources if option is not None else ():
         folder = {"file": Path(source["path"]), "pkg": CONF_DIR}.get(source["schema"])
-        if folder is not None and (folder / group / f"{option}.yaml").is_file():
-            return f" in {_shown(folder / group / f'{option}.yaml')}"
+        file = folder / group / f"{option}.yaml" if folder is not None else None
+        if file is not None and file.is_file() and target in file.read_text():
+            return f" in {_shown(file)}"
     return ""
 
 
@@ -88,21 +82,18 @@ def import_error_line(setting: str, target: str, cause: BaseException | None) ->
     import's own error and the config file that names it."""
     while cause is not None and cause.__cause__ is not None:  # the import's own error
         cause = cause.__cause__
-    why = _cause(cause) if cause is not None else "not found"
+    why = one_cause(cause) if cause is not None else "not found"
+    where = _option_file(setting, target)
     return (
-        f"{setting}._target_: cannot import {target} ({why}){_option_file(setting)}; allowed: "
+        f"{setting}._target_: cannot import {target} ({why}){where}; allowed: "
         "a module.name on the import path (the folder the command runs in is on it)"
     )
 
 
 def raised_by_grab_exp(error: BaseException) -> bool:
     """Whether ``error`` was raised by this package's own code (a message written for users)."""
-    tb = error.__traceback__
-    if tb is None:
-        return False
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(PACKAGE_DIR)
+    file = innermost_file(error)
+    return file is not None and file.is_relative_to(PACKAGE_DIR)
 
 
 def target_error_line(error: InstantiationException, cfg: DictConfig | None = None) -> str:
@@ -117,4 +108,4 @@ def target_error_line(error: InstantiationException, cfg: DictConfig | None = No
         return f"{setting}: {target} failed: {str(error).strip().splitlines()[-1]}"
     if raised_by_grab_exp(cause) and str(cause).strip():  # ours: a line written for users
         return str(cause).strip().splitlines()[0]
-    return f"{setting}: {target} raised {_cause(cause)}{_raised_at(cause)}"
+    return f"{setting}: {target} raised {one_cause(cause)}{raised_at(cause)}"

@@ -76,13 +76,14 @@ def check_writable(folder: Path, setting: str) -> None:
             os.rmdir(tempfile.mkdtemp(prefix=".grab-write-check-", dir=existing))
             return
         except OSError as error:
-            why = f"{existing} cannot be written ({error.strerror or error})"
+            reason = error.strerror or error
+            if existing == folder:
+                why = f"cannot write the folder {folder} ({reason})"
+            else:  # its nearest existing parent takes no new folder (/proc)
+                why = f"cannot create the folder {folder} ({reason})"
     else:
-        why = f"{existing} is a file, not a folder"
-    raise ConfigError(
-        f"{setting}: cannot write the folder {folder}: {why}; allowed: a folder you can write "
-        f"({setting}=PATH)"
-    )
+        why = f"cannot write the folder {folder}: {existing} is a file, not a folder"
+    raise ConfigError(f"{setting}: {why}; allowed: a folder you can write ({setting}=PATH)")
 
 
 #: what :func:`check_job` refuses a job with, each one line for users

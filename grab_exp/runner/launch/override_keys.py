@@ -24,8 +24,9 @@ from hydra.core.override_parser.types import Override, OverrideType
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+from omegaconf.nodes import BooleanNode, FloatNode, IntegerNode
 
-from grab_exp.runner.config.schema import RunConfig, register_schema
+from grab_exp.runner.config.schema import RANGES, RunConfig, register_schema
 from grab_exp.runner.rundir.identity import CONF_DIR, conf_choices
 from grab_exp.runner.rundir.resolvers import register_resolvers
 
@@ -175,3 +176,46 @@ def unknown_key_error(argv: list[str]) -> str | None:
         return closest_key_line(key, compose_job(rest))
     except (HydraException, OmegaConfBaseException):
         return f"{key}: no such key"
+
+
+#: the schema's kind of value, by its node's type, for a key without a range
+KINDS = ((BooleanNode, "true or false"), (IntegerNode, "an integer"), (FloatNode, "a number"))
+
+
+def _allowed(key: str, schema: DictConfig) -> str:
+    """What ``key`` of the schema takes: ``an integer >= 1`` for a key with a range."""
+    if key in RANGES:
+        kind, comparison, bound = RANGES[key]
+        return f"{kind} {comparison} {bound:g}"
+    parent, _, leaf = key.rpartition(".")
+    node = (OmegaConf.select(schema, parent) if parent else schema)._get_node(leaf)
+    return next((kind for cls, kind in KINDS if isinstance(node, cls)), "a value of its type")
+
+
+def wrong_type_error(argv: list[str]) -> str | None:
+    """``<key>: got <value>; allowed: <kind>`` for an override whose value the typed schema
+    (:class:`~grab_exp.runner.config.schema.RunConfig`) cannot take (``epochs=abc``), else
+    ``None``: Hydra's own refusal is a block of five lines."""
+    schema, groups = OmegaConf.structured(RunConfig), _groups()
+    for override in _overrides(argv):
+        if override.type != OverrideType.CHANGE or override.package is not None:
+            continue
+        key = override.key_or_group
+        node = OmegaConf.select(schema, key, default=_MISSING)
+        if node is _MISSING or OmegaConf.is_config(node) or key in groups:
+            continue  # not a value of the schema (a group's option, its key, hydra.*)
+        if not override.is_sweep_override():
+            values = [override.value()]
+        elif override.is_discrete_sweep():
+            values = list(override.sweep_iterator())
+        else:
+            continue
+        for value in values:
+            try:
+                OmegaConf.update(schema.copy(), key, value, merge=True)
+            except OmegaConfBaseException:
+                return f"{key}: got {value!r}; allowed: {_allowed(key, schema)}"
+    return None
+
+
+_MISSING = object()

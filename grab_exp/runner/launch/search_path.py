@@ -87,6 +87,18 @@ def unknown_option_error(argv: list[str]) -> str | None:
     return None
 
 
+def missing_config_dir_error(argv: list[str]) -> str | None:
+    """One line for a ``--config-dir`` of ``argv`` that is not a folder (Hydra's is 3 lines)."""
+    for folder in config_dirs(argv):
+        if not Path(folder).is_dir():
+            why = "is a file" if Path(folder).exists() else "no such folder"
+            return (
+                f"--config-dir {folder}: {why} ({Path(folder).absolute()}); allowed: a folder "
+                "of config groups (relative to the folder the command runs in)"
+            )
+    return None
+
+
 def unparsable_yaml_error(argv: list[str]) -> str | None:
     """One line for the first ``.yaml`` of a ``--config-dir`` of ``argv`` that is not YAML:
     the file, the line and the parser's problem (Hydra's is a traceback of ~90 lines)."""

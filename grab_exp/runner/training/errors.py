@@ -13,8 +13,14 @@ from grab_exp.data.checks import DataError
 from grab_exp.logging.build import LoggerBuildError
 from grab_exp.logging.files import DamagedFileError, WriteError
 from grab_exp.logging.guard import LoggerIdError
+from grab_exp.per_sample.modules import UserCodeError
 from grab_exp.runner.config.schema import ConfigError
-from grab_exp.runner.config.target_errors import raised_by_grab_exp, target_error_line
+from grab_exp.runner.config.target_errors import (
+    one_cause,
+    raised_at,
+    raised_by_grab_exp,
+    target_error_line,
+)
 from grab_exp.runner.rundir.lock import RunDirInUseError
 
 
@@ -46,6 +52,9 @@ def user_error_line(error: BaseException) -> str | None:
     """
     if isinstance(error, USER_ERRORS):
         return str(error)
+    if isinstance(error, UserCodeError):  # the user's model or loss raised while training
+        where = raised_at(error.error)
+        return f"{error.setting}: {error.target} raised {one_cause(error.error)}{where}"
     if not isinstance(error, InstantiationException):
         return None
     cause = error.__cause__

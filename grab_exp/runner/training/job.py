@@ -282,10 +282,11 @@ def job_line(cfg: DictConfig, job: TrainingJob, identity: dict[str, Any]) -> str
     name = type(getattr(model, "_orig_mod", model)).__name__  # compiled: the model's own class
     parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
     replaced = replaced_options(choices, runtime.config_sources)
+    epochs = f"{cfg.epochs} epoch{'s' * (cfg.epochs != 1)}"
     return (
         f"job: ordering {identity['variant']} ({identity['pipeline']} pipeline), model "
         f"{name} ({parameters:,} parameters), dataset {choices.get('dataset')} "
-        f"({len(data.train_y):,} train / {len(data.test_y):,} test), {cfg.epochs} epochs of "
+        f"({len(data.train_y):,} train / {len(data.test_y):,} test), {epochs} of "
         f"batch {cfg.batch_size}, seed {cfg.seed}, device {job.strategy.device}"
         + "".join(f"; {path} replaces ours" for path in replaced)
     )
