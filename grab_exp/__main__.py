@@ -107,8 +107,11 @@ def main(cfg: DictConfig) -> float | None:
 
 
 def expand_shorthands(argv: list[str]) -> list[str]:
-    """``argv`` with every :data:`SHORTHANDS` key replaced by its override."""
-    return [SHORTHANDS.get(arg.lower(), arg) for arg in argv]
+    """``argv`` with every :data:`SHORTHANDS` key replaced by its override, and ``-m`` /
+    ``--multirun`` moved before the overrides (Hydra's parser takes it only there)."""
+    argv = [SHORTHANDS.get(arg.lower(), arg) for arg in argv]
+    flags = [arg for arg in argv[1:] if arg in ("-m", "--multirun")]
+    return argv[:1] + flags + [arg for arg in argv[1:] if arg not in flags]
 
 
 if __name__ == "__main__":

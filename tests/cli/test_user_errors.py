@@ -29,14 +29,15 @@ USER_FILES = {
     "my_conf/dataset/mine.yaml": "_target_: my_loader.load\npath: data.npz\n",
     "my_conf/dataset/ghost.yaml": "_target_: nosuchmod.load\n",
     "focal.py": (
-        "import torch\nfrom torch import nn\n\n\nclass Focal(nn.Module):\n"
-        "    perplexity = False\n\n    def __init__(self, gamma=2.0):\n"
-        "        super().__init__()\n        self.gamma = gamma\n\n"
-        "    def forward(self, logits, y):\n"
+        "import torch\nfrom torch import nn\n\nfrom grab_exp.losses import Loss\n\n\n"
+        "class Focal(Loss):\n    def __init__(self, gamma=2.0):\n        self.gamma = gamma\n\n"
+        "    def total(self, logits, y):\n"
         '        ce = nn.functional.cross_entropy(logits, y, reduction="none")\n'
-        "        return ((1 - torch.exp(-ce)) ** self.gamma * ce).mean()\n"
+        "        weight = 1 - torch.exp(-ce)\n"
+        "        return (weight**self.gamma * ce).sum()\n"
     ),
     "my_conf/loss/focal.yaml": "_target_: focal.Focal\ngamma: 2.0\n",
+    "my_conf/loss/torch_ce.yaml": "_target_: torch.nn.CrossEntropyLoss\n",
 }
 
 
@@ -170,6 +171,20 @@ def test_a_loss_of_the_user_that_raises_in_training_is_one_line_naming_it(projec
         "error: loss: focal.Focal raised TypeError: unsupported operand type(s) for ** or pow(): "
         "'Tensor' and 'str' (focal.py:14)"
     ), lines[0]
+
+
+def test_a_loss_that_is_not_ours_is_one_line_before_anything_is_written(project):
+    line = (
+        "loss: torch.nn.CrossEntropyLoss made a CrossEntropyLoss; allowed: a grab_exp.losses.Loss"
+    )
+    _refused(["--config-dir", "my_conf", "loss=torch_ce", *SMALL], project, line)
+
+
+def test_multirun_flag_after_the_overrides_runs_the_sweep(tmp_path):
+    done = run_cli([*SMALL, "epochs=1", "-m", "seed=0,1"], tmp_path)  # Hydra takes -m first only
+    assert done.returncode == 0, done.stderr
+    runs = sorted(p.parent.name.split("-")[0] for p in tmp_path.rglob("metrics.csv"))
+    assert runs == ["seed0", "seed1"], runs
 
 
 def test_a_refused_sweep_keeps_only_its_multirun_yaml(project):

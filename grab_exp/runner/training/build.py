@@ -10,6 +10,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig
 
 from grab_exp.data import ArrayData
+from grab_exp.losses import Loss
 from grab_exp.optim import CLIP_HIGH, CLIP_LOW, GSNROptimizer
 from grab_exp.runner.config.check import option_name
 from grab_exp.runner.config.schema import ConfigError
@@ -88,6 +89,12 @@ def build_parts(
     per_sample = get_class(cfg.pipeline._target_).provides_per_sample
     options = {"factors": ordering.takes_factors} if per_sample else {}
     loss = instantiate(cfg.loss)
+    if not isinstance(loss, Loss):  # the job reads its total and perplexity too
+        raise ConfigError(
+            f"loss: {cfg.loss._target_} made a {type(loss).__name__}; allowed: a "
+            "grab_exp.losses.Loss subclass (its __call__ the batch mean, its total the sum; "
+            "docs/your-experiment.md)"
+        )
     pipeline = make_pipeline(model=model, loss_fn=loss, compile_mode=compile_mode(cfg), **options)
     reducer = strategy.gradient_reducer(model)
     return StepParts(model, optimizer, pipeline, ordering, reducer, loss=loss)
