@@ -10,6 +10,7 @@ from hydra.utils import instantiate
 
 from grab_exp.logging.base import RunLogger
 from grab_exp.logging.wandb_logger import build_wandb_logger
+from grab_exp.tracebacks import import_error_line
 
 
 class LoggerBuildError(ValueError):
@@ -46,8 +47,6 @@ def logger_problem(key: str, node: Mapping[str, Any]) -> str | None:
     try:
         cls = import_target(str(target))
     except Exception as error:  # the same line as a model's or a loader's
-        from grab_exp.runner.config.target_errors import import_error_line
-
         return import_error_line(setting, str(target), error)
     if not (isinstance(cls, type) and issubclass(cls, RunLogger)):
         return (

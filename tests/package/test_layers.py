@@ -27,6 +27,7 @@ LAYERS = {
     "validation": 0,
     "devices": 0,
     "trace": 0,
+    "tracebacks": 0,
     "data": 0,
     "models": 0,
     "conf": 0,
