@@ -124,11 +124,16 @@ class Plan:
             times).
         expanded: names of the layers whose input is expanded over the batch.
         output: where the model's output has the batch.
+        reindexes: whether a full check of this kind of batch found a re-indexing operation
+            (``h[sel]``, ``index_select``, ``gather``, packing) before a layer or the output:
+            the probe's batch axis is then inferred from one batch's shapes, not known, and every
+            call is checked in full.
     """
 
     layouts: dict[str, list[CallLayout]]
     expanded: set[str]
     output: OutputLayout
+    reindexes: bool = False
 
 
 class HookedPerSample(PerSampleGradients):
@@ -448,9 +453,10 @@ class HookedPerSample(PerSampleGradients):
         changed = self._read_in_place(calls)
         counts = tuple(len(calls.get(n, ())) for n in self._layers)
         key = (shapes, modes, counts, changed)  # an output changed in place: a new kind
-        due = self.checker.due(key, batch)
+        due = self.checker.due(key, batch) or (self.plan.reindexes and self.checker.on)
         if due:
             self._refuse_direct_uses(loss, calls)
+            self.plan.reindexes |= _reindexes(calls, out)
         elif (k := self.checker.split(batch)) is not None:  # a full check reads every loss
             gap = loss_gap(self.loss_fn, out, y, loss, self.plan.output, k)
             self.checker.settle_gap(gap, loss.dtype)  # before the backward: nothing written yet
@@ -473,8 +479,10 @@ class HookedPerSample(PerSampleGradients):
         the cause."""
         try:
             self.verify_and_check(grads, params, snapshot, full, identity, loss)
-        except UnsupportedModelError:
+        except UnsupportedModelError as error:
             blind = [n for n, cs in calls.items() if any(not any(c.edges) for c in cs)]
+            if not blind and self.plan.reindexes:
+                raise UnsupportedModelError(f"{error} ({REINDEXED})") from None
             if not blind:
                 raise
             raise UnsupportedModelError(
@@ -828,6 +836,39 @@ def _reached_leaves(root: Any, skip: dict) -> set[int]:
         else:
             stack.extend(n for n, _ in node.next_functions)
     return reached
+
+
+#: autograd nodes of operations that can move items across a batch axis by data
+REINDEXING = frozenset(
+    f"{op}Backward0"
+    for op in (
+        "Index", "IndexSelect", "MaskedSelect", "Gather", "Take", "IndexPut", "MaskedScatter",
+        "Scatter", "ScatterAdd", "ScatterReduce", "IndexAdd", "IndexCopy", "Sort", "Topk",
+        "PackPaddedSequence",
+    )
+)  # fmt: skip
+REINDEXED = (
+    "the model re-indexes its batch (h[sel], index_select, gather, sort or packing) before "
+    "a layer or its output, so the batch axis the probe found is not known to hold on every "
+    "batch; use method=func or loop"
+)
+
+
+def _reindexes(calls: dict[str, list[Call]], out: Any) -> bool:
+    """Whether the graph that made the layers' inputs or the model's output holds a
+    :data:`REINDEXING` node (a walk from those nodes to the leaves)."""
+    stack = [s for layer_calls in calls.values() for c in layer_calls for s in c.sources]
+    stack += [t.grad_fn for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    seen: set = set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if type(node).__name__ in REINDEXING:
+            return True
+        stack.extend(n for n, _ in node.next_functions)
+    return False
 
 
 def _backward_error(error: RuntimeError) -> Exception:

@@ -1,0 +1,75 @@
+"""A model that re-indexes its batch by data (``h[sel]`` before a head): the hook path's probe
+infers the head's batch axis from one batch's shapes, which a later batch can break with the
+same shapes (as many items as examples, but two from one example and none from another). Such a
+plan is checked in full on every call (issue 49, items 4 and 6): a call whose items still match
+its examples one to one is right, the first that does not is refused, ``p.grad`` untouched."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from grab_exp.per_sample import UnsupportedModelError, make_per_sample
+
+F64 = torch.float64
+B, T, D = 4, 5, 3
+
+
+class SelectedHead(nn.Module):
+    """A head on the items of ``x`` whose first feature is positive: ``(n_sel, classes)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc, self.head = nn.Linear(D, 6), nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.enc(x))  # (B, T, 6)
+        return self.head(h[x[..., 0] > 0])  # (n_sel, 3)
+
+
+def batch(positions: list[tuple[int, int]], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Items at ``positions`` (example, step) selected; the rest not."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(B, T, D, generator=g, dtype=F64) + 0.1
+    x[..., 0] = -x[..., 0]
+    for i, t in positions:
+        x[i, t, 0] = -x[i, t, 0]
+    return x, torch.randint(0, 3, (B,), generator=g)
+
+
+def example_rows(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict:
+    named = [(n, p) for n, p in model.named_parameters()]
+    rows: dict[str, list] = {n: [] for n, _ in named}
+    for i in range(B):
+        out = model(x[i : i + 1])
+        loss = F.cross_entropy(out, y[i : i + len(out)]) if len(out) else out.sum()
+        grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+        for (n, p), g in zip(named, grads, strict=True):
+            rows[n].append(torch.zeros_like(p) if g is None else g)
+    return {n: torch.stack(r) for n, r in rows.items()}
+
+
+ONE_EACH = [(i, (i + k) % T) for i in range(B) for k in range(1)]
+UNEVEN = [(0, 0), (0, 1), (2, 2), (3, 3)]  # B items, none of example 1
+
+
+@pytest.mark.parametrize("method", ["hooks", "factored", "auto"])
+def test_a_later_batch_that_breaks_the_inferred_axis_is_refused(method: str) -> None:
+    torch.manual_seed(0)
+    model = SelectedHead().double()
+    psg = make_per_sample(model, F.cross_entropy, method)
+    for call in range(6):  # calls 1, 2, 4 are on the schedule; 3, 5 and 6 are not
+        x, y = batch([(i, (i + call) % T) for i in range(B)], seed=call)
+        model.zero_grad(set_to_none=True)
+        loss, grads = psg(x, y)
+        want = example_rows(model, x, y)
+        for n, rows in grads.as_dict().items():
+            torch.testing.assert_close(rows, want[n], msg=f"call {call}: rows of {n}")
+    x, y = batch(UNEVEN, seed=9)
+    model.zero_grad(set_to_none=True)
+    with pytest.raises(UnsupportedModelError, match="re-indexes its batch") as error:
+        psg(x, y)
+    assert "\n" not in str(error.value)
+    assert all(p.grad is None for p in model.parameters())
