@@ -65,6 +65,7 @@ def test_a_later_batch_that_breaks_the_inferred_axis_is_refused(method: str) -> 
         model.zero_grad(set_to_none=True)
         loss, grads = psg(x, y)
         want = example_rows(model, x, y)
+        torch.testing.assert_close(loss, F.cross_entropy(model(x), y).detach())
         for n, rows in grads.as_dict().items():
             torch.testing.assert_close(rows, want[n], msg=f"call {call}: rows of {n}")
     x, y = batch(UNEVEN, seed=9)
