@@ -24,6 +24,7 @@ import itertools
 import json
 import math
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -1181,6 +1182,43 @@ def bench_per_sample(folder: Path) -> None:
             show(f"per_sample.{row['model']}.{path}.over_plain", f"{ratio:.2f}")
 
 
+def bench_per_sample_sitting(folder: Path) -> None:
+    """The before/after sitting of ``scripts/per_sample_sitting.sh``: per model, each round's
+    ratio of the checked default path's cost over a plain step after to before, and their median
+    (``>1``: the path costs more than it did, relative to a plain step timed beside it)."""
+    sitting = folder / "per_sample_sitting"
+    show("per_sample_sitting.before_commit", (sitting / "before_commit.txt").read_text()[:7])
+    rounds = sorted(sitting.glob("after_*.json"))
+    show("per_sample_sitting.rounds", len(rounds))
+    ratios: dict[str, list[float]] = {}
+    checks: dict[str, list[float]] = {}
+    for after_file in rounds:
+        before = json.loads((sitting / after_file.name.replace("after", "before")).read_text())
+        after = json.loads(after_file.read_text())
+        machine_line(f"per_sample_sitting.{after_file.stem}", after["machine"])
+        show(f"per_sample_sitting.{after_file.stem}.load_avg_1m", after["machine"]["load_avg_1m"])
+        old = {r["model"]: _auto_path(r) for r in before["rows"]}
+        for row in after["rows"]:
+            path, ratio = _auto_path(row)
+            ratios.setdefault(row["model"], []).append(ratio / old[row["model"]][1])
+            unchecked = row["over_plain"].get(f"{path}@unchecked")
+            if unchecked:
+                checks.setdefault(row["model"], []).append(100 * (ratio / unchecked - 1))
+            show(f"per_sample_sitting.{after_file.stem}.{row['model']}.path", path)
+    for model, values in ratios.items():
+        show(f"per_sample_sitting.{model}.after_over_before", span(values, 3))
+        middle = statistics.median(values)
+        show(f"per_sample_sitting.{model}.after_over_before_median", f"{middle:.3f}")
+    for model, values in checks.items():
+        show(f"per_sample_sitting.{model}.check_cost_pct", signed_span(values, 1))
+
+
+def _auto_path(row: dict) -> tuple[str, float]:
+    """``auto``'s path in a per_sample row (``auto:<path>``, checked) and its ratio to plain."""
+    path = next(p for p in row["over_plain"] if p.startswith("auto:") and "@" not in p)
+    return path, row["over_plain"][path]
+
+
 def bench_check_cost(folder: Path) -> None:
     """The per-sample check's amortized cost (``epoch_check_1t.json``): each per-sample row's
     mean step (checked calls counted) over its ``@unchecked`` twin's, in %, and their range."""
@@ -1247,6 +1285,8 @@ def bench(folder: Path) -> None:
     bench_sweep(folder)
     if (folder / "per_sample.json").is_file():
         bench_per_sample(folder)
+    if (folder / "per_sample_sitting").is_dir():
+        bench_per_sample_sitting(folder)
     if (folder / "epoch_check_1t.json").is_file():
         bench_check_cost(folder)
     if (folder / "epoch_limits_1t.json").is_file():

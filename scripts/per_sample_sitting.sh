@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The per-sample cost before and after a change, alternated in one sitting (issue 49): the
+# per_sample benchmark at $BEFORE (default d72f4c7, the commit before issue 49's redesign), from a
+# temporary git worktree, then at the checkout, ROUNDS times (default 2), REPEATS timed steps per
+# method (default 10), MODELS (comma-separated; default all four). Run it on an otherwise idle machine from the repository root at a clean
+# commit (~6 minutes a round on 2 cores). Every round's files go to $OUT/per_sample_sitting/
+# (before_<k>.json, after_<k>.json, the before commit in before_commit.txt); the last round's
+# after file is also $OUT/per_sample.json. `python scripts/results_numbers.py` reads them.
+set -euo pipefail
+out="$(realpath -m "${OUT:-results/bench}")"
+before_commit="$(git rev-parse "${BEFORE:-d72f4c7}")"
+rounds="${ROUNDS:-2}"
+repeats="${REPEATS:-10}"
+models="${MODELS:-lenet,resnet18_gn,lstm_lm,transformer}"
+sitting="$out/per_sample_sitting"
+rm -rf "$sitting"
+mkdir -p "$sitting"
+echo "$before_commit" > "$sitting/before_commit.txt"
+worktree="$(mktemp -d)/before"
+git worktree add --detach -q "$worktree" "$before_commit"
+trap 'git worktree remove --force "$worktree"' EXIT
+export OMP_NUM_THREADS=1
+for k in $(seq 1 "$rounds"); do
+  echo "== round $k: before ($before_commit)" >&2
+  (cd "$worktree" && PYTHONPATH="$worktree" python -m grab_exp.bench per_sample --unchecked \
+    --models "$models" --repeats "$repeats" --out "$sitting/before_$k.json")
+  echo "== round $k: after" >&2
+  python -m grab_exp.bench per_sample --unchecked --models "$models" --repeats "$repeats" \
+    --out "$sitting/after_$k.json"
+done
+cp "$sitting/after_$rounds.json" "$out/per_sample.json"
