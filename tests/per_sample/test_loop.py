@@ -266,3 +266,20 @@ def test_auto_refuses_in_one_line_with_every_methods_reason():
     psg = make_per_sample(model, F.cross_entropy)
     x, y = vectors(6, g), labels(6, g)
     _refused(psg, model, x, y, r"^method=(hooks|factored): .* \| method=func: .* \| method=loop: ")
+
+
+@pytest.mark.parametrize("method", ["hooks", "factored", "func", "loop"])
+def test_tuple_targets_on_every_method(method):
+    """``y = (labels, weights)``: the checks slice the targets leaf by leaf (an IndexError of
+    ``y[i:i+1]`` on a tuple before), over batches of 1, 3 and 17 and the loss split between."""
+    make, inputs, targets, loss_fn = CASES["tuple_targets"]
+    model, g = build(make), torch.Generator().manual_seed(9)
+    psg = make_per_sample(model, loss_fn, method)
+    for b in (*SIZES, 40, 17):  # 40: vmapped example losses; the second 17: an unchecked call
+        x, y = inputs(b, g), targets(b, g)
+        want_rows, want_grads = references(model, loss_fn, x, y)
+        model.zero_grad(set_to_none=True)
+        _, grads = psg(x, y)
+        for n, rows in grads.as_dict().items():
+            torch.testing.assert_close(rows, want_rows[n], atol=1e-12, rtol=1e-10)
+            torch.testing.assert_close(model.get_parameter(n).grad, want_grads[n])
