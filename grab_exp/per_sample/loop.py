@@ -10,7 +10,8 @@ with it: a model or a loss that mixes the examples (batch statistics, class weig
 ``ignore_index`` averaged over the batch, ``reduction="sum"``) shows as a mismatch and is
 refused in one line, ``param.grad`` put back. The per-example forwards leave no trace (buffers
 and the random number generators are put back after each); random layers in training mode are
-refused (each example's forward would draw other masks than the batch's).
+refused (each example's forward would draw other masks than the batch's), and so is a gradient
+hook on a parameter (refused on every method; here it would run once per example).
 
 Cost: ``B`` forward and backward passes of one example per step, besides the batch's own.
 :class:`~grab_exp.per_sample.auto.AutoPerSample` takes it last, with a warning.
@@ -62,9 +63,21 @@ class LoopPerSample(PerSampleGradients):
 
     def _compute(self, x: Inputs, y) -> tuple[torch.Tensor, BatchGrads]:
         """The rows, one example at a time; then the batch's ``loss.backward()`` writes
-        ``param.grad``, and the rows' mean is compared with it."""
+        ``param.grad``, and the rows' mean is compared with it. A gradient hook on a trainable
+        parameter is refused, named."""
         params = self.trainable()
-        rows = self._rows(x, y, params, batch_size(x))  # {name: (B, *shape)}
+        hooked = [n for n, p in params.items() if p._backward_hooks]
+        if hooked:
+            raise UnsupportedModelError(
+                f"{hooked[0]} has a gradient hook (register_hook), which method=loop would run "
+                "on every example's gradient besides the batch's; per-sample rows under a "
+                "gradient hook are refused on every method: remove the hook (mask the "
+                "optimizer's update instead)"
+            )
+        batch, targets = batch_size(x), batch_size(y)
+        if targets != batch:
+            raise ValueError(f"inputs of {batch} examples and targets of {targets}")
+        rows = self._rows(x, y, params, batch)  # {name: (B, *shape)}
         with GradSnapshot(params.values()) as snapshot, torch.enable_grad():
             loss = loss_of(self.loss_fn, call_model(self.model, x), y)  # the batch's own step
             if loss.requires_grad:
