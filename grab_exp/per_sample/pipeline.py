@@ -85,7 +85,8 @@ class PerSamplePipeline:
 
     @property
     def method(self) -> str:
-        """The method in use (``auto`` resolved; it may change to ``func`` at the first call)."""
+        """The method in use (``auto`` resolved; it may change to ``func``, then ``loop``, when a
+        call refuses the model)."""
         return self.per_sample.method
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
