@@ -283,3 +283,31 @@ def test_tuple_targets_on_every_method(method):
         for n, rows in grads.as_dict().items():
             torch.testing.assert_close(rows, want_rows[n], atol=1e-12, rtol=1e-10)
             torch.testing.assert_close(model.get_parameter(n).grad, want_grads[n])
+
+
+class RootScaled(nn.Module):
+    """A parameter of the root module (the hook path is ruled out by structure) and a
+    ``.item()`` in the forward (torch.func's vmap cannot batch it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.scale = nn.Parameter(torch.ones(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)  # (B, 3)
+        return h * self.scale if x.sum().item() > -1e9 else h
+
+
+def test_auto_without_the_hook_path_goes_from_func_to_loop():
+    model, g = build(RootScaled), torch.Generator().manual_seed(10)
+    psg = make_per_sample(model, F.cross_entropy)
+    assert psg.method == "func"
+    x, y = vectors(5, g), labels(5, g)
+    want_rows, want_grads = references(model, F.cross_entropy, x, y)
+    with pytest.warns(UserWarning, match=r"^method=auto takes method=loop \(method=hooks: the ro"):
+        _, grads = psg(x, y)
+    assert psg.method == "loop" and psg.reason.startswith("method=hooks: the root module")
+    for n, rows in grads.as_dict().items():
+        torch.testing.assert_close(rows, want_rows[n], atol=1e-12, rtol=1e-10)
+        torch.testing.assert_close(model.get_parameter(n).grad, want_grads[n])
