@@ -1,4 +1,4 @@
-"""Per-sample gradients: one interface, three methods, and the training pipelines.
+"""Per-sample gradients: one interface, four methods, and the training pipelines.
 
 * :mod:`~grab_exp.per_sample.base`: :class:`PerSampleGradients`, the abstract base and its
   contract (``loss, grads = psg(x, y)`` also writes the batch's mean gradient to ``param.grad``);
@@ -11,8 +11,10 @@
   first call, on a schedule and on every new kind of batch (one extra backward, no float64
   copy); :mod:`~grab_exp.per_sample.modules`: BatchNorm, dropout
   and the refusal; :mod:`~grab_exp.per_sample.batchnorm`: BatchNorm to GroupNorm;
+* :mod:`~grab_exp.per_sample.loop`: ``method=loop``, one forward and backward per example, the
+  fail-closed last resort (every call compares the rows' mean with ``param.grad``);
 * :mod:`~grab_exp.per_sample.auto`: ``method=auto``, the hook path or, once a call of it
-  refuses the model, ``func``;
+  refuses the model, ``func``, then ``loop`` (with a warning);
 * :mod:`~grab_exp.per_sample.compiled`: ``torch.compile`` of a step's gradients;
 * :mod:`~grab_exp.per_sample.pipeline`: :func:`make_per_sample` (method by name, ``auto``
   resolved in one place) and :class:`ClassicPipeline` / :class:`PerSamplePipeline`, what a
@@ -25,6 +27,7 @@ from grab_exp.per_sample.batchnorm import batchnorm_to_groupnorm
 from grab_exp.per_sample.compiled import COMPILE_MODES
 from grab_exp.per_sample.func import RANDOMNESS_CHOICES, FuncPerSample
 from grab_exp.per_sample.hooks import FactoredPerSample, HookedPerSample, check_supported
+from grab_exp.per_sample.loop import LoopPerSample
 from grab_exp.per_sample.modules import LossContractError, UnsupportedModelError, UserCodeError
 from grab_exp.per_sample.pipeline import (
     METHODS,
@@ -44,6 +47,7 @@ __all__ = [
     "FactoredPerSample",
     "FuncPerSample",
     "HookedPerSample",
+    "LoopPerSample",
     "LossContractError",
     "PerSampleGradients",
     "PerSamplePipeline",

@@ -1,52 +1,64 @@
-"""``method=auto``: the hook path while it gets the model right, else ``func``.
+"""``method=auto``: the hook path while it gets the model right, else ``func``, else ``loop``.
 
 Which path is right for a model shows only when it runs, and not always on the first batch: the
 hook path probes the layers' layouts and checks its rows (:mod:`grab_exp.per_sample.check`) on
-a schedule and on every new kind of batch. :class:`AutoPerSample` starts with the hook path that
-:func:`~grab_exp.per_sample.pipeline.resolve_method` picked from the model's structure; when a
-call of it refuses the model, or fails inside it, before any ``param.grad`` is written, it
-removes the hooks, puts back the buffers that call's forward updated and takes ``func`` for
-that call and the rest, checked the same way. A model that neither gets right is refused in one
-line with both reasons.
+a schedule and on every new kind of batch. :class:`AutoPerSample` starts with the first path
+that :func:`~grab_exp.per_sample.pipeline.resolve_method` allows (the hook path, or ``func``
+where the model's structure rules the hook path out); when a call of it refuses the model, or
+fails inside it, before any ``param.grad`` is written, it removes its hooks, puts back the
+random number generator and the running statistics that call's forward changed, and takes the
+next path for that call and the rest: ``func``, then ``loop``
+(:class:`~grab_exp.per_sample.loop.LoopPerSample`, one example at a time), announced by one
+``UserWarning`` that names why each faster path was left. A model that none gets right is
+refused in one line with every path's reason; a loss that breaks the contract
+(``LossContractError``) and the user's own error (``UserCodeError``) are raised at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.base import PerSampleGradients, one_line
-from grab_exp.per_sample.hooks import HookedPerSample
 from grab_exp.per_sample.layout import Inputs
 from grab_exp.per_sample.modules import LossContractError, UnsupportedModelError, UserCodeError
 
 __all__ = ["AutoPerSample"]
 
+#: a path ``auto`` may take next: ``(method, build it)``
+Fallback = tuple[str, Callable[[], PerSampleGradients]]
+
 
 class AutoPerSample(PerSampleGradients):
-    """The hook path, replaced by ``func`` when a call of it refuses or fails.
+    """The first path, replaced by the next when a call of it refuses or fails.
 
     Args:
-        hooked: the hook path (``hooks`` or ``factored``) to try first.
-        make_func: builds the ``func`` path, if it is needed.
+        first: the path to try first (``hooks``, ``factored`` or ``func``).
+        fallbacks: the paths to take after it, in order, built when needed.
+        left: ``method=<name>: <reason>`` of paths ruled out before ``first`` (the hook path
+            that the model's structure rules out).
 
     Attributes:
         chosen: the path in use.
-        reason: why the hook path was left (``None`` while it is in use).
+        reason: why the paths before it were left, ``" | "``-joined (``None`` while the first
+            path is in use).
     """
 
-    def __init__(self, hooked: HookedPerSample, make_func: Callable[[], PerSampleGradients]):
-        self.model, self.loss_fn = hooked.model, hooked.loss_fn
-        self.chosen: PerSampleGradients = hooked
-        self.checker = hooked.checker
-        self.reason: str | None = None
-        self._make_func: Callable[[], PerSampleGradients] | None = make_func
+    def __init__(
+        self, first: PerSampleGradients, fallbacks: Sequence[Fallback], left: Sequence[str] = ()
+    ) -> None:
+        self.model, self.loss_fn = first.model, first.loss_fn
+        self.chosen: PerSampleGradients = first
+        self._fallbacks = list(fallbacks)
+        self._left = list(left)
+        self._warned = False
         #: the modules whose forward in training mode updates running statistics
         self._norms = [
-            m for m in hooked.state.modules if isinstance(m, nn.modules.batchnorm._NormBase)
+            m for m in first.state.modules if isinstance(m, nn.modules.batchnorm._NormBase)
         ]
 
     @property
@@ -54,38 +66,88 @@ class AutoPerSample(PerSampleGradients):
         """The chosen path's method (``hooks`` or ``factored`` until a call refuses it)."""
         return self.chosen.method
 
+    @property
+    def checker(self):  # type: ignore[override]
+        """The chosen path's check schedule."""
+        return self.chosen.checker
+
+    @property
+    def reason(self) -> str | None:
+        """Why the paths before the chosen one were left (``None``: none was)."""
+        return " | ".join(self._left) or None
+
     def check(self) -> None:
         self.chosen.check()
 
     def __call__(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
-        if self._make_func is None:
-            return self.chosen(x, y)
-        buffers = _running_buffers(self._norms)  # what a failed call's forward may update
-        rng = torch.get_rng_state()  # and the masks it drew (func draws them again)
-        try:
-            return self.chosen(x, y)
-        except (LossContractError, UserCodeError):
-            raise  # the loss is wrong for every method, or the user's code raised
-        except Exception as hooks_error:  # any failure of the hook path
-            torch.set_rng_state(rng)
-            with torch.no_grad():
-                for buffer, saved in buffers:
-                    buffer.copy_(saved)
-            left = self.chosen.method
-            self.chosen.remove()
-            make_func, self._make_func = self._make_func, None
-            self.reason = _without_method(one_line(hooks_error))
+        while self._fallbacks:
+            buffers = _running_buffers(self._norms)  # what a failed call's forward may update
+            rng = torch.get_rng_state()  # and the masks it drew (the next path draws again)
             try:
-                self.chosen = make_func()
-                return self.chosen(x, y)
-            except (RuntimeError, ValueError) as func_error:  # UnsupportedModelError included
-                raise UnsupportedModelError(
-                    f"method={left}: {self.reason} | method=func: "
-                    f"{_without_method(one_line(func_error))}"
-                ) from func_error
+                return self._called(x, y)
+            except (LossContractError, UserCodeError):
+                raise  # the loss is wrong for every method, or the user's code raised
+            except Exception as error:  # any failure of this path
+                torch.set_rng_state(rng)
+                with torch.no_grad():
+                    for buffer, saved in buffers:
+                        buffer.copy_(saved)
+                self._leave(self.chosen.method, error)
+                self._next()
+        try:
+            return self._called(x, y)
+        except (LossContractError, UserCodeError):
+            raise
+        except (RuntimeError, ValueError) as error:  # UnsupportedModelError included
+            if not self._left:
+                raise
+            raise self._refusal(self.chosen.method, error) from error
+
+    def _called(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
+        """The chosen path's call; the first that ``loop`` returns is announced."""
+        result = self.chosen(x, y)
+        if self.chosen.method == "loop" and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"method=auto takes method=loop ({self.reason}); loop costs B forward and "
+                "backward passes of one example per step, besides the batch's",
+                UserWarning,
+                stacklevel=3,
+            )
+        return result
+
+    def _leave(self, method: str, error: BaseException) -> None:
+        """Record why ``method`` was left and remove its hooks."""
+        self._left.append(f"method={method}: {_without_method(one_line(error))}")
+        remove = getattr(self.chosen, "remove", None)
+        if remove is not None:
+            remove()
+
+    def _next(self) -> None:
+        """Build the next path; one whose construction refuses the model is left as well (the
+        last one's refusal is the final one, with every reason)."""
+        while self._fallbacks:
+            method, make = self._fallbacks.pop(0)
+            try:
+                self.chosen = make()
+                return
+            except (LossContractError, UserCodeError):
+                raise
+            except (RuntimeError, ValueError) as error:
+                if not self._fallbacks:
+                    raise self._refusal(method, error) from error
+                self._left.append(f"method={method}: {_without_method(one_line(error))}")
+
+    def _refusal(self, method: str, error: BaseException) -> UnsupportedModelError:
+        """The final refusal: every path's reason, on one line."""
+        last = f"method={method}: {_without_method(one_line(error))}"
+        return UnsupportedModelError(" | ".join([*self._left, last]))
 
     def state_bytes(self) -> int:
         return self.chosen.state_bytes()
+
+    def quiet(self):
+        return self.chosen.quiet()
 
     def _compute(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         return self.chosen._compute(x, y)

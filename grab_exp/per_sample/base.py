@@ -44,7 +44,7 @@ from grab_exp.per_sample.check import (
     loss_problem,
     mixing_problem,
 )
-from grab_exp.per_sample.layout import Inputs, call_model
+from grab_exp.per_sample.layout import Inputs, batch_size, call_model
 from grab_exp.per_sample.modules import (
     WATCHED,
     LossContractError,
@@ -269,7 +269,7 @@ class PerSampleGradients(ABC):
                 or ``None``); ``None`` where the rows cannot be compared with ``out``'s graph
                 (drawn under other random masks).
         """
-        batch = len(y)
+        batch = batch_size(y)
         loss = loss_of(self.loss_fn, out, y)  # first: a loss that changes its input is named
         losses = example_losses(self.loss_fn, out, y, layout)  # (B,), in out's graph
         self.checker.settle_deferred(losses.dtype)  # the loss splits of the calls since

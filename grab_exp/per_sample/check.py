@@ -45,11 +45,11 @@ from torch.nn.modules.module import (
     register_module_module_registration_hook,
     register_module_parameter_registration_hook,
 )
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from grab_exp.devices import host_reads_allowed, in_graph_safe
 from grab_exp.grads import BatchGrads
-from grab_exp.per_sample.layout import Inputs, OutputLayout, take
+from grab_exp.per_sample.layout import Inputs, OutputLayout, batch_size, narrow, take
 from grab_exp.per_sample.modules import LossContractError, UnsupportedModelError
 
 __all__ = [
@@ -221,16 +221,21 @@ def example_losses(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout) -> 
     """Each example's own loss ``(B,)``, ``loss_fn`` of its slice of the batch's output (kept in
     the output's graph): one call per example for a small batch, else ``vmap`` where the loss
     allows it."""
-    batch = len(y)
+    batch = batch_size(y)
 
     def looped() -> torch.Tensor:
-        return torch.stack([loss_fn(layout.narrow(out, i, 1), y[i : i + 1]) for i in range(batch)])
+        return torch.stack(
+            [loss_fn(layout.narrow(out, i, 1), narrow(y, i, 1)) for i in range(batch)]
+        )
 
     if batch <= LOOP_LOSSES:
         return looped()
 
     def one(out_i, y_i):
-        return loss_fn(layout.apply(out_i, lambda t, d: t.unsqueeze(d)), y_i.unsqueeze(0))
+        return loss_fn(
+            layout.apply(out_i, lambda t, d: t.unsqueeze(d)),
+            tree_map(lambda t: t.unsqueeze(0), y_i),
+        )
 
     try:
         dims = tree_unflatten(list(layout.dims), layout.spec)
@@ -246,7 +251,7 @@ def loss_gap(loss_fn, out: Any, y: torch.Tensor, loss: torch.Tensor, layout: Out
     step is the runner's to stop); relative to the parts' sizes (a loss whose examples' terms
     cancel, as a policy gradient's, has a mean near 0). A float where host reads are free (the
     CPU), else a ``()`` tensor."""
-    batch = len(y)
+    batch = batch_size(y)
     if isinstance(out, torch.Tensor):  # the usual output: detached, no grad mode to switch
         first, second = _parts(loss_fn, out.detach(), y, layout, k)
     else:
@@ -265,9 +270,9 @@ def loss_gap(loss_fn, out: Any, y: torch.Tensor, loss: torch.Tensor, layout: Out
 
 def _parts(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout, k: int) -> tuple:
     """``loss_fn`` of the first ``k`` examples and of the rest."""
-    rest = len(y) - k
-    first = loss_fn(layout.narrow(out, 0, k), y.narrow(0, 0, k))
-    return first, loss_fn(layout.narrow(out, k, rest), y.narrow(0, k, rest))
+    rest = batch_size(y) - k
+    first = loss_fn(layout.narrow(out, 0, k), narrow(y, 0, k))
+    return first, loss_fn(layout.narrow(out, k, rest), narrow(y, k, rest))
 
 
 def relative_gap(got: torch.Tensor, want: torch.Tensor, size: torch.Tensor):

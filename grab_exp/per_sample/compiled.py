@@ -9,7 +9,10 @@ What is captured, per pipeline:
   (:class:`~grab_exp.per_sample.func.FuncPerSample` wraps it with :func:`compile_step`).
 * ``functional`` with ``method=hooks`` or ``factored``: not compiled. Its forward hooks read the
   autograd node of every layer's output, and Dynamo splits its graph at each one, so under
-  compile ``method=auto`` resolves to ``func`` and an explicit ``hooks`` is a config error.
+  compile ``method=auto`` resolves to ``func`` (with no fallback to ``loop``) and an explicit
+  ``hooks`` is a config error.
+* ``functional`` with ``method=loop``: not compiled (a Python loop over the examples); a config
+  error.
 
 The ordering's step, the GSNR and the optimizer stay eager (they are already a few fused
 kernels with no host synchronization). The model itself is not wrapped, so ``state_dict()``
@@ -40,7 +43,7 @@ def check_compile_method(method: str) -> None:
         raise ValueError(
             f"pipeline.method: got {method!r} with trainer.compile=true; allowed: "
             f"{', '.join(COMPILABLE_METHODS)} (the hook path's per-layer hooks break "
-            "torch.compile's graph at every layer)"
+            "torch.compile's graph at every layer; loop runs one example at a time in Python)"
         )
 
 

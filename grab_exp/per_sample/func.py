@@ -245,7 +245,7 @@ class FuncPerSample(PerSampleGradients):
         """A call with random layers active: every example drew its own masks under ``vmap``,
         which no batch backward can reproduce, so ``param.grad`` is the rows' mean (a gradient
         hook on a parameter, which that would ignore, is refused)."""
-        batch = len(y)
+        batch = batch_size(y)
         hooked = [n for n, p in self.trainable().items() if p._backward_hooks]
         if hooked:
             raise UnsupportedModelError(

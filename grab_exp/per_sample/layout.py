@@ -179,8 +179,19 @@ def batch_size(x: Inputs) -> int:
 
 
 def take(x: Inputs, index: torch.Tensor | list[int]) -> Inputs:
-    """The examples ``index`` of the inputs (every tensor indexed along dimension 0)."""
+    """The examples ``index`` of the inputs or targets (every tensor indexed along dimension 0;
+    a tuple or dict of them, such as ``(labels, weights)`` targets, leaf by leaf)."""
     return tree_map(lambda t: t[index] if isinstance(t, torch.Tensor) and t.dim() else t, x)
+
+
+def narrow(x: Inputs, start: int, length: int) -> Inputs:
+    """The examples ``start .. start + length`` of the inputs or targets (a view of every
+    tensor along dimension 0; a tuple or dict of them leaf by leaf)."""
+    if isinstance(x, torch.Tensor):  # the usual targets: no pytree to walk
+        return x.narrow(0, start, length)
+    return tree_map(
+        lambda t: t.narrow(0, start, length) if isinstance(t, torch.Tensor) and t.dim() else t, x
+    )
 
 
 def input_shapes(x: Inputs) -> tuple:

@@ -10,11 +10,12 @@ from torch import nn
 
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.auto import AutoPerSample
-from grab_exp.per_sample.base import LossFn, PerSampleGradients
+from grab_exp.per_sample.base import LossFn, PerSampleGradients, one_line
 from grab_exp.per_sample.check import CHECK_EVERY
 from grab_exp.per_sample.compiled import check_compile_method, compiled_loss
 from grab_exp.per_sample.func import FuncPerSample
 from grab_exp.per_sample.hooks import FactoredPerSample, HookedPerSample, check_supported
+from grab_exp.per_sample.loop import LoopPerSample
 from grab_exp.per_sample.modules import UnsupportedModelError, random_modules
 from grab_exp.per_sample.rules import rule_for
 from grab_exp.validation import check_choice
@@ -84,7 +85,8 @@ class PerSamplePipeline:
 
     @property
     def method(self) -> str:
-        """The method in use (``auto`` resolved; it may change to ``func`` at the first call)."""
+        """The method in use (``auto`` resolved; it may change to ``func``, then ``loop``, when a
+        call refuses the model)."""
         return self.per_sample.method
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
@@ -98,7 +100,7 @@ class PerSamplePipeline:
 
 #: ``method`` -> its class (``auto`` is resolved by :func:`resolve_method`)
 PER_SAMPLE_CLASSES: dict[str, type[PerSampleGradients]] = {
-    cls.method: cls for cls in (FuncPerSample, HookedPerSample, FactoredPerSample)
+    cls.method: cls for cls in (FuncPerSample, HookedPerSample, FactoredPerSample, LoopPerSample)
 }
 METHODS = (*PER_SAMPLE_CLASSES, "auto")
 
@@ -106,14 +108,17 @@ METHODS = (*PER_SAMPLE_CLASSES, "auto")
 def resolve_method(
     model: nn.Module, method: str, compile_mode: str | None = None, factors: bool = True
 ) -> str:
-    """The method ``method`` means for ``model``: the one place ``auto`` is resolved.
+    """The method ``method`` means for ``model``: the one place ``auto`` is resolved (to the
+    first path it tries; :class:`~grab_exp.per_sample.auto.AutoPerSample` takes ``func``, then
+    ``loop``, when a call of it refuses the model).
 
     ``auto`` is ``func`` under compile (the hook path's per-layer hooks break the graph at every
     layer) or when :func:`hooks_supported` says no; else ``factored`` when :func:`auto_hooks_method`
     says so and the consumer reads ``factors`` (an ordering's ``takes_factors``), else ``hooks``.
 
     Raises:
-        ValueError: an unknown ``method``, or one that cannot be compiled under ``compile_mode``.
+        ValueError: an unknown ``method``, or one that cannot be compiled under ``compile_mode``
+            (``hooks``, ``factored``, ``loop``).
     """
     check_choice("pipeline.method", method, METHODS)
     if compile_mode is not None:
@@ -145,7 +150,10 @@ def make_per_sample(
         model, loss_fn: see :class:`~grab_exp.per_sample.base.PerSampleGradients`.
         method: ``func`` (torch.func ``vmap(grad)`` of the whole model: any model), ``hooks``
             (one backward; per-layer rules, else a per-layer torch.func fallback), ``factored``
-            (``hooks``, Linear layers kept as factors) or ``auto`` (:func:`resolve_method`).
+            (``hooks``, Linear layers kept as factors), ``loop`` (one forward and backward per
+            example: the last resort, :mod:`~grab_exp.per_sample.loop`) or ``auto``
+            (:func:`resolve_method`; ``func`` and then ``loop`` when a call refuses the model,
+            except under compile).
         factors, compile_mode: see :func:`resolve_method`; ``compile_mode`` compiles ``func``.
         chunk_size, randomness: ``func``'s (:class:`~grab_exp.per_sample.func.FuncPerSample`);
             ``auto`` passes them on when it takes ``func``, with ``randomness="different"`` for a
@@ -164,14 +172,43 @@ def make_per_sample(
         options = {"chunk_size": chunk_size, "randomness": randomness, "check_every": check_every}
         return FuncPerSample(model, loss_fn, compile_mode=compile_mode, **options)
 
+    def make_loop() -> PerSampleGradients:
+        return LoopPerSample(model, loss_fn, check_every=check_every)
+
+    if requested == "auto" and compile_mode is None:
+        return _auto(model, loss_fn, method, make_func, make_loop, reuse_buffer, check_every)
     if method == "func":
         return make_func()
     if randomness is not None and requested != "auto":
         raise ValueError(f"randomness={randomness!r} needs method=func or auto; got {method!r}")
-    hooked = PER_SAMPLE_CLASSES[method](
+    if method == "loop":
+        return make_loop()
+    return PER_SAMPLE_CLASSES[method](
         model, loss_fn, reuse_buffer=reuse_buffer, check_every=check_every
     )
-    return AutoPerSample(hooked, make_func) if requested == "auto" else hooked
+
+
+def _auto(model, loss_fn, method, make_func, make_loop, reuse_buffer, check_every):
+    """``auto``: the resolved first path (``method``), then ``func`` and ``loop``
+    (:class:`~grab_exp.per_sample.auto.AutoPerSample`). Where the structure rules the hook path
+    out, ``func`` comes first and a construction that refuses the model passes on to ``loop``."""
+    fallbacks = [("func", make_func), ("loop", make_loop)]
+    if method != "func":
+        hooked = PER_SAMPLE_CLASSES[method](
+            model, loss_fn, reuse_buffer=reuse_buffer, check_every=check_every
+        )
+        return AutoPerSample(hooked, fallbacks)
+    left = [f"method=hooks: {hooks_refusal(model)}"]
+    try:
+        return AutoPerSample(make_func(), fallbacks[1:], left)
+    except UnsupportedModelError as error:  # func refuses it at construction
+        left.append(f"method=func: {one_line(error)}")
+    try:
+        return AutoPerSample(make_loop(), [], left)
+    except UnsupportedModelError as error:
+        raise UnsupportedModelError(
+            " | ".join([*left, f"method=loop: {one_line(error)}"])
+        ) from error
 
 
 #: ``auto`` factors when the layers without a factor form hold at most this share of the weights
@@ -194,9 +231,15 @@ def auto_hooks_method(model: nn.Module) -> str:
 
 
 def hooks_supported(model: nn.Module) -> bool:
-    """Whether ``method=auto`` picks the hook path for ``model``.
+    """Whether ``method=auto`` picks the hook path for ``model`` (:func:`hooks_refusal` finds
+    nothing against it)."""
+    return hooks_refusal(model) is None
 
-    True when every trainable layer gets a rule or the per-layer ``torch.func`` fallback
+
+def hooks_refusal(model: nn.Module) -> str | None:
+    """Why ``method=auto`` does not pick the hook path for ``model``; ``None`` when it does.
+
+    It does when every trainable layer gets a rule or the per-layer ``torch.func`` fallback
     (:func:`~grab_exp.per_sample.hooks.check_supported` passes: no tied weights, no parameters
     used outside their module's forward), unless the root module owns trainable parameters
     itself: its fallback would re-run the whole model under ``vmap``, which ``func`` does in one
@@ -204,14 +247,17 @@ def hooks_supported(model: nn.Module) -> bool:
     call (``UnsupportedModelError`` naming it).
     """
     if any(p.requires_grad for p in model.parameters(recurse=False)):
-        return False
+        return (
+            "the root module owns trainable parameters (func replays the whole model in one pass)"
+        )
     try:
         check_supported(model)
-    except UnsupportedModelError:
-        return False
+    except UnsupportedModelError as error:
+        return one_line(error)
     # a module with parameters and no forward: its parent's replay differentiates them
-    return not any(
-        type(m).forward is nn.Module.forward
-        and any(p.requires_grad for p in m.parameters(recurse=False))
-        for m in model.modules()
-    )
+    for name, m in model.named_modules():
+        if type(m).forward is nn.Module.forward and any(
+            p.requires_grad for p in m.parameters(recurse=False)
+        ):
+            return f"{name or '<root>'} ({type(m).__name__}) has parameters and no forward"
+    return None

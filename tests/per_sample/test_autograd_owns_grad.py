@@ -17,7 +17,7 @@ from torch import nn
 from grab_exp.per_sample import UnsupportedModelError, make_per_sample
 
 F64 = torch.float64
-METHODS = ("auto", "hooks", "factored", "func")
+METHODS = ("auto", "hooks", "factored", "func", "loop")
 
 
 def batch(size: int, seed: int, features: int = 6, classes: int = 4):

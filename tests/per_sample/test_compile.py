@@ -110,6 +110,10 @@ def test_compile_must_be_a_bool():
             ["trainer.compile=true", "pipeline.method=hooks"],
             "pipeline.method: got 'hooks'; allowed: auto, func with trainer.compile=true",
         ),
+        (
+            ["trainer.compile=true", "pipeline.method=loop"],
+            "pipeline.method: got 'loop'; allowed: auto, func with trainer.compile=true",
+        ),
     ],
 )
 def test_bad_compile_settings_fail_in_one_line(overrides, message):

@@ -232,7 +232,8 @@ def _check_compile(cfg: DictConfig) -> None:
             "pipeline.method",
             method,
             f"{', '.join(COMPILABLE_METHODS)} with trainer.compile=true (the hook path's "
-            "per-layer hooks break torch.compile's graph at every layer)",
+            "per-layer hooks break torch.compile's graph at every layer; loop runs one example "
+            "at a time in Python)",
         )
 
 

@@ -42,7 +42,8 @@ BY_DESIGN = {
     "sched:param_hook": "a gradient hook on a parameter (refused on every method)",
     "hook:param_before": "a gradient hook on a parameter (refused on every method)",
 }
-#: features refused by design on ``func`` only
+#: features refused by design on ``func`` only (``loop``, one plain forward and backward per
+#: example, has none of its own: it is held to :data:`BY_DESIGN` alone)
 BY_DESIGN_FUNC = {
     "rnn:GRU": "torch's vmap has no rule for GRU",
     "rnn:RNN": "torch's vmap has no rule for RNN",

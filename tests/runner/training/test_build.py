@@ -21,6 +21,7 @@ from grab_exp.runner.training.strategy import Strategy
         (["balance=recursive_pair"], "factored"),
         (["balance=mean", "balance.projection_dim=64"], "hooks"),
         (["balance=mean", "pipeline.method=factored"], "factored"),
+        (["balance=mean", "pipeline.method=loop"], "loop"),
     ],
 )
 def test_auto_factors_only_for_an_ordering_that_reads_them(compose, overrides, method):

@@ -1,0 +1,125 @@
+"""``method=loop``: one example at a time, the fail-closed last resort.
+
+Example ``i``'s row is the gradient of its own loss ``loss_fn(model(x[i:i+1]), y[i:i+1])``, a
+batch of one: the definition of an example's gradient (docs/which-models-work.md), taken with
+``torch.autograd.grad`` example after example. So any model that runs on one example is right:
+packed sequences, data-dependent operations (``.item()``, boolean indexing), sparse embeddings,
+tuple targets, auxiliary outputs. ``param.grad`` is what one plain
+``loss_fn(model(x), y).backward()`` of the batch gives, and every call compares the rows' mean
+with it: a model or a loss that mixes the examples (batch statistics, class weights or
+``ignore_index`` averaged over the batch, ``reduction="sum"``) shows as a mismatch and is
+refused in one line, ``param.grad`` put back. The per-example forwards leave no trace (buffers
+and the random number generators are put back after each); random layers in training mode are
+refused (each example's forward would draw other masks than the batch's), and so is a gradient
+hook on a parameter (refused on every method; here it would run once per example).
+
+Cost: ``B`` forward and backward passes of one example per step, besides the batch's own.
+:class:`~grab_exp.per_sample.auto.AutoPerSample` takes it last, with a warning.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from grab_exp.devices import in_graph_safe
+from grab_exp.grads import BatchGrads, as_batch_grads
+from grab_exp.per_sample.base import PerSampleGradients, loss_of
+from grab_exp.per_sample.check import LOOSE_TOLERANCE, TOLERANCE, kept_state
+from grab_exp.per_sample.layout import Inputs, batch_size, call_model, take
+from grab_exp.per_sample.modules import UnsupportedModelError, random_modules
+from grab_exp.per_sample.verify import GradSnapshot, rows_gaps
+
+__all__ = ["LoopPerSample"]
+
+
+class LoopPerSample(PerSampleGradients):
+    """Per-sample gradients by a loop over the examples (see the module docstring).
+
+    Args:
+        model, loss_fn, check_every: see :class:`~grab_exp.per_sample.base.PerSampleGradients`;
+            ``check_every=0`` also turns off the comparison of the rows' mean with
+            ``param.grad`` (the only check this method needs).
+
+    Raises:
+        UnsupportedModelError: a module that draws random numbers in training mode (dropout),
+            named; ValueError: the base's module check (BatchNorm in training mode).
+    """
+
+    method = "loop"
+
+    def check(self) -> None:
+        """Refuse random layers in training mode (named), then the base's module check."""
+        drawing = random_modules(self.model)
+        if drawing:
+            module = self.model.get_submodule(drawing[0])
+            raise UnsupportedModelError(
+                f"{drawing[0] or '<root>'} ({type(module).__name__}) draws random numbers in "
+                "training mode: method=loop's forwards of one example would draw other masks "
+                "than the batch's; put it in eval mode, or use method=hooks (the batch's own "
+                "masks) or func with randomness='different'"
+            )
+        super().check()
+
+    def _compute(self, x: Inputs, y) -> tuple[torch.Tensor, BatchGrads]:
+        """The rows, one example at a time; then the batch's ``loss.backward()`` writes
+        ``param.grad``, and the rows' mean is compared with it. A gradient hook on a trainable
+        parameter is refused, named."""
+        params = self.trainable()
+        hooked = [n for n, p in params.items() if p._backward_hooks]
+        if hooked:
+            raise UnsupportedModelError(
+                f"{hooked[0]} has a gradient hook (register_hook), which method=loop would run "
+                "on every example's gradient besides the batch's; per-sample rows under a "
+                "gradient hook are refused on every method: remove the hook (mask the "
+                "optimizer's update instead)"
+            )
+        batch, targets = batch_size(x), batch_size(y)
+        if targets != batch:
+            raise ValueError(f"inputs of {batch} examples and targets of {targets}")
+        rows = self._rows(x, y, params, batch)  # {name: (B, *shape)}
+        with GradSnapshot(params.values()) as snapshot, torch.enable_grad():
+            loss = loss_of(self.loss_fn, call_model(self.model, x), y)  # the batch's own step
+            if loss.requires_grad:
+                loss.backward()
+            grads = as_batch_grads(rows)
+            self._verify(grads, params, snapshot, loss)
+        return loss.detach(), grads
+
+    def _rows(self, x: Inputs, y, params: dict[str, nn.Parameter], batch: int):
+        """``{name: (B, *shape)}``: example ``i``'s gradient of its own loss in row ``i``
+        (sparse gradients densified; zeros where the example does not reach a parameter)."""
+        rows = {n: p.new_zeros((batch, *p.shape)) for n, p in params.items()}
+        tensors = list(params.values())
+        for i in range(batch):
+            with kept_state(self.model), torch.enable_grad():  # buffers and RNG put back
+                out = call_model(self.model, take(x, [i]))
+                loss = loss_of(self.loss_fn, out, take(y, [i]))  # ()
+                if not loss.requires_grad:
+                    continue
+                grads = torch.autograd.grad(loss, tensors, allow_unused=True)
+            for row, g in zip(rows.values(), grads, strict=True):
+                if g is not None:
+                    row[i] = g.to_dense() if g.is_sparse else g
+        return rows
+
+    def _verify(self, rows: BatchGrads, params, snapshot: GradSnapshot, loss) -> None:
+        """Refuse rows whose mean is not this call's ``param.grad`` (read on the host at once:
+        next to ``B`` passes it costs nothing; not inside a captured step)."""
+        if not self.checker.on or in_graph_safe() or not params or rows.rows == 0:
+            return
+        grads = [g.to_dense() if g is not None and g.is_sparse else g for g in snapshot.grads()]
+        gaps = rows_gaps(rows, grads, loss).nan_to_num(nan=float("inf")).tolist()  # (P,)
+        worst = max(range(len(gaps)), key=gaps.__getitem__)
+        if gaps[worst] <= TOLERANCE.get(rows.like.dtype, LOOSE_TOLERANCE):
+            return
+        name = list(params)[worst]
+        layer = name.rpartition(".")[0]
+        label = f"{layer or '<root>'} ({type(self.model.get_submodule(layer)).__name__})"
+        raise UnsupportedModelError(
+            f"the rows' mean differs from autograd's gradient at {name} of {label} by "
+            f"{gaps[worst]:.2g} (relative): the batch's loss is not the mean of the examples' "
+            "losses computed alone (batch statistics, class weight= or ignore_index averaged "
+            "over the batch, reduction='sum', random draws?); per-sample gradients are "
+            "undefined for it"
+        )
