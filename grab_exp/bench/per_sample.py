@@ -1,8 +1,8 @@
 """Per-sample gradients' cost over a plain step, per model and method (real-size models).
 
 Each model's step is timed as a plain ``loss.backward()``, as ``method=auto`` (the path it
-resolves to), as ``func`` and as a per-example loop (one ``backward()`` per example, the
-reference every path is checked against), interleaved: every repeat times each method once, and
+resolves to), as ``func`` and as ``loop`` (one forward and backward per example, ``auto``'s last
+resort), interleaved: every repeat times each method once, and
 the medians are reported with their ratio to the plain step. A method that refuses a model is
 reported with its one-line reason instead of a time.
 """
@@ -70,21 +70,6 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], Callable, Callable]] = {
 }
 
 
-def per_example_grads(
-    model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor
-) -> dict[str, torch.Tensor]:
-    """Each example's gradients ``name -> (B, *shape)`` (trainable only), one example at a time
-    through the whole model: the per-example loop the methods are timed against."""
-    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    rows: dict[str, list[torch.Tensor]] = {n: [] for n in params}
-    for b in range(len(x)):
-        loss = loss_fn(model(x[b : b + 1]), y[b : b + 1])
-        grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
-        for (n, p), g in zip(params.items(), grads, strict=True):
-            rows[n].append(torch.zeros_like(p) if g is None else g)
-    return {n: torch.stack(r) for n, r in rows.items()}
-
-
 def _methods(
     model: nn.Module, loss_fn, x, y, unchecked: bool = False
 ) -> dict[str, Callable[[], object] | str]:
@@ -99,20 +84,18 @@ def _methods(
         loss_fn(plain_model(x), y).backward()
 
     methods: dict[str, Callable[[], object] | str] = {"plain": plain}
-    for method in ("auto", "func"):
+    for method in ("auto", "func", "loop"):
         try:
             psg = make_per_sample(copy.deepcopy(model), loss_fn, method)
             psg(x, y)  # the first call checks the path
         except (ValueError, RuntimeError) as error:
             methods[method] = str(error).splitlines()[0]
             continue
-        name = method if method == "func" else f"auto:{psg.method}"
+        name = f"auto:{psg.method}" if method == "auto" else method
         methods[name] = lambda psg=psg: psg(x, y)
-        if unchecked:
+        if unchecked and method != "loop":
             bare = make_per_sample(copy.deepcopy(model), loss_fn, psg.method, check_every=0)
             methods[f"{name}@unchecked"] = lambda bare=bare: bare(x, y)
-    loop_model = copy.deepcopy(model)
-    methods["loop"] = lambda: per_example_grads(loop_model, loss_fn, x, y)
     return methods
 
 
