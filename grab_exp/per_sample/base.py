@@ -31,19 +31,13 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
 from grab_exp.grads import BatchGrads
-from grab_exp.per_sample.check import (
-    CHECK_EVERY,
-    CONTRACT,
-    Check,
-    ModelState,
-    example_losses,
-    kept_state,
-    loss_problem,
-    mixing_problem,
-)
+from grab_exp.per_sample.check.examples import mixing_problem
+from grab_exp.per_sample.check.loss import example_losses, loss_of, loss_problem
+from grab_exp.per_sample.check.mean import GradSnapshot, rows_problem
+from grab_exp.per_sample.check.schedule import CHECK_EVERY, Check
+from grab_exp.per_sample.check.state import ModelState, kept_state
 from grab_exp.per_sample.layout import Inputs, call_model
 from grab_exp.per_sample.modules import (
     WATCHED,
@@ -52,7 +46,6 @@ from grab_exp.per_sample.modules import (
     UserCodeError,
     module_problem,
 )
-from grab_exp.per_sample.verify import GradSnapshot, rows_problem
 from grab_exp.tracebacks import raised_in_user_file
 from grab_exp.validation import check_int_at_least
 
@@ -92,35 +85,6 @@ def user_code_error(
         if type(plain) is type(error) and raised_in_user_file(plain):
             return UserCodeError(setting, _name(obj), plain)
     return None
-
-
-def loss_of(loss_fn: LossFn, out: Any, y: torch.Tensor) -> torch.Tensor:
-    """``loss_fn(out, y)``, checked: a scalar, and ``out`` left as it was.
-
-    Raises:
-        LossContractError: the loss is not a scalar, or it changed the model's output in place
-            (the output's gradient, and every check that reads the output, would then be of
-            other numbers).
-    """
-    tensors = [out] if isinstance(out, torch.Tensor) else tree_flatten(out)[0]  # usual: one
-    leaves = [t for t in tensors if isinstance(t, torch.Tensor)]
-    versions = [t._version for t in leaves]
-    loss = loss_fn(out, y)
-    if any(t._version != v for t, v in zip(leaves, versions, strict=True)):
-        raise LossContractError(
-            "loss_fn changed the model's output in place (an in-place clamp_, sub_ or mul_ on "
-            "it): per-sample gradients need a loss that leaves its input as it is; use the "
-            "out-of-place operation (out.clamp(...), not out.clamp_(...))"
-        )
-    check_scalar(loss)
-    return loss
-
-
-def check_scalar(loss: torch.Tensor) -> None:
-    """Refuse a loss that is not a scalar (an unreduced loss is not the batch mean)."""
-    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
-        raise LossContractError(f"loss_fn returned {shape}, not a scalar: {CONTRACT}")
 
 
 class PerSampleGradients(ABC):

@@ -18,8 +18,12 @@ from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from grab_exp.grads import BatchGrads, as_batch_grads
-from grab_exp.per_sample.base import LossFn, PerSampleGradients, check_scalar, loss_of
-from grab_exp.per_sample.check import CHECK_EVERY, identity_problem, kept_state, relative_gap
+from grab_exp.per_sample.base import LossFn, PerSampleGradients
+from grab_exp.per_sample.check.examples import identity_problem
+from grab_exp.per_sample.check.loss import check_scalar, loss_of, relative_gap
+from grab_exp.per_sample.check.mean import GradSnapshot
+from grab_exp.per_sample.check.schedule import CHECK_EVERY
+from grab_exp.per_sample.check.state import kept_state
 from grab_exp.per_sample.compiled import compile_step
 from grab_exp.per_sample.layout import (
     Inputs,
@@ -30,7 +34,6 @@ from grab_exp.per_sample.layout import (
     take,
 )
 from grab_exp.per_sample.modules import CHECKPOINT_REFUSAL, UnsupportedModelError, random_modules
-from grab_exp.per_sample.verify import GradSnapshot
 from grab_exp.validation import check_int_at_least
 
 __all__ = ["RANDOMNESS_CHOICES", "FuncPerSample"]

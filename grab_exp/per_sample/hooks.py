@@ -46,15 +46,14 @@ from torch.nn.utils import parametrize
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from grab_exp.grads import BatchGrads, as_batch_grads
-from grab_exp.per_sample.base import LossFn, PerSampleGradients, loss_of, one_line
+from grab_exp.per_sample.base import LossFn, PerSampleGradients, one_line
 from grab_exp.per_sample.buffer import GradBuffer
-from grab_exp.per_sample.check import (
-    CHECK_EVERY,
-    OUTPUT_TOLERANCE,
-    kept_state,
-    loss_gap,
-    mismatch,
-)
+from grab_exp.per_sample.check.examples import mismatch
+from grab_exp.per_sample.check.loss import loss_gap, loss_of
+from grab_exp.per_sample.check.mean import GradSnapshot
+from grab_exp.per_sample.check.schedule import CHECK_EVERY
+from grab_exp.per_sample.check.state import kept_state
+from grab_exp.per_sample.check.tolerance import OUTPUT_TOLERANCE
 from grab_exp.per_sample.fallback import FuncFallback
 from grab_exp.per_sample.layout import (
     Call,
@@ -71,7 +70,6 @@ from grab_exp.per_sample.layout import (
 from grab_exp.per_sample.modules import CHECKPOINT_REFUSAL, UnsupportedModelError, draws_random
 from grab_exp.per_sample.rules import LayerRule, rule_for
 from grab_exp.per_sample.rules.base import OURS, is_ours
-from grab_exp.per_sample.verify import GradSnapshot
 
 Grads = dict[str, torch.Tensor]
 

@@ -14,7 +14,9 @@ __all__ = [
     "WATCHED",
     "LossContractError",
     "UnsupportedModelError",
+    "advice",
     "draws_random",
+    "label",
     "module_problem",
     "random_modules",
 ]
@@ -34,6 +36,16 @@ CHECKPOINT_REFUSAL = (
     "gradients at chosen tensors or the vmap that per-sample gradients need; use "
     "use_reentrant=False"
 )
+
+
+def label(name: str, module: nn.Module) -> str:
+    """How a refusal names a module: ``name (Type)``."""
+    return f"{name or '<root>'} ({type(module).__name__})"
+
+
+def advice(method: str) -> str:
+    """What a refusal of rows advises."""
+    return "use method=func" if method != "func" else "no method supports this model"
 
 
 class UnsupportedModelError(ValueError):
@@ -66,17 +78,17 @@ def module_problem(
     name: str, module: nn.Module, randomness: str | None, module_dropout: bool = False
 ) -> str | None:
     """Why ``module`` in its current mode breaks per-sample gradients; ``None`` if it doesn't."""
-    label = f"{name or '<root>'} ({type(module).__name__})"
+    where = label(name, module)
     if isinstance(module, nn.Embedding) and module.scale_grad_by_freq:
         return (
-            f"{label} with scale_grad_by_freq=True: its gradient divides by each token's count "
+            f"{where} with scale_grad_by_freq=True: its gradient divides by each token's count "
             "in the whole batch, so the batch's gradient is not the mean of per-example ones; "
             "set scale_grad_by_freq=False"
         )
     if isinstance(module, BATCHNORM) and (module.training or module.running_mean is None):
         mode = "in training mode" if module.training else "without running statistics"
         return (
-            f"{label} {mode}: per-sample gradients are undefined because batch statistics mix "
+            f"{where} {mode}: per-sample gradients are undefined because batch statistics mix "
             "the examples of a batch; use eval mode with running statistics (fine-tuning), or "
             "grab_exp.per_sample.batchnorm_to_groupnorm(model) to train with GroupNorm"
         )
@@ -84,7 +96,7 @@ def module_problem(
         return None
     if isinstance(module, DROPOUT) and module.training and randomness is None and module.p > 0:
         return (
-            f"{label} with p={module.p} in training mode needs an explicit randomness setting: "
+            f"{where} with p={module.p} in training mode needs an explicit randomness setting: "
             "method=func with randomness='different' (independent masks per example) or "
             "'same', method=hooks or auto (the batch's own masks), or put it in eval mode"
         )

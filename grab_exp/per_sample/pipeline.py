@@ -11,7 +11,7 @@ from torch import nn
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.auto import AutoPerSample
 from grab_exp.per_sample.base import LossFn, PerSampleGradients
-from grab_exp.per_sample.check import CHECK_EVERY
+from grab_exp.per_sample.check.schedule import CHECK_EVERY
 from grab_exp.per_sample.compiled import check_compile_method, compiled_loss
 from grab_exp.per_sample.func import FuncPerSample
 from grab_exp.per_sample.hooks import FactoredPerSample, HookedPerSample, check_supported
