@@ -1,13 +1,9 @@
 """``method=auto``: the hook path while it gets the model right, else ``func``.
 
-Which path is right for a model shows only when it runs, and not always on the first batch: the
-hook path probes the layers' layouts and checks its rows (:mod:`grab_exp.per_sample.check`) on
-a schedule and on every new kind of batch. :class:`AutoPerSample` starts with the hook path that
-:func:`~grab_exp.per_sample.pipeline.resolve_method` picked from the model's structure; when a
-call of it refuses the model, or fails inside it, before any ``param.grad`` is written, it
-removes the hooks, puts back the buffers that call's forward updated and takes ``func`` for
-that call and the rest, checked the same way. A model that neither gets right is refused in one
-line with both reasons.
+When a call of the hook path refuses or fails (on any batch: which path is right shows only when
+it runs), :class:`AutoPerSample` removes the hooks, puts back the buffers and random state that
+call's forward changed and takes ``func`` for that call and the rest; a model that neither gets
+right is refused in one line with both reasons.
 """
 
 from __future__ import annotations
@@ -27,16 +23,8 @@ __all__ = ["AutoPerSample"]
 
 
 class AutoPerSample(PerSampleGradients):
-    """The hook path, replaced by ``func`` when a call of it refuses or fails.
-
-    Args:
-        hooked: the hook path (``hooks`` or ``factored``) to try first.
-        make_func: builds the ``func`` path, if it is needed.
-
-    Attributes:
-        chosen: the path in use.
-        reason: why the hook path was left (``None`` while it is in use).
-    """
+    """The hook path ``hooked``, replaced by ``make_func()`` when a call of it refuses or fails;
+    ``chosen``: the path in use, ``reason``: why the hook path was left (``None``: it is not)."""
 
     def __init__(self, hooked: HookedPerSample, make_func: Callable[[], PerSampleGradients]):
         self.model, self.loss_fn = hooked.model, hooked.loss_fn

@@ -1,18 +1,10 @@
 """``method=hooks`` / ``factored``: per-sample gradients from one backward pass.
 
-One engine step (:meth:`HookedPerSample._step`): the plan of the batch's kind
-(:mod:`~grab_exp.per_sample.plan`, probed once per kind), the forward recorded by each trainable
-layer's hooks and one ``loss.backward()`` that writes ``param.grad`` and captures the gradients at
-the layers' outputs (:mod:`~grab_exp.per_sample.recording`), the rows formed from them
-(:mod:`~grab_exp.per_sample.rows`: a layer's rule in :mod:`~grab_exp.per_sample.rules`, else its
-per-layer :mod:`~grab_exp.per_sample.fallback`), then the checks
-(:mod:`~grab_exp.per_sample.check`).
-
-Refused (``UnsupportedModelError``, one line naming the layer; ``method=func`` may cover them): a
-parameter shared by two modules (tied weights), a parametrized or scripted layer, a layer whose
-replay would draw random numbers, a replayed layer whose input is changed in place during or
-after its call, a layer that runs for some examples only, a parameter that the loss reaches other
-than through its layer (a weight penalty in the loss), and whatever the checks find.
+One step (:meth:`HookedPerSample._step`): the plan of the batch's kind (:mod:`.plan`), the forward
+recorded by the layers' hooks and one ``loss.backward()`` that writes ``param.grad`` and captures
+the layers' output gradients (:mod:`.recording`), the rows (:mod:`.rows`: a layer's rule, else its
+:mod:`.fallback`), then the checks (:mod:`.check`). Each part refuses, in one line naming the
+layer, what it cannot get right (``method=func`` may cover it).
 """
 
 from __future__ import annotations
@@ -42,11 +34,9 @@ __all__ = ["FactoredPerSample", "HookedPerSample", "UnsupportedModelError", "che
 
 
 def check_supported(model: nn.Module) -> None:
-    """Raise ``UnsupportedModelError`` naming the first parameter shared by two modules (tied
-    weights: a layer's hooks see only that layer's use of it), or the first parametrized layer
-    (``torch.nn.utils.parametrize``: its weight is computed outside its forward), or the first
-    ``torch.jit.script`` module (it takes no Python hooks). One module
-    at two places (called twice) is fine: its calls are summed."""
+    """Refuse (``UnsupportedModelError``) the first parameter shared by two modules (a layer's
+    hooks see only its own use of it), parametrized layer or ``torch.jit.script`` module (no
+    Python hooks). One module at two places (called twice) is fine: its calls are summed."""
     owners: dict[int, tuple[int, str]] = {}  # parameter -> (its module, that module's name)
     for name, module in model.named_modules(remove_duplicate=False):
         if isinstance(module, torch.jit.ScriptModule):
@@ -88,18 +78,13 @@ class HookedPerSample(PerSampleGradients):
     Args:
         model: a model that passes :func:`check_supported`.
         loss_fn, check_every: see :class:`~grab_exp.per_sample.base.PerSampleGradients`.
-        reuse_buffer: write the per-sample gradients of every call into one reused
-            ``(B, d)`` buffer (row-major, columns in ``named_parameters`` order); the returned
-            gradients are that buffer, so **the next call overwrites them**: consume (or clone)
-            them before calling again. ``Ordering.step`` then takes the buffer as its ``(B, d)``
-            matrix without a copy, and no step allocates gradient-sized tensors.
+        reuse_buffer: write every call's rows into one reused ``(B, d)`` buffer
+            (:class:`~.rows.GradBuffer`), which ``Ordering.step`` takes without a copy: **the
+            next call overwrites them**; consume (or clone) them before calling again.
 
     Attributes:
-        planner, recorder, assembler: the step's parts (:class:`~.plan.Planner`,
-            :class:`~.recording.Recorder`, :class:`~.rows.Rows`), built anew when the trainable
-            set or the modules change.
-        rules, fallbacks, idle: the hooked layers' (:class:`~.plan.Layers`).
-        plan: the current kind of batch's :class:`~.plan.Plan`.
+        registry, planner, recorder, assembler: the step's parts, built anew when the trainable
+            set or the modules change; ``rules``, ``fallbacks``, ``idle``, ``plan`` are theirs.
         grad_buffer: the reused buffer (its ``buffer`` ``(rows >= B, d)`` once a call made it).
     """
 

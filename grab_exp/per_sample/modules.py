@@ -6,21 +6,6 @@ from __future__ import annotations
 
 from torch import nn
 
-__all__ = [
-    "BATCHNORM",
-    "CHECKPOINT_REFUSAL",
-    "DROPOUT",
-    "RANDOM_TYPES",
-    "WATCHED",
-    "LossContractError",
-    "UnsupportedModelError",
-    "advice",
-    "draws_random",
-    "label",
-    "module_problem",
-    "random_modules",
-]
-
 BATCHNORM = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
 #: base of Dropout, Dropout1d/2d/3d, AlphaDropout and FeatureAlphaDropout
 DROPOUT = (nn.modules.dropout._DropoutNd,)
@@ -54,14 +39,8 @@ class UnsupportedModelError(ValueError):
 
 
 class UserCodeError(Exception):
-    """The user's own model or loss raised, in a file of theirs, and a plain step (no per-sample
-    method) raises it too: their code's error, not a per-sample refusal.
-
-    Attributes:
-        setting: ``model`` or ``loss``.
-        target: the class (or function) that raised, as ``module.name``.
-        error: what it raised (its traceback names the user's file and line).
-    """
+    """The user's own model or loss (``setting``) raised ``error`` in a file of theirs, and a
+    plain step raises it too: their code's error, not a refusal; ``target``: ``module.name``."""
 
     def __init__(self, setting: str, target: str, error: BaseException) -> None:
         lines = str(error).strip().splitlines()

@@ -1,11 +1,5 @@
-"""The hook path's layers (:class:`Layers`) and the plan of each kind of batch (:class:`Planner`).
-
-Each new kind of batch (its :func:`~.layout.input_shapes`) is probed first, on copies of its first
-example: where each layer's tensors carry the batch (:mod:`~.layout`), a layer whose input has no
-batch dimension (a position embedding) gets it expanded over the batch, a submodule whose
-parameters its parent uses without calling it (``MultiheadAttention.out_proj``) is differentiated
-with the parent, and one whose parameters nothing uses (an unused head) is idle.
-"""
+"""The hook path's layers (:class:`Layers`) and the plan of each kind of batch (:class:`Planner`,
+from a probe on copies of its first example: :mod:`.layout`)."""
 
 from __future__ import annotations
 
@@ -34,14 +28,9 @@ from grab_exp.per_sample.rules import LayerRule, rule_for
 
 @dataclass
 class Plan:
-    """What the probe of one kind of batch found.
-
-    Attributes:
-        layouts: layer name -> the layout of each of its calls in one forward (a layer whose calls
-            share one layout may run any number of times).
-        expanded: names of the layers whose input is expanded over the batch.
-        output: where the model's output has the batch.
-    """
+    """What the probe of one kind of batch found: each layer's calls' layouts (calls that share
+    one may run any number of times), the layers whose input is expanded over the batch (no batch
+    dimension: a position embedding), and where the model's output has the batch."""
 
     layouts: dict[str, list[CallLayout]]
     expanded: set[str]
@@ -50,14 +39,9 @@ class Plan:
 
 @dataclass
 class Layers:
-    """The hooked layers: every module with trainable parameters of its own, or adopted.
-
-    Attributes:
-        modules: layer name -> the module; own: layer name -> qualified name -> its parameter.
-        rules, fallbacks: layer name -> its rule, or its per-layer fallback.
-        idle: layers that did not run in a probe and whose parameters the output does not use.
-        handles: layer name -> its hooks' handles.
-    """
+    """The hooked layers (every module with trainable parameters of its own, or adopted) by
+    name: the module, its parameters by qualified name (``own``), its rule or fallback, its hooks;
+    ``idle``: those that did not run in a probe and whose parameters the output does not use."""
 
     modules: dict[str, nn.Module] = field(default_factory=dict)
     own: dict[str, dict[str, nn.Parameter]] = field(default_factory=dict)
@@ -99,12 +83,8 @@ class Layers:
 
 
 class Planner:
-    """Hooks the model's trainable layers (``recorder.hook``) and probes each kind of batch.
-
-    Attributes:
-        layers: the :class:`Layers`.
-        plan: the current kind of batch's :class:`Plan` (``None`` before the first call).
-    """
+    """Hooks the model's trainable layers into ``layers`` (``recorder.hook``) and probes each
+    kind of batch; ``plan``: the current one's (``None`` before the first call)."""
 
     def __init__(self, model: nn.Module, layers: Layers, recorder) -> None:
         self.model, self.layers, self.recorder = model, layers, recorder
@@ -126,12 +106,9 @@ class Planner:
         return key
 
     def _prepare(self, x: Inputs) -> Plan:
-        """Probe the layouts on copies of ``x``'s first example; settle adoptions and expansions.
-
-        Each round probes the model; a layer that did not run gives its parameters to its parent
-        module (or, if the output does not use them, becomes idle), a layer whose input has no
-        batch dimension gets it expanded, and the model is probed again, until nothing changes.
-        """
+        """Probe until nothing changes: a layer that did not run gives its parameters to its
+        parent module (idle if the output does not use them), one whose input has no batch
+        dimension gets it expanded."""
         layers = self.layers
         expanded = self.recorder.expanded = set()
         for _ in range(2 * len(self.modules) + 1):
@@ -157,9 +134,8 @@ class Planner:
         raise AssertionError("unreachable: every round adopts or expands one more layer")
 
     def _probes(self, x: Inputs, expanded: set[str]) -> tuple[dict, dict, tuple, set[str]]:
-        """:meth:`_probe` with 2 and with 3 copies of ``x``'s first example (nothing of them
-        stays); also the layers that did not run but whose parameters the output uses. A forward
-        that the expansion of unbatched inputs breaks is refused by the expanded layers' names."""
+        """:meth:`_probe` with 2 and 3 copies of ``x``'s first example (nothing of them stays),
+        and the layers that did not run but whose parameters the output uses."""
         with kept_state(self.model):
             try:
                 (two, out2), (three, out3) = self._probe(x, 2), self._probe(x, 3)
@@ -178,8 +154,7 @@ class Planner:
         return two, three, (out2, out3), used
 
     def _probe(self, x: Inputs, copies: int) -> tuple[dict[str, list[tuple]], Any]:
-        """Every hooked call's ``(input shapes, output shapes)`` in one forward of ``copies``
-        copies of the first example, and the model's output."""
+        """Every hooked call's ``(input shapes, output shapes)``, and the model's output."""
         recorder = self.recorder
         recorder.calls, recorder.batch = {}, copies
         with recorder.in_mode("probe"), torch.enable_grad():  # as in training: no inference paths
@@ -215,8 +190,8 @@ class Planner:
             ) from None
 
     def _adopt(self, name: str) -> None:
-        """Differentiate the parameters of ``name``, which never runs on its own, with its parent
-        module's replay (the parent's forward uses them: ``MultiheadAttention.out_proj``)."""
+        """Differentiate ``name``'s parameters with its parent's replay (which uses them without
+        calling ``name``: ``MultiheadAttention.out_proj``)."""
         layers = self.layers
         owner = name.rpartition(".")[0]  # "" for a top-level layer: the root
         start = len(owner) + 1 if owner else 0

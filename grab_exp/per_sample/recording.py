@@ -21,15 +21,10 @@ from grab_exp.per_sample.rules.base import OURS, is_ours
 
 
 class Recorder:
-    """The hooks of every layer, and what they recorded.
-
-    Attributes:
-        mode: ``record`` (this path's forward), ``probe``, or ``idle`` (any other forward).
-        calls: layer name -> its calls in the current forward.
-        batch: ``B`` of the current forward (inputs expanded over the batch get it).
-        expanded: the layers whose input is expanded over the batch in this forward.
-        entry_versions: replayed layer -> its open calls' input versions.
-    """
+    """The layers' hooks and what they recorded: in ``mode`` ``record`` (this path's forward)
+    or ``probe`` (``idle``: any other forward), each layer's ``calls``; ``batch`` is what the
+    ``expanded`` layers' inputs are expanded to; ``entry_versions``: a replayed layer's open
+    calls' input versions."""
 
     def __init__(self, layers: Layers) -> None:
         self.layers = layers
@@ -101,15 +96,9 @@ class Recorder:
         return hook
 
     def read_in_place(self, calls: dict[str, list[Call]]) -> bool:
-        """Note each call's in-place change (once per call); whether any output changed.
-
-        Raises:
-            UnsupportedModelError: an output that is a view (a Linear's on ``(B, T, D)`` input)
-                was changed in place: autograd then rebases the view, and the node the layer's
-                output came from is no longer on the loss's path; or an input of a replayed
-                layer was changed in place during or after its call (its replay would read the
-                changed input).
-        """
+        """Note each call's in-place change; whether any output changed. Refused: an output
+        view changed in place (autograd rebases it: the layer's node is off the loss's path), a
+        replayed layer's input changed in place during or after its call."""
         changed = False
         for name, layer_calls in calls.items():
             for call in layer_calls:
@@ -136,9 +125,8 @@ class Recorder:
         return changed
 
     def refuse_foreign_hooks(self) -> None:
-        """Refuse a forward hook that is not the path's own on a hooked layer, or a global one:
-        it can change the output the path differentiates at (checked on every call: a hook may
-        come after the path was built)."""
+        """Refuse a global forward hook, or one on a hooked layer that is not the path's own: it
+        can change the output the path differentiates at (every call: it may come later)."""
         if _global_forward_hooks:
             raise UnsupportedModelError(
                 "a global forward hook (register_module_forward_hook) can change any layer's "
@@ -153,11 +141,9 @@ class Recorder:
                 )
 
     def refuse_direct_uses(self, loss: torch.Tensor, calls: dict[str, list[Call]]) -> None:
-        """Refuse a parameter that ``loss`` reaches other than through its layer's calls (a
-        weight penalty or a center loss in the loss, a parent module that reads it): a walk of
-        the autograd graph from the loss that steps over every recorded call, from the nodes
-        that made its outputs (as returned: an output changed in place since has another node
-        now) to its inputs. Structural: a penalty whose weight is 0 for now is found too."""
+        """Refuse a parameter that ``loss`` reaches other than through its layer's calls: a walk
+        of the graph that steps over every recorded call, from its outputs' nodes (as returned)
+        to its inputs' (structural: a penalty whose weight is 0 for now is found too)."""
         skip: dict[Any, list] = {}  # two calls may return one tensor (a layer returns its input)
         for layer_calls in calls.values():
             for call in layer_calls:
@@ -177,10 +163,9 @@ class Recorder:
                 )
 
     def backward(self, loss: torch.Tensor, calls: dict[str, list[Call]], retain: bool) -> None:
-        """``loss.backward()``, which writes ``param.grad`` (and the inputs' ``.grad``) as a
-        plain step does, with the gradients at the calls' outputs captured on the way (into
-        their ``grads``): by pre-hooks on the nodes that made them as they were returned (an
-        output changed in place since still gets its own)."""
+        """``loss.backward()``, which writes ``param.grad`` as a plain step does, capturing the
+        gradients at the calls' outputs into their ``grads`` by pre-hooks on the nodes that made
+        them as returned (an output changed in place since still gets its own)."""
         handles = [
             edge.node.register_prehook(_capture(call, k, edge.output_nr))
             for layer_calls in calls.values()

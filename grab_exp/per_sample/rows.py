@@ -19,13 +19,9 @@ Grads = dict[str, torch.Tensor]
 
 
 class Rows:
-    """Forms the rows of one call's recorded layers.
-
-    Args:
-        planner: the layers and the plan of the batch (its calls' layouts).
-        factored: keep a rule's factors where they pay (``method=factored``).
-        grad_buffer: the reused buffer, or ``None`` (fresh tensors).
-    """
+    """Forms the rows of one call's recorded layers (``planner``: the layers and the calls'
+    layouts), keeping a rule's factors where they pay if ``factored``, written into
+    ``grad_buffer`` if given."""
 
     def __init__(self, planner: Planner, factored: bool, grad_buffer: GradBuffer | None) -> None:
         self.planner, self.layers = planner, planner.layers
@@ -96,9 +92,8 @@ class Rows:
         return self.layers.fallbacks[name].per_sample(call, layout, batch, out)  # hooks idle
 
     def _buffer_views(self, batch: int, params: dict[str, nn.Parameter], calls: dict) -> Grads:
-        """Name -> ``(B, *shape)`` column blocks of the reused buffer (``{}``: write fresh), in
-        the dtype and device of the layers' floating inputs and output gradients (a model that
-        mixes them gets fresh tensors)."""
+        """The buffer's views (:meth:`GradBuffer.views`), in the dtype and device of the layers'
+        floating inputs and output gradients."""
         if self.grad_buffer is None:
             return {}
         tensors = [
@@ -132,12 +127,8 @@ def _added(rows: Any, more: Any, name: str) -> Any:
 
 
 class GradBuffer:
-    """One row-major ``(rows >= B, d)`` buffer and its per-parameter ``(B, *shape)`` views.
-
-    Columns follow the trainable parameters in ``named_parameters`` order, so the views of one
-    call are consecutive column blocks: :func:`~grab_exp.grads.batch.as_batch_grads` makes them
-    one block, the buffer itself.
-    """
+    """One row-major ``(rows >= B, d)`` buffer and its per-parameter ``(B, *shape)`` views, in
+    ``named_parameters`` order: consecutive column blocks, which ``as_batch_grads`` makes one."""
 
     def __init__(self) -> None:
         self.buffer: torch.Tensor | None = None  # (rows >= B, d)
@@ -146,16 +137,9 @@ class GradBuffer:
         self._views: dict[int, Grads] = {}  # B -> name -> (B, *shape) views of the buffer
 
     def views(self, batch: int, params: dict[str, nn.Parameter], tensors: list[torch.Tensor]):
-        """Name -> ``(B, *shape)`` column blocks of the buffer (``{}``: write fresh tensors).
-
-        Args:
-            batch: ``B``.
-            params: The trainable parameters by name, in ``named_parameters`` order: the layout
-                is keyed by the parameter objects and their shapes, so a replaced or resized
-                parameter gets a new one.
-            tensors: The layers' inputs and output gradients: the buffer takes their dtype and
-                device; when they mix dtypes or devices (or there are none), ``{}``.
-        """
+        """Name -> ``(B, *shape)`` column blocks of the buffer, laid out by the parameter objects
+        and shapes (a replaced or resized one gets a new layout), in the dtype and device of
+        ``tensors``; ``{}`` (write fresh tensors) when they mix dtypes or devices, or are none."""
         if not tensors:
             return {}
         like = tensors[0]

@@ -21,8 +21,6 @@ from grab_exp.per_sample.check.tolerance import (
 from grab_exp.per_sample.layout import Inputs, OutputLayout, take
 from grab_exp.per_sample.modules import UnsupportedModelError, advice, label
 
-__all__ = ["identity_problem", "mismatch", "mixing_problem"]
-
 #: runs that must all repeat the first one before a difference is not put down to randomness
 #: (dropout over few active units draws the same masks now and then)
 RANDOM_RUNS = 4
@@ -36,19 +34,9 @@ def identity_problem(
     c: torch.Tensor,
     method: str,
 ) -> str | None:
-    """Whether ``sum_i c_i g_i`` of the rows equals autograd's gradient of ``sum_i c_i loss_i``.
-
-    Args:
-        model: the model (to name a layer).
-        params: the trainable parameters, in ``named_parameters`` order (the rows' columns).
-        grads: the rows ``(B, d)``.
-        losses: each example's own loss ``(B,)``, in the graph of the batch's forward.
-        c: the weights ``(B,)``.
-        method: the path's method (for the advice).
-
-    Returns:
-        The problem, naming the layer whose rows differ most; ``None`` if none differs.
-    """
+    """Whether ``sum_i c_i g_i`` of the rows ``grads`` (columns: ``params``) equals autograd's
+    gradient of ``sum_i c_i losses_i`` (``losses (B,)`` in the batch forward's graph); the
+    problem names the layer whose rows differ most."""
     want = torch.autograd.grad(losses.mul(c).sum(), list(params.values()), allow_unused=True)
     want = [
         torch.zeros_like(p) if w is None else w for p, w in zip(params.values(), want, strict=True)
@@ -81,13 +69,8 @@ def mismatch(
     tolerances: dict = TOLERANCE,
 ) -> str | None:
     """The identity's verdict over :data:`Pair` s (``got`` is overwritten): each difference's
-    norm relative to its ``want``'s, but to no less than a floor share of the largest norm of
-    all ``wants`` (a gradient that is zero up to rounding is all rounding).
-
-    Returns:
-        The problem naming the layer of the worst pair, ``None`` if every pair is within
-        rounding.
-    """
+    norm relative to its ``want``'s, or to a floor share of the largest of ``wants``; the
+    problem names the layer of the worst pair (``None``: all within rounding)."""
     scale = max((_norm(w) for w in wants), default=torch.tensor(0.0))
     worst, worst_pair, dtype = 0.0, None, None
     for layer, subject, got, want in pairs:
@@ -130,18 +113,10 @@ def mixing_problem(
     groups: list[list[int]],
     model: nn.Module,
 ) -> str | None:
-    """Whether examples run alone (``groups``, each a forward of its own) get the outputs they
-    got in the batch.
-
-    ``out`` is the batch's output (training mode, with its random draws). A difference can be
-    randomness (dropout) as well as mixing, so it is looked at again with the model in eval
-    mode: a difference that stays is mixing; one that goes is randomness if the model draws
-    differently on other runs, else mixing in training mode. Outputs, not losses, are compared:
-    a loss near its minimum turns the outputs' rounding into a large relative difference.
-
-    Returns:
-        The problem; ``None`` if the examples do not mix.
-    """
+    """Whether examples run alone (``groups``, a forward each) get the outputs they got in the
+    batch's ``out``. A difference is looked at again in eval mode: one that stays is mixing; one
+    that goes is randomness if other runs draw differently, else mixing in training mode.
+    Outputs, not losses, are compared (near a minimum a loss magnifies rounding)."""
     chosen = [i for group in groups for i in group]
     index = torch.tensor(chosen, device=_device(out))
 

@@ -14,17 +14,6 @@ from grab_exp.per_sample.check.tolerance import LOSS_TOLERANCE, tolerance
 from grab_exp.per_sample.layout import OutputLayout
 from grab_exp.per_sample.modules import LossContractError
 
-__all__ = [
-    "CONTRACT",
-    "check_scalar",
-    "example_losses",
-    "loss_gap",
-    "loss_of",
-    "loss_problem",
-    "refuse_gap",
-    "relative_gap",
-]
-
 #: the loss contract, in the words every loss refusal ends with
 CONTRACT = (
     "per-sample gradients need loss_fn(out, y) to be the batch MEAN of per-example losses "
@@ -35,13 +24,8 @@ CONTRACT = (
 
 
 def loss_of(loss_fn: Any, out: Any, y: torch.Tensor) -> torch.Tensor:
-    """``loss_fn(out, y)``, checked: a scalar, and ``out`` left as it was.
-
-    Raises:
-        LossContractError: the loss is not a scalar, or it changed the model's output in place
-            (the output's gradient, and every check that reads the output, would then be of
-            other numbers).
-    """
+    """``loss_fn(out, y)``, refused (:class:`.LossContractError`) unless a scalar that left
+    ``out`` as it was (else the output's gradient and the checks read other numbers)."""
     tensors = [out] if isinstance(out, torch.Tensor) else tree_flatten(out)[0]  # usual: one
     leaves = [t for t in tensors if isinstance(t, torch.Tensor)]
     versions = [t._version for t in leaves]
@@ -91,12 +75,9 @@ def example_losses(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout) -> 
 
 
 def loss_gap(loss_fn, out: Any, y: torch.Tensor, loss: torch.Tensor, layout: OutputLayout, k: int):
-    """The relative gap between ``B * loss`` and the sum of ``k * loss`` of the first ``k``
-    examples and ``(B - k) * loss`` of the rest: zero (up to rounding) for a mean of per-example
-    losses (``None``, or 0 on the device, when the batch loss itself is not finite: a diverged
-    step is the runner's to stop); relative to the parts' sizes (a loss whose examples' terms
-    cancel, as a policy gradient's, has a mean near 0). A float where host reads are free (the
-    CPU), else a ``()`` tensor."""
+    """The gap between ``B * loss`` and ``k * loss`` of the first ``k`` examples plus ``(B - k) *
+    loss`` of the rest, relative to the parts' sizes (terms may cancel): zero up to rounding for
+    a mean. A float on the CPU, else a ``()`` tensor; ``None`` (0) where ``loss`` is not finite."""
     batch = len(y)
     if isinstance(out, torch.Tensor):  # the usual output: detached, no grad mode to switch
         first, second = _parts(loss_fn, out.detach(), y, layout, k)

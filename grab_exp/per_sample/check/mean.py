@@ -22,16 +22,10 @@ from grab_exp.per_sample.check.tolerance import (
 )
 from grab_exp.per_sample.modules import advice, label
 
-__all__ = ["GradSnapshot", "rows_gaps", "rows_problem"]
-
 
 class GradSnapshot:
-    """``param.grad`` before a call: the call's own gradient after its backward, and the old
-    ``param.grad`` put back when the block raises.
-
-    Args:
-        params: the trainable parameters, in the rows' column order.
-    """
+    """``param.grad`` of ``params`` (the rows' columns) before a call: the call's own gradient
+    after its backward, and the old ``param.grad`` put back when the block raises."""
 
     def __init__(self, params: Iterable[nn.Parameter]) -> None:
         self.params = list(params)
@@ -58,13 +52,7 @@ def rows_gaps(
     rows: BatchGrads, grads: list[torch.Tensor | None], loss: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Per parameter, ``|mean_i g_i - grad|`` relative to ``|grad|`` (or to a floor share of the
-    largest ``|grad|``): a ``(P,)`` tensor on the rows' device; 0 where ``grad`` is not finite.
-
-    Args:
-        rows: the ``(B, d)`` rows, columns in the parameters' order.
-        grads: each parameter's gradient of the batch-mean loss (``None``: zero).
-        loss: the ``()`` batch loss; where it is not finite, nothing is judged (0 gaps).
-    """
+    largest): a ``(P,)`` tensor; 0 where ``grad`` (``None``: zero) or ``loss`` is not finite."""
     like = rows.like
     acc = torch.zeros(rows.width, dtype=like.dtype, device=like.device)  # (d,)
     coef = torch.full((rows.rows,), 1.0 / rows.rows, dtype=like.dtype, device=like.device)

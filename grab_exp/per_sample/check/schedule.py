@@ -10,8 +10,6 @@ from grab_exp.devices import in_graph_safe
 from grab_exp.per_sample.check.loss import refuse_gap
 from grab_exp.per_sample.modules import UnsupportedModelError
 
-__all__ = ["CHECK_EVERY", "SEED", "Check"]
-
 #: the default schedule: calls 1, 2, 4, ..., 128, then every 128th (and every new structure)
 CHECK_EVERY = 128
 #: structure keys remembered (a run with more distinct batches checks on schedule only)
@@ -20,17 +18,8 @@ SEED = 0x9E3779B9
 
 
 class Check:
-    """When to check, and what the checks found so far.
-
-    Args:
-        every: the schedule's period (``0``: no check at all).
-
-    Attributes:
-        calls: calls so far.
-        checks: checks run so far.
-        pending: whether no batch of at least 2 examples has been checked yet (one example
-            cannot show mixing, nor a loss that is not a mean).
-    """
+    """When to check (``every``: the period, ``0``: never), and what the checks found so far:
+    ``calls``, ``checks``, and ``pending`` while no batch of 2 or more examples was checked."""
 
     def __init__(self, every: int = CHECK_EVERY) -> None:
         self.every, self.calls, self.checks = every, 0, 0
@@ -76,9 +65,8 @@ class Check:
         return c.to(device=like.device, dtype=like.dtype)
 
     def split(self, batch: int) -> int | None:
-        """Where this call's loss is split in two (:func:`loss_gap`): a point that moves from
-        call to call, so that a weighting that balances between the two parts of one split
-        shows in the next; ``None`` for ``B < 2``, with the check off, or in a captured step."""
+        """Where this call's loss is split in two (:func:`.loss_gap`), moving from call to call;
+        ``None`` for ``B < 2``, with the check off, or in a captured step."""
         if batch < 2 or not self.on or in_graph_safe():
             return None
         return 1 + self.calls % (batch - 1)
@@ -92,9 +80,8 @@ class Check:
         return [torch.randperm(batch, generator=generator)[:2].tolist()]
 
     def settle_gap(self, gap: float | torch.Tensor | None, dtype: torch.dtype) -> None:
-        """Refuse a loss whose two parts do not add up to it (:func:`loss_gap`): at once on the
-        CPU; on CUDA (no host read inside a step) kept on the device for the next full check
-        (:meth:`settle_deferred`)."""
+        """Refuse a loss whose two parts do not add up to it: at once on the CPU; on CUDA (no
+        host read inside a step) at the next full check (:meth:`settle_deferred`)."""
         if isinstance(gap, torch.Tensor):
             self._gap = gap if self._gap is None else torch.maximum(self._gap, gap)  # NaN stays
         elif gap is not None:

@@ -14,8 +14,6 @@ from torch.nn.modules.module import (
     register_module_parameter_registration_hook,
 )
 
-__all__ = ["ModelState", "cuda_devices", "eval_mode", "kept_state"]
-
 
 @contextlib.contextmanager
 def kept_state(model: nn.Module) -> Iterator[Callable[[], list[str]]]:
