@@ -26,7 +26,7 @@ from grab_exp.per_sample.check.tolerance import OUTPUT_TOLERANCE
 from grab_exp.per_sample.layout import Call, CallLayout, Inputs, batch_size, call_model
 from grab_exp.per_sample.modules import UnsupportedModelError
 from grab_exp.per_sample.modules import label as _label
-from grab_exp.per_sample.plan import Layers, Plan, Planner
+from grab_exp.per_sample.plan import Layers, Planner
 from grab_exp.per_sample.recording import Recorder
 from grab_exp.per_sample.rows import GradBuffer, Rows
 
@@ -98,7 +98,7 @@ class HookedPerSample(PerSampleGradients):
     rules = _via("registry", "rules")
     fallbacks = _via("registry", "fallbacks")
     idle = _via("registry", "idle")
-    plan: Plan | None = _via("planner", "plan")
+    plan = _via("planner", "plan")
     _use_plan = _via("planner", "use_plan")
     _check_calls = _via("planner", "check_calls")
     _call_layouts = _via("planner", "call_layouts")
