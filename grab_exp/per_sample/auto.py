@@ -1,17 +1,13 @@
 """``method=auto``: the hook path while it gets the model right, else ``func``, else ``loop``.
 
-Which path is right for a model shows only when it runs, and not always on the first batch: the
-hook path probes the layers' layouts and checks its rows (:mod:`grab_exp.per_sample.check`) on
-a schedule and on every new kind of batch. :class:`AutoPerSample` starts with the first path
-that :func:`~grab_exp.per_sample.pipeline.resolve_method` allows (the hook path, or ``func``
-where the model's structure rules the hook path out); when a call of it refuses the model, or
-fails inside it, before any ``param.grad`` is written, it removes its hooks, puts back the
-random number generator and the running statistics that call's forward changed, and takes the
-next path for that call and the rest: ``func``, then ``loop``
+When a call of a path refuses or fails (on any batch: which path is right shows only when it
+runs), :class:`AutoPerSample` removes its hooks, puts back the buffers and random state that
+call's forward changed and takes the next path for that call and the rest: the hook path (unless
+the model's structure rules it out), ``func``, then ``loop``
 (:class:`~grab_exp.per_sample.loop.LoopPerSample`, one example at a time), announced by one
-``UserWarning`` that names why each faster path was left. A model that none gets right is
-refused in one line with every path's reason; a loss that breaks the contract
-(``LossContractError``) and the user's own error (``UserCodeError``) are raised at once.
+``UserWarning`` naming why each faster path was left. A model that none gets right is refused in
+one line with every path's reason; a loss that breaks the contract (``LossContractError``) and
+the user's own error (``UserCodeError``) are raised at once.
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
-"""The one interface of the per-sample paths: :class:`PerSampleGradients`.
-
-Like opacus's ``AbstractGradSampleModule``: one abstract base, one subclass per method
-(``func``, ``hooks``, ``factored``), built by name with
-:func:`~grab_exp.per_sample.pipeline.make_per_sample`. Every path keeps one contract:
-
-* ``loss, grads = psg(x, y)`` returns the detached mean loss ``()`` and a
-  :class:`~grab_exp.grads.batch.BatchGrads`, the per-sample gradients of the trainable
-  parameters (``named_parameters`` order);
-* the same call adds the batch's mean gradient to every trainable ``param.grad``, as
-  ``loss.backward()`` would (after ``optimizer.zero_grad()`` it is that gradient).
-
-BatchNorm in training mode breaks per-sample gradients (batch statistics mix the examples):
-the model is checked at construction and, by a flag read on the few such modules, at every call.
-Active Dropout is refused by ``func`` without a ``randomness`` (vmap must be told how to draw
-masks); the hook path takes the masks its one batch forward drew
-(:attr:`PerSampleGradients.module_dropout`).
-
-The loss contract: ``loss_fn(out, y)`` is the batch MEAN of per-example losses, an example's loss
-being ``loss_fn`` of its own output. Every path checks the contract and its own rows
-(:mod:`grab_exp.per_sample.check`) on the first call, on a schedule and whenever the batch's
-structure changes, and refuses (``UnsupportedModelError``) before it writes any ``param.grad``.
+"""The one interface of the per-sample paths, :class:`PerSampleGradients` (like opacus's
+``AbstractGradSampleModule``): ``loss, grads = psg(x, y)`` returns the detached mean loss and a
+:class:`~grab_exp.grads.batch.BatchGrads` of the trainable parameters (``named_parameters``
+order), and adds the batch's mean gradient to every trainable ``param.grad``, as
+``loss.backward()`` would; the checks (:mod:`~grab_exp.per_sample.check`) refuse before it
+returns, with ``param.grad`` as before the call.
 """
 
 from __future__ import annotations
@@ -31,19 +15,13 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
 from grab_exp.grads import BatchGrads
-from grab_exp.per_sample.check import (
-    CHECK_EVERY,
-    CONTRACT,
-    Check,
-    ModelState,
-    example_losses,
-    kept_state,
-    loss_problem,
-    mixing_problem,
-)
+from grab_exp.per_sample.check.examples import mixing_problem
+from grab_exp.per_sample.check.loss import example_losses, loss_of, loss_problem
+from grab_exp.per_sample.check.mean import GradSnapshot, rows_problem
+from grab_exp.per_sample.check.schedule import CHECK_EVERY, Check
+from grab_exp.per_sample.check.state import ModelState, kept_state
 from grab_exp.per_sample.layout import Inputs, batch_size, call_model
 from grab_exp.per_sample.modules import (
     WATCHED,
@@ -52,7 +30,6 @@ from grab_exp.per_sample.modules import (
     UserCodeError,
     module_problem,
 )
-from grab_exp.per_sample.verify import GradSnapshot, rows_problem
 from grab_exp.tracebacks import raised_in_user_file
 from grab_exp.validation import check_int_at_least
 
@@ -94,44 +71,13 @@ def user_code_error(
     return None
 
 
-def loss_of(loss_fn: LossFn, out: Any, y: torch.Tensor) -> torch.Tensor:
-    """``loss_fn(out, y)``, checked: a scalar, and ``out`` left as it was.
-
-    Raises:
-        LossContractError: the loss is not a scalar, or it changed the model's output in place
-            (the output's gradient, and every check that reads the output, would then be of
-            other numbers).
-    """
-    tensors = [out] if isinstance(out, torch.Tensor) else tree_flatten(out)[0]  # usual: one
-    leaves = [t for t in tensors if isinstance(t, torch.Tensor)]
-    versions = [t._version for t in leaves]
-    loss = loss_fn(out, y)
-    if any(t._version != v for t, v in zip(leaves, versions, strict=True)):
-        raise LossContractError(
-            "loss_fn changed the model's output in place (an in-place clamp_, sub_ or mul_ on "
-            "it): per-sample gradients need a loss that leaves its input as it is; use the "
-            "out-of-place operation (out.clamp(...), not out.clamp_(...))"
-        )
-    check_scalar(loss)
-    return loss
-
-
-def check_scalar(loss: torch.Tensor) -> None:
-    """Refuse a loss that is not a scalar (an unreduced loss is not the batch mean)."""
-    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
-        raise LossContractError(f"loss_fn returned {shape}, not a scalar: {CONTRACT}")
-
-
 class PerSampleGradients(ABC):
     """Per-sample gradients of one model's loss; subclasses implement :meth:`_compute`.
 
     Args:
-        model: The module to differentiate.
-        loss_fn: ``loss_fn(logits, y)`` returning the batch MEAN of per-example losses (e.g.
-            ``torch.nn.functional.cross_entropy``).
-        check_every: the check's schedule (:class:`~grab_exp.per_sample.check.Check`): calls 1,
-            2, 4, ... up to it, then every ``check_every``-th, and every new batch structure;
+        model: the module to differentiate.
+        loss_fn: ``loss_fn(out, y)``, the batch MEAN of per-example losses.
+        check_every: the check's period (:class:`~grab_exp.per_sample.check.schedule.Check`);
             ``0`` turns every check off.
 
     Attributes:
@@ -139,16 +85,13 @@ class PerSampleGradients(ABC):
         randomness: vmap's ``randomness`` for random layers; ``None``: active dropout is refused.
 
     Raises:
-        ValueError: a BatchNorm module in training mode (or without running statistics), or a
-            Dropout with ``p > 0`` in training mode without ``randomness``; the message names the
-            module's qualified name.
+        ValueError: a module whose mode breaks per-sample gradients (:func:`.module_problem`).
     """
 
     method: ClassVar[str]
     randomness: str | None = None
-    #: whether Dropout modules in training mode are right without a ``randomness``: the hook path
-    #: reads each layer's input after the batch forward's masks, so its gradients are the
-    #: per-example gradients under those masks
+    #: whether Dropout in training mode is right without a ``randomness`` (the hook path: the
+    #: batch forward's masks)
     module_dropout: ClassVar[bool] = False
 
     def __init__(self, model: nn.Module, loss_fn: LossFn, check_every: int = CHECK_EVERY) -> None:
@@ -167,22 +110,12 @@ class PerSampleGradients(ABC):
                 raise ValueError(problem)
 
     def __call__(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
-        """Add the batch's mean gradient to ``param.grad``; return the per-sample ones.
-
-        Args:
-            x: Inputs ``(B, ...)``: a tensor, or a tuple (positional) or dict (keyword, HF style)
-                of tensors with the batch in dimension 0.
-            y: Targets ``(B, ...)``.
-
-        Returns:
-            ``(loss, grads)``: the detached mean loss ``()`` and the ``(B, d)`` per-sample
-            gradients.
+        """``(loss, grads)`` of inputs ``x`` (a tensor, or a tuple or dict of tensors, the batch
+        in dimension 0) and targets ``y``; adds the batch's mean gradient to ``param.grad``.
 
         Raises:
-            UnsupportedModelError: the check found rows or a loss it cannot get right (one line
-                naming the cause); ``param.grad`` is then as before the call.
-            UserCodeError: the user's model or loss raised in a file of theirs, and a plain step
-                raises the same (their error, not a refusal).
+            UnsupportedModelError: one line naming the cause; ``param.grad`` as before the call.
+            UserCodeError: the user's model or loss raised, and a plain step raises the same.
         """
         if self.state.stale(self.model):  # a module or parameter was replaced since
             self.state = ModelState(self.model)
@@ -198,10 +131,8 @@ class PerSampleGradients(ABC):
             raise UnsupportedModelError(f"method={self.method}: {one_line(error)}") from error
 
     def restructure(self) -> None:
-        """List the modules whose modes :meth:`check` reads (again, for a model whose modules
-        were replaced: the hook path also hooks it anew)."""
-        watched = WATCHED
-        self._watched = [(n, m) for n, m in self.model.named_modules() if isinstance(m, watched)]
+        """List the modules whose modes :meth:`check` reads (again when modules were replaced)."""
+        self._watched = [(n, m) for n, m in self.model.named_modules() if isinstance(m, WATCHED)]
 
     def state_bytes(self) -> int:
         """Bytes the path keeps between calls (the hook path's reused ``(B, d)`` buffer)."""
@@ -222,8 +153,7 @@ class PerSampleGradients(ABC):
         snapshot: GradSnapshot,
         loss: torch.Tensor | None = None,
     ) -> None:
-        """Refuse rows whose mean is not this call's ``param.grad``, autograd's
-        (:mod:`~grab_exp.per_sample.verify`; every call while the check is on)."""
+        """Refuse rows whose mean is not this call's ``param.grad`` (:mod:`.check.mean`)."""
         if not self.checker.on:
             return
         names, tensors = list(params), list(params.values())
@@ -243,11 +173,9 @@ class PerSampleGradients(ABC):
         identity: Identity,
         loss: torch.Tensor | None = None,
     ) -> None:
-        """:meth:`verify` on every call (``loss``: the batch's; nothing is judged where it is not
-        finite); ``full(identity)`` (the :meth:`full_check` of the batch) where one is due.
-        Where the rows' mean is off, the full check runs first without the identity: its loss
-        and mixing checks name their cause; else the observation is the refusal (the identity
-        could only blame the rows' order)."""
+        """:meth:`verify`, then ``full(identity)`` (:meth:`full_check`) where one is due. Where
+        the rows' mean is off, the full check runs first without the identity (its loss and
+        mixing checks name a cause; the identity could only blame the rows' order)."""
         try:
             self.verify(rows, params, snapshot, loss)
         except UnsupportedModelError:
@@ -258,17 +186,9 @@ class PerSampleGradients(ABC):
             full(identity)
 
     def full_check(self, x: Inputs, y: torch.Tensor, out, layout, identity: Identity) -> None:
-        """The full check of one batch (:mod:`~grab_exp.per_sample.check`); raises its problem.
-
-        Args:
-            x, y: the batch.
-            out: the model's output for the batch, in the graph of its forward (the hook path's
-                own forward, retained; ``func`` makes one).
-            layout: where ``out`` has the batch.
-            identity: ``identity(losses (B,), c (B,))``, the path's identity check (its problem
-                or ``None``); ``None`` where the rows cannot be compared with ``out``'s graph
-                (drawn under other random masks).
-        """
+        """The full check of the batch ``x, y`` (:mod:`~grab_exp.per_sample.check`): ``out`` is
+        its output in the graph of its forward, ``layout`` where it has the batch; ``identity``
+        ``None`` where the rows cannot be compared with ``out``'s graph (other random masks)."""
         batch = batch_size(y)
         loss = loss_of(self.loss_fn, out, y)  # first: a loss that changes its input is named
         losses = example_losses(self.loss_fn, out, y, layout)  # (B,), in out's graph
@@ -291,5 +211,4 @@ class PerSampleGradients(ABC):
 
     @abstractmethod
     def _compute(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
-        """:meth:`__call__` after the modules' modes are checked: the rows, ``param.grad``
-        written last (after the batch's check, if it is due)."""
+        """:meth:`__call__` after the modules' modes are checked."""

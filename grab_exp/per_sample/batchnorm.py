@@ -1,10 +1,5 @@
-"""Training with per-sample gradients when a model has BatchNorm: GroupNorm in its place.
-
-BatchNorm in training mode normalizes each example by its batch's statistics, so one example's
-gradient depends on the others and per-sample gradients are undefined; every path refuses it.
-As differential-privacy libraries do, :func:`batchnorm_to_groupnorm` swaps each BatchNorm layer
-for a GroupNorm over the same channels, which normalizes every example on its own.
-"""
+"""BatchNorm (refused in training mode: batch statistics mix the examples) to GroupNorm, which
+normalizes every example on its own, as differential-privacy libraries do."""
 
 from __future__ import annotations
 
@@ -23,18 +18,9 @@ def batchnorm_to_groupnorm(model: nn.Module, max_groups: int = 32) -> nn.Module:
     """Replace every BatchNorm layer of ``model`` (in place) with a GroupNorm; return ``model``.
 
     Each ``BatchNorm*d(C)`` becomes ``GroupNorm(gcd(C, max_groups), C)`` (a ``BatchNorm1d``:
-    groups of at least two channels, right on ``(B, C)`` inputs too) with the same ``eps``
-    and affinity, on the same device and dtype; an affine layer's weight and bias are copied
-    (GroupNorm's affine map is per channel too). A ``BatchNorm`` that is the model itself
-    cannot be replaced in place and is refused.
-
-    Args:
-        model: the model to change.
-        max_groups: the most groups a GroupNorm gets (32, as in Wu & He's GroupNorm paper).
-
-    Raises:
-        ValueError: ``max_groups < 1``, ``model`` is itself a BatchNorm layer, or a
-            ``BatchNorm1d`` of one channel (no group of two channels; the message names it).
+    groups of at least two channels, right on ``(B, C)`` inputs too) with the same ``eps``,
+    affinity, weight and bias, device and dtype. ``ValueError``: ``max_groups < 1``, ``model``
+    itself a BatchNorm, or a ``BatchNorm1d`` of one channel (named).
     """
     check_int_at_least("max_groups", max_groups, 1)
     if isinstance(model, BATCHNORM):

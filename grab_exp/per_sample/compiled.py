@@ -1,23 +1,12 @@
-"""``trainer.compile``: the gradient computation of a training step through ``torch.compile``.
+"""``trainer.compile``: a training step's gradients through ``torch.compile``.
 
-What is captured, per pipeline:
-
-* ``classic``: the model's forward and the loss, one graph; AOT autograd compiles the matching
-  backward graph, which ``loss.backward()`` runs.
-* ``functional`` with ``method=func``: the per-sample gradient function ``vmap(grad(loss of one
-  example))`` - forward, backward and the batching over examples in one graph
-  (:class:`~grab_exp.per_sample.func.FuncPerSample` wraps it with :func:`compile_step`).
-* ``functional`` with ``method=hooks`` or ``factored``: not compiled. Its forward hooks read the
-  autograd node of every layer's output, and Dynamo splits its graph at each one, so under
-  compile ``method=auto`` resolves to ``func`` (with no fallback to ``loop``) and an explicit
-  ``hooks`` is a config error.
-* ``functional`` with ``method=loop``: not compiled (a Python loop over the examples); a config
-  error.
-
-The ordering's step, the GSNR and the optimizer stay eager (they are already a few fused
-kernels with no host synchronization). The model itself is not wrapped, so ``state_dict()``
-keys and checkpoints are those of an eager run. Graphs are static-shaped (``dynamic=False``): a
-short last batch compiles a second graph.
+``classic`` compiles the forward and the loss as one graph (and AOT autograd its backward);
+``method=func`` compiles ``vmap(grad(loss of one example))``; the hook path and ``loop`` are not
+compiled (the hooks split Dynamo's graph at every layer; ``loop`` is a Python loop over the
+examples): under compile ``auto`` resolves to ``func`` with no fallback to ``loop``, and
+``hooks``, ``factored`` and ``loop`` are config errors. The model itself is not wrapped
+(``state_dict()`` keys as in an eager run); graphs are static-shaped, so a short last batch
+compiles a second one.
 """
 
 from __future__ import annotations
@@ -48,14 +37,9 @@ def check_compile_method(method: str) -> None:
 
 
 def compile_step(fn: Callable[..., Any], mode: str) -> Callable[..., Any]:
-    """``fn`` compiled with ``torch.compile(mode=mode, dynamic=False)``.
-
-    In the CUDA-graph modes every call first marks a new step, so the graph's outputs of the
-    previous call (already consumed by then) may be overwritten.
-
-    Raises:
-        ValueError: one line naming ``trainer.compile_mode`` for an unknown ``mode``.
-    """
+    """``fn`` compiled with ``torch.compile(mode=mode, dynamic=False)``; in the CUDA-graph modes
+    every call first marks a new step (the previous call's outputs, consumed, may be
+    overwritten). ``ValueError`` naming ``trainer.compile_mode`` for an unknown ``mode``."""
     check_choice("trainer.compile_mode", mode, COMPILE_MODES)
     compiled = torch.compile(fn, mode=mode, dynamic=False)
     if mode not in _CUDA_GRAPH_MODES:

@@ -1,18 +1,11 @@
 """Per-layer fallback: per-sample grads of one layer that has no rule, from its saved call.
 
-Like opacus's functorch fallback: the layer alone is re-evaluated functionally on its saved
-inputs, one example at a time, and the gradient of ``sum_k <g_k, out_k>`` over its outputs with
-respect to the layer's OWN trainable parameters is that example's gradient (``g_k``: the saved
-gradient of the summed loss at output ``k``). Each tensor of the call is sliced along its own
-batch dimension (:class:`~grab_exp.per_sample.layout.CallLayout`: sequence-first inputs, masks
-without a batch dimension, tuples of outputs). Submodules that run on their own keep their rules
-or fallbacks; parameters of submodules that never run on their own (``MultiheadAttention``'s
-``out_proj``) are the layer's too (``adopted``).
-
-The examples are batched with ``vmap`` where torch can (most layers); where it cannot, or does it
-one example at a time anyway (RNN, LSTM, GRU), one example after another, the layer alone. The
-replay must draw no random numbers (dropout inside the layer): it could not reproduce the
-forward's draws, so such a layer is refused before this runs.
+Like opacus's functorch fallback: the layer alone is replayed functionally on each example's
+slice of its saved inputs (each tensor along its own batch dimension), and the gradient of
+``sum_k <g_k, out_k>`` (``g_k``: the summed loss's gradient at output ``k``) with respect to the
+layer's own and adopted parameters is that example's. Under ``vmap`` where torch can batch the
+layer, else one example after another (RNN, LSTM, GRU). A replay that would draw random numbers
+is refused before this runs.
 """
 
 from __future__ import annotations
@@ -34,21 +27,9 @@ __all__ = ["FuncFallback"]
 
 
 class FuncFallback:
-    """Per-sample and mean gradients of one layer's own (and adopted) parameters.
-
-    Args:
-        layer: A module with trainable parameters of its own, or adopted, and no rule.
-        adopted: Qualified names (relative to ``layer``) of submodules' parameters that this
-            layer's forward uses without calling their module.
-
-    Attributes:
-        adopted: those names.
-        names: the differentiated parameters' names relative to ``layer``: its own, then the
-            adopted ones.
-        batched_by: ``"vmap"`` or ``"loop"`` (one example at a time), once a call decided it.
-        random: ``(name, module)`` of the submodules (``layer`` included) that could draw random
-            numbers in a replay (:data:`~grab_exp.per_sample.modules.RANDOM_TYPES`), found once.
-    """
+    """Per-sample gradients of ``layer``'s own parameters, then the ``adopted`` ones (names of
+    submodules' parameters its forward uses without calling them), as ``names``; ``batched_by``:
+    ``"vmap"`` or ``"loop"``; ``random``: the submodules that could draw random numbers."""
 
     def __init__(self, layer: nn.Module, adopted: Iterable[str] = ()) -> None:
         self.layer = layer
@@ -62,14 +43,8 @@ class FuncFallback:
     def per_sample(
         self, call: Call, layout: CallLayout, batch: int, out: Outs
     ) -> list[torch.Tensor | None]:
-        """Per-sample gradients ``[(B, *p.shape)]``, one per name (``None`` for frozen ones).
-
-        Args:
-            call: The layer's saved call, its output gradients those of the batch-mean loss.
-            layout: Where each of its tensors has the batch.
-            batch: ``B``.
-            out: Per name, an optional ``# (B, *p.shape)`` tensor to write into.
-        """
+        """Per-sample gradients ``[(B, *p.shape)]`` of ``call``, one per name (``None`` for
+        frozen ones), written into ``out``'s tensors where given."""
         own, fixed = split_state(self.layer, self.names, copy_buffers=True)
         used = [k for k, g in enumerate(call.grads) if g is not None]
         grads_sum = [call.grads[k] * batch for k in used]  # of the summed loss

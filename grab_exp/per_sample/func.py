@@ -1,11 +1,5 @@
-"""``method=func``: whole-model per-sample gradients with ``torch.func`` (``vmap(grad)``).
-
-``functional_call`` evaluates one example at a time under ``vmap``, so any model works (tied
-weights, parameters used outside their module), at the cost of a forward and backward that are
-batched by ``vmap`` rather than written for the batch. Nothing here calls ``.item()``/
-``.tolist()`` or loops over examples in Python, so a step stays free of host synchronization on
-CUDA.
-"""
+"""``method=func``: whole-model per-sample gradients with ``torch.func`` (``vmap(grad)``): any
+model (tied weights, parameters used outside their module), no host synchronization on CUDA."""
 
 from __future__ import annotations
 
@@ -18,8 +12,12 @@ from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from grab_exp.grads import BatchGrads, as_batch_grads
-from grab_exp.per_sample.base import LossFn, PerSampleGradients, check_scalar, loss_of
-from grab_exp.per_sample.check import CHECK_EVERY, identity_problem, kept_state, relative_gap
+from grab_exp.per_sample.base import LossFn, PerSampleGradients
+from grab_exp.per_sample.check.examples import identity_problem
+from grab_exp.per_sample.check.loss import check_scalar, loss_of, relative_gap
+from grab_exp.per_sample.check.mean import GradSnapshot
+from grab_exp.per_sample.check.schedule import CHECK_EVERY
+from grab_exp.per_sample.check.state import kept_state
 from grab_exp.per_sample.compiled import compile_step
 from grab_exp.per_sample.layout import (
     Inputs,
@@ -30,7 +28,6 @@ from grab_exp.per_sample.layout import (
     take,
 )
 from grab_exp.per_sample.modules import CHECKPOINT_REFUSAL, UnsupportedModelError, random_modules
-from grab_exp.per_sample.verify import GradSnapshot
 from grab_exp.validation import check_int_at_least
 
 __all__ = ["RANDOMNESS_CHOICES", "FuncPerSample"]
@@ -47,19 +44,9 @@ RANDOMNESS_CHOICES = ("different", "same")
 def split_state(
     module: nn.Module, names: Iterable[str] | None = None, copy_buffers: bool = False
 ) -> tuple[Grads, Grads]:
-    """Split the module's tensors, detached, into the differentiated ones and everything else.
-
-    Args:
-        module: the module.
-        names: the parameters to differentiate (default: all).
-        copy_buffers: pass copies of the buffers, so that a replay cannot update the module's
-            own (running statistics).
-
-    Returns:
-        ``(trainable, fixed)``: the trainable parameters among ``names`` (qualified, in that
-        order; by default all, in ``named_parameters`` order), and the other parameters plus
-        the buffers (passed to ``functional_call``, never differentiated).
-    """
+    """``(trainable, fixed)``, detached: the trainable parameters among ``names`` (default: all,
+    in ``named_parameters`` order), and the other parameters and the buffers (copies with
+    ``copy_buffers``: a replay cannot update the module's running statistics)."""
     params = dict(module.named_parameters())
     chosen = params if names is None else names
     trainable = {n: params[n].detach() for n in chosen if params[n].requires_grad}
@@ -71,9 +58,8 @@ def split_state(
 def _make_grad_fn(
     model: nn.Module, loss_fn: LossFn, chunk_size: int | None, randomness: str | None
 ) -> Callable[[Grads, Grads, Inputs, torch.Tensor], tuple[Grads, torch.Tensor]]:
-    """Build ``vmap(grad(loss of one example))`` over the batch dimension of ``x`` and ``y``:
-    dimension 0 of every tensor leaf that has one; Python values and ``()`` tensors (flags,
-    ``None`` masks) are passed to every example as they are."""
+    """``vmap(grad(loss of one example))`` over dimension 0 of every tensor leaf of ``x`` and
+    ``y`` that has one (Python values and ``()`` tensors go to every example as they are)."""
     model_and_loss = _ModelAndLoss(model, loss_fn)
 
     def batched(trainable: Grads, fixed: Grads, x: Inputs, y: torch.Tensor):
@@ -159,21 +145,12 @@ class FuncPerSample(PerSampleGradients):
     """Per-sample gradients of the whole model with ``vmap(grad(loss of one example))``.
 
     Args:
-        model: The module to differentiate; its buffers (e.g. BatchNorm running statistics in
-            eval mode) and frozen parameters are passed in but not differentiated.
-        loss_fn: Per-example loss, called as ``loss_fn(model(x_i[None]), y_i[None])`` (batch dim
-            of 1, e.g. ``F.cross_entropy``); its output is summed, so any reduction works.
-        chunk_size: Examples per ``vmap`` chunk (bounds memory), or ``None`` for the whole batch.
-        randomness: ``None`` (dropout with ``p > 0`` in training mode is an error),
-            ``"different"`` or ``"same"`` (vmap's randomness; allows dropout).
-        compile_mode: ``None`` (eager) or a ``torch.compile`` mode: ``vmap(grad)`` runs as one
-            compiled graph (:func:`~grab_exp.per_sample.compiled.compile_step`; equal up to
-            float32 rounding: inductor may reorder reductions).
-        check_every: see :class:`~grab_exp.per_sample.base.PerSampleGradients`.
-
-    Raises:
-        ValueError: an invalid ``randomness``/``chunk_size``, or the model check of
-            :class:`~grab_exp.per_sample.base.PerSampleGradients`.
+        model, loss_fn, check_every: see :class:`~grab_exp.per_sample.base.PerSampleGradients`
+            (each example's loss is ``loss_fn(model(x_i[None]), y_i[None])``).
+        chunk_size: examples per ``vmap`` chunk (bounds memory), or ``None`` for the whole batch.
+        randomness: ``None`` (active dropout is refused), ``"different"`` or ``"same"``.
+        compile_mode: ``None`` (eager) or a ``torch.compile`` mode for ``vmap(grad)``
+            (:func:`~grab_exp.per_sample.compiled.compile_step`).
     """
 
     method = "func"
@@ -212,9 +189,7 @@ class FuncPerSample(PerSampleGradients):
 
     def _compute(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         """The rows from ``vmap(grad)``; ``param.grad`` from the batch's own forward and one
-        ``loss.backward()`` (a plain step's work on top of the rows': the price of a
-        ``param.grad`` that gradient hooks, ties and post-accumulate hooks act on as they would
-        in a plain step); then the checks."""
+        ``loss.backward()`` (a plain step's work on top of the rows'); then the checks."""
         batch = batch_size(x)
         key = (input_shapes(x), self.state.key())
         layout = self._output_layout(key, x)
@@ -242,9 +217,8 @@ class FuncPerSample(PerSampleGradients):
         return loss.detach(), rows
 
     def _drawn(self, x, y, rows, grads, losses, out, layout, key, due):
-        """A call with random layers active: every example drew its own masks under ``vmap``,
-        which no batch backward can reproduce, so ``param.grad`` is the rows' mean (a gradient
-        hook on a parameter, which that would ignore, is refused)."""
+        """Random layers active: no batch backward reproduces the examples' own masks, so
+        ``param.grad`` is the rows' mean (a gradient hook, which that ignores, is refused)."""
         batch = batch_size(y)
         hooked = [n for n, p in self.trainable().items() if p._backward_hooks]
         if hooked:
@@ -267,8 +241,7 @@ class FuncPerSample(PerSampleGradients):
         return losses.mean(), rows
 
     def _examples_loss(self, out: Any, y: torch.Tensor, layout: OutputLayout) -> torch.Tensor:
-        """``loss_fn`` of the examples' own outputs, stacked as a batch's (not the batch's own
-        forward: a model that mixes the examples is the mixing check's to name)."""
+        """``loss_fn`` of the examples' own outputs, stacked as a batch's."""
         return loss_of(self.loss_fn, _batched(out, layout), y).detach()
 
     def _settle_split(self, loss: torch.Tensor, losses: torch.Tensor, batch: int) -> None:

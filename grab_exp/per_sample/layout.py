@@ -1,14 +1,10 @@
 """Where the batch is in each tensor a layer takes and returns, probed from the model itself.
 
-A per-layer rule assumes that the batch is dimension 0 of the layer's input and output. That
-fails silently where a model puts it elsewhere (sequence-first ``(T, B, D)`` activations) or
-nowhere (a position embedding of ``arange(T)``): with ``T == B`` the shapes even fit. So the
-hook path probes the model once: two forwards, of the batch's first example twice and three
-times, record every hooked call's tensors. A tensor's batch dimension is the one dimension whose
-size goes from 2 to 3 (not 1 to 2: a model may squeeze a batch of one); a tensor whose shape
-does not change has none (it does
-not depend on the batch). Any other change (the batch merged with another dimension, a shape
-that depends on the batch size some other way) cannot be read by a rule and is refused.
+A rule assumes the batch in dimension 0; a model may put it elsewhere (sequence-first
+``(T, B, D)``) or nowhere (a position embedding of ``arange(T)``), with shapes that even fit when
+``T == B``. So the probe runs the batch's first example twice and three times: a tensor's batch
+dimension is the one whose size goes from 2 to 3 (not 1 to 2: a model may squeeze a batch of
+one); one whose shape does not change has none; any other change is refused.
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-__all__ = ["CallLayout", "batch_dim", "expand_over_batch", "shape_of"]
+__all__ = ["Call", "CallLayout", "OutputLayout", "call_model", "expand_over_batch", "take"]
 
 #: per leaf: its shape, or ``None`` for a leaf that is not a tensor
 Shapes = tuple[torch.Size | None, ...]
@@ -32,13 +28,8 @@ def shape_of(leaves: list[Any]) -> Shapes:
 
 
 def batch_dim(one: torch.Size | None, two: torch.Size | None) -> int | None:
-    """The batch dimension of a tensor whose shape was ``one`` for two examples and ``two`` for
-    three; ``None`` when it has none (the same shape, or not a tensor).
-
-    Raises:
-        ValueError: the shapes differ other than by one dimension going from 1 to 2 (the message
-            is completed by the caller, which names the layer).
-    """
+    """The batch dimension of a tensor of shape ``one`` for two examples and ``two`` for three;
+    ``None`` when it has none. ``ValueError`` (completed by the caller) for any other change."""
     if one is None or one == two:
         return None
     diff = [k for k, (a, b) in enumerate(zip(one, two, strict=False)) if a != b]
@@ -52,12 +43,8 @@ def batch_dim(one: torch.Size | None, two: torch.Size | None) -> int | None:
 
 @dataclass(frozen=True)
 class CallLayout:
-    """The batch dimension of every leaf of one call of a layer (``None``: no batch dimension).
-
-    Attributes:
-        inputs: per leaf of ``(args, kwargs)``.
-        outputs: per leaf of the returned value.
-    """
+    """The batch dimension (or ``None``) of every leaf of one call of a layer: per leaf of
+    ``(args, kwargs)`` (``inputs``) and of the returned value (``outputs``)."""
 
     inputs: tuple[int | None, ...]
     outputs: tuple[int | None, ...]
@@ -78,15 +65,10 @@ class CallLayout:
 
 
 def expand_over_batch(args: tuple[Any, ...], batch: int) -> tuple[Any, ...]:
-    """``args`` with every tensor given the batch as dimension 0: a leading dimension of size 1
-    is expanded to ``batch``, otherwise one is prepended (``(T,) -> (batch, T)``).
-
-    For a layer whose input does not depend on the batch (a position embedding of ``arange(T)``):
-    its output, then shared by every example, becomes one copy per example, so the gradient at
-    the output, and so the layer's per-sample gradients, are per example. Broadcasting against
-    the batch downstream gives the same values as before; the first call's check against a
-    per-example computation confirms it for the model at hand.
-    """
+    """``args`` with every tensor given the batch as dimension 0 (a leading dimension of size 1
+    expanded, else one prepended): a layer whose input does not depend on the batch (a position
+    embedding of ``arange(T)``) then returns one copy per example, whose output gradients are
+    per example; broadcasting downstream gives the same values (the checks confirm it)."""
 
     def expanded(arg: Any) -> Any:
         if not isinstance(arg, torch.Tensor):
@@ -100,25 +82,11 @@ def expand_over_batch(args: tuple[Any, ...], batch: int) -> tuple[Any, ...]:
 
 @dataclass
 class Call:
-    """One call of a hooked layer in a batch forward, as the hook path keeps it.
-
-    Attributes:
-        leaves: the leaves of ``(args, kwargs)``, tensors detached.
-        spec: their pytree structure (``tree_unflatten(leaves, spec)`` gives ``(args, kwargs)``).
-        outputs: the output's leaves (tensors as returned, for their gradients).
-        grads: per output leaf, the gradient of the batch-mean loss at it (``None``: the leaf
-            did not reach the loss, or is not a tensor).
-        sources: the autograd nodes that made the call's tensor inputs (a walk of the graph
-            steps over the call from its outputs to them).
-        versions: each output tensor's ``_version`` when returned (an in-place change shows).
-        input_versions: per leaf of ``(args, kwargs)``, its tensor's ``_version`` when the call
-            began (``None`` for a non-tensor), kept for a layer that is replayed.
-        edges: per output leaf, where its gradient is taken (a
-            :class:`~torch.autograd.graph.GradientEdge`; ``None`` where it has none), kept when
-            the call is recorded for a backward.
-        in_place: whether an output was changed in place by the end of the forward and loss
-            (:meth:`changed` then, as the hook path reads it once per call).
-    """
+    """One call of a hooked layer in a batch forward: the leaves of ``(args, kwargs)`` (detached)
+    and their ``spec``, the output's leaves as returned with their ``grads`` (``None``: none),
+    ``versions`` and ``edges`` (where autograd takes their gradient), the nodes that made its
+    inputs (``sources``), the inputs' ``input_versions`` at entry (replayed layers), and whether
+    an output was changed ``in_place`` by the end of the forward and loss."""
 
     leaves: list[Any]
     spec: Any
@@ -131,8 +99,7 @@ class Call:
     in_place: bool = False
 
     def input_changed(self) -> bool:
-        """Whether an input tensor was changed in place since the call began (the saved leaves
-        share their tensors' version counters)."""
+        """Whether an input tensor was changed in place since the call began."""
         return any(
             v is not None and t._version != v
             for t, v in zip(self.leaves, self.input_versions, strict=False)
@@ -146,9 +113,7 @@ class Call:
         )
 
 
-# ------------------------------------------------------------ a batch's inputs and outputs
-#: a batch's inputs: one tensor, or a tuple/list of positional or a dict of keyword tensors, each
-#: with the batch in dimension 0
+#: a batch's inputs: one tensor, or a tuple/list (positional) or dict (keyword) of tensors
 Inputs = Any
 
 
@@ -162,11 +127,7 @@ def call_model(model: Any, x: Inputs) -> Any:
 
 
 def batch_size(x: Inputs) -> int:
-    """``B``: dimension 0 of the inputs' first tensor.
-
-    Raises:
-        ValueError: the inputs hold no tensor with a dimension, or tensors of different ``B``.
-    """
+    """``B``: dimension 0 of the inputs' tensors (``ValueError`` if they differ or are none)."""
     if isinstance(x, torch.Tensor) and x.dim():  # the usual input: no pytree to walk
         return x.shape[0]
     sizes = {t.shape[0] for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor) and t.dim()}
@@ -195,8 +156,7 @@ def narrow(x: Inputs, start: int, length: int) -> Inputs:
 
 
 def input_shapes(x: Inputs) -> tuple:
-    """The inputs' structure, shapes, dtypes and plain values (flags): a structure key, equal
-    for batches of one kind."""
+    """The inputs' structure, shapes, dtypes and plain values: the key of a kind of batch."""
     if isinstance(x, torch.Tensor):  # the usual input: no pytree to walk
         return (x.shape, x.dtype)
     leaves, spec = tree_flatten(x)
@@ -207,26 +167,16 @@ def input_shapes(x: Inputs) -> tuple:
 
 @dataclass(frozen=True)
 class OutputLayout:
-    """Where each tensor leaf of a model's output has the batch (``None``: not a tensor).
-
-    Attributes:
-        dims: per output leaf, its batch dimension.
-        spec: the output's pytree structure.
-    """
+    """Where each leaf of a model's output has the batch (``dims``; ``None``: nowhere), and the
+    output's pytree structure (``spec``)."""
 
     dims: tuple[int | None, ...]
     spec: Any
 
     @classmethod
     def probed(cls, two: Any, three: Any) -> OutputLayout:
-        """From the model's outputs for two and for three examples. A tensor leaf whose shape
-        does not change has no batch dimension: it is the same for every example (a term of
-        the parameters alone, such as a Bayesian layer's KL); one that is a value of the whole
-        batch instead shows in the check's mixing test.
-
-        Raises:
-            ValueError: a leaf whose shapes differ other than in one dimension from 2 to 3.
-        """
+        """From the model's outputs for two and for three examples (a leaf of the same shape is
+        the same for every example, as a Bayesian layer's KL; a batch value shows as mixing)."""
         leaves, spec = tree_flatten(two)
         shapes = zip(shape_of(leaves), shape_of(tree_flatten(three)[0]), strict=True)
         return cls(tuple(batch_dim(a, b) for a, b in shapes), spec)

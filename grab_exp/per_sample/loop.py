@@ -24,11 +24,13 @@ from torch import nn
 
 from grab_exp.devices import in_graph_safe
 from grab_exp.grads import BatchGrads, as_batch_grads
-from grab_exp.per_sample.base import PerSampleGradients, loss_of
-from grab_exp.per_sample.check import LOOSE_TOLERANCE, TOLERANCE, kept_state
+from grab_exp.per_sample.base import PerSampleGradients
+from grab_exp.per_sample.check.loss import loss_of
+from grab_exp.per_sample.check.mean import GradSnapshot, rows_gaps
+from grab_exp.per_sample.check.state import kept_state
+from grab_exp.per_sample.check.tolerance import TOLERANCE, tolerance
 from grab_exp.per_sample.layout import Inputs, batch_size, call_model, take
 from grab_exp.per_sample.modules import UnsupportedModelError, random_modules
-from grab_exp.per_sample.verify import GradSnapshot, rows_gaps
 
 __all__ = ["LoopPerSample"]
 
@@ -111,7 +113,7 @@ class LoopPerSample(PerSampleGradients):
         grads = [g.to_dense() if g is not None and g.is_sparse else g for g in snapshot.grads()]
         gaps = rows_gaps(rows, grads, loss).nan_to_num(nan=float("inf")).tolist()  # (P,)
         worst = max(range(len(gaps)), key=gaps.__getitem__)
-        if gaps[worst] <= TOLERANCE.get(rows.like.dtype, LOOSE_TOLERANCE):
+        if gaps[worst] <= tolerance(TOLERANCE, rows.like.dtype):
             return
         name = list(params)[worst]
         layer = name.rpartition(".")[0]

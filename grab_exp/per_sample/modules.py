@@ -6,19 +6,6 @@ from __future__ import annotations
 
 from torch import nn
 
-__all__ = [
-    "BATCHNORM",
-    "CHECKPOINT_REFUSAL",
-    "DROPOUT",
-    "RANDOM_TYPES",
-    "WATCHED",
-    "LossContractError",
-    "UnsupportedModelError",
-    "draws_random",
-    "module_problem",
-    "random_modules",
-]
-
 BATCHNORM = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
 #: base of Dropout, Dropout1d/2d/3d, AlphaDropout and FeatureAlphaDropout
 DROPOUT = (nn.modules.dropout._DropoutNd,)
@@ -36,20 +23,24 @@ CHECKPOINT_REFUSAL = (
 )
 
 
+def label(name: str, module: nn.Module) -> str:
+    """How a refusal names a module: ``name (Type)``."""
+    return f"{name or '<root>'} ({type(module).__name__})"
+
+
+def advice(method: str) -> str:
+    """What a refusal of rows advises."""
+    return "use method=func" if method != "func" else "no method supports this model"
+
+
 class UnsupportedModelError(ValueError):
     """A layer (or the loss) whose per-sample gradients a path cannot compute right; the message
     names it and the cause, on one line."""
 
 
 class UserCodeError(Exception):
-    """The user's own model or loss raised, in a file of theirs, and a plain step (no per-sample
-    method) raises it too: their code's error, not a per-sample refusal.
-
-    Attributes:
-        setting: ``model`` or ``loss``.
-        target: the class (or function) that raised, as ``module.name``.
-        error: what it raised (its traceback names the user's file and line).
-    """
+    """The user's own model or loss (``setting``) raised ``error`` in a file of theirs, and a
+    plain step raises it too: their code's error, not a refusal; ``target``: ``module.name``."""
 
     def __init__(self, setting: str, target: str, error: BaseException) -> None:
         lines = str(error).strip().splitlines()
@@ -66,17 +57,17 @@ def module_problem(
     name: str, module: nn.Module, randomness: str | None, module_dropout: bool = False
 ) -> str | None:
     """Why ``module`` in its current mode breaks per-sample gradients; ``None`` if it doesn't."""
-    label = f"{name or '<root>'} ({type(module).__name__})"
+    where = label(name, module)
     if isinstance(module, nn.Embedding) and module.scale_grad_by_freq:
         return (
-            f"{label} with scale_grad_by_freq=True: its gradient divides by each token's count "
+            f"{where} with scale_grad_by_freq=True: its gradient divides by each token's count "
             "in the whole batch, so the batch's gradient is not the mean of per-example ones; "
             "set scale_grad_by_freq=False"
         )
     if isinstance(module, BATCHNORM) and (module.training or module.running_mean is None):
         mode = "in training mode" if module.training else "without running statistics"
         return (
-            f"{label} {mode}: per-sample gradients are undefined because batch statistics mix "
+            f"{where} {mode}: per-sample gradients are undefined because batch statistics mix "
             "the examples of a batch; use eval mode with running statistics (fine-tuning), or "
             "grab_exp.per_sample.batchnorm_to_groupnorm(model) to train with GroupNorm"
         )
@@ -84,7 +75,7 @@ def module_problem(
         return None
     if isinstance(module, DROPOUT) and module.training and randomness is None and module.p > 0:
         return (
-            f"{label} with p={module.p} in training mode needs an explicit randomness setting: "
+            f"{where} with p={module.p} in training mode needs an explicit randomness setting: "
             "method=func with randomness='different' (independent masks per example) or "
             "'same', method=hooks or auto (the batch's own masks), or put it in eval mode"
         )

@@ -11,7 +11,7 @@ from torch import nn
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.auto import AutoPerSample
 from grab_exp.per_sample.base import LossFn, PerSampleGradients, one_line
-from grab_exp.per_sample.check import CHECK_EVERY
+from grab_exp.per_sample.check.schedule import CHECK_EVERY
 from grab_exp.per_sample.compiled import check_compile_method, compiled_loss
 from grab_exp.per_sample.func import FuncPerSample
 from grab_exp.per_sample.hooks import FactoredPerSample, HookedPerSample, check_supported
@@ -22,12 +22,8 @@ from grab_exp.validation import check_choice
 
 
 class ClassicPipeline:
-    """Plain ``loss.backward()`` on the batch mean (no per-sample gradients).
-
-    Args:
-        compile_mode: ``None`` (eager) or a ``torch.compile`` mode: forward and loss run as one
-            compiled graph, and so does their backward (see :mod:`grab_exp.per_sample.compiled`).
-    """
+    """Plain ``loss.backward()`` on the batch mean (no per-sample gradients); ``compile_mode``:
+    ``None`` (eager) or a ``torch.compile`` mode (:mod:`grab_exp.per_sample.compiled`)."""
 
     provides_per_sample: ClassVar[bool] = False
 
@@ -39,14 +35,7 @@ class ClassicPipeline:
         )
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, None]:
-        """Set ``param.grad`` to the batch's mean gradient.
-
-        Args:
-            x: ``(B, 3, 32, 32)`` inputs; y: ``(B,)`` labels.
-
-        Returns:
-            ``(loss, None)`` with the detached mean loss ``()``.
-        """
+        """Add the batch's mean gradient to ``param.grad``; ``(detached loss, None)``."""
         if self._forward_loss is not None:
             loss = self._forward_loss(x, y)
         else:
@@ -112,13 +101,10 @@ def resolve_method(
     first path it tries; :class:`~grab_exp.per_sample.auto.AutoPerSample` takes ``func``, then
     ``loop``, when a call of it refuses the model).
 
-    ``auto`` is ``func`` under compile (the hook path's per-layer hooks break the graph at every
-    layer) or when :func:`hooks_supported` says no; else ``factored`` when :func:`auto_hooks_method`
-    says so and the consumer reads ``factors`` (an ordering's ``takes_factors``), else ``hooks``.
-
-    Raises:
-        ValueError: an unknown ``method``, or one that cannot be compiled under ``compile_mode``
-            (``hooks``, ``factored``, ``loop``).
+    ``auto`` is ``func`` under compile (hooks break the graph at every layer) or when
+    :func:`hooks_supported` says no; else ``factored`` when :func:`auto_hooks_method` says so and
+    the consumer reads ``factors`` (an ordering's ``takes_factors``), else ``hooks``. ``ValueError``
+    for an unknown ``method``, or one that cannot be compiled (``hooks``, ``factored``, ``loop``).
     """
     check_choice("pipeline.method", method, METHODS)
     if compile_mode is not None:
@@ -146,23 +132,13 @@ def make_per_sample(
 ) -> PerSampleGradients:
     """Per-sample gradients of ``model`` by ``method`` name (like opacus's ``wrap_model``).
 
-    Args:
-        model, loss_fn: see :class:`~grab_exp.per_sample.base.PerSampleGradients`.
-        method: ``func`` (torch.func ``vmap(grad)`` of the whole model: any model), ``hooks``
-            (one backward; per-layer rules, else a per-layer torch.func fallback), ``factored``
-            (``hooks``, Linear layers kept as factors), ``loop`` (one forward and backward per
-            example: the last resort, :mod:`~grab_exp.per_sample.loop`) or ``auto``
-            (:func:`resolve_method`; ``func`` and then ``loop`` when a call refuses the model,
-            except under compile).
-        factors, compile_mode: see :func:`resolve_method`; ``compile_mode`` compiles ``func``.
-        chunk_size, randomness: ``func``'s (:class:`~grab_exp.per_sample.func.FuncPerSample`);
-            ``auto`` passes them on when it takes ``func``, with ``randomness="different"`` for a
-            model with active dropout when none is given (the hook path needs none: it takes the
-            masks of the batch forward).
-        reuse_buffer: ``hooks``'s (:class:`~grab_exp.per_sample.hooks.HookedPerSample`).
-        check_every: the check's schedule (:class:`~grab_exp.per_sample.check.Check`): calls 1,
-            2, 4, ... up to it, then every ``check_every``-th, and every new kind of batch;
-            ``0``: no check.
+    ``method``: ``func``, ``hooks``, ``factored`` (``hooks``, Linear layers kept as factors),
+    ``loop`` (one forward and backward per example: the last resort) or ``auto``
+    (:func:`resolve_method`, with ``factors`` and ``compile_mode``, which compiles ``func``; then
+    ``func`` and ``loop`` when a call refuses the model, except under compile); ``chunk_size`` and
+    ``randomness`` are ``func``'s (``auto`` passes them on, with ``randomness="different"`` for
+    active dropout when none is given), ``reuse_buffer`` the hook path's; the rest,
+    :class:`~grab_exp.per_sample.base.PerSampleGradients`'.
     """
     requested, method = method, resolve_method(model, method, compile_mode, factors)
     if requested == "auto" and randomness is None and random_modules(model):
@@ -216,11 +192,8 @@ MATERIALIZED_SHARE = 0.125
 
 
 def auto_hooks_method(model: nn.Module) -> str:
-    """``factored`` when layers without a factor rule hold few weights, else ``hooks``.
-
-    Only the layers' types are read: a Linear whose sequence turns out long materializes itself
-    at the first call (:func:`~grab_exp.grads.linear.factor_pays`).
-    """
+    """``factored`` when layers without a factor rule hold few weights, else ``hooks`` (types
+    only: a Linear over a long sequence materializes itself, :func:`~.linear.factor_pays`)."""
     total = materialized = 0
     for module in model.modules():
         count = sum(p.numel() for p in module.parameters(recurse=False) if p.requires_grad)
@@ -237,15 +210,10 @@ def hooks_supported(model: nn.Module) -> bool:
 
 
 def hooks_refusal(model: nn.Module) -> str | None:
-    """Why ``method=auto`` does not pick the hook path for ``model``; ``None`` when it does.
-
-    It does when every trainable layer gets a rule or the per-layer ``torch.func`` fallback
-    (:func:`~grab_exp.per_sample.hooks.check_supported` passes: no tied weights, no parameters
-    used outside their module's forward), unless the root module owns trainable parameters
-    itself: its fallback would re-run the whole model under ``vmap``, which ``func`` does in one
-    pass. A fallback layer that turns out not to return one tensor is only found at the first
-    call (``UnsupportedModelError`` naming it).
-    """
+    """Why ``method=auto`` does not pick the hook path for ``model``; ``None`` when it does: it
+    passes :func:`~grab_exp.per_sample.hooks.check_supported`, and the root owns no trainable
+    parameter (its fallback would re-run the whole model under ``vmap``, which ``func`` does in
+    one pass)."""
     if any(p.requires_grad for p in model.parameters(recurse=False)):
         return (
             "the root module owns trainable parameters (func replays the whole model in one pass)"

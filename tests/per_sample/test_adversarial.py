@@ -85,7 +85,7 @@ from torch.nn import functional as F
 
 from grab_exp.models import LeNet
 from grab_exp.per_sample import UnsupportedModelError, make_per_sample
-from grab_exp.per_sample.check import SEED
+from grab_exp.per_sample.check.schedule import SEED
 
 F64 = torch.float64
 ALL = ("auto", "hooks", "factored", "func")

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from grab_exp.per_sample.check import Check, kept_state
+from grab_exp.per_sample.check.schedule import Check
+from grab_exp.per_sample.check.state import kept_state
 from grab_exp.per_sample.modules import LossContractError
 
 

@@ -32,22 +32,14 @@ class LayerRule:
     def per_sample(
         self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor, out: Outs = (None, None)
     ) -> list[torch.Tensor]:
-        """Per-sample gradients ``[(B, *p.shape)]``.
-
-        Args:
-            layer: The layer.
-            a: Its input ``# (B, ...)``.
-            g: The gradient of the SUM of per-example losses at its output ``# (B, ...)``.
-            out: Optional tensors ``# (B, *p.shape)`` to write the results into.
-        """
+        """Per-sample gradients ``[(B, *p.shape)]`` from the layer's input ``a (B, ...)`` and the
+        gradient ``g (B, ...)`` of the SUM of per-example losses at its output; written into
+        ``out``'s tensors where given."""
         raise NotImplementedError
 
     def factors(self, layer: nn.Module, a: torch.Tensor, g: torch.Tensor) -> list | None:
-        """Per-sample gradients with the weight as factors, or ``None`` (materialize instead).
-
-        Same arguments as :meth:`per_sample`; the result's blocks are ``(B, *p.shape)`` tensors
-        or :class:`~grab_exp.grads.linear.LinearFactors`.
-        """
+        """:meth:`per_sample` with the weight as :class:`~grab_exp.grads.linear.LinearFactors`,
+        or ``None`` (materialize instead)."""
         return None
 
 
@@ -71,13 +63,10 @@ def register_rule(*layer_types: type[nn.Module]) -> Callable[[type[LayerRule]], 
 
 
 def rule_for(module: nn.Module) -> LayerRule | None:
-    """The rule of ``module``'s type (or nearest registered base class); ``None`` if none applies.
-
-    ``None`` too when the rule does not support this configuration (e.g. a grouped Conv2d), and
-    when the module is not the plain layer the rule knows: a subclass that overrides ``forward``
-    or adds parameters (a LoRA layer), a layer whose weight a forward pre-hook computes (the older
-    ``weight_norm``, ``prune``) or a parametrization. Such a layer gets the per-layer fallback.
-    """
+    """The rule of ``module``'s type (or nearest registered base class); ``None`` where none
+    applies: an unsupported configuration (a grouped Conv2d), or not the plain layer the rule
+    knows (an overridden ``forward``, other parameters as LoRA's, a forward pre-hook that computes
+    the weight as the older ``weight_norm``, a parametrization)."""
     for cls in type(module).__mro__:
         rule = RULES.get(cls)
         if rule is not None:

@@ -31,11 +31,9 @@ def conv2d_grads(
 ) -> list[torch.Tensor]:
     """Per-sample ``[weight, bias]`` grads from input ``a (B, C, H, W)``, ``g (B, O, H', W')``.
 
-    Narrow layers (more output positions ``L = H'W'`` than output channels ``O``: LeNet, a
-    ResNet's first stages) take :func:`grouped_weight_grads`; wide ones (``L <= O``: a ResNet's
-    last stages) take :func:`unfold_weight_grads`, whose patches are then no larger than the
-    result. The weight result may be a non-contiguous view (channels-last). ``out``: optional
-    ``(B, O, C, kh, kw)`` / ``(B, O)`` tensors to write the results into.
+    Narrow layers (more output positions ``L = H'W'`` than channels ``O``: LeNet, a ResNet's first
+    stages) take :func:`grouped_weight_grads`; wide ones :func:`unfold_weight_grads`, whose
+    patches are then no larger than the result (which may be a channels-last view).
     """
     positions = g.shape[2] * g.shape[3]  # L
     if positions <= g.shape[1]:
@@ -52,11 +50,9 @@ def conv2d_grads(
 def grouped_weight_grads(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """Per-sample weight grads ``(B, O, C, kh, kw)`` as one grouped convolution's weight gradient.
 
-    The batch becomes the groups of one convolution: ``a (B, C, H, W)`` as one image of ``B*C``
-    channels, ``g (B, O, H', W')`` as ``B*O`` output channels, one group per example, and the
-    weight gradient of that grouped convolution is every example's own ``(O, C, kh, kw)`` block.
-    At LeNet's shapes this is faster than a grouped forward convolution with the roles swapped
-    and than :func:`unfold_weight_grads` (which also writes the ``(B, C*kh*kw, L)`` patches).
+    The batch becomes the groups: ``a`` as one image of ``B*C`` channels, ``g`` as ``B*O`` output
+    channels, and that grouped convolution's weight gradient is every example's own block (at
+    LeNet's shapes faster than a grouped forward with the roles swapped, or than the patches).
     """
     batch, out_channels = g.shape[:2]
     images = a.reshape(1, -1, *a.shape[2:])  # (1, B*C, H, W)
@@ -80,10 +76,8 @@ def unfold_weight_grads(
 ) -> torch.Tensor:
     """Per-sample weight grads ``(B, O, C, kh, kw)`` as one batched matmul over the patches.
 
-    ``a (B, C, H, W)`` unfolds to its patches ``(B, C*kh*kw, L)``; each example's block is its
-    ``g (B, O, L)`` times its patches transposed. With a ``(B, O, C, kh, kw)`` ``out`` the matmul
-    writes into it: for a ResNet's 512-channel layers a fresh result of that size costs more to
-    allocate than to compute.
+    Each example's block is its ``g (B, O, L)`` times its patches ``(B, C*kh*kw, L)`` transposed,
+    written into ``out`` where given (a ResNet's 512-channel result costs more to allocate).
     """
     patches = F.unfold(
         a,

@@ -13,10 +13,8 @@ def embedding_grads(
 ) -> list[torch.Tensor]:
     """Per-sample ``[weight]`` grads ``(B, V, D)`` from indices ``a (B, *)`` and ``g (B, *, D)``.
 
-    Example ``b``'s gradient is zero except in the rows of its indices, where it is the sum of
-    the output gradients at those indices (``padding_idx``'s row stays zero). One accumulating
-    ``index_put_`` at the ``(example, index)`` pairs computes every example's at once.
-    ``out``: an optional ``(B, V, D)`` tensor to write the result into.
+    Example ``b``'s rows of its indices get the sum of its output gradients at them
+    (``padding_idx``'s stays zero): one accumulating ``index_put_`` at ``(example, index)``.
     """
     batch, width = a.shape[0], layer.weight.shape[1]
     weight = g.new_zeros(batch, *layer.weight.shape) if out[0] is None else out[0].zero_()

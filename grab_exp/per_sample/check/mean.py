@@ -1,16 +1,8 @@
-"""What every call checks before it returns: the rows' mean against autograd's ``param.grad``.
+"""Every call: the rows' mean against ``param.grad``, which one ``loss.backward()`` wrote.
 
-Every path lets one ``loss.backward()`` of the batch write ``param.grad`` (ties, gradient hooks,
-post-accumulate hooks hold as in a plain step) and forms its rows apart from it. The rows of a
-batch-mean loss must then average to that call's gradient, parameter by parameter: one pass
-over the ``(B, d)`` rows (:meth:`~grab_exp.grads.rows.GradRows.accumulate`, factors included)
-and an ``O(d)`` comparison. It catches whatever makes the rows miss or double a term of the
-gradient (a weight used outside its layer, a tie made after construction, a gradient hook on a
-parameter, a stale buffer layout); rows permuted among examples keep their sum and are the
-per-example check's (:mod:`~grab_exp.per_sample.check`).
-
-:class:`GradSnapshot` keeps ``param.grad`` as it was before the call, so that a refusal leaves it
-so: nothing to keep when it was ``None`` (the usual step after ``zero_grad``), else a copy.
+One pass over the ``(B, d)`` rows (:meth:`~grab_exp.grads.rows.GradRows.accumulate`, factors
+included) and an ``O(d)`` comparison per parameter; :class:`GradSnapshot` keeps ``param.grad`` as
+it was before the call (nothing when it was ``None``, else a copy), so that a refusal leaves it so.
 """
 
 from __future__ import annotations
@@ -22,26 +14,18 @@ from torch import nn
 
 from grab_exp.devices import host_reads_allowed
 from grab_exp.grads import BatchGrads
-from grab_exp.per_sample.modules import UnsupportedModelError
-
-__all__ = ["GradSnapshot", "rows_gaps", "rows_problem"]
-
-#: largest relative difference (in norm, per parameter) taken as rounding, per dtype: both sides
-#: come from one backward's output gradients, summed in another order
-TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-3}
-LOOSE_TOLERANCE = 5e-2  # float16, bfloat16
-#: a parameter's difference is relative to at least this share of the largest gradient's norm
-FLOOR = {torch.float64: 1e-7, torch.float32: 1e-4}
-LOOSE_FLOOR = 1e-2
+from grab_exp.per_sample.check.tolerance import (
+    LOOSE_MEAN_FLOOR,
+    MEAN_FLOOR,
+    MEAN_TOLERANCE,
+    tolerance,
+)
+from grab_exp.per_sample.modules import advice, label
 
 
 class GradSnapshot:
-    """``param.grad`` before a call: the call's own gradient after its backward, and the old
-    ``param.grad`` put back when the block raises.
-
-    Args:
-        params: the trainable parameters, in the rows' column order.
-    """
+    """``param.grad`` of ``params`` (the rows' columns) before a call: the call's own gradient
+    after its backward, and the old ``param.grad`` put back when the block raises."""
 
     def __init__(self, params: Iterable[nn.Parameter]) -> None:
         self.params = list(params)
@@ -68,13 +52,7 @@ def rows_gaps(
     rows: BatchGrads, grads: list[torch.Tensor | None], loss: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Per parameter, ``|mean_i g_i - grad|`` relative to ``|grad|`` (or to a floor share of the
-    largest ``|grad|``): a ``(P,)`` tensor on the rows' device; 0 where ``grad`` is not finite.
-
-    Args:
-        rows: the ``(B, d)`` rows, columns in the parameters' order.
-        grads: each parameter's gradient of the batch-mean loss (``None``: zero).
-        loss: the ``()`` batch loss; where it is not finite, nothing is judged (0 gaps).
-    """
+    largest): a ``(P,)`` tensor; 0 where ``grad`` (``None``: zero) or ``loss`` is not finite."""
     like = rows.like
     acc = torch.zeros(rows.width, dtype=like.dtype, device=like.device)  # (d,)
     coef = torch.full((rows.rows,), 1.0 / rows.rows, dtype=like.dtype, device=like.device)
@@ -88,7 +66,7 @@ def rows_gaps(
     torch._foreach_sub_(parts, wants)  # in place: acc becomes the differences
     differences = torch.stack(torch._foreach_norm(parts))
     sizes = torch.stack(torch._foreach_norm(wants))
-    floor = FLOOR.get(acc.dtype, LOOSE_FLOOR) * sizes.max()
+    floor = MEAN_FLOOR.get(acc.dtype, LOOSE_MEAN_FLOOR) * sizes.max()
     gaps = differences / torch.maximum(sizes, floor).clamp_min(torch.finfo(acc.dtype).tiny)
     # a non-finite loss or gradient (training diverged) is training's to stop on, not a refusal
     judged = sizes.isfinite() if loss is None else sizes.isfinite() & loss.detach().isfinite()
@@ -107,17 +85,17 @@ def rows_problem(
     """The one-line refusal when the rows' mean is not autograd's gradient; ``None`` when it is.
 
     On a device that a step must not read from the host (CUDA), the ``()`` worst gap instead,
-    for :meth:`~grab_exp.per_sample.check.Check.settle_rows` to judge at the next full check.
+    for :meth:`~grab_exp.per_sample.check.schedule.Check.settle_deferred` to judge later.
     """
     if not names or rows.rows == 0:
         return None
     gaps = rows_gaps(rows, grads, loss)
-    tolerance = TOLERANCE.get(rows.like.dtype, LOOSE_TOLERANCE)
+    limit = tolerance(MEAN_TOLERANCE, rows.like.dtype)
     if not host_reads_allowed(gaps.device):
-        return gaps.nan_to_num(nan=float("inf")).max() / tolerance
+        return gaps.nan_to_num(nan=float("inf")).max() / limit
     worst = int(gaps.nan_to_num(nan=float("inf")).argmax())
     gap = float(gaps[worst])
-    if gap <= tolerance:
+    if gap <= limit:
         return None
     return mean_refusal(model, names[worst], params[worst], gap, method)
 
@@ -126,13 +104,12 @@ def mean_refusal(model: nn.Module, name: str, param: nn.Parameter, gap: float, m
     """The refusal for rows whose mean differs from ``param.grad`` at ``name``, naming a cause
     only where one is known (a gradient hook on the parameter, a parameter shared by modules)."""
     layer = name.rpartition(".")[0]
-    label = f"{layer or '<root>'} ({type(model.get_submodule(layer)).__name__})"
+    where = label(layer, model.get_submodule(layer))
     cause = known_cause(model, name, param)
     found = f"; {cause}" if cause else ""
-    advice = "use method=func" if method != "func" else "no method supports this model"
     return (
-        f"the rows' mean differs from autograd's gradient at {name} of {label} "
-        f"by {gap:.2g} (relative){found}; {advice}"
+        f"the rows' mean differs from autograd's gradient at {name} of {where} "
+        f"by {gap:.2g} (relative){found}; {advice(method)}"
     )
 
 
@@ -147,9 +124,3 @@ def known_cause(model: nn.Module, name: str, param: nn.Parameter) -> str | None:
     if len(owners) > 1:
         return f"{name} is shared by {' and '.join(o or '<root>' for o in owners[:2])}"
     return None
-
-
-def refuse(problem: str | None) -> None:
-    """Raise the problem (a one-line :class:`UnsupportedModelError`), if any."""
-    if problem is not None:
-        raise UnsupportedModelError(problem)

@@ -1,0 +1,180 @@
+"""The per-example checks of a full check: the identity and mixing (:mod:`.check`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from grab_exp.grads import BatchGrads
+from grab_exp.per_sample.check.state import cuda_devices, eval_mode
+from grab_exp.per_sample.check.tolerance import (
+    FLOOR,
+    LOOSE_FLOOR,
+    OUTPUT_TOLERANCE,
+    TOLERANCE,
+    tolerance,
+)
+from grab_exp.per_sample.layout import Inputs, OutputLayout, take
+from grab_exp.per_sample.modules import UnsupportedModelError, advice, label
+
+#: runs that must all repeat the first one before a difference is not put down to randomness
+#: (dropout over few active units draws the same masks now and then)
+RANDOM_RUNS = 4
+
+
+def identity_problem(
+    model: nn.Module,
+    params: dict[str, nn.Parameter],
+    grads: BatchGrads,
+    losses: torch.Tensor,
+    c: torch.Tensor,
+    method: str,
+) -> str | None:
+    """Whether ``sum_i c_i g_i`` of the rows ``grads`` (columns: ``params``) equals autograd's
+    gradient of ``sum_i c_i losses_i`` (``losses (B,)`` in the batch forward's graph); the
+    problem names the layer whose rows differ most."""
+    want = torch.autograd.grad(losses.mul(c).sum(), list(params.values()), allow_unused=True)
+    want = [
+        torch.zeros_like(p) if w is None else w for p, w in zip(params.values(), want, strict=True)
+    ]
+    names = zip(params, want, strict=True)
+
+    def pairs() -> Iterator[Pair]:
+        for block in grads.blocks:
+            got = c.new_zeros(block.width)  # (w,): one block's weighted sum at a time
+            block.accumulate(got, c)
+            start = 0
+            while start < block.width:
+                name, w = next(names)
+                part = got[start : start + w.numel()].view_as(w)
+                yield name.rpartition(".")[0], f"the rows of {name}", part, w
+                start += w.numel()
+
+    return mismatch(model, want, pairs(), method)
+
+
+#: one comparison of the identity: ``(layer, what is compared, got, want)``
+Pair = tuple[str, str, torch.Tensor, torch.Tensor]
+
+
+def mismatch(
+    model: nn.Module,
+    wants: list[torch.Tensor],
+    pairs: Iterable[Pair],
+    method: str,
+    tolerances: dict = TOLERANCE,
+) -> str | None:
+    """The identity's verdict over :data:`Pair` s (``got`` is overwritten): each difference's
+    norm relative to its ``want``'s, or to a floor share of the largest of ``wants``; the
+    problem names the layer of the worst pair (``None``: all within rounding)."""
+    scale = max((_norm(w) for w in wants), default=torch.tensor(0.0))
+    worst, worst_pair, dtype = 0.0, None, None
+    for layer, subject, got, want in pairs:
+        difference = _relative(got, want, scale)
+        dtype = want.dtype
+        if difference > worst:
+            worst, worst_pair = difference, (layer, subject)
+    if worst_pair is None or worst <= tolerance(tolerances, dtype):
+        return None
+    layer, subject = worst_pair
+    where = label(layer, model.get_submodule(layer))
+    return (
+        f"{where}: {subject}, weighted per example, do not add up to autograd's gradient of the "
+        f"examples' own losses weighted alike (relative difference {worst:.2g}): the rows are "
+        f"not those of the examples they are given for; {advice(method)}"
+    )
+
+
+def _relative(got: torch.Tensor, want: torch.Tensor, scale: torch.Tensor) -> float:
+    """``|got - want|`` relative to ``|want|`` (or the floor), in the 2-norm; ``got`` is
+    overwritten (no temporary of its size)."""
+    floor = FLOOR.get(want.dtype, LOOSE_FLOOR) * scale
+    size = torch.maximum(_norm(want), floor).clamp_min(torch.finfo(want.dtype).tiny)
+    return (_norm(got.sub_(want.to(got.dtype))) / size).item()
+
+
+def _norm(t: torch.Tensor) -> torch.Tensor:
+    """The 2-norm ``()`` of ``t`` (no temporary of its size)."""
+    return torch.linalg.vector_norm(t)
+
+
+Forward = Callable[[Inputs], Any]
+
+
+def mixing_problem(
+    forward: Forward,
+    x: Inputs,
+    out: Any,
+    layout: OutputLayout,
+    groups: list[list[int]],
+    model: nn.Module,
+) -> str | None:
+    """Whether examples run alone (``groups``, a forward each) get the outputs they got in the
+    batch's ``out``. A difference is looked at again in eval mode: one that stays is mixing; one
+    that goes is randomness if other runs draw differently, else mixing in training mode.
+    Outputs, not losses, are compared (near a minimum a loss magnifies rounding)."""
+    chosen = [i for group in groups for i in group]
+    index = torch.tensor(chosen, device=_device(out))
+
+    def alone() -> torch.Tensor:  # each run draws anew from the (forked) generators
+        parts = []
+        with torch.no_grad():
+            for group in groups:
+                try:
+                    parts.append(_rows_of(forward(take(x, group)), layout))
+                except Exception as error:  # the definition of an example's gradient needs it
+                    cause = (str(error).strip().splitlines() or [""])[0]
+                    raise UnsupportedModelError(
+                        f"the model fails on {len(group)} example(s) alone ({cause}): an "
+                        "example's gradient is that of its loss computed alone"
+                    ) from error
+        return torch.cat(parts)
+
+    in_batch = _rows_of(layout.select(out, index), layout).detach()
+    if not in_batch.isfinite().all():
+        return None  # a diverged step: nothing to compare; the runner stops on its loss
+    with torch.random.fork_rng(devices=cuda_devices(model)):
+        first = alone()
+        difference = _relative_rows(first, in_batch)
+        if difference <= tolerance(OUTPUT_TOLERANCE, in_batch.dtype):
+            return None
+        with eval_mode(model), torch.no_grad():
+            batch = _rows_of(layout.select(forward(x), index), layout)
+            mixed = _relative_rows(alone(), batch) > tolerance(OUTPUT_TOLERANCE, batch.dtype)
+        if not mixed:  # randomness explains the difference if another run draws otherwise
+            limit = tolerance(OUTPUT_TOLERANCE, first.dtype)
+            mixed = all(_relative_rows(alone(), first) <= limit for _ in range(RANDOM_RUNS))
+    if not mixed:
+        return None
+    return (
+        f"the model mixes the examples of a batch: examples {chosen} run alone get outputs "
+        f"that differ from theirs in the batch (relative difference {difference:.2g}: batch "
+        "statistics, a normalization over the batch?); per-sample gradients are undefined for it"
+    )
+
+
+def _rows_of(out: Any, layout: OutputLayout) -> torch.Tensor:
+    """The floating batched leaves of ``out`` as one ``(n, -1)`` matrix, a row per example."""
+    leaves = tree_flatten(out)[0]
+    rows = [
+        t.movedim(d, 0).reshape(t.shape[d], -1)
+        for t, d in zip(leaves, layout.dims, strict=True)
+        if d is not None and isinstance(t, torch.Tensor) and t.is_floating_point()
+    ]
+    return torch.cat(rows, dim=1) if rows else torch.zeros(0)
+
+
+def _relative_rows(got: torch.Tensor, want: torch.Tensor) -> float:
+    """``|got - want| / |want|`` in the 2-norm, scaled first (huge outputs do not overflow)."""
+    scale = want.abs().max().clamp_min(1e-30)
+    size = torch.linalg.vector_norm(want / scale).clamp_min(1e-30)
+    return (torch.linalg.vector_norm((got.to(want.dtype) - want) / scale) / size).item()
+
+
+def _device(out: Any) -> torch.device:
+    tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    return tensors[0].device if tensors else torch.device("cpu")

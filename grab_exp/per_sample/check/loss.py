@@ -1,0 +1,152 @@
+"""The loss contract: ``loss_fn(out, y)`` is the batch MEAN of the examples' own losses."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch.func import vmap
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from grab_exp.devices import host_reads_allowed
+from grab_exp.per_sample.check.tolerance import LOSS_TOLERANCE, tolerance
+from grab_exp.per_sample.layout import OutputLayout, batch_size, narrow
+from grab_exp.per_sample.modules import LossContractError
+
+#: the loss contract, in the words every loss refusal ends with
+CONTRACT = (
+    "per-sample gradients need loss_fn(out, y) to be the batch MEAN of per-example losses "
+    "(reduction='mean', no class weight= and no ignore_index padding; weight each example "
+    "yourself, e.g. (w[y] * F.cross_entropy(out, y, reduction='none')).mean()); see "
+    "docs/which-models-work.md"
+)
+
+
+def loss_of(loss_fn: Any, out: Any, y: torch.Tensor) -> torch.Tensor:
+    """``loss_fn(out, y)``, refused (:class:`.LossContractError`) unless a scalar that left
+    ``out`` as it was (else the output's gradient and the checks read other numbers)."""
+    tensors = [out] if isinstance(out, torch.Tensor) else tree_flatten(out)[0]  # usual: one
+    leaves = [t for t in tensors if isinstance(t, torch.Tensor)]
+    versions = [t._version for t in leaves]
+    loss = loss_fn(out, y)
+    if any(t._version != v for t, v in zip(leaves, versions, strict=True)):
+        raise LossContractError(
+            "loss_fn changed the model's output in place (an in-place clamp_, sub_ or mul_ on "
+            "it): per-sample gradients need a loss that leaves its input as it is; use the "
+            "out-of-place operation (out.clamp(...), not out.clamp_(...))"
+        )
+    check_scalar(loss)
+    return loss
+
+
+def check_scalar(loss: torch.Tensor) -> None:
+    """Refuse a loss that is not a scalar (an unreduced loss is not the batch mean)."""
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise LossContractError(f"loss_fn returned {shape}, not a scalar: {CONTRACT}")
+
+
+#: batches up to this size take their examples' losses one call at a time (cheaper than vmap's
+#: set-up); larger ones under vmap where the loss allows it
+LOOP_LOSSES = 32
+
+
+def example_losses(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout) -> torch.Tensor:
+    """Each example's own loss ``(B,)``, ``loss_fn`` of its slice of the batch's output (kept in
+    the output's graph): one call per example for a small batch, else ``vmap`` where the loss
+    allows it."""
+    batch = batch_size(y)
+
+    def looped() -> torch.Tensor:
+        return torch.stack(
+            [loss_fn(layout.narrow(out, i, 1), narrow(y, i, 1)) for i in range(batch)]
+        )
+
+    if batch <= LOOP_LOSSES:
+        return looped()
+
+    def one(out_i, y_i):
+        return loss_fn(
+            layout.apply(out_i, lambda t, d: t.unsqueeze(d)),
+            tree_map(lambda t: t.unsqueeze(0), y_i),
+        )
+
+    try:
+        dims = tree_unflatten(list(layout.dims), layout.spec)
+        return vmap(one, in_dims=(dims, 0))(out, y)
+    except (RuntimeError, ValueError, TypeError, NotImplementedError):
+        return looped()
+
+
+def loss_gap(loss_fn, out: Any, y: torch.Tensor, loss: torch.Tensor, layout: OutputLayout, k: int):
+    """The gap between ``B * loss`` and ``k * loss`` of the first ``k`` examples plus ``(B - k) *
+    loss`` of the rest, relative to the parts' sizes (terms may cancel): zero up to rounding for
+    a mean. A float on the CPU, else a ``()`` tensor; ``None`` (0) where ``loss`` is not finite."""
+    batch = batch_size(y)
+    if isinstance(out, torch.Tensor):  # the usual output: detached, no grad mode to switch
+        first, second = _parts(loss_fn, out.detach(), y, layout, k)
+    else:
+        with torch.no_grad():
+            first, second = _parts(loss_fn, out, y, layout, k)
+    if not host_reads_allowed(loss.device):
+        whole = loss.detach() * batch
+        size = (first.abs() * k + second.abs() * (batch - k)).clamp_min(1e-30)
+        gap = (first * k + second * (batch - k) - whole).abs() / size
+        return torch.where(whole.isfinite(), gap, torch.zeros_like(gap))
+    first, second, whole = first.item() * k, second.item() * (batch - k), loss.item() * batch
+    if not math.isfinite(whole):  # a diverged step: the runner's to stop, not the loss's fault
+        return None
+    return abs(first + second - whole) / max(abs(first) + abs(second), 1e-30)
+
+
+def _parts(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout, k: int) -> tuple:
+    """``loss_fn`` of the first ``k`` examples and of the rest."""
+    rest = batch_size(y) - k
+    first = loss_fn(layout.narrow(out, 0, k), narrow(y, 0, k))
+    return first, loss_fn(layout.narrow(out, k, rest), narrow(y, k, rest))
+
+
+def relative_gap(got: torch.Tensor, want: torch.Tensor, size: torch.Tensor):
+    """``|got - want| / size`` of ``()`` tensors: a float where host reads are free (the CPU),
+    else a ``()`` tensor; nothing (``None``, or 0) when ``got``, the batch loss, is not finite."""
+    if not host_reads_allowed(want.device):
+        gap = (got - want).abs() / size.clamp_min(1e-30)
+        return torch.where(got.isfinite(), gap, torch.zeros_like(gap))
+    if not math.isfinite(got.item()):  # a diverged step: the runner's to stop
+        return None
+    return abs(got.item() - want.item()) / max(size.item(), 1e-30)
+
+
+def loss_problem(loss: torch.Tensor, losses: torch.Tensor) -> str | None:
+    """Why the scalar ``loss`` is not the mean of the examples' own ``losses (B,)``; ``None`` if
+    it is."""
+    if len(losses) < 2:
+        return None
+    mean, total = losses.mean().detach(), losses.sum().detach()
+    limit = tolerance(LOSS_TOLERANCE, losses.dtype)
+    size = losses.detach().abs().mean()  # not |mean|: the examples' terms may cancel
+    if bool((loss - mean).abs() <= limit * size + 1e-12):
+        return None
+    if not torch.isfinite(losses).all():
+        found = "some examples' own losses are not finite (an example that is all padding?)"
+    elif _close(loss, total, limit):
+        found = "it is their SUM"
+    else:
+        found = "class weights or ignore_index normalize by the batch?"
+    return (
+        f"loss_fn gave {loss.item():.6g} for {len(losses)} examples whose own losses average "
+        f"{mean.item():.6g} ({found}): {CONTRACT}"
+    )
+
+
+def refuse_gap(gap: float, dtype: torch.dtype) -> None:
+    if not gap <= tolerance(LOSS_TOLERANCE, dtype):  # NaN too
+        raise LossContractError(
+            f"loss_fn of this batch is not the mean of its two parts' losses (relative gap "
+            f"{gap:.2g}): {CONTRACT}"
+        )
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, limit: float) -> bool:
+    return bool((a - b).abs() <= limit * b.abs().clamp_min(1e-12) + 1e-12)

@@ -1,0 +1,107 @@
+"""When a path runs a full check (:class:`Check`), and what it keeps on the device until then."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from grab_exp.devices import in_graph_safe
+from grab_exp.per_sample.check.loss import refuse_gap
+from grab_exp.per_sample.modules import UnsupportedModelError
+
+#: the default schedule: calls 1, 2, 4, ..., 128, then every 128th (and every new structure)
+CHECK_EVERY = 128
+#: structure keys remembered (a run with more distinct batches checks on schedule only)
+MAX_KEYS = 4096
+SEED = 0x9E3779B9
+
+
+class Check:
+    """When to check (``every``: the period, ``0``: never), and what the checks found so far:
+    ``calls``, ``checks``, and ``pending`` while no batch of 2 or more examples was checked."""
+
+    def __init__(self, every: int = CHECK_EVERY) -> None:
+        self.every, self.calls, self.checks = every, 0, 0
+        self.pending = True
+        self._seen: set = set()
+        self._gap: torch.Tensor | None = None  # CUDA: the loss split's largest gap, read later
+        self._rows: torch.Tensor | None = None  # CUDA: the rows' worst gap / tolerance, later
+
+    @property
+    def on(self) -> bool:
+        """Whether any check runs."""
+        return self.every > 0
+
+    def due(self, key: Any, batch: int) -> bool:
+        """Count a call; whether its batch is checked in full (never inside a captured step,
+        :func:`~grab_exp.devices.graph_safe`: its replays run no Python)."""
+        if not self.on or in_graph_safe():
+            return False
+        self.calls += 1
+        n = self.calls
+        scheduled = n % self.every == 0 or (n & (n - 1) == 0 and n < self.every)
+        return scheduled or key not in self._seen or (self.pending and batch >= 2)
+
+    def passed(self, key: Any, batch: int) -> None:
+        """Record a checked batch that passed."""
+        self.checks += 1
+        if len(self._seen) < MAX_KEYS:
+            self._seen.add(key)
+        self.pending = self.pending and batch < 2
+
+    def forget(self) -> None:
+        """Check the next call in full (the path's structure changed)."""
+        self._seen.clear()
+
+    def weights(self, batch: int, like: torch.Tensor) -> torch.Tensor:
+        """The check's weights ``c (B,)``: ``B`` evenly spaced values in ``[0.5, 1.5)`` in an
+        order drawn from a generator of its own (the global ones are not touched): positive, so
+        that nothing cancels, and at least ``1/B`` apart, so that rows swapped between any two
+        examples show."""
+        generator = torch.Generator().manual_seed(SEED + self.checks)
+        order = torch.randperm(batch, generator=generator).to(torch.float64)
+        c = 0.5 + order / batch
+        return c.to(device=like.device, dtype=like.dtype)
+
+    def split(self, batch: int) -> int | None:
+        """Where this call's loss is split in two (:func:`.loss_gap`), moving from call to call;
+        ``None`` for ``B < 2``, with the check off, or in a captured step."""
+        if batch < 2 or not self.on or in_graph_safe():
+            return None
+        return 1 + self.calls % (batch - 1)
+
+    def groups(self, batch: int) -> list[list[int]]:
+        """The examples the mixing check runs alone: two distinct ones together, or for a batch
+        of two each on its own."""
+        if batch == 2:
+            return [[0], [1]]
+        generator = torch.Generator().manual_seed(SEED + 1 + self.checks)
+        return [torch.randperm(batch, generator=generator)[:2].tolist()]
+
+    def settle_gap(self, gap: float | torch.Tensor | None, dtype: torch.dtype) -> None:
+        """Refuse a loss whose two parts do not add up to it: at once on the CPU; on CUDA (no
+        host read inside a step) at the next full check (:meth:`settle_deferred`)."""
+        if isinstance(gap, torch.Tensor):
+            self._gap = gap if self._gap is None else torch.maximum(self._gap, gap)  # NaN stays
+        elif gap is not None:
+            refuse_gap(gap, dtype)
+
+    def defer_rows(self, ratio: torch.Tensor) -> None:
+        """Keep a call's rows-against-``param.grad`` gap (``()``, over its tolerance) on the
+        device for the next full check (no host read inside a step)."""
+        self._rows = ratio if self._rows is None else torch.maximum(self._rows, ratio)
+
+    def settle_deferred(self, dtype: torch.dtype) -> None:
+        """Refuse what the loss splits and the rows' comparisons kept on the device since the
+        last full check showed (one host read each)."""
+        if self._rows is not None:
+            ratio, self._rows = self._rows.item(), None
+            if not ratio <= 1:
+                raise UnsupportedModelError(
+                    f"the rows' mean differed from autograd's gradient on a call since the last "
+                    f"check ({ratio:.2g} times the tolerance); use method=func"
+                )
+        if self._gap is not None:
+            gap, self._gap = self._gap.item(), None
+            refuse_gap(gap, dtype)

@@ -1,0 +1,113 @@
+"""Nothing of a check stays (:func:`kept_state`), and the model's structure read without a walk
+of its module tree on every call (:class:`ModelState`)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules.module import (
+    register_module_module_registration_hook,
+    register_module_parameter_registration_hook,
+)
+
+
+@contextlib.contextmanager
+def kept_state(model: nn.Module) -> Iterator[Callable[[], list[str]]]:
+    """Inside the block the model may run: its buffers (changed in place or assigned anew),
+    modes, ``param.grad`` and the random number generators are put back afterwards. Yields a
+    function that names the buffers changed so far."""
+    buffers = [
+        (m, name, b, b._version, b.detach().clone())
+        for m in model.modules()
+        for name, b in m._buffers.items()
+        if b is not None
+    ]
+    modes = [(m, m.training) for m in model.modules()]
+    grads = [(p, p.grad) for p in model.parameters()]
+    prefix = {id(m): f"{name}." if name else "" for name, m in model.named_modules()}
+
+    def changed() -> list[str]:
+        return [
+            prefix.get(id(m), "") + name
+            for m, name, b, version, _ in buffers
+            if m._buffers.get(name) is not b or b._version != version
+        ]
+
+    with torch.random.fork_rng(devices=cuda_devices(model)):
+        try:
+            yield changed
+        finally:
+            with torch.no_grad():  # only the changed ones: a write would break the graphs
+                for m, name, b, version, saved in buffers:  # that saved them
+                    m._buffers[name] = b
+                    if b._version != version:
+                        b.copy_(saved)
+            for m, training in modes:
+                m.training = training
+            for p, g in grads:
+                p.grad = g
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+#: modules and parameters registered anywhere so far (torch's global registration hooks): a
+#: model that has not changed since a path listed it costs no walk of its module tree to know
+_REGISTRATIONS = [0]
+
+
+def _registered(*_: Any) -> None:
+    _REGISTRATIONS[0] += 1
+
+
+register_module_module_registration_hook(_registered)
+register_module_parameter_registration_hook(_registered)
+
+
+class ModelState:
+    """The model's modules and parameters, listed once: :meth:`key` and :meth:`trainable` read
+    their modes and the trainable set on every call without walking the module tree, and
+    :meth:`stale` says whether a module or parameter was replaced since (then list it anew)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.modules = list(model.modules())
+        self.named = list(model.named_parameters())
+        self.params = [p for _, p in self.named]
+        self._seen = _REGISTRATIONS[0]
+
+    def stale(self, model: nn.Module) -> bool:
+        """Whether the model's modules or parameters are others than when listed (walked only
+        when some module or parameter was registered since)."""
+        if _REGISTRATIONS[0] == self._seen:
+            return False
+        self._seen = _REGISTRATIONS[0]
+        return [id(m) for m in model.modules()] != [id(m) for m in self.modules] or [
+            id(p) for p in model.parameters()
+        ] != [id(p) for p in self.params]
+
+    def trainable(self) -> dict[str, nn.Parameter]:
+        """The trainable parameters by name, in ``named_parameters`` order."""
+        return {n: p for n, p in self.named if p.requires_grad}
+
+    def key(self) -> tuple:
+        """The trainable set and the modules' modes (a structure key)."""
+        return (
+            tuple([p.requires_grad for p in self.params]),
+            tuple([m.training for m in self.modules]),
+        )
+
+
+def cuda_devices(model: nn.Module) -> list[int]:
+    return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})

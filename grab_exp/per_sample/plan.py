@@ -1,0 +1,241 @@
+"""The hook path's layers (:class:`Layers`) and the plan of each kind of batch (:class:`Planner`,
+from a probe on copies of its first example: :mod:`.layout`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from grab_exp.per_sample.check.state import kept_state
+from grab_exp.per_sample.fallback import FuncFallback
+from grab_exp.per_sample.layout import (
+    Call,
+    CallLayout,
+    Inputs,
+    OutputLayout,
+    call_model,
+    input_shapes,
+    shape_of,
+    take,
+)
+from grab_exp.per_sample.modules import UnsupportedModelError, draws_random, label
+from grab_exp.per_sample.rules import LayerRule, rule_for
+
+
+@dataclass
+class Plan:
+    """What the probe of one kind of batch found: each layer's calls' layouts (calls that share
+    one may run any number of times), the layers whose input is expanded over the batch (no batch
+    dimension: a position embedding), and where the model's output has the batch; ``reindexes``:
+    a full check found a re-indexing operation before a layer or the output (``h[sel]``), so the
+    batch axis was inferred from one batch's shapes, not known, and every call is checked in
+    full."""
+
+    layouts: dict[str, list[CallLayout]]
+    expanded: set[str]
+    output: OutputLayout
+    reindexes: bool = False
+
+
+@dataclass
+class Layers:
+    """The hooked layers (every module with trainable parameters of its own, or adopted) by
+    name: the module, its parameters by qualified name (``own``), its rule or fallback, its hooks;
+    ``idle``: those that did not run in a probe and whose parameters the output does not use."""
+
+    modules: dict[str, nn.Module] = field(default_factory=dict)
+    own: dict[str, dict[str, nn.Parameter]] = field(default_factory=dict)
+    rules: dict[str, LayerRule] = field(default_factory=dict)
+    fallbacks: dict[str, FuncFallback] = field(default_factory=dict)
+    idle: set[str] = field(default_factory=set)
+    handles: dict[str, list[Any]] = field(default_factory=dict)
+
+    def add(self, name: str, layer: nn.Module, hook, adopted: tuple[str, ...] = ()) -> None:
+        """Add a layer, hooked by ``hook(name, layer, replayed) -> handles``."""
+        rule = None if adopted else rule_for(layer)
+        if rule is not None:
+            self.rules[name] = rule
+        else:
+            self.fallbacks[name] = FuncFallback(layer, adopted)
+        self.modules[name] = layer
+        prefix = f"{name}." if name else ""
+        own = [n for n, _ in layer.named_parameters(recurse=False)] + list(adopted)
+        self.own[name] = {prefix + n: layer.get_parameter(n) for n in own}
+        self.handles[name] = hook(name, layer, rule is None)
+
+    def drop(self, name: str) -> None:
+        """Forget a layer and remove its hooks."""
+        for handle in self.handles.pop(name):
+            handle.remove()
+        self.modules.pop(name)
+        self.rules.pop(name, None)
+        self.fallbacks.pop(name, None)
+        self.own.pop(name)
+
+    def remove(self) -> None:
+        """Remove every hook."""
+        for name in list(self.handles):
+            for handle in self.handles.pop(name):
+                handle.remove()
+
+    def label(self, name: str) -> str:
+        return label(name, self.modules[name])
+
+
+class Planner:
+    """Hooks the model's trainable layers into ``layers`` (``recorder.hook``) and probes each
+    kind of batch; ``plan``: the current one's (``None`` before the first call)."""
+
+    def __init__(self, model: nn.Module, layers: Layers, recorder) -> None:
+        self.model, self.layers, self.recorder = model, layers, recorder
+        self.modules = dict(model.named_modules())
+        self.plans: dict[tuple, Plan] = {}
+        self.plan: Plan | None = None
+        for name, m in self.modules.items():
+            if any(p.requires_grad for p in m.parameters(recurse=False)):
+                layers.add(name, m, recorder.hook)
+
+    def use_plan(self, x: Inputs) -> tuple:
+        """Select (probing it if new) the plan of ``x``'s kind of batch; return its key."""
+        key = input_shapes(x)
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = self.plans[key] = self._prepare(x)
+        self.plan = plan
+        self.recorder.expanded = plan.expanded
+        return key
+
+    def _prepare(self, x: Inputs) -> Plan:
+        """Probe until nothing changes: a layer that did not run gives its parameters to its
+        parent module (idle if the output does not use them), one whose input has no batch
+        dimension gets it expanded."""
+        layers = self.layers
+        expanded = self.recorder.expanded = set()
+        for _ in range(2 * len(self.modules) + 1):
+            two, three, outputs, used = self._probes(x, expanded)
+            silent = [n for n in layers.modules if n not in two and n not in layers.idle]
+            if silent:
+                layers.idle.update(n for n in silent if n not in used)
+                adopted = [n for n in silent if n in used]
+                if adopted:
+                    self._adopt(adopted[0])
+                continue
+            running = [n for n in layers.modules if n not in layers.idle]
+            layouts = {name: self._layouts(name, two, three) for name in running}
+            unbatched = {n for n, calls in layouts.items() if any(not c.batched for c in calls)}
+            if unbatched <= expanded:
+                try:
+                    output = OutputLayout.probed(*outputs)
+                except ValueError as error:
+                    message = f"the model's output {error}; use method=func"
+                    raise UnsupportedModelError(message) from None
+                return Plan(layouts, set(expanded), output)
+            expanded |= unbatched
+        raise AssertionError("unreachable: every round adopts or expands one more layer")
+
+    def _probes(self, x: Inputs, expanded: set[str]) -> tuple[dict, dict, tuple, set[str]]:
+        """:meth:`_probe` with 2 and 3 copies of ``x``'s first example (nothing of them stays),
+        and the layers that did not run but whose parameters the output uses."""
+        with kept_state(self.model):
+            try:
+                (two, out2), (three, out3) = self._probe(x, 2), self._probe(x, 3)
+            except RuntimeError as error:
+                if not expanded:
+                    raise
+                names = ", ".join(self.layers.label(n) for n in sorted(expanded))
+                cause = str(error).strip().splitlines()[0]
+                raise UnsupportedModelError(
+                    f"{names}: its input has no batch dimension, and with that input expanded "
+                    f"over the batch the model's forward fails ({cause}); use method=func"
+                ) from error
+            idle = self.layers.idle
+            silent = [n for n in self.layers.modules if n not in two and n not in idle]
+            used = self._used(silent, out2) if silent else set()
+        return two, three, (out2, out3), used
+
+    def _probe(self, x: Inputs, copies: int) -> tuple[dict[str, list[tuple]], Any]:
+        """Every hooked call's ``(input shapes, output shapes)``, and the model's output."""
+        recorder = self.recorder
+        recorder.calls, recorder.batch = {}, copies
+        with recorder.in_mode("probe"), torch.enable_grad():  # as in training: no inference paths
+            out = call_model(self.model, take(x, [0] * copies))
+        calls, recorder.calls = recorder.calls, {}
+        shapes = {
+            n: [(shape_of(c.leaves), shape_of(c.outputs)) for c in cs] for n, cs in calls.items()
+        }
+        return shapes, out
+
+    def _used(self, silent: list[str], out: Any) -> set[str]:
+        """The layers among ``silent`` whose parameters ``out`` depends on."""
+        leaves = tree_flatten(out)[0]
+        leaves = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+        params = [(n, p) for n in silent for p in self.layers.own[n].values()]
+        if not leaves or not params:
+            return set()
+        total = sum(t.float().sum() for t in leaves)
+        grads = torch.autograd.grad(total, [p for _, p in params], allow_unused=True)
+        return {n for (n, _), g in zip(params, grads, strict=True) if g is not None}
+
+    def _layouts(self, name: str, two: dict, three: dict) -> list[CallLayout]:
+        if len(two[name]) != len(three.get(name, [])):
+            raise UnsupportedModelError(
+                f"{self.layers.label(name)} runs a different number of times for two examples "
+                "and for three; use method=func"
+            )
+        try:
+            return [CallLayout.probed(a, b) for a, b in zip(two[name], three[name], strict=True)]
+        except ValueError as error:
+            raise UnsupportedModelError(
+                f"{self.layers.label(name)} {error}; use method=func"
+            ) from None
+
+    def _adopt(self, name: str) -> None:
+        """Differentiate ``name``'s parameters with its parent's replay (which uses them without
+        calling ``name``: ``MultiheadAttention.out_proj``)."""
+        layers = self.layers
+        owner = name.rpartition(".")[0]  # "" for a top-level layer: the root
+        start = len(owner) + 1 if owner else 0
+        adopted = [n[start:] for n in layers.own[name]]
+        if owner in layers.modules:
+            previous = layers.fallbacks[owner].adopted if owner in layers.fallbacks else []
+            adopted = [*previous, *adopted]
+            layers.drop(owner)
+        layers.drop(name)
+        layers.add(owner, self.modules[owner], self.recorder.hook, tuple(adopted))
+
+    def call_layouts(self, name: str, calls: dict[str, list[Call]]) -> list[CallLayout]:
+        """The layout of each of ``name``'s calls in ``calls``."""
+        layouts = self.plan.layouts.get(name, []) if self.plan else []
+        return [layouts[min(k, len(layouts) - 1)] for k in range(len(calls.get(name, [])))]
+
+    def check_calls(self, calls: dict[str, list[Call]]) -> None:
+        """Refuse a layer that ran where the probe did not see it, or a different number of times
+        with calls of different layouts, and a replayed layer that would draw random numbers."""
+        for name in self.layers.modules:
+            ran, probed = len(calls.get(name, [])), self.plan.layouts.get(name, [])
+            if ran and not probed:
+                raise UnsupportedModelError(
+                    f"{self.layers.label(name)} ran on this batch but not in the probe of its kind "
+                    "of batch (it runs on some batches or examples only: data-dependent "
+                    "control flow); use method=func"
+                )
+            if ran and ran != len(probed) and len(set(probed)) > 1:
+                raise UnsupportedModelError(
+                    f"{self.layers.label(name)} ran {ran} times in this forward and {len(probed)} "
+                    "in the probe of the batch's first example, with calls of different layouts "
+                    "(control flow that depends on the data); use method=func"
+                )
+            fallback = self.layers.fallbacks.get(name)  # a rule's layer replays nothing
+            drawn = [n for n, m in (fallback.random if fallback else ()) if draws_random(m)]
+            if ran and drawn:
+                where = f" in {drawn[0]}" if drawn[0] else ""
+                raise UnsupportedModelError(
+                    f"{self.layers.label(name)} draws random numbers{where} (dropout in training "
+                    "mode) that replaying the layer for its per-sample gradients cannot "
+                    "reproduce; set that dropout to 0, or use method=func with "
+                    "randomness='different'"
+                )

@@ -1,0 +1,268 @@
+"""What the hook path records of a forward, and the one ``loss.backward()`` that captures the
+gradients at the recorded outputs (:class:`Recorder`)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.autograd.graph import GradientEdge, get_gradient_edge
+from torch.nn.modules.module import _global_forward_hooks
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from grab_exp.per_sample.layout import Call, expand_over_batch
+from grab_exp.per_sample.modules import CHECKPOINT_REFUSAL, UnsupportedModelError
+from grab_exp.per_sample.plan import Layers
+from grab_exp.per_sample.rules.base import OURS, is_ours
+
+
+class Recorder:
+    """The layers' hooks and what they recorded: in ``mode`` ``record`` (this path's forward)
+    or ``probe`` (``idle``: any other forward), each layer's ``calls``; ``batch`` is what the
+    ``expanded`` layers' inputs are expanded to; ``entry_versions``: a replayed layer's open
+    calls' input versions."""
+
+    def __init__(self, layers: Layers) -> None:
+        self.layers = layers
+        self.mode = "idle"
+        self.calls: dict[str, list[Call]] = {}
+        self.batch = 0
+        self.expanded: set[str] = set()
+        self.entry_versions: dict[str, list[list]] = {}
+
+    @contextlib.contextmanager
+    def in_mode(self, mode: str) -> Iterator[None]:
+        """The hooks in ``mode`` inside the block."""
+        before, self.mode = self.mode, mode
+        try:
+            yield
+        finally:
+            self.mode = before
+
+    def hook(self, name: str, layer: nn.Module, replayed: bool) -> list[Any]:
+        """Hook ``layer`` (``replayed``: a fallback's, whose replay reads its inputs)."""
+        return [
+            layer.register_forward_hook(self._forward_hook(name, replayed), with_kwargs=True),
+            layer.register_forward_pre_hook(self._pre_hook(name, replayed), with_kwargs=True),
+        ]
+
+    def _pre_hook(self, name: str, replayed: bool):
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> Any:
+            if self.mode == "idle":
+                return None
+            changed = name in self.expanded
+            if changed:
+                args = expand_over_batch(args, self.batch)
+            if self.mode == "record" and replayed:  # its replay reads its inputs
+                versions = [_version(t) for t in tree_flatten((list(args), kwargs))[0]]
+                self.entry_versions.setdefault(name, []).append(versions)
+            return (args, kwargs) if changed else None
+
+        setattr(hook, OURS, True)
+        return hook
+
+    def _forward_hook(self, name: str, replayed: bool):
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+            if self.mode == "idle":
+                return None
+            if not kwargs and isinstance(output, torch.Tensor) and _all_tensors(args):
+                leaves, spec = list(args), _args_spec(len(args))  # the usual call: no pytree
+                outputs, output_spec = [output], None
+            else:
+                leaves, spec = tree_flatten((list(args), kwargs))
+                outputs, output_spec = tree_flatten(output)
+            sources = [t.grad_fn for t in leaves if isinstance(t, torch.Tensor) and t.grad_fn]
+            leaves = [t.detach() if isinstance(t, torch.Tensor) else t for t in leaves]
+            graded = [isinstance(t, torch.Tensor) and t.requires_grad for t in outputs]
+            # an output may be computed from another one inside the layer (h, then z = f(h)):
+            # views of them take only the gradients from outside, so no path counts twice
+            alias = self.mode == "record" and replayed and sum(graded) > 1
+            if alias:
+                outputs = [t.view_as(t) if g else t for t, g in zip(outputs, graded, strict=True)]
+            call = Call(leaves, spec, outputs, [None] * len(outputs), sources)
+            call.versions = [t._version if isinstance(t, torch.Tensor) else 0 for t in outputs]
+            if self.mode == "record":
+                call.edges = [_edge(t) if g else None for t, g in zip(outputs, graded, strict=True)]
+                if replayed:
+                    call.input_versions = self.entry_versions[name].pop()
+            self.calls.setdefault(name, []).append(call)
+            return tree_unflatten(outputs, output_spec) if alias else None
+
+        setattr(hook, OURS, True)
+        return hook
+
+    def read_in_place(self, calls: dict[str, list[Call]]) -> bool:
+        """Note each call's in-place change; whether any output changed. Refused: an output
+        view changed in place (autograd rebases it: the layer's node is off the loss's path), a
+        replayed layer's input changed in place during or after its call."""
+        changed = False
+        for name, layer_calls in calls.items():
+            for call in layer_calls:
+                if call.input_versions and call.input_changed():
+                    raise UnsupportedModelError(
+                        f"{self.layers.label(name)}: an input it read was changed in "
+                        "place during or after its call (x.relu_() on a tensor it was given): the "
+                        "hook path replays the layer on its inputs as they are now; use "
+                        "method=func (auto does), or an out-of-place operation"
+                    )
+                call.in_place = call.changed()
+                if not call.in_place:
+                    continue
+                changed = True
+                views = [t for t in call.outputs if isinstance(t, torch.Tensor) and t._is_view()]
+                if views:
+                    raise UnsupportedModelError(
+                        f"{self.layers.label(name)}: its output of shape "
+                        f"{tuple(views[0].shape)}, a view, was changed in place after the layer "
+                        "returned it (an in-place activation or residual add): the hook path "
+                        "cannot read its gradient there; use method=func (auto does), or an "
+                        "out-of-place operation (x = x + h, not x += h)"
+                    )
+        return changed
+
+    def refuse_foreign_hooks(self) -> None:
+        """Refuse a global forward hook, or one on a hooked layer that is not the path's own: it
+        can change the output the path differentiates at (every call: it may come later)."""
+        if _global_forward_hooks:
+            raise UnsupportedModelError(
+                "a global forward hook (register_module_forward_hook) can change any layer's "
+                "output, which the hook path cannot follow; use method=func (auto does)"
+            )
+        for name, layer in self.layers.modules.items():
+            hooks = layer._forward_hooks  # one: the path's own (the usual case, read at once)
+            if len(hooks) > 1 and any(not is_ours(h) for h in hooks.values()):
+                raise UnsupportedModelError(
+                    f"{self.layers.label(name)}: a forward hook of its own can change its output, "
+                    "which the hook path cannot follow; use method=func (auto does)"
+                )
+
+    def refuse_direct_uses(self, loss: torch.Tensor, calls: dict[str, list[Call]]) -> None:
+        """Refuse a parameter that ``loss`` reaches other than through its layer's calls: a walk
+        of the graph that steps over every recorded call, from its outputs' nodes (as returned)
+        to its inputs' (structural: a penalty whose weight is 0 for now is found too)."""
+        skip: dict[Any, list] = {}  # two calls may return one tensor (a layer returns its input)
+        for layer_calls in calls.values():
+            for call in layer_calls:
+                for edge in call.edges:
+                    if edge is not None:
+                        skip.setdefault(edge.node, []).extend(call.sources)
+        reached = _reached_leaves(loss.grad_fn, skip)
+        for name, own in self.layers.own.items():
+            used = [n for n, p in own.items() if id(p) in reached]
+            if used:
+                raise UnsupportedModelError(
+                    f"{self.layers.label(name)}: the loss reaches {used[0]} other than "
+                    "through this layer's forward (a weight penalty or a center loss in loss_fn, "
+                    "a parent module that reads it): the hook path cannot split that part of its "
+                    "gradient between the examples; use method=func (auto does), or the "
+                    "optimizer's weight_decay for a plain penalty"
+                )
+
+    def backward(self, loss: torch.Tensor, calls: dict[str, list[Call]], retain: bool) -> None:
+        """``loss.backward()``, which writes ``param.grad`` as a plain step does, capturing the
+        gradients at the calls' outputs into their ``grads`` by pre-hooks on the nodes that made
+        them as returned (an output changed in place since still gets its own)."""
+        handles = [
+            edge.node.register_prehook(_capture(call, k, edge.output_nr))
+            for layer_calls in calls.values()
+            for call in layer_calls
+            for k, edge in enumerate(call.edges)
+            if edge is not None
+        ]
+        try:
+            if loss.requires_grad:  # else no trainable layer reached the loss
+                loss.backward(retain_graph=retain)
+        except RuntimeError as error:
+            if "Checkpointing is not compatible" in str(error):
+                raise UnsupportedModelError(CHECKPOINT_REFUSAL) from error
+            raise
+        finally:
+            for handle in handles:
+                handle.remove()
+
+
+def _all_tensors(args: tuple) -> bool:
+    return all(isinstance(a, torch.Tensor) for a in args)
+
+
+@functools.cache
+def _args_spec(count: int) -> Any:
+    """The pytree structure of ``(list(args), {})`` for ``count`` tensor arguments."""
+    return tree_flatten(([0] * count, {}))[1]
+
+
+def _version(value: Any) -> int | None:
+    return value._version if isinstance(value, torch.Tensor) else None
+
+
+def _edge(tensor: torch.Tensor) -> GradientEdge:
+    """Where autograd takes ``tensor``'s gradient as it is now (an in-place change later gives
+    the tensor a new node; this edge keeps the old one, which the tensor's new node holds)."""
+    if tensor.grad_fn is None:
+        return get_gradient_edge(tensor)  # a leaf: its gradient accumulator
+    return GradientEdge(tensor.grad_fn, tensor.output_nr)
+
+
+def _capture(call: Call, k: int, output_nr: int):
+    """A node pre-hook that keeps the gradient at the node's output ``output_nr`` as the
+    gradient of ``call``'s output ``k``."""
+
+    def hook(grad_outputs: tuple) -> None:
+        call.grads[k] = grad_outputs[output_nr]
+
+    return hook
+
+
+def _reached_leaves(root: Any, skip: dict) -> set[int]:
+    """``id``s of the leaf tensors whose gradient nodes the graph from ``root`` reaches, stepping
+    from each node in ``skip`` to the nodes it names instead of its own inputs."""
+    reached, seen, stack = set(), set(), [root]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if node in skip:
+            stack.extend(skip[node])
+        elif hasattr(node, "variable"):
+            reached.add(id(node.variable))
+        else:
+            stack.extend(n for n, _ in node.next_functions)
+    return reached
+
+
+#: autograd nodes of operations that can move items across a batch axis by data
+REINDEXING = frozenset(
+    f"{op}Backward0"
+    for op in (
+        "Index", "IndexSelect", "MaskedSelect", "Gather", "Take", "IndexPut", "MaskedScatter",
+        "Scatter", "ScatterAdd", "ScatterReduce", "IndexAdd", "IndexCopy", "Sort", "Topk",
+        "PackPaddedSequence",
+    )
+)  # fmt: skip
+REINDEXED = (
+    "the model re-indexes its batch (h[sel], index_select, gather, sort or packing) before "
+    "a layer or its output, so the batch axis the probe found is not known to hold on every "
+    "batch; use method=func or loop"
+)
+
+
+def reindexes(calls: dict[str, list[Call]], out: Any) -> bool:
+    """Whether the graph that made the layers' inputs or the model's output holds a
+    :data:`REINDEXING` node (a walk from those nodes to the leaves)."""
+    stack = [s for layer_calls in calls.values() for c in layer_calls for s in c.sources]
+    stack += [t.grad_fn for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    seen: set = set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if type(node).__name__ in REINDEXING:
+            return True
+        stack.extend(n for n, _ in node.next_functions)
+    return False

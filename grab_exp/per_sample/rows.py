@@ -1,0 +1,164 @@
+"""The hook path's rows: each layer's per-sample gradients from its recorded calls (its rule, else
+its fallback), summed over its calls and over the layers that share a parameter (:class:`Rows`),
+written into one reused ``(B, d)`` buffer where asked (:class:`GradBuffer`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from grab_exp.grads import BatchGrads, as_batch_grads
+from grab_exp.per_sample.base import one_line
+from grab_exp.per_sample.layout import Call, CallLayout
+from grab_exp.per_sample.modules import UnsupportedModelError
+from grab_exp.per_sample.plan import Planner
+
+Grads = dict[str, torch.Tensor]
+
+
+class Rows:
+    """Forms the rows of one call's recorded layers (``planner``: the layers and the calls'
+    layouts), keeping a rule's factors where they pay if ``factored``, written into
+    ``grad_buffer`` if given."""
+
+    def __init__(self, planner: Planner, factored: bool, grad_buffer: GradBuffer | None) -> None:
+        self.planner, self.layers = planner, planner.layers
+        self.factored, self.grad_buffer = factored, grad_buffer
+
+    def rows(self, calls: dict[str, list[Call]], batch: int, params: dict[str, nn.Parameter]):
+        """The rows of every trainable parameter (``(B, *shape)`` or factors), in
+        ``named_parameters`` order; keyed by the parameter object, so the rows of a parameter
+        that two layers share add up."""
+        views = self._buffer_views(batch, params, calls)
+        rows: dict[int, Any] = {}
+        for name, own in self.layers.own.items():
+            out = [None if id(p) in rows else views.get(n) for n, p in own.items()]
+            try:
+                grads = self._layer_grads(name, calls.get(name, []), batch, out)
+            except UnsupportedModelError:
+                raise
+            except Exception as error:  # a rule's or a replay's, named by its layer
+                raise UnsupportedModelError(
+                    f"{self.layers.label(name)}: {one_line(error)}"
+                ) from error
+            for (n, p), g in zip(own.items(), grads, strict=True):
+                rows[id(p)] = g if id(p) not in rows else _added(rows[id(p)], g, n)
+        return {n: rows[id(p)] for n, p in params.items()}
+
+    def batch_grads(self, rows: dict[str, Any], params: dict[str, nn.Parameter]) -> BatchGrads:
+        if self.factored:
+            shapes = {n: p.shape for n, p in params.items()}
+            return BatchGrads.from_parts(rows, shapes)
+        return as_batch_grads(rows)
+
+    def _layer_grads(self, name: str, calls: list[Call], batch: int, out: list) -> list:
+        """One layer's per-sample grads ``[(B, *p.shape)]`` (or factors), its calls summed;
+        zeros where no call reached the loss."""
+        total: list | None = None
+        layouts = self.planner.call_layouts(name, {name: calls})
+        for call, layout in zip(calls, layouts, strict=True):
+            if all(g is None for g in call.grads):
+                continue  # this call's outputs did not reach the loss
+            grads = self._call_grads(name, call, layout, batch, out, len(calls) > 1)
+            if total is None:
+                total, out = grads, [None] * len(out)
+                continue
+            total = [t if g is None else t.add_(g) for t, g in zip(total, grads, strict=True)]
+        if total is None:  # the layer did not reach the loss
+            own = self.layers.own[name].values()
+            total = [_zeros(p, batch, o) for p, o in zip(own, out, strict=True)]
+        return total
+
+    def _call_grads(
+        self, name: str, call: Call, layout: CallLayout, batch: int, out: list, several: bool
+    ) -> list:
+        layer = self.layers.modules[name]
+        for k, g in enumerate(call.grads):
+            if g is not None and layout.outputs[k] is None:
+                raise UnsupportedModelError(
+                    f"{self.layers.label(name)} returns a tensor of shape {tuple(g.shape)} without "
+                    "a batch dimension although its input has one: it mixes the examples of a "
+                    "batch; use method=func"
+                )
+        rule = self.layers.rules.get(name)
+        if rule is not None:
+            a = call.leaves[0].movedim(layout.inputs[0], 0)  # (B, ...)
+            g_sum = call.grads[0].movedim(layout.outputs[0], 0) * batch  # (B, ...), summed loss
+            factored = self.factored and not several and not call.in_place
+            factors = rule.factors(layer, a, g_sum) if factored else None
+            return factors or rule.per_sample(layer, a, g_sum, out)
+        return self.layers.fallbacks[name].per_sample(call, layout, batch, out)  # hooks idle
+
+    def _buffer_views(self, batch: int, params: dict[str, nn.Parameter], calls: dict) -> Grads:
+        """The buffer's views (:meth:`GradBuffer.views`), in the dtype and device of the layers'
+        floating inputs and output gradients."""
+        if self.grad_buffer is None:
+            return {}
+        tensors = [
+            t
+            for layer_calls in calls.values()
+            for call in layer_calls
+            for t in (*call.leaves[:1], *call.grads)
+            if isinstance(t, torch.Tensor) and t.is_floating_point()  # not Embedding's indices
+        ]
+        return self.grad_buffer.views(batch, params, tensors)
+
+
+def _zeros(param: nn.Parameter, batch: int, out: torch.Tensor | None) -> torch.Tensor:
+    if out is not None:
+        return out.zero_()
+    return torch.zeros(batch, *param.shape, dtype=param.dtype, device=param.device)
+
+
+def _added(rows: Any, more: Any, name: str) -> Any:
+    """The rows of a parameter that two layers share: their sum."""
+    if more is None:
+        return rows
+    if rows is None:
+        return more
+    if not isinstance(rows, torch.Tensor) or not isinstance(more, torch.Tensor):
+        raise UnsupportedModelError(
+            f"{name} is shared by two layers, whose factored rows cannot be added; use "
+            "method=hooks or func"
+        )
+    return rows.add_(more)
+
+
+class GradBuffer:
+    """One row-major ``(rows >= B, d)`` buffer and its per-parameter ``(B, *shape)`` views, in
+    ``named_parameters`` order: consecutive column blocks, which ``as_batch_grads`` makes one."""
+
+    def __init__(self) -> None:
+        self.buffer: torch.Tensor | None = None  # (rows >= B, d)
+        #: the layout: per trainable parameter, (name, the parameter object's id, its shape)
+        self._layout: list[tuple[str, int, torch.Size]] = []
+        self._views: dict[int, Grads] = {}  # B -> name -> (B, *shape) views of the buffer
+
+    def views(self, batch: int, params: dict[str, nn.Parameter], tensors: list[torch.Tensor]):
+        """Name -> ``(B, *shape)`` column blocks of the buffer, laid out by the parameter objects
+        and shapes (a replaced or resized one gets a new layout), in the dtype and device of
+        ``tensors``; ``{}`` (write fresh tensors) when they mix dtypes or devices, or are none."""
+        if not tensors:
+            return {}
+        like = tensors[0]
+        if any(t.dtype != like.dtype or t.device != like.device for t in tensors):
+            return {}
+        layout = [(n, id(p), p.shape) for n, p in params.items()]
+        if layout != self._layout:  # first call, or parameters were (un)frozen or replaced
+            self._layout, self.buffer = layout, None
+        buffer = self.buffer
+        small = buffer is None or len(buffer) < batch
+        if small or buffer.dtype != like.dtype or buffer.device != like.device:
+            d = sum(shape.numel() for _, _, shape in layout)
+            self.buffer = torch.empty(batch, d, dtype=like.dtype, device=like.device)  # (B, d)
+            self._views = {}
+        if batch not in self._views:
+            widths = [shape.numel() for _, _, shape in layout]
+            blocks = torch.split(self.buffer[:batch], widths, dim=1)  # (B, d_i) each
+            self._views[batch] = {
+                n: block.view(batch, *shape)
+                for (n, _, shape), block in zip(layout, blocks, strict=True)
+            }
+        return self._views[batch]
