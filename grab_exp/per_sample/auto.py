@@ -52,10 +52,6 @@ class AutoPerSample(PerSampleGradients):
         self._fallbacks = list(fallbacks)
         self._left = list(left)
         self._warned = False
-        #: the modules whose forward in training mode updates running statistics
-        self._norms = [
-            m for m in first.state.modules if isinstance(m, nn.modules.batchnorm._NormBase)
-        ]
 
     @property
     def method(self) -> str:  # type: ignore[override]
@@ -77,7 +73,7 @@ class AutoPerSample(PerSampleGradients):
 
     def __call__(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         while self._fallbacks:
-            buffers = _running_buffers(self._norms)  # what a failed call's forward may update
+            buffers = _buffers(self.model)  # what a failed call's forward may change
             rng = torch.get_rng_state()  # and the masks it drew (the next path draws again)
             try:
                 return self._called(x, y)
@@ -85,9 +81,7 @@ class AutoPerSample(PerSampleGradients):
                 raise  # the loss is wrong for every method, or the user's code raised
             except Exception as error:  # any failure of this path
                 torch.set_rng_state(rng)
-                with torch.no_grad():
-                    for buffer, saved in buffers:
-                        buffer.copy_(saved)
+                _put_back(buffers)
                 self._leave(self.chosen.method, error)
                 self._next()
         try:
@@ -149,14 +143,24 @@ class AutoPerSample(PerSampleGradients):
         return self.chosen._compute(x, y)
 
 
-def _running_buffers(norms: list[nn.Module]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Copies of the running statistics that a forward of ``norms`` in training mode updates."""
+def _buffers(model: nn.Module) -> list[tuple[nn.Module, str, torch.Tensor, int, torch.Tensor]]:
+    """Every buffer as it is now: ``(module, name, tensor, version, copy)`` (running statistics,
+    counters, a queue: what a forward may change in place or assign anew)."""
     return [
-        (b, b.detach().clone())
-        for m in norms
-        if m.training and m.track_running_stats
-        for b in m.buffers(recurse=False)
+        (m, name, b, b._version, b.detach().clone())
+        for m in model.modules()
+        for name, b in m._buffers.items()
+        if b is not None
     ]
+
+
+@torch.no_grad()
+def _put_back(buffers: list[tuple[nn.Module, str, torch.Tensor, int, torch.Tensor]]) -> None:
+    """The buffers as :func:`_buffers` saw them."""
+    for m, name, b, version, saved in buffers:
+        m._buffers[name] = b
+        if b._version != version:
+            b.copy_(saved)
 
 
 def _without_method(message: str) -> str:

@@ -20,6 +20,7 @@ from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.check.examples import mixing_problem
 from grab_exp.per_sample.check.loss import example_losses, loss_of, loss_problem
 from grab_exp.per_sample.check.mean import GradSnapshot, rows_problem
+from grab_exp.per_sample.check.resampled import resampled_problem
 from grab_exp.per_sample.check.schedule import CHECK_EVERY, Check
 from grab_exp.per_sample.check.state import ModelState, kept_state
 from grab_exp.per_sample.layout import Inputs, batch_size, call_model
@@ -185,26 +186,40 @@ class PerSampleGradients(ABC):
         if full is not None:
             full(identity)
 
-    def full_check(self, x: Inputs, y: torch.Tensor, out, layout, identity: Identity) -> None:
+    def full_check(
+        self, x: Inputs, y, out, layout, identity: Identity, rows=None, params=None
+    ) -> None:
         """The full check of the batch ``x, y`` (:mod:`~grab_exp.per_sample.check`): ``out`` is
         its output in the graph of its forward, ``layout`` where it has the batch; ``identity``
-        ``None`` where the rows cannot be compared with ``out``'s graph (other random masks)."""
+        ``None`` where the rows cannot be compared with ``out``'s graph (other random masks).
+
+        An output with a floating leaf that has no batch dimension (a VAE's ``kl.mean()``, a
+        mixture of experts' load-balancing term) cannot be split into the examples' losses: the
+        rows (``BatchGrads`` of ``params``) are compared with resampled batches instead
+        (:mod:`~grab_exp.per_sample.check.resampled`)."""
         batch = batch_size(y)
         loss = loss_of(self.loss_fn, out, y)  # first: a loss that changes its input is named
-        losses = example_losses(self.loss_fn, out, y, layout)  # (B,), in out's graph
-        self.checker.settle_deferred(losses.dtype)  # the loss splits of the calls since
+        self.checker.settle_deferred(loss.dtype)  # the loss splits of the calls since
         if not torch.isfinite(loss):
             return  # a diverged step: nothing to compare; the runner stops on its loss
-        problem = loss_problem(loss.detach(), losses.detach())
-        if problem is not None:
-            raise LossContractError(problem)
+        whole = layout.unbatched(out)
+        if not whole:
+            losses = example_losses(self.loss_fn, out, y, layout)  # (B,), in out's graph
+            problem = loss_problem(loss.detach(), losses.detach())
+            if problem is not None:
+                raise LossContractError(problem)
+        problem = None
         if batch >= 2:
             with kept_state(self.model), self.quiet():
+                forward = lambda inputs: call_model(self.model, inputs)  # noqa: E731
                 problem = mixing_problem(
-                    lambda inputs: call_model(self.model, inputs), x, out, layout,
-                    self.checker.groups(batch), self.model,
-                )  # fmt: skip
-        if problem is None and identity is not None:
+                    forward, x, out, layout, self.checker.groups(batch), self.model
+                )
+                if problem is None and whole and rows is not None:
+                    problem = resampled_problem(
+                        forward, self.loss_fn, x, y, rows, params, self.checker.checks
+                    )
+        if problem is None and identity is not None and not whole:
             problem = identity(losses, self.checker.weights(batch, losses))
         if problem is not None:
             raise UnsupportedModelError(problem)

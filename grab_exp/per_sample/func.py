@@ -210,7 +210,11 @@ class FuncPerSample(PerSampleGradients):
                 loss.backward(retain_graph=due)
             if not due:  # a full check reads every example's loss
                 self._settle_split(self._examples_loss(out, y, layout), losses, batch)
-            full = (lambda ident: self.full_check(x, y, batch_out, layout, ident)) if due else None
+            full = (
+                (lambda ident: self.full_check(x, y, batch_out, layout, ident, rows, params))
+                if due
+                else None
+            )
             self.verify_and_check(rows, params, snapshot, full, self._identity(rows), loss)
             if due:
                 self.checker.passed(key, batch)

@@ -202,7 +202,9 @@ class HookedPerSample(PerSampleGradients):
             rows = self._rows(calls, batch, params)
             grads = self._batch_grads(rows, params)
             full = (
-                (lambda ident: self.full_check(x, y, out, self.plan.output, ident)) if due else None
+                (lambda ident: self.full_check(x, y, out, self.plan.output, ident, grads, params))
+                if due
+                else None
             )
             identity = self._identity(calls, rows, batch) if due else None
             self._verify(grads, params, snapshot, calls, full, identity, loss)

@@ -125,13 +125,19 @@ def mixing_problem(
         with torch.no_grad():
             for group in groups:
                 try:
-                    parts.append(_rows_of(forward(take(x, group)), layout))
+                    parts.append(_rows_of(forward(take(x, group)), layout, len(group) == 1))
                 except Exception as error:  # the definition of an example's gradient needs it
                     cause = (str(error).strip().splitlines() or [""])[0]
                     raise UnsupportedModelError(
                         f"the model fails on {len(group)} example(s) alone ({cause}): an "
                         "example's gradient is that of its loss computed alone"
                     ) from error
+                if parts[-1].shape[1] != in_batch.shape[1]:
+                    raise UnsupportedModelError(
+                        f"examples {group} run alone get {parts[-1].shape[1]} output values where "
+                        f"the batch gives them {in_batch.shape[1]}: the model's output does not "
+                        "hold one row per example (it selects or drops items by data)"
+                    )
         return torch.cat(parts)
 
     in_batch = _rows_of(layout.select(out, index), layout).detach()
@@ -157,11 +163,13 @@ def mixing_problem(
     )
 
 
-def _rows_of(out: Any, layout: OutputLayout) -> torch.Tensor:
-    """The floating batched leaves of ``out`` as one ``(n, -1)`` matrix, a row per example."""
+def _rows_of(out: Any, layout: OutputLayout, alone: bool = False) -> torch.Tensor:
+    """The floating batched leaves of ``out`` as one ``(n, -1)`` matrix, a row per example
+    (``alone``: one example's output, each leaf one row whatever its shape: ``.squeeze()`` may
+    have taken its batch dimension)."""
     leaves = tree_flatten(out)[0]
     rows = [
-        t.movedim(d, 0).reshape(t.shape[d], -1)
+        t.reshape(1, -1) if alone else t.movedim(d, 0).reshape(t.shape[d], -1)
         for t, d in zip(leaves, layout.dims, strict=True)
         if d is not None and isinstance(t, torch.Tensor) and t.is_floating_point()
     ]

@@ -49,14 +49,19 @@ class GradSnapshot:
 
 @torch.no_grad()
 def rows_gaps(
-    rows: BatchGrads, grads: list[torch.Tensor | None], loss: torch.Tensor | None = None
+    rows: BatchGrads,
+    grads: list[torch.Tensor | None],
+    loss: torch.Tensor | None = None,
+    coef: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Per parameter, ``|mean_i g_i - grad|`` relative to ``|grad|`` (or to a floor share of the
-    largest): a ``(P,)`` tensor; 0 where ``grad`` (``None``: zero) or ``loss`` is not finite."""
+    """Per parameter, ``|sum_i coef_i g_i - grad|`` relative to ``|grad|`` (or to a floor share
+    of the largest): a ``(P,)`` tensor; 0 where ``grad`` (``None``: zero) or ``loss`` is not
+    finite. ``coef (B,)``: ``1/B`` each (the rows' mean) unless given."""
     like = rows.like
     acc = torch.zeros(rows.width, dtype=like.dtype, device=like.device)  # (d,)
-    coef = torch.full((rows.rows,), 1.0 / rows.rows, dtype=like.dtype, device=like.device)
-    rows.accumulate(acc, coef)  # the rows' mean, one pass over them
+    if coef is None:
+        coef = torch.full((rows.rows,), 1.0 / rows.rows, dtype=like.dtype, device=like.device)
+    rows.accumulate(acc, coef)  # one pass over the rows
     widths = [shape.numel() for shape in rows.shapes.values()]
     parts = list(acc.split(widths))
     wants = [

@@ -72,12 +72,12 @@ class Check:
         return 1 + self.calls % (batch - 1)
 
     def groups(self, batch: int) -> list[list[int]]:
-        """The examples the mixing check runs alone: two distinct ones together, or for a batch
-        of two each on its own."""
+        """The examples the mixing check runs alone, each on its own: two distinct ones (two run
+        together would pass a model that mixes exactly those two, ``x.flip(0)`` mixup)."""
         if batch == 2:
             return [[0], [1]]
         generator = torch.Generator().manual_seed(SEED + 1 + self.checks)
-        return [torch.randperm(batch, generator=generator)[:2].tolist()]
+        return [[i] for i in torch.randperm(batch, generator=generator)[:2].tolist()]
 
     def settle_gap(self, gap: float | torch.Tensor | None, dtype: torch.dtype) -> None:
         """Refuse a loss whose two parts do not add up to it: at once on the CPU; on CUDA (no

@@ -1,0 +1,179 @@
+"""Outputs and state that the batch's output alone cannot split by example (issue 49, found by
+an adversarial reviewer): a leaf without a batch dimension (a VAE's ``kl.mean()``, a mixture of
+experts' load-balancing term), a model that mixes two examples with each other (``x.flip(0)``
+mixup), buffers a forward changes before ``auto`` leaves a path. Each is right or refused in one
+line, over several batches of one ``psg``, against a float64 per-example loop."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from grab_exp.per_sample import UnsupportedModelError, make_per_sample
+
+F64 = torch.float64
+SIZES = (1, 5, 8, 3)
+
+
+class VAE(nn.Module):
+    """``(reconstruction (B, 4), kl.mean() ())``: the KL is a mean of per-example terms."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc, self.dec = nn.Linear(4, 6), nn.Linear(3, 4)
+
+    def forward(self, x: torch.Tensor, eps: torch.Tensor):
+        mu, logvar = self.enc(x).chunk(2, dim=1)  # (B, 3) each
+        z = mu + eps * (0.5 * logvar).exp()
+        kl = 0.5 * (mu**2 + logvar.exp() - 1 - logvar).sum(1)  # (B,)
+        return self.dec(z), kl.mean()
+
+
+class SwitchMoE(nn.Module):
+    """``(logits (B, 3), aux ())`` with a load-balancing term: a product of two batch means,
+    not a mean of per-example terms."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.gate, self.out = nn.Linear(4, 6), nn.Linear(6, 3), nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor):
+        h = torch.tanh(self.inp(x))
+        p = self.gate(h).softmax(-1)  # (B, 3)
+        f = F.one_hot(p.argmax(-1), 3).to(p.dtype).mean(0)
+        return self.out(h * p.sum(-1, keepdim=True)), 3 * (f * p.mean(0)).sum()
+
+
+class FlipMixup(nn.Module):
+    """Mixes example ``i`` with example ``B - 1 - i``: two of them together look unmixed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(0.7 * x + 0.3 * x.flip(0))
+
+
+def vae_loss(out, target):
+    return F.mse_loss(out[0], target) + out[1]
+
+
+def switch_loss(out, y):
+    return F.cross_entropy(out[0], y) + 0.5 * out[1]
+
+
+def vae_batch(size: int, g: torch.Generator):
+    x = (torch.randn(size, 4, generator=g, dtype=F64), torch.randn(size, 3, generator=g, dtype=F64))
+    return x, torch.randn(size, 4, generator=g, dtype=F64)
+
+
+def class_batch(size: int, g: torch.Generator):
+    return torch.randn(size, 4, generator=g, dtype=F64), torch.randint(0, 3, (size,), generator=g)
+
+
+def call(model, x):
+    return model(*x) if isinstance(x, tuple) else model(x)
+
+
+def example(x, i: int):
+    return tuple(t[i : i + 1] for t in x) if isinstance(x, tuple) else x[i : i + 1]
+
+
+def gradient(model: nn.Module, loss_fn, x, y) -> dict:
+    """The gradient of ``loss_fn(model(x), y)`` on a copy of ``model`` (its buffers untouched)."""
+    twin = copy.deepcopy(model)
+    named = list(twin.named_parameters())
+    loss = loss_fn(call(twin, x), y)
+    grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+    return {
+        n: torch.zeros_like(p) if g is None else g for (n, p), g in zip(named, grads, strict=True)
+    }
+
+
+def reference(model: nn.Module, loss_fn, x, y) -> tuple[dict, dict]:
+    """Rows (each example's loss alone, on the model as it is) and the plain step's gradient."""
+    alone = [gradient(model, loss_fn, example(x, i), y[i : i + 1]) for i in range(len(y))]
+    rows = {n: torch.stack([a[n] for a in alone]) for n in alone[0]}
+    return rows, gradient(model, loss_fn, x, y)
+
+
+@pytest.mark.parametrize("method", ["auto", "hooks", "factored", "func"])
+def test_a_kl_mean_beside_the_output_is_right_on_every_method(method: str) -> None:
+    torch.manual_seed(0)
+    model, g = VAE().double(), torch.Generator().manual_seed(1)
+    psg = make_per_sample(model, vae_loss, method)
+    for size in SIZES:
+        x, y = vae_batch(size, g)
+        want_rows, want_grads = reference(model, vae_loss, x, y)
+        model.zero_grad(set_to_none=True)
+        _, grads = psg(x, y)
+        assert psg.method != "loop", psg.reason  # the fast paths get it right
+        for n, rows in grads.as_dict().items():
+            torch.testing.assert_close(rows, want_rows[n], msg=f"B={size}: rows of {n}")
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(p.grad, want_grads[n], msg=f"B={size}: p.grad of {n}")
+
+
+@pytest.mark.parametrize("method", ["auto", "hooks", "factored", "func", "loop"])
+@pytest.mark.parametrize(
+    ("build", "loss_fn", "expected"),
+    [
+        (SwitchMoE, switch_loss, "value of the whole batch|not the mean|mean of the examples"),
+        (FlipMixup, F.cross_entropy, "mixes the examples|differs from autograd"),
+    ],
+    ids=["load_balancing_term", "flip_mixup"],
+)
+def test_a_batch_that_is_not_its_examples_is_refused_at_its_first_call(
+    method: str, build, loss_fn, expected: str
+) -> None:
+    torch.manual_seed(0)
+    model, g = build().double(), torch.Generator().manual_seed(1)
+    psg = make_per_sample(model, loss_fn, method)
+    x, y = class_batch(3, g)
+    with pytest.raises(UnsupportedModelError, match=f"{expected}|vmap failed") as error:
+        psg(x, y)
+    assert "\n" not in str(error.value)
+    assert all(p.grad is None for p in model.parameters())
+
+
+class CountedMoE(nn.Module):
+    """A top-1 mixture whose second expert idles on a batch of one (the hook path leaves it on a
+    later batch) and a step counter its forward advances."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate, self.experts = nn.Linear(4, 2), nn.ModuleList(nn.Linear(4, 3) for _ in range(2))
+        self.register_buffer("steps", torch.zeros((), dtype=F64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.steps += 1
+        route = self.gate(x).argmax(-1)  # (B,)
+        out = torch.zeros(len(x), 3, dtype=x.dtype)
+        for e, expert in enumerate(self.experts):
+            chosen = route == e
+            if chosen.any():
+                out = out.index_put((chosen.nonzero()[:, 0],), expert(x[chosen]))
+        return out * (1 + 0.1 * self.steps)
+
+
+def test_auto_puts_back_the_buffers_a_failed_path_changed() -> None:
+    torch.manual_seed(0)
+    model, g = CountedMoE().double(), torch.Generator().manual_seed(1)
+    psg = make_per_sample(model, F.cross_entropy, "auto")
+    with pytest.warns(UserWarning, match="method=loop"):
+        for k, size in enumerate(SIZES, start=1):
+            x, y = class_batch(size, g)
+            want_rows, want_grads = reference(model, F.cross_entropy, x, y)
+            model.zero_grad(set_to_none=True)
+            _, grads = psg(x, y)
+            assert model.steps.item() == k  # one forward's worth per call, as a plain step
+            for n, rows in grads.as_dict().items():
+                torch.testing.assert_close(rows, want_rows[n], msg=f"call {k}: rows of {n}")
+            for n, p in model.named_parameters():
+                got = torch.zeros_like(p) if p.grad is None else p.grad
+                torch.testing.assert_close(got, want_grads[n], msg=f"call {k}: p.grad of {n}")
