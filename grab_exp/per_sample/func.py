@@ -270,7 +270,7 @@ class FuncPerSample(PerSampleGradients):
                 raise UnsupportedModelError(
                     f"buffer {updated[0]}: the model's forward updates it (running statistics, "
                     "a counter), and torch.func's functional call cannot carry the update out; "
-                    "use method=hooks (auto does)"
+                    "use method=hooks or loop (auto takes them)"
                 )
             try:
                 self._layout = OutputLayout.probed(two, three)

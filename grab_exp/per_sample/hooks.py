@@ -179,7 +179,7 @@ class HookedPerSample(PerSampleGradients):
         if self._trainable != modes[0]:
             self._build_layers()  # a layer was frozen or unfrozen since
         self._refuse_foreign_hooks()
-        shapes = self._use_plan(x)
+        shapes = self._use_plan(x, modes)
         self._calls, self._batch, self._entry_versions = {}, batch, {}
         with self._in_mode("record"):
             out = call_model(self.model, x)
@@ -224,10 +224,10 @@ class HookedPerSample(PerSampleGradients):
             if not blind:
                 raise
             raise UnsupportedModelError(
-                f"{_label(blind[0], self._layers[blind[0]])} ran without autograd recording it "
-                "(torch.utils.checkpoint with use_reentrant=True runs it again inside the "
-                "backward, out of the hook path's sight): its rows are missing; use "
-                "use_reentrant=False, or method=func"
+                f"{error}; {_label(blind[0], self._layers[blind[0]])} ran without autograd "
+                "recording it (under torch.no_grad(), or in a torch.utils.checkpoint with "
+                "use_reentrant=True, which runs it again inside the backward, out of the hook "
+                "path's sight: use_reentrant=False then)"
             ) from None
 
     def _identity(self, calls: dict[str, list[Call]], rows: dict[str, Any], batch: int):

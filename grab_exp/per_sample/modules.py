@@ -30,7 +30,7 @@ def label(name: str, module: nn.Module) -> str:
 
 def advice(method: str) -> str:
     """What a refusal of rows advises."""
-    return "use method=func" if method != "func" else "no method supports this model"
+    return "use method=func" if method != "func" else "use method=loop (auto takes it)"
 
 
 class UnsupportedModelError(ValueError):

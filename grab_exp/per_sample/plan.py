@@ -99,9 +99,11 @@ class Planner:
             if any(p.requires_grad for p in m.parameters(recurse=False)):
                 layers.add(name, m, recorder.hook)
 
-    def use_plan(self, x: Inputs) -> tuple:
-        """Select (probing it if new) the plan of ``x``'s kind of batch; return its key."""
-        key = input_shapes(x)
+    def use_plan(self, x: Inputs, modes: tuple = ()) -> tuple:
+        """Select (probing it if new) the plan of ``x``'s kind of batch and the modules'
+        ``modes`` (a layer that runs in training mode only is seen by its own probe); return
+        its key."""
+        key = (input_shapes(x), modes)
         plan = self.plans.get(key)
         if plan is None:
             plan = self.plans[key] = self._prepare(x)
@@ -112,8 +114,10 @@ class Planner:
     def _prepare(self, x: Inputs) -> Plan:
         """Probe until nothing changes: a layer that did not run gives its parameters to its
         parent module (idle if the output does not use them), one whose input has no batch
-        dimension gets it expanded."""
+        dimension gets it expanded. Idle layers are those of this kind of batch (a layer idle in
+        training mode may run in eval mode)."""
         layers = self.layers
+        layers.idle.clear()
         expanded = self.recorder.expanded = set()
         for _ in range(2 * len(self.modules) + 1):
             two, three, outputs, used = self._probes(x, expanded)
