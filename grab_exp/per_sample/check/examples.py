@@ -159,7 +159,8 @@ def mixing_problem(
     return (
         f"the model mixes the examples of a batch: examples {chosen} run alone get outputs "
         f"that differ from theirs in the batch (relative difference {difference:.2g}: batch "
-        "statistics, a normalization over the batch?); per-sample gradients are undefined for it"
+        "statistics, a normalization over the batch, random numbers drawn outside a Dropout "
+        "module?); per-sample gradients are undefined for it"
     )
 
 
