@@ -27,17 +27,29 @@ class Net(nn.Module):
         aux: return ``{"logits": out, "aux": (h**2).mean()}`` (a batch-mean scalar beside the
             output, as a VAE's KL term).
         store: keep the pooled activation on ``self.last`` (a loss may read it).
+        whole: the aux term is ``(h.mean(0)**2).mean()`` instead, a value of the whole batch
+            that is no mean of per-example terms (a load-balancing term): refused by design.
+        mix: mix each example with its mirror, ``0.7 h + 0.3 h.flip(0)`` (batch-flip mixup).
+        counter: a buffer the forward advances and reads (a step counter).
     """
 
-    def __init__(self, stem, body, pool, neck, head, aux: bool = False, store: bool = False):
+    def __init__(self, stem, body, pool, neck, head, aux=False, store=False, **extra) -> None:
         super().__init__()
         self.stem, self.pool, self.head = stem, pool, head
         self.body, self.neck = nn.ModuleList(body), nn.ModuleList(neck)
         self.aux, self.store = aux, store
+        self.whole, self.mix = extra.get("whole", False), extra.get("mix", False)
+        if extra.get("counter", False):
+            self.register_buffer("steps", torch.zeros((), dtype=torch.float64))
 
     def forward(self, x, mask=None, scale=1.0, flag=True):
         ctx = {"mask": mask, "flag": flag}
         h = self.stem(x, ctx) * scale
+        if self.mix:
+            h = 0.7 * h + 0.3 * h.flip(0)
+        if hasattr(self, "steps"):
+            self.steps += 1
+            h = h * (1 + 0.01 * self.steps)
         for block in self.body:
             h = block(h, ctx)
         h = self.pool(h, ctx)
@@ -46,7 +58,9 @@ class Net(nn.Module):
         if self.store:
             self.last = h
         out = self.head(h)
-        return {"logits": out, "aux": (h**2).mean()} if self.aux else out
+        if not self.aux:
+            return out
+        return {"logits": out, "aux": (h.mean(0) ** 2).mean() if self.whole else (h**2).mean()}
 
 
 class VecStem(nn.Module):
@@ -169,7 +183,12 @@ def build_net(draw, family: str, outputs: int) -> Net:
         for _ in range(draw.int(0, 3 if family == "vec" else 2)):
             neck.append(vector_block(draw, [stem, *neck]))
     aux, store = draw.chance("out:aux", 0.1), draw.chance("out:stored", 0.1)
-    return Net(stem, body, pool, neck, nn.Linear(D, outputs), aux=aux, store=store)
+    extra = {
+        "whole": aux and draw.chance("out:whole", 0.4),
+        "mix": draw.chance("mix:flip", 0.04),
+        "counter": draw.chance("buf:counter", 0.06),
+    }
+    return Net(stem, body, pool, neck, nn.Linear(D, outputs), aux=aux, store=store, **extra)
 
 
 def reinit(model: nn.Module, g: torch.Generator) -> None:

@@ -41,6 +41,8 @@ BY_DESIGN = {
     "fn:old": "an old-style autograd.Function (torch.func cannot transform it)",
     "sched:param_hook": "a gradient hook on a parameter (refused on every method)",
     "hook:param_before": "a gradient hook on a parameter (refused on every method)",
+    "out:whole": "a value of the whole batch in the output, no mean of per-example terms",
+    "mix:flip": "a model that mixes each example with another (the examples are not alone)",
 }
 #: features refused by design on ``func`` only (``loop``, one plain forward and backward per
 #: example, has none of its own: it is held to :data:`BY_DESIGN` alone)
@@ -48,6 +50,7 @@ BY_DESIGN_FUNC = {
     "rnn:GRU": "torch's vmap has no rule for GRU",
     "rnn:RNN": "torch's vmap has no rule for RNN",
     "block:share": "one module at two places",
+    "buf:counter": "a forward that updates a buffer (functional_call cannot carry it out)",
 }
 HOOK_PATH = ("hooks", "factored")
 LIBRARY = str(Path(grab_exp.__file__).parent)

@@ -37,16 +37,32 @@ def dense_grad(p: nn.Parameter) -> torch.Tensor | None:
 def reference(model: nn.Module, loss_fn, x: Any, y: Any) -> Reference:
     """The references of the batch ``(x, y)`` for ``model`` as it is now."""
     model.zero_grad(set_to_none=True)
+    before = buffers(model)  # every example runs on the model as the call found it
     loss = loss_fn(call_model(model, x), y)
     loss.backward()
+    after = buffers(model)
     grads = {n: dense_grad(p) for n, p in model.named_parameters()}
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     rows: dict[str, list[torch.Tensor]] = {n: [] for n, _ in named}
     for i in range(size(y)):
         model.zero_grad(set_to_none=True)
+        load(model, before)
         loss_fn(call_model(model, example(x, i)), example(y, i)).backward()
         for n, p in named:
             g = dense_grad(p)
             rows[n].append(torch.zeros_like(p) if g is None else g)
+    load(model, after)  # as one plain step leaves it
     model.zero_grad(set_to_none=True)
     return Reference(loss.detach(), grads, {n: torch.stack(r) for n, r in rows.items()})
+
+
+def buffers(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of the model's buffers by name."""
+    return {n: b.detach().clone() for n, b in model.named_buffers()}
+
+
+@torch.no_grad()
+def load(model: nn.Module, saved: dict[str, torch.Tensor]) -> None:
+    """The buffers as :func:`buffers` copied them."""
+    for n, b in model.named_buffers():
+        b.copy_(saved[n])

@@ -38,6 +38,21 @@ MINIMAL: dict[str, tuple[int, tuple[str, ...]]] = {
     "loss_reads_stored_activation": (22, ("family:vec", "out:stored")),
     # false refusal: a batch-mean scalar returned beside the output (a VAE's KL term)
     "batch_mean_aux_output": (2, ("family:vec", "out:aux")),
+    # found by an adversarial reviewer against 968da8f's parent (named by what it did there):
+    # wrong: batch-flip mixup passed the mixing check when it drew a mirrored pair together
+    "flip_mixup": (3, ("family:vec", "mix:flip")),
+    "flip_mixup_hooks": (3, ("family:vec", "mix:flip", "method:hooks")),
+    # wrong: a value of the whole batch beside the output (a load-balancing term)
+    "whole_batch_aux_output": (2, ("family:vec", "out:aux", "out:whole")),
+    "whole_batch_aux_output_factored": (
+        2,
+        ("family:vec", "out:aux", "out:whole", "method:factored"),
+    ),
+    # a buffer the forward advances, on a model whose layer is idle on early batches (auto
+    # leaves the hook path mid-call: the counter was not put back)
+    "counter_buffer_auto_fallback": (1, ("family:vec", "block:gated", "input:dict", "buf:counter")),
+    # false refusal: a switch between training and eval mode between calls
+    "train_eval_switch": (5, ("family:vec", "block:dropout", "sched:mode")),
 }
 
 

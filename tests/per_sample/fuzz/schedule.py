@@ -5,7 +5,8 @@ draws from its own seed, so the model under test and its reference change alike.
 does), ``sched:param_hook`` registers a gradient hook on a parameter (masking some of its
 entries), ``sched:fwd_hook`` a forward hook on a module, ``sched:freeze`` / ``sched:unfreeze``
 switch ``requires_grad``, ``sched:replace_head`` puts a larger head in, ``sched:add_block``
-appends a block, ``sched:step`` moves every parameter as an optimizer step would.
+appends a block, ``sched:step`` moves every parameter as an optimizer step would,
+``sched:mode`` switches between training and eval mode.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from .models import reinit
 
 Change = Callable[[nn.Module], None]
 KINDS = ["tie_after", "param_hook", "fwd_hook", "freeze", "unfreeze", "replace_head"]
-KINDS += ["add_block", "step"]
+KINDS += ["add_block", "step", "mode"]
 
 
 def linears(model: nn.Module) -> list[nn.Linear]:
@@ -72,6 +73,11 @@ def add_block(model: nn.Module, g: torch.Generator) -> None:
     model.neck.append(block)
 
 
+def mode(model: nn.Module, g: torch.Generator) -> None:
+    """Switch the model between training and eval mode (its dropout, its norms)."""
+    model.train(not model.training)
+
+
 def step(model: nn.Module, g: torch.Generator) -> None:
     with torch.no_grad():
         for p in model.parameters():
@@ -87,6 +93,7 @@ _KIND = {
     "replace_head": replace_head,
     "add_block": add_block,
     "step": step,
+    "mode": mode,
 }
 
 
@@ -104,7 +111,7 @@ def schedule(draw, calls: int, lm: bool) -> list[list[Change]]:
         if draw.chance(f"sched:{kind}", 0.1):
             out[draw.int(0, calls - 1)].append(change(kind, draw.rng.getrandbits(30)))
     for k in range(1, calls):
-        for kind in ("freeze", "unfreeze", "replace_head", "add_block", "step"):
+        for kind in ("freeze", "unfreeze", "replace_head", "add_block", "step", "mode"):
             if lm and kind in ("replace_head", "add_block"):
                 continue
             if draw.chance(f"sched:{kind}", 0.06):
