@@ -23,12 +23,14 @@ from grab_exp.per_sample.check.loss import loss_gap, loss_of
 from grab_exp.per_sample.check.mean import GradSnapshot
 from grab_exp.per_sample.check.schedule import CHECK_EVERY
 from grab_exp.per_sample.check.tolerance import OUTPUT_TOLERANCE
+from grab_exp.per_sample.fallback import FuncFallback
 from grab_exp.per_sample.layout import Call, CallLayout, Inputs, batch_size, call_model
 from grab_exp.per_sample.modules import UnsupportedModelError
 from grab_exp.per_sample.modules import label as _label
 from grab_exp.per_sample.plan import Layers, Planner
 from grab_exp.per_sample.recording import REINDEXED, Recorder, reindexes
 from grab_exp.per_sample.rows import GradBuffer, Rows
+from grab_exp.per_sample.rules import LayerRule
 
 __all__ = ["FactoredPerSample", "HookedPerSample", "UnsupportedModelError", "check_supported"]
 
@@ -63,14 +65,6 @@ def check_supported(model: nn.Module) -> None:
             )
 
 
-def _via(part: str, name: str) -> property:
-    """``self.<part>.<name>``, read and written through: the step's names for its parts' state."""
-    return property(
-        lambda self: getattr(getattr(self, part), name),
-        lambda self, value: setattr(getattr(self, part), name, value),
-    )
-
-
 class HookedPerSample(PerSampleGradients):
     """``method=hooks``: per-sample gradients from one backward pass; per-layer rules, else the
     per-layer fallback.
@@ -83,8 +77,9 @@ class HookedPerSample(PerSampleGradients):
             next call overwrites them**; consume (or clone) them before calling again.
 
     Attributes:
-        registry, planner, recorder, assembler: the step's parts, built anew when the trainable
-            set or the modules change; ``rules``, ``fallbacks``, ``idle``, ``plan`` are theirs.
+        registry, planner, recorder, rows: the step's parts (:class:`~.plan.Layers`,
+            :class:`~.plan.Planner`, :class:`~.recording.Recorder`, :class:`~.rows.Rows`), built
+            anew when the trainable set or the modules change.
         grad_buffer: the reused buffer (its ``buffer`` ``(rows >= B, d)`` once a call made it).
     """
 
@@ -92,26 +87,6 @@ class HookedPerSample(PerSampleGradients):
     factored = False  # rules return factors where they pay (FactoredPerSample)
     module_dropout = True
     registry: Layers | None = None  # None until the hooks are set
-
-    _layers = _via("registry", "modules")
-    _own = _via("registry", "own")
-    rules = _via("registry", "rules")
-    fallbacks = _via("registry", "fallbacks")
-    idle = _via("registry", "idle")
-    plan = _via("planner", "plan")
-    _use_plan = _via("planner", "use_plan")
-    _check_calls = _via("planner", "check_calls")
-    _call_layouts = _via("planner", "call_layouts")
-    _calls = _via("recorder", "calls")
-    _batch = _via("recorder", "batch")
-    _entry_versions = _via("recorder", "entry_versions")
-    _in_mode = _via("recorder", "in_mode")
-    _refuse_foreign_hooks = _via("recorder", "refuse_foreign_hooks")
-    _read_in_place = _via("recorder", "read_in_place")
-    _refuse_direct_uses = _via("recorder", "refuse_direct_uses")
-    _backward = _via("recorder", "backward")
-    _rows = _via("assembler", "rows")
-    _batch_grads = _via("assembler", "batch_grads")
 
     def __init__(
         self,
@@ -140,7 +115,7 @@ class HookedPerSample(PerSampleGradients):
         self.recorder = Recorder(self.registry)
         self.planner = Planner(self.model, self.registry, self.recorder)
         buffer = self.grad_buffer if self.reuse_buffer else None
-        self.assembler = Rows(self.planner, self.factored, buffer)
+        self.rows = Rows(self.planner, self.factored, buffer)
         self._trainable = self.state.key()[0]
         self.checker.forget()
 
@@ -150,14 +125,26 @@ class HookedPerSample(PerSampleGradients):
             self.registry.remove()
 
     @property
+    def rules(self) -> dict[str, LayerRule]:
+        """The layers hooked with their rule, by name."""
+        return self.registry.rules
+
+    @property
+    def fallbacks(self) -> dict[str, FuncFallback]:
+        """The layers hooked with the per-layer fallback, by name."""
+        return self.registry.fallbacks
+
+    @property
     def layouts(self) -> dict[str, list[CallLayout]]:
         """The current plan's layouts (``{}`` before the first call)."""
-        return {} if self.plan is None else self.plan.layouts
+        plan = self.planner.plan
+        return {} if plan is None else plan.layouts
 
     @property
     def expanded(self) -> set[str]:
         """The current plan's expanded layers."""
-        return set() if self.plan is None else self.plan.expanded
+        plan = self.planner.plan
+        return set() if plan is None else plan.expanded
 
     def state_bytes(self) -> int:
         buffer = self.grad_buffer.buffer
@@ -165,7 +152,7 @@ class HookedPerSample(PerSampleGradients):
 
     def quiet(self) -> contextlib.AbstractContextManager:
         """Hooks idle: the model runs as a plain model (no expansion, nothing recorded)."""
-        return self._in_mode("idle")
+        return self.recorder.in_mode("idle")
 
     def _compute(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         """Forward and backward on ``x (B, ...)``, ``y (B,)`` (with gradients on, as
@@ -178,32 +165,31 @@ class HookedPerSample(PerSampleGradients):
         modes = self.state.key()
         if self._trainable != modes[0]:
             self._build_layers()  # a layer was frozen or unfrozen since
-        self._refuse_foreign_hooks()
-        shapes = self._use_plan(x)
-        self._calls, self._batch, self._entry_versions = {}, batch, {}
-        with self._in_mode("record"):
+        self.recorder.refuse_foreign_hooks()
+        shapes = self.planner.use_plan(x)
+        plan, recorder = self.planner.plan, self.recorder
+        recorder.calls, recorder.batch, recorder.entry_versions = {}, batch, {}
+        with recorder.in_mode("record"):
             out = call_model(self.model, x)
         loss = loss_of(self.loss_fn, out, y)
-        calls, self._calls = self._calls, {}
-        self._check_calls(calls)
-        changed = self._read_in_place(calls)
-        counts = tuple(len(calls.get(n, ())) for n in self._layers)
+        calls, recorder.calls = recorder.calls, {}
+        self.planner.check_calls(calls)
+        changed = recorder.read_in_place(calls)
+        counts = tuple(len(calls.get(n, ())) for n in self.registry.modules)
         key = (shapes, modes, counts, changed)  # an output changed in place: a new kind
-        due = self.checker.due(key, batch) or (self.plan.reindexes and self.checker.on)
+        due = self.checker.due(key, batch) or (plan.reindexes and self.checker.on)
         if due:
-            self._refuse_direct_uses(loss, calls)
-            self.plan.reindexes |= reindexes(calls, out)
+            recorder.refuse_direct_uses(loss, calls)
+            plan.reindexes |= reindexes(calls, out)
         elif (k := self.checker.split(batch)) is not None:  # a full check reads every loss
-            gap = loss_gap(self.loss_fn, out, y, loss, self.plan.output, k)
+            gap = loss_gap(self.loss_fn, out, y, loss, plan.output, k)
             self.checker.settle_gap(gap, loss.dtype)  # before the backward: nothing written yet
         params = self.trainable()  # read once per call: the rows' columns
         with GradSnapshot(params.values()) as snapshot:  # a refusal puts param.grad back
-            self._backward(loss, calls, retain=due)  # loss.backward(): autograd's param.grad
-            rows = self._rows(calls, batch, params)
-            grads = self._batch_grads(rows, params)
-            full = (
-                (lambda ident: self.full_check(x, y, out, self.plan.output, ident)) if due else None
-            )
+            recorder.backward(loss, calls, retain=due)  # loss.backward(): autograd's param.grad
+            rows = self.rows.form(calls, batch, params)
+            grads = self.rows.batch_grads(rows, params)
+            full = (lambda ident: self.full_check(x, y, out, plan.output, ident)) if due else None
             identity = self._identity(calls, rows, batch) if due else None
             self._verify(grads, params, snapshot, calls, full, identity, loss)
             if due:
@@ -217,12 +203,12 @@ class HookedPerSample(PerSampleGradients):
             self.verify_and_check(grads, params, snapshot, full, identity, loss)
         except UnsupportedModelError as error:
             blind = [n for n, cs in calls.items() if any(not any(c.edges) for c in cs)]
-            if not blind and self.plan.reindexes:
+            if not blind and self.planner.plan.reindexes:
                 raise UnsupportedModelError(f"{error} ({REINDEXED})") from None
             if not blind:
                 raise
             raise UnsupportedModelError(
-                f"{_label(blind[0], self._layers[blind[0]])} ran without autograd recording it "
+                f"{self.registry.label(blind[0])} ran without autograd recording it "
                 "(torch.utils.checkpoint with use_reentrant=True runs it again inside the "
                 "backward, out of the hook path's sight): its rows are missing; use "
                 "use_reentrant=False, or method=func"
@@ -235,7 +221,7 @@ class HookedPerSample(PerSampleGradients):
         # such a layer is compared at its parameters, like the replayed ones
         at_params = {
             name
-            for name in self._layers
+            for name in self.registry.modules
             if name not in self.rules or any(c.in_place for c in calls.get(name, []))
         }
         outputs = [
@@ -243,16 +229,16 @@ class HookedPerSample(PerSampleGradients):
             for name in self.rules
             if name not in at_params and name in calls
             for call, layout in zip(
-                calls.get(name, []), self._call_layouts(name, calls), strict=True
+                calls.get(name, []), self.planner.call_layouts(name, calls), strict=True
             )
             for k, g in enumerate(call.grads)
             if g is not None
         ]
         params = [
             (name, n, p)
-            for name in self._layers
+            for name in self.registry.modules
             if name in at_params
-            for n, p in self._own[name].items()
+            for n, p in self.registry.own[name].items()
             if p.requires_grad
         ]
 

@@ -27,7 +27,7 @@ class Rows:
         self.planner, self.layers = planner, planner.layers
         self.factored, self.grad_buffer = factored, grad_buffer
 
-    def rows(self, calls: dict[str, list[Call]], batch: int, params: dict[str, nn.Parameter]):
+    def form(self, calls: dict[str, list[Call]], batch: int, params: dict[str, nn.Parameter]):
         """The rows of every trainable parameter (``(B, *shape)`` or factors), in
         ``named_parameters`` order; keyed by the parameter object, so the rows of a parameter
         that two layers share add up."""
