@@ -163,8 +163,8 @@ class HookedPerSample(PerSampleGradients):
     def _step(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         batch = batch_size(x)
         modes = self.state.key()
-        if self._trainable != modes[0]:
-            self._build_layers()  # a layer was frozen or unfrozen since
+        if self._trainable != modes[0] or self.recorder.forward_replaced():
+            self._build_layers()  # a layer was frozen or unfrozen, or its forward replaced
         self.recorder.refuse_foreign_hooks()
         shapes = self.planner.use_plan(x)
         plan, recorder = self.planner.plan, self.recorder

@@ -140,6 +140,12 @@ class Recorder:
                     "which the hook path cannot follow; use method=func (auto does)"
                 )
 
+    def forward_replaced(self) -> bool:
+        """Whether a rule layer's ``forward`` was replaced on the instance since it was hooked
+        (every call, a dict lookup per rule layer): its rule no longer holds; build the layers
+        again (:func:`~.rules.rule_for` gives it the fallback)."""
+        return any("forward" in self.layers.modules[n].__dict__ for n in self.layers.rules)
+
     def refuse_direct_uses(self, loss: torch.Tensor, calls: dict[str, list[Call]]) -> None:
         """Refuse a parameter that ``loss`` reaches other than through its layer's calls: a walk
         of the graph that steps over every recorded call, from its outputs' nodes (as returned)

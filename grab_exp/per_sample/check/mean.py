@@ -102,7 +102,8 @@ def rows_problem(
 
 def mean_refusal(model: nn.Module, name: str, param: nn.Parameter, gap: float, method: str) -> str:
     """The refusal for rows whose mean differs from ``param.grad`` at ``name``, naming a cause
-    only where one is known (a gradient hook on the parameter, a parameter shared by modules)."""
+    only where one is known (a gradient hook on the parameter, a parameter shared by modules, a
+    forward replaced on the instance)."""
     layer = name.rpartition(".")[0]
     where = label(layer, model.get_submodule(layer))
     cause = known_cause(model, name, param)
@@ -114,12 +115,14 @@ def mean_refusal(model: nn.Module, name: str, param: nn.Parameter, gap: float, m
 
 
 def known_cause(model: nn.Module, name: str, param: nn.Parameter) -> str | None:
-    """A cause the rows' mean cannot follow, where the parameter shows it."""
+    """A cause the rows' mean cannot follow, where the parameter or its layer shows it."""
     if param._backward_hooks:
         return (
             f"{name} has a gradient hook (register_hook), which changes autograd's gradient but "
             "not the rows; per-sample rows under a gradient hook are refused on every method"
         )
+    if "forward" in vars(model.get_submodule(name.rpartition(".")[0])):
+        return "its forward was replaced on the instance (layer.forward = ...)"
     owners = [n for n, m in model.named_modules() if any(q is param for q in m.parameters(False))]
     if len(owners) > 1:
         return f"{name} is shared by {' and '.join(o or '<root>' for o in owners[:2])}"
