@@ -166,25 +166,17 @@ def make_per_sample(
 
 def _auto(model, loss_fn, method, make_func, make_loop, reuse_buffer, check_every):
     """``auto``: the resolved first path (``method``), then ``func`` and ``loop``
-    (:class:`~grab_exp.per_sample.auto.AutoPerSample`). Where the structure rules the hook path
-    out, ``func`` comes first and a construction that refuses the model passes on to ``loop``."""
-    fallbacks = [("func", make_func), ("loop", make_loop)]
-    if method != "func":
-        hooked = PER_SAMPLE_CLASSES[method](
-            model, loss_fn, reuse_buffer=reuse_buffer, check_every=check_every
-        )
-        return AutoPerSample(hooked, fallbacks)
-    left = [f"method=hooks: {hooks_refusal(model)}"]
-    try:
-        return AutoPerSample(make_func(), fallbacks[1:], left)
-    except UnsupportedModelError as error:  # func refuses it at construction
-        left.append(f"method=func: {one_line(error)}")
-    try:
-        return AutoPerSample(make_loop(), [], left)
-    except UnsupportedModelError as error:
-        raise UnsupportedModelError(
-            " | ".join([*left, f"method=loop: {one_line(error)}"])
-        ) from error
+    (:class:`~grab_exp.per_sample.auto.AutoPerSample`); where the structure rules the hook path
+    out, ``func`` first, with the hook path's reason."""
+    paths = [("func", make_func), ("loop", make_loop)]
+    if method == "func":
+        return AutoPerSample(paths, [f"method=hooks: {hooks_refusal(model)}"])
+
+    def make_hooked() -> PerSampleGradients:
+        hooked = PER_SAMPLE_CLASSES[method]
+        return hooked(model, loss_fn, reuse_buffer=reuse_buffer, check_every=check_every)
+
+    return AutoPerSample([(method, make_hooked), *paths])
 
 
 #: ``auto`` factors when the layers without a factor form hold at most this share of the weights
