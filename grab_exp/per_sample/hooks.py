@@ -1,11 +1,6 @@
-"""``method=hooks`` / ``factored``: per-sample gradients from one backward pass.
-
-One step (:meth:`HookedPerSample._step`): the plan of the batch's kind (:mod:`.plan`), the forward
-recorded by the layers' hooks and one ``loss.backward()`` that writes ``param.grad`` and captures
-the layers' output gradients (:mod:`.recording`), the rows (:mod:`.rows`: a layer's rule, else its
-:mod:`.fallback`), then the checks (:mod:`.check`). Each part refuses, in one line naming the
-layer, what it cannot get right (``method=func`` may cover it).
-"""
+"""``method=hooks`` / ``factored``: per-sample gradients from one backward pass, one step
+(:meth:`HookedPerSample._step`) over the parts :mod:`grab_exp.per_sample` lists. Each part
+refuses, in one line naming the layer, what it cannot get right."""
 
 from __future__ import annotations
 
@@ -18,15 +13,14 @@ from torch.nn.utils import parametrize
 
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.base import LossFn, PerSampleGradients
-from grab_exp.per_sample.check.examples import mismatch
+from grab_exp.per_sample.check.examples import gradients, mismatch
 from grab_exp.per_sample.check.loss import loss_gap, loss_of
 from grab_exp.per_sample.check.mean import GradSnapshot
 from grab_exp.per_sample.check.schedule import CHECK_EVERY
 from grab_exp.per_sample.check.tolerance import OUTPUT_TOLERANCE
 from grab_exp.per_sample.fallback import FuncFallback
 from grab_exp.per_sample.layout import Call, CallLayout, Inputs, batch_size, call_model
-from grab_exp.per_sample.modules import UnsupportedModelError
-from grab_exp.per_sample.modules import label as _label
+from grab_exp.per_sample.modules import UnsupportedModelError, label
 from grab_exp.per_sample.plan import Layers, Planner
 from grab_exp.per_sample.recording import REINDEXED, Recorder, reindexes
 from grab_exp.per_sample.rows import GradBuffer, Rows
@@ -43,12 +37,12 @@ def check_supported(model: nn.Module) -> None:
     for name, module in model.named_modules(remove_duplicate=False):
         if isinstance(module, torch.jit.ScriptModule):
             raise UnsupportedModelError(
-                f"{_label(name, module)} is a torch.jit.script module, whose layers the hook "
+                f"{label(name, module)} is a torch.jit.script module, whose layers the hook "
                 "path cannot hook; use method=func (auto does)"
             )
         if parametrize.is_parametrized(module):
             raise UnsupportedModelError(
-                f"{_label(name, module)} is parametrized (torch.nn.utils.parametrize: "
+                f"{label(name, module)} is parametrized (torch.nn.utils.parametrize: "
                 "weight_norm, spectral_norm, orthogonal, ...): the hook path cannot compute its "
                 "per-sample gradients; use method=func"
             )
@@ -66,15 +60,9 @@ def check_supported(model: nn.Module) -> None:
 
 
 class HookedPerSample(PerSampleGradients):
-    """``method=hooks``: per-sample gradients from one backward pass; per-layer rules, else the
-    per-layer fallback.
-
-    Args:
-        model: a model that passes :func:`check_supported`.
-        loss_fn, check_every: see :class:`~grab_exp.per_sample.base.PerSampleGradients`.
-        reuse_buffer: write every call's rows into one reused ``(B, d)`` buffer
-            (:class:`~.rows.GradBuffer`), which ``Ordering.step`` takes without a copy: **the
-            next call overwrites them**; consume (or clone) them before calling again.
+    """``method=hooks`` on a model that passes :func:`check_supported`; ``reuse_buffer``: every
+    call's rows in one reused ``(B, d)`` buffer (:class:`~.rows.GradBuffer`), which
+    ``Ordering.step`` takes without a copy: **the next call overwrites them**.
 
     Attributes:
         registry, planner, recorder, rows: the step's parts (:class:`~.plan.Layers`,
@@ -108,8 +96,7 @@ class HookedPerSample(PerSampleGradients):
             self._build_layers()
 
     def _build_layers(self) -> None:
-        """Hook every layer with trainable parameters of its own (again, when the trainable set
-        changed), and forget the probes."""
+        """Hook the layers (again when the trainable set or a forward changed); no probe kept."""
         self.remove()
         self.registry = Layers()
         self.recorder = Recorder(self.registry)
@@ -126,23 +113,19 @@ class HookedPerSample(PerSampleGradients):
 
     @property
     def rules(self) -> dict[str, LayerRule]:
-        """The layers hooked with their rule, by name."""
         return self.registry.rules
 
     @property
     def fallbacks(self) -> dict[str, FuncFallback]:
-        """The layers hooked with the per-layer fallback, by name."""
         return self.registry.fallbacks
 
     @property
     def layouts(self) -> dict[str, list[CallLayout]]:
-        """The current plan's layouts (``{}`` before the first call)."""
         plan = self.planner.plan
         return {} if plan is None else plan.layouts
 
     @property
     def expanded(self) -> set[str]:
-        """The current plan's expanded layers."""
         plan = self.planner.plan
         return set() if plan is None else plan.expanded
 
@@ -151,12 +134,9 @@ class HookedPerSample(PerSampleGradients):
         return 0 if buffer is None else buffer.numel() * buffer.element_size()
 
     def quiet(self) -> contextlib.AbstractContextManager:
-        """Hooks idle: the model runs as a plain model (no expansion, nothing recorded)."""
         return self.recorder.in_mode("idle")
 
     def _compute(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
-        """Forward and backward on ``x (B, ...)``, ``y (B,)`` (with gradients on, as
-        ``torch.func.grad`` has them); the check when it is due; ``param.grad`` last."""
         with torch.enable_grad():
             return self._step(x, y)
 
@@ -197,8 +177,7 @@ class HookedPerSample(PerSampleGradients):
         return loss.detach(), grads
 
     def _verify(self, grads, params, snapshot, calls, full, identity, loss) -> None:
-        """:meth:`verify_and_check`, naming a layer that ran without autograd recording it as
-        the cause."""
+        """:meth:`verify_and_check`, naming a layer autograd did not record as the cause."""
         try:
             self.verify_and_check(grads, params, snapshot, full, identity, loss)
         except UnsupportedModelError as error:
@@ -215,8 +194,8 @@ class HookedPerSample(PerSampleGradients):
             ) from None
 
     def _identity(self, calls: dict[str, list[Call]], rows: dict[str, Any], batch: int):
-        """The identity at the rule layers' outputs and at the other layers' parameters
-        (:mod:`~grab_exp.per_sample.check`): ``(losses, c) -> problem or None``."""
+        """The identity (:mod:`~grab_exp.per_sample.check`) at the rule layers' outputs and the
+        other layers' parameters."""
         # an output changed in place since (a ReLU(inplace=True)) is another tensor by now:
         # such a layer is compared at its parameters, like the replayed ones
         at_params = {
@@ -244,37 +223,31 @@ class HookedPerSample(PerSampleGradients):
 
         def identity(losses: torch.Tensor, c: torch.Tensor) -> str | None:
             inputs = [t for _, t, _, _ in outputs] + [p for _, _, p in params]
-            want = torch.autograd.grad(losses.mul(c).sum(), inputs, allow_unused=True)
-            want = [
-                torch.zeros_like(t) if w is None else w for t, w in zip(inputs, want, strict=True)
-            ]
-
+            want = gradients(losses.mul(c).sum(), inputs)
             at_outputs, at_params = want[: len(outputs)], want[len(outputs) :]
-
-            def output_pairs():
-                for (name, _, g, dim), w in zip(outputs, at_outputs, strict=True):
-                    shape = [1] * g.dim()
-                    shape[dim] = batch
-                    yield name, "its output gradients", g * c.view(shape) * batch, w
-
-            def param_pairs():
-                for (name, n, _), w in zip(params, at_params, strict=True):
-                    got = torch.tensordot(c, rows[n], dims=1)  # (*shape)
-                    yield name, f"the rows of {n}", got, w
-
-            method = self.method
+            weighted_outputs = (  # c along each output gradient's batch dimension
+                (
+                    name,
+                    "its output gradients",
+                    g * c.view([-1 if i == d else 1 for i in range(g.dim())]) * batch,
+                    w,
+                )
+                for (name, _, g, d), w in zip(outputs, at_outputs, strict=True)
+            )
+            weighted_rows = (
+                (name, f"the rows of {n}", torch.tensordot(c, rows[n], dims=1), w)
+                for (name, n, _), w in zip(params, at_params, strict=True)
+            )
             return mismatch(
-                self.model, at_outputs, output_pairs(), method, OUTPUT_TOLERANCE
-            ) or mismatch(self.model, at_params, param_pairs(), method)
+                self.model, at_outputs, weighted_outputs, self.method, OUTPUT_TOLERANCE
+            ) or mismatch(self.model, at_params, weighted_rows, self.method)
 
         return identity
 
 
 class FactoredPerSample(HookedPerSample):
-    """``method=factored``: :class:`HookedPerSample`, but layers whose rule has a factor form that
-    pays (:meth:`~grab_exp.per_sample.rules.LayerRule.factors`) keep their input and output
-    gradient (:class:`~grab_exp.grads.linear.LinearFactors`) instead of ``(B, *shape)`` blocks; no
-    buffer is reused."""
+    """``method=factored``: layers whose rule has a factor form that pays keep it
+    (:class:`~grab_exp.grads.linear.LinearFactors`); no buffer is reused."""
 
     method = "factored"
     factored = True
