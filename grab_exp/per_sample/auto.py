@@ -1,13 +1,10 @@
 """``method=auto``: the hook path while it gets the model right, else ``func``, else ``loop``.
 
-When a call of a path refuses or fails (on any batch: which path is right shows only when it
-runs), :class:`AutoPerSample` removes its hooks, puts back the buffers and random state that
-call's forward changed and takes the next path for that call and the rest: the hook path (unless
-the model's structure rules it out), ``func``, then ``loop``
-(:class:`~grab_exp.per_sample.loop.LoopPerSample`, one example at a time), announced by one
-``UserWarning`` naming why each faster path was left. A model that none gets right is refused in
-one line with every path's reason; a loss that breaks the contract (``LossContractError``) and
-the user's own error (``UserCodeError``) are raised at once.
+When a path refuses or fails, on construction or on any call (which path is right shows only when
+it runs), :class:`AutoPerSample` removes its hooks, puts back the running statistics and random
+state that the call changed and takes the next path for that call and the rest, announcing
+``loop`` by one ``UserWarning``. A model that none gets right is refused in one line with every
+path's reason; ``LossContractError`` and ``UserCodeError`` are raised at once.
 """
 
 from __future__ import annotations
@@ -25,73 +22,61 @@ from grab_exp.per_sample.modules import LossContractError, UnsupportedModelError
 
 __all__ = ["AutoPerSample"]
 
-#: a path ``auto`` may take next: ``(method, build it)``
-Fallback = tuple[str, Callable[[], PerSampleGradients]]
+#: a path ``auto`` may take: ``(method, build it)``
+Path = tuple[str, Callable[[], PerSampleGradients]]
+#: errors raised at once, whichever path runs
+FINAL = (LossContractError, UserCodeError)
 
 
 class AutoPerSample(PerSampleGradients):
-    """The first path, replaced by the next when a call of it refuses or fails.
-
-    Args:
-        first: the path to try first (``hooks``, ``factored`` or ``func``).
-        fallbacks: the paths to take after it, in order, built when needed.
-        left: ``method=<name>: <reason>`` of paths ruled out before ``first`` (the hook path
-            that the model's structure rules out).
+    """The first of ``paths`` that builds, replaced by the next when a call of it refuses or
+    fails; ``left``: ``method=<name>: <reason>`` of paths ruled out before (the hook path, by the
+    model's structure).
 
     Attributes:
         chosen: the path in use.
-        reason: why the paths before it were left, ``" | "``-joined (``None`` while the first
-            path is in use).
+        reason: why the paths before it were left, ``" | "``-joined (``None``: none was).
     """
 
-    def __init__(
-        self, first: PerSampleGradients, fallbacks: Sequence[Fallback], left: Sequence[str] = ()
-    ) -> None:
-        self.model, self.loss_fn = first.model, first.loss_fn
-        self.chosen: PerSampleGradients = first
-        self._fallbacks = list(fallbacks)
-        self._left = list(left)
-        self._warned = False
+    def __init__(self, paths: Sequence[Path], left: Sequence[str] = ()) -> None:
+        self._paths, self._left, self._warned = list(paths), list(left), False
+        self._next(UnsupportedModelError)  # the first path's other errors are raised as they are
+        self.model, self.loss_fn = self.chosen.model, self.chosen.loss_fn
 
     @property
     def method(self) -> str:  # type: ignore[override]
-        """The chosen path's method (``hooks`` or ``factored`` until a call refuses it)."""
         return self.chosen.method
 
     @property
     def checker(self):  # type: ignore[override]
-        """The chosen path's check schedule."""
         return self.chosen.checker
 
     @property
     def reason(self) -> str | None:
-        """Why the paths before the chosen one were left (``None``: none was)."""
         return " | ".join(self._left) or None
 
     def check(self) -> None:
         self.chosen.check()
 
     def __call__(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
-        while self._fallbacks:
+        while True:
             buffers = _buffers(self.model)  # what a failed call's forward may change
             rng = torch.get_rng_state()  # and the masks it drew (the next path draws again)
             try:
                 return self._called(x, y)
-            except (LossContractError, UserCodeError):
-                raise  # the loss is wrong for every method, or the user's code raised
-            except Exception as error:  # any failure of this path
+            except FINAL:
+                raise
+            except Exception as error:
+                if not self._paths:  # the last path: with the reasons of those left before
+                    if self._left and isinstance(error, RuntimeError | ValueError):
+                        raise self._refusal(self.method, error) from error
+                    raise
                 torch.set_rng_state(rng)
                 _put_back(buffers)
-                self._leave(self.chosen.method, error)
-                self._next()
-        try:
-            return self._called(x, y)
-        except (LossContractError, UserCodeError):
-            raise
-        except (RuntimeError, ValueError) as error:  # UnsupportedModelError included
-            if not self._left:
-                raise
-            raise self._refusal(self.chosen.method, error) from error
+                self._left.append(_reason(self.chosen.method, error))
+                if hasattr(self.chosen, "remove"):
+                    self.chosen.remove()  # its hooks
+                self._next((RuntimeError, ValueError))
 
     def _called(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         """The chosen path's call; the first that ``loop`` returns is announced."""
@@ -106,32 +91,24 @@ class AutoPerSample(PerSampleGradients):
             )
         return result
 
-    def _leave(self, method: str, error: BaseException) -> None:
-        """Record why ``method`` was left and remove its hooks."""
-        self._left.append(f"method={method}: {_without_method(one_line(error))}")
-        remove = getattr(self.chosen, "remove", None)
-        if remove is not None:
-            remove()
-
-    def _next(self) -> None:
-        """Build the next path; one whose construction refuses the model is left as well (the
+    def _next(self, refused: type | tuple[type, ...]) -> None:
+        """Build the next path; one whose construction raises ``refused`` is left as well (the
         last one's refusal is the final one, with every reason)."""
-        while self._fallbacks:
-            method, make = self._fallbacks.pop(0)
+        while True:
+            method, make = self._paths.pop(0)
             try:
                 self.chosen = make()
                 return
-            except (LossContractError, UserCodeError):
+            except FINAL:
                 raise
-            except (RuntimeError, ValueError) as error:
-                if not self._fallbacks:
+            except refused as error:
+                if not self._paths:
                     raise self._refusal(method, error) from error
-                self._left.append(f"method={method}: {_without_method(one_line(error))}")
+                self._left.append(_reason(method, error))
 
     def _refusal(self, method: str, error: BaseException) -> UnsupportedModelError:
         """The final refusal: every path's reason, on one line."""
-        last = f"method={method}: {_without_method(one_line(error))}"
-        return UnsupportedModelError(" | ".join([*self._left, last]))
+        return UnsupportedModelError(" | ".join([*self._left, _reason(method, error)]))
 
     def state_bytes(self) -> int:
         return self.chosen.state_bytes()
@@ -163,7 +140,7 @@ def _put_back(buffers: list[tuple[nn.Module, str, torch.Tensor, int, torch.Tenso
             b.copy_(saved)
 
 
-def _without_method(message: str) -> str:
-    """A path's refusal without its ``method=...:`` prefix (auto's message names each path)."""
-    head, _, rest = message.partition(": ")
-    return rest if head.startswith("method=") and rest else message
+def _reason(method: str, error: BaseException) -> str:
+    """``method=<name>: <error's line>`` (without a ``method=...:`` prefix of its own)."""
+    head, _, rest = one_line(error).partition(": ")
+    return f"method={method}: {rest if head.startswith('method=') and rest else one_line(error)}"

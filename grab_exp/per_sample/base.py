@@ -1,17 +1,12 @@
 """The one interface of the per-sample paths, :class:`PerSampleGradients` (like opacus's
-``AbstractGradSampleModule``): ``loss, grads = psg(x, y)`` returns the detached mean loss and a
-:class:`~grab_exp.grads.batch.BatchGrads` of the trainable parameters (``named_parameters``
-order), and adds the batch's mean gradient to every trainable ``param.grad``, as
-``loss.backward()`` would; the checks (:mod:`~grab_exp.per_sample.check`) refuse before it
-returns, with ``param.grad`` as before the call.
-"""
+``AbstractGradSampleModule``)."""
 
 from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -46,18 +41,11 @@ def one_line(error: Exception) -> str:
     return text if isinstance(error, UnsupportedModelError) else f"{type(error).__name__}: {text}"
 
 
-def _name(obj: Any) -> str:
-    """``module.name`` of a class instance (or of a function)."""
-    named = obj if callable(obj) and hasattr(obj, "__qualname__") else type(obj)
-    return f"{named.__module__}.{named.__qualname__}"
-
-
 def user_code_error(
     model: nn.Module, loss_fn: LossFn, x: Inputs, y: torch.Tensor, error: Exception
 ) -> UserCodeError | None:
     """:class:`UserCodeError` when ``error`` was raised in a user's file and a plain step
-    (``loss_fn(model(x), y)``, no per-sample method) raises the same type in a user's file;
-    else ``None`` (a per-sample problem: the caller's refusal stands)."""
+    (``loss_fn(model(x), y)``) raises the same type in one; else ``None`` (a refusal stands)."""
     if not raised_in_user_file(error):
         return None
     setting, obj = "model", model
@@ -68,25 +56,20 @@ def user_code_error(
             loss_fn(out, y)
     except Exception as plain:  # the user's code fails without any method
         if type(plain) is type(error) and raised_in_user_file(plain):
-            return UserCodeError(setting, _name(obj), plain)
+            named = obj if callable(obj) and hasattr(obj, "__qualname__") else type(obj)
+            return UserCodeError(setting, f"{named.__module__}.{named.__qualname__}", plain)
     return None
 
 
 class PerSampleGradients(ABC):
-    """Per-sample gradients of one model's loss; subclasses implement :meth:`_compute`.
-
-    Args:
-        model: the module to differentiate.
-        loss_fn: ``loss_fn(out, y)``, the batch MEAN of per-example losses.
-        check_every: the check's period (:class:`~grab_exp.per_sample.check.schedule.Check`);
-            ``0`` turns every check off.
+    """Per-sample gradients of ``model``'s loss ``loss_fn(out, y)``, the batch MEAN of
+    per-example losses; subclasses implement :meth:`_compute`. ``check_every``: the checks'
+    period (:class:`~.check.schedule.Check`; ``0``: none). ``ValueError`` for a module whose mode
+    breaks per-sample gradients (:func:`.module_problem`).
 
     Attributes:
         method: the name :func:`~grab_exp.per_sample.pipeline.make_per_sample` knows it by.
         randomness: vmap's ``randomness`` for random layers; ``None``: active dropout is refused.
-
-    Raises:
-        ValueError: a module whose mode breaks per-sample gradients (:func:`.module_problem`).
     """
 
     method: ClassVar[str]
@@ -104,20 +87,18 @@ class PerSampleGradients(ABC):
         self.check()
 
     def check(self) -> None:
-        """Raise ``ValueError`` naming the first module whose mode breaks per-sample gradients."""
         for name, module in self._watched:
             problem = module_problem(name, module, self.randomness, self.module_dropout)
             if problem is not None:
                 raise ValueError(problem)
 
     def __call__(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
-        """``(loss, grads)`` of inputs ``x`` (a tensor, or a tuple or dict of tensors, the batch
-        in dimension 0) and targets ``y``; adds the batch's mean gradient to ``param.grad``.
-
-        Raises:
-            UnsupportedModelError: one line naming the cause; ``param.grad`` as before the call.
-            UserCodeError: the user's model or loss raised, and a plain step raises the same.
-        """
+        """The detached mean loss and the :class:`~grab_exp.grads.batch.BatchGrads` of the
+        trainable parameters (``named_parameters`` order) of inputs ``x`` (a tensor, or a tuple
+        or dict of tensors, the batch in dimension 0) and targets ``y``; adds the batch's mean
+        gradient to ``param.grad`` as ``loss.backward()`` would. ``UnsupportedModelError``: one
+        line naming the cause, ``param.grad`` as before the call; ``UserCodeError``: the user's
+        model or loss raised, and a plain step raises the same."""
         if self.state.stale(self.model):  # a module or parameter was replaced since
             self.state = ModelState(self.model)
             self.restructure()
@@ -132,7 +113,6 @@ class PerSampleGradients(ABC):
             raise UnsupportedModelError(f"method={self.method}: {one_line(error)}") from error
 
     def restructure(self) -> None:
-        """List the modules whose modes :meth:`check` reads (again when modules were replaced)."""
         self._watched = [(n, m) for n, m in self.model.named_modules() if isinstance(m, WATCHED)]
 
     def state_bytes(self) -> int:
@@ -140,30 +120,11 @@ class PerSampleGradients(ABC):
         return 0
 
     def quiet(self) -> contextlib.AbstractContextManager:
-        """A context in which the model runs as a plain model (a path's hooks stay idle)."""
+        """The model runs as a plain model inside (a path's hooks idle)."""
         return contextlib.nullcontext()
 
     def trainable(self) -> dict[str, nn.Parameter]:
-        """The trainable parameters, in ``named_parameters`` order (the rows' columns)."""
         return self.state.trainable()
-
-    def verify(
-        self,
-        rows: BatchGrads,
-        params: dict[str, nn.Parameter],
-        snapshot: GradSnapshot,
-        loss: torch.Tensor | None = None,
-    ) -> None:
-        """Refuse rows whose mean is not this call's ``param.grad`` (:mod:`.check.mean`)."""
-        if not self.checker.on:
-            return
-        names, tensors = list(params), list(params.values())
-        grads = snapshot.grads()
-        problem = rows_problem(rows, names, grads, tensors, self.model, self.method, loss)
-        if isinstance(problem, torch.Tensor):  # CUDA: judged at the next full check
-            self.checker.defer_rows(problem)
-        elif problem is not None:
-            raise UnsupportedModelError(problem)
 
     def verify_and_check(
         self,
@@ -174,28 +135,30 @@ class PerSampleGradients(ABC):
         identity: Identity,
         loss: torch.Tensor | None = None,
     ) -> None:
-        """:meth:`verify`, then ``full(identity)`` (:meth:`full_check`) where one is due. Where
-        the rows' mean is off, the full check runs first without the identity (its loss and
-        mixing checks name a cause; the identity could only blame the rows' order)."""
-        try:
-            self.verify(rows, params, snapshot, loss)
-        except UnsupportedModelError:
+        """The rows' mean against this call's ``param.grad`` (:mod:`.check.mean`), then
+        ``full(identity)`` where one is due; where the mean is off, ``full(None)`` first (its loss
+        and mixing checks name a cause, the identity would not)."""
+        problem = None
+        if self.checker.on:
+            names, tensors, grads = list(params), list(params.values()), snapshot.grads()
+            problem = rows_problem(rows, names, grads, tensors, self.model, self.method, loss)
+        if isinstance(problem, torch.Tensor):  # CUDA: judged at the next full check
+            self.checker.defer_rows(problem)
+        elif problem is not None:
             if full is not None:
                 full(None)
-            raise
+            raise UnsupportedModelError(problem)
         if full is not None:
             full(identity)
 
     def full_check(
         self, x: Inputs, y, out, layout, identity: Identity, rows=None, params=None
     ) -> None:
-        """The full check of the batch ``x, y`` (:mod:`~grab_exp.per_sample.check`): ``out`` is
-        its output in the graph of its forward, ``layout`` where it has the batch; ``identity``
-        ``None`` where the rows cannot be compared with ``out``'s graph (other random masks).
-
-        An output with a floating leaf that has no batch dimension (a VAE's ``kl.mean()``, a
-        mixture of experts' load-balancing term) cannot be split into the examples' losses: the
-        rows (``BatchGrads`` of ``params``) are compared with resampled batches instead
+        """The full check of the batch ``x, y`` (:mod:`~grab_exp.per_sample.check`), ``out`` its
+        output in its forward's graph, ``layout`` where it has the batch; ``identity``: ``None``
+        where the rows cannot be compared with ``out``'s graph (other random masks). An output
+        with a floating leaf that has no batch dimension cannot be split into the examples'
+        losses: the rows (of ``params``) are compared with resampled batches instead
         (:mod:`~grab_exp.per_sample.check.resampled`)."""
         batch = batch_size(y)
         loss = loss_of(self.loss_fn, out, y)  # first: a loss that changes its input is named

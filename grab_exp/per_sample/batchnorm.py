@@ -1,5 +1,4 @@
-"""BatchNorm (refused in training mode: batch statistics mix the examples) to GroupNorm, which
-normalizes every example on its own, as differential-privacy libraries do."""
+"""BatchNorm to GroupNorm, which normalizes every example on its own (as DP libraries do)."""
 
 from __future__ import annotations
 
@@ -34,9 +33,8 @@ def batchnorm_to_groupnorm(model: nn.Module, max_groups: int = 32) -> nn.Module:
 
 
 def _groups(batch_norm: nn.Module, max_groups: int, name: str) -> int:
-    """``gcd(C, max_groups)`` groups; for a ``BatchNorm1d``, which may see ``(B, C)`` inputs (one
-    value per channel), groups of at least two channels: a group of one value normalizes it to
-    0, and the layer would output its bias whatever the input."""
+    """``gcd(C, max_groups)`` groups; for a ``BatchNorm1d`` (``(B, C)`` inputs: a group of one
+    value normalizes it to 0), groups of at least two channels."""
     channels = batch_norm.num_features
     if not isinstance(batch_norm, nn.BatchNorm1d):
         return math.gcd(channels, max_groups)

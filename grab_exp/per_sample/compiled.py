@@ -1,13 +1,6 @@
-"""``trainer.compile``: a training step's gradients through ``torch.compile``.
-
-``classic`` compiles the forward and the loss as one graph (and AOT autograd its backward);
-``method=func`` compiles ``vmap(grad(loss of one example))``; the hook path and ``loop`` are not
-compiled (the hooks split Dynamo's graph at every layer; ``loop`` is a Python loop over the
-examples): under compile ``auto`` resolves to ``func`` with no fallback to ``loop``, and
-``hooks``, ``factored`` and ``loop`` are config errors. The model itself is not wrapped
-(``state_dict()`` keys as in an eager run); graphs are static-shaped, so a short last batch
-compiles a second one.
-"""
+"""``trainer.compile``: ``classic`` compiles the forward and loss as one graph, ``method=func``
+its ``vmap(grad)``; the hook path and ``loop`` are not compiled (``auto`` is ``func``, with no
+``loop`` after it). The model is not wrapped; graphs are static-shaped."""
 
 from __future__ import annotations
 
@@ -15,7 +8,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
 
 from grab_exp.validation import check_choice
 
@@ -27,7 +19,6 @@ COMPILABLE_METHODS = ("auto", "func")
 
 
 def check_compile_method(method: str) -> None:
-    """Raise a one-line ``ValueError`` unless per-sample ``method`` can be compiled."""
     if method not in COMPILABLE_METHODS:
         raise ValueError(
             f"pipeline.method: got {method!r} with trainer.compile=true; allowed: "
@@ -50,10 +41,3 @@ def compile_step(fn: Callable[..., Any], mode: str) -> Callable[..., Any]:
         return compiled(*args)
 
     return step
-
-
-def compiled_loss(
-    model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], mode: str
-) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """``(x (B, ...), y (B,)) -> loss_fn(model(x), y)`` as one compiled graph (its backward too)."""
-    return compile_step(lambda x, y: loss_fn(model(x), y), mode)

@@ -1,12 +1,6 @@
-"""Per-layer fallback: per-sample grads of one layer that has no rule, from its saved call.
-
-Like opacus's functorch fallback: the layer alone is replayed functionally on each example's
-slice of its saved inputs (each tensor along its own batch dimension), and the gradient of
-``sum_k <g_k, out_k>`` (``g_k``: the summed loss's gradient at output ``k``) with respect to the
-layer's own and adopted parameters is that example's. Under ``vmap`` where torch can batch the
-layer, else one example after another (RNN, LSTM, GRU). A replay that would draw random numbers
-is refused before this runs.
-"""
+"""Per-layer fallback, like opacus's functorch one: a layer without a rule is replayed alone on
+each example's slice of its saved inputs, and the gradient of ``sum_k <g_k, out_k>`` (``g_k``: the
+summed loss's gradient at output ``k``) is that example's; under ``vmap``, else (RNNs) a loop."""
 
 from __future__ import annotations
 
@@ -55,10 +49,10 @@ class FuncFallback:
                 self.batched_by = "loop"  # torch's vmap cannot batch this layer
         if self.batched_by == "loop":
             grads = self._looped(own, fixed, call, layout, used, grads_sum, batch)
-        return [_write(grads.get(n), o) for n, o in zip(self.names, out, strict=True)]
+        rows = [grads.get(n) for n in self.names]
+        return [g if g is None or o is None else o.copy_(g) for g, o in zip(rows, out, strict=True)]
 
     def _replay(self, own, fixed, call, leaves, used, grads, unsqueeze):
-        """``sum_k <g_k, out_k>`` of one example's replayed call (a ``()`` tensor)."""
         args, kwargs = tree_unflatten(leaves, call.spec)
         outputs = tree_flatten(functional_call(self.layer, (own, fixed), tuple(args), kwargs))[0]
         total = 0
@@ -106,7 +100,3 @@ class FuncFallback:
             for n, p, g in zip(names, params.values(), grads, strict=True):
                 rows[n].append(torch.zeros_like(p) if g is None else g)
         return {n: torch.stack(r) for n, r in rows.items()}
-
-
-def _write(grad_: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor | None:
-    return grad_ if grad_ is None or out is None else out.copy_(grad_)

@@ -44,9 +44,8 @@ RANDOMNESS_CHOICES = ("different", "same")
 def split_state(
     module: nn.Module, names: Iterable[str] | None = None, copy_buffers: bool = False
 ) -> tuple[Grads, Grads]:
-    """``(trainable, fixed)``, detached: the trainable parameters among ``names`` (default: all,
-    in ``named_parameters`` order), and the other parameters and the buffers (copies with
-    ``copy_buffers``: a replay cannot update the module's running statistics)."""
+    """``(trainable, fixed)``, detached: the trainable parameters among ``names`` (default: all),
+    and the rest and the buffers (copies with ``copy_buffers``: a replay cannot update them)."""
     params = dict(module.named_parameters())
     chosen = params if names is None else names
     trainable = {n: params[n].detach() for n in chosen if params[n].requires_grad}
@@ -84,12 +83,10 @@ def _make_grad_fn(
 
 
 def _batch_dims(value: Any) -> Any:
-    """``value``'s in_dims for vmap: 0 for a tensor with dimensions, else ``None``."""
     return tree_map(lambda t: 0 if isinstance(t, torch.Tensor) and t.dim() else None, value)
 
 
 def _unsqueezed(value: Any, dims: Any) -> Any:
-    """One example's ``value`` as a batch of one (its batched leaves given dimension 0 back)."""
     leaves, spec = tree_flatten(value)
     flags = tree_flatten(dims)[0]  # one per leaf (None is a leaf of torch's pytrees)
     return tree_unflatten(
@@ -123,8 +120,7 @@ def repeated_module(model: nn.Module) -> str | None:
 
 
 def vmap_failure(model: nn.Module, error: RuntimeError) -> str:
-    """One line for a call that ``torch.func`` could not run, naming the recurrent layers
-    (torch's vmap cannot batch some of them and their cells)."""
+    """One line for a call that ``torch.func`` could not run, naming the recurrent layers."""
     if "Checkpointing is not compatible" in str(error) or "checkpoint" in str(error).lower():
         return CHECKPOINT_REFUSAL
     cause = str(error).strip().splitlines()[0]
@@ -142,15 +138,12 @@ def vmap_failure(model: nn.Module, error: RuntimeError) -> str:
 
 
 class FuncPerSample(PerSampleGradients):
-    """Per-sample gradients of the whole model with ``vmap(grad(loss of one example))``.
+    """Per-sample gradients with ``vmap(grad(loss_fn(model(x_i[None]), y_i[None])))``.
 
     Args:
-        model, loss_fn, check_every: see :class:`~grab_exp.per_sample.base.PerSampleGradients`
-            (each example's loss is ``loss_fn(model(x_i[None]), y_i[None])``).
         chunk_size: examples per ``vmap`` chunk (bounds memory), or ``None`` for the whole batch.
         randomness: ``None`` (active dropout is refused), ``"different"`` or ``"same"``.
-        compile_mode: ``None`` (eager) or a ``torch.compile`` mode for ``vmap(grad)``
-            (:func:`~grab_exp.per_sample.compiled.compile_step`).
+        compile_mode: ``None`` (eager) or a ``torch.compile`` mode for ``vmap(grad)``.
     """
 
     method = "func"
@@ -188,8 +181,7 @@ class FuncPerSample(PerSampleGradients):
             self._grad_fn = compile_step(self._grad_fn, compile_mode)
 
     def _compute(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
-        """The rows from ``vmap(grad)``; ``param.grad`` from the batch's own forward and one
-        ``loss.backward()`` (a plain step's work on top of the rows'); then the checks."""
+        """The rows from ``vmap(grad)``; ``param.grad`` from the batch's own ``loss.backward()``."""
         batch = batch_size(x)
         key = (input_shapes(x), self.state.key())
         layout = self._output_layout(key, x)
@@ -209,7 +201,7 @@ class FuncPerSample(PerSampleGradients):
             if loss.requires_grad:
                 loss.backward(retain_graph=due)
             if not due:  # a full check reads every example's loss
-                self._settle_split(self._examples_loss(out, y, layout), losses, batch)
+                self._settle_split(out, y, layout, losses, batch)
             full = (
                 (lambda ident: self.full_check(x, y, batch_out, layout, ident, rows, params))
                 if due
@@ -236,7 +228,7 @@ class FuncPerSample(PerSampleGradients):
                 self.full_check(x, y, call_model(self.model, x), layout, None)
             self.checker.passed(key, batch)
         if not due:
-            self._settle_split(self._examples_loss(out, y, layout), losses, batch)
+            self._settle_split(out, y, layout, losses, batch)
         for name, p in self.state.named:
             g = grads.get(name)
             if g is not None:
@@ -244,24 +236,19 @@ class FuncPerSample(PerSampleGradients):
                 p.grad = mean if p.grad is None else p.grad.add_(mean)
         return losses.mean(), rows
 
-    def _examples_loss(self, out: Any, y: torch.Tensor, layout: OutputLayout) -> torch.Tensor:
-        """``loss_fn`` of the examples' own outputs, stacked as a batch's."""
-        return loss_of(self.loss_fn, _batched(out, layout), y).detach()
-
-    def _settle_split(self, loss: torch.Tensor, losses: torch.Tensor, batch: int) -> None:
-        """``loss`` against the mean of the examples' own losses (every call)."""
+    def _settle_split(self, out: Any, y: torch.Tensor, layout: OutputLayout, losses, batch: int):
+        """``loss_fn`` of the examples' own outputs, stacked as a batch's, against their mean."""
+        loss = loss_of(self.loss_fn, _batched(out, layout), y).detach()
         if self.checker.split(batch) is not None:
-            gap = relative_gap(loss.detach(), losses.mean(), losses.abs().mean())
+            gap = relative_gap(loss, losses.mean(), losses.abs().mean())
             self.checker.settle_gap(gap, losses.dtype)
 
     def _identity(self, rows: BatchGrads):
-        """The identity over all rows (:func:`~grab_exp.per_sample.check.identity_problem`)."""
         return lambda losses, c: identity_problem(
             self.model, self.trainable(), rows, losses, c, self.method
         )
 
     def _output_layout(self, key: tuple, x: Inputs) -> OutputLayout:
-        """Where the model's output has the batch, probed once per kind of batch."""
         if self._layout_key != key:
             with kept_state(self.model) as changed, torch.no_grad():
                 two, three = (call_model(self.model, take(x, [0] * k)) for k in (2, 3))

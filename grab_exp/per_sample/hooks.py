@@ -1,11 +1,6 @@
-"""``method=hooks`` / ``factored``: per-sample gradients from one backward pass.
-
-One step (:meth:`HookedPerSample._step`): the plan of the batch's kind (:mod:`.plan`), the forward
-recorded by the layers' hooks and one ``loss.backward()`` that writes ``param.grad`` and captures
-the layers' output gradients (:mod:`.recording`), the rows (:mod:`.rows`: a layer's rule, else its
-:mod:`.fallback`), then the checks (:mod:`.check`). Each part refuses, in one line naming the
-layer, what it cannot get right (``method=func`` may cover it).
-"""
+"""``method=hooks`` / ``factored``: per-sample gradients from one backward pass, one step
+(:meth:`HookedPerSample._step`) over the parts :mod:`grab_exp.per_sample` lists. Each part
+refuses, in one line naming the layer, what it cannot get right."""
 
 from __future__ import annotations
 
@@ -18,17 +13,18 @@ from torch.nn.utils import parametrize
 
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.base import LossFn, PerSampleGradients
-from grab_exp.per_sample.check.examples import mismatch
+from grab_exp.per_sample.check.examples import gradients, mismatch
 from grab_exp.per_sample.check.loss import loss_gap, loss_of
 from grab_exp.per_sample.check.mean import GradSnapshot
 from grab_exp.per_sample.check.schedule import CHECK_EVERY
 from grab_exp.per_sample.check.tolerance import OUTPUT_TOLERANCE
+from grab_exp.per_sample.fallback import FuncFallback
 from grab_exp.per_sample.layout import Call, CallLayout, Inputs, batch_size, call_model
-from grab_exp.per_sample.modules import UnsupportedModelError
-from grab_exp.per_sample.modules import label as _label
+from grab_exp.per_sample.modules import UnsupportedModelError, label
 from grab_exp.per_sample.plan import Layers, Planner
 from grab_exp.per_sample.recording import REINDEXED, Recorder, reindexes
 from grab_exp.per_sample.rows import GradBuffer, Rows
+from grab_exp.per_sample.rules import LayerRule
 
 __all__ = ["FactoredPerSample", "HookedPerSample", "UnsupportedModelError", "check_supported"]
 
@@ -41,12 +37,12 @@ def check_supported(model: nn.Module) -> None:
     for name, module in model.named_modules(remove_duplicate=False):
         if isinstance(module, torch.jit.ScriptModule):
             raise UnsupportedModelError(
-                f"{_label(name, module)} is a torch.jit.script module, whose layers the hook "
+                f"{label(name, module)} is a torch.jit.script module, whose layers the hook "
                 "path cannot hook; use method=func (auto does)"
             )
         if parametrize.is_parametrized(module):
             raise UnsupportedModelError(
-                f"{_label(name, module)} is parametrized (torch.nn.utils.parametrize: "
+                f"{label(name, module)} is parametrized (torch.nn.utils.parametrize: "
                 "weight_norm, spectral_norm, orthogonal, ...): the hook path cannot compute its "
                 "per-sample gradients; use method=func"
             )
@@ -63,28 +59,15 @@ def check_supported(model: nn.Module) -> None:
             )
 
 
-def _via(part: str, name: str) -> property:
-    """``self.<part>.<name>``, read and written through: the step's names for its parts' state."""
-    return property(
-        lambda self: getattr(getattr(self, part), name),
-        lambda self, value: setattr(getattr(self, part), name, value),
-    )
-
-
 class HookedPerSample(PerSampleGradients):
-    """``method=hooks``: per-sample gradients from one backward pass; per-layer rules, else the
-    per-layer fallback.
-
-    Args:
-        model: a model that passes :func:`check_supported`.
-        loss_fn, check_every: see :class:`~grab_exp.per_sample.base.PerSampleGradients`.
-        reuse_buffer: write every call's rows into one reused ``(B, d)`` buffer
-            (:class:`~.rows.GradBuffer`), which ``Ordering.step`` takes without a copy: **the
-            next call overwrites them**; consume (or clone) them before calling again.
+    """``method=hooks`` on a model that passes :func:`check_supported`; ``reuse_buffer``: every
+    call's rows in one reused ``(B, d)`` buffer (:class:`~.rows.GradBuffer`), which
+    ``Ordering.step`` takes without a copy: **the next call overwrites them**.
 
     Attributes:
-        registry, planner, recorder, assembler: the step's parts, built anew when the trainable
-            set or the modules change; ``rules``, ``fallbacks``, ``idle``, ``plan`` are theirs.
+        registry, planner, recorder, rows: the step's parts (:class:`~.plan.Layers`,
+            :class:`~.plan.Planner`, :class:`~.recording.Recorder`, :class:`~.rows.Rows`), built
+            anew when the trainable set or the modules change.
         grad_buffer: the reused buffer (its ``buffer`` ``(rows >= B, d)`` once a call made it).
     """
 
@@ -92,26 +75,6 @@ class HookedPerSample(PerSampleGradients):
     factored = False  # rules return factors where they pay (FactoredPerSample)
     module_dropout = True
     registry: Layers | None = None  # None until the hooks are set
-
-    _layers = _via("registry", "modules")
-    _own = _via("registry", "own")
-    rules = _via("registry", "rules")
-    fallbacks = _via("registry", "fallbacks")
-    idle = _via("registry", "idle")
-    plan = _via("planner", "plan")
-    _use_plan = _via("planner", "use_plan")
-    _check_calls = _via("planner", "check_calls")
-    _call_layouts = _via("planner", "call_layouts")
-    _calls = _via("recorder", "calls")
-    _batch = _via("recorder", "batch")
-    _entry_versions = _via("recorder", "entry_versions")
-    _in_mode = _via("recorder", "in_mode")
-    _refuse_foreign_hooks = _via("recorder", "refuse_foreign_hooks")
-    _read_in_place = _via("recorder", "read_in_place")
-    _refuse_direct_uses = _via("recorder", "refuse_direct_uses")
-    _backward = _via("recorder", "backward")
-    _rows = _via("assembler", "rows")
-    _batch_grads = _via("assembler", "batch_grads")
 
     def __init__(
         self,
@@ -133,14 +96,13 @@ class HookedPerSample(PerSampleGradients):
             self._build_layers()
 
     def _build_layers(self) -> None:
-        """Hook every layer with trainable parameters of its own (again, when the trainable set
-        changed), and forget the probes."""
+        """Hook the layers (again when the trainable set or a forward changed); no probe kept."""
         self.remove()
         self.registry = Layers()
         self.recorder = Recorder(self.registry)
         self.planner = Planner(self.model, self.registry, self.recorder)
         buffer = self.grad_buffer if self.reuse_buffer else None
-        self.assembler = Rows(self.planner, self.factored, buffer)
+        self.rows = Rows(self.planner, self.factored, buffer)
         self._trainable = self.state.key()[0]
         self.checker.forget()
 
@@ -150,59 +112,65 @@ class HookedPerSample(PerSampleGradients):
             self.registry.remove()
 
     @property
+    def rules(self) -> dict[str, LayerRule]:
+        return self.registry.rules
+
+    @property
+    def fallbacks(self) -> dict[str, FuncFallback]:
+        return self.registry.fallbacks
+
+    @property
     def layouts(self) -> dict[str, list[CallLayout]]:
-        """The current plan's layouts (``{}`` before the first call)."""
-        return {} if self.plan is None else self.plan.layouts
+        plan = self.planner.plan
+        return {} if plan is None else plan.layouts
 
     @property
     def expanded(self) -> set[str]:
-        """The current plan's expanded layers."""
-        return set() if self.plan is None else self.plan.expanded
+        plan = self.planner.plan
+        return set() if plan is None else plan.expanded
 
     def state_bytes(self) -> int:
         buffer = self.grad_buffer.buffer
         return 0 if buffer is None else buffer.numel() * buffer.element_size()
 
     def quiet(self) -> contextlib.AbstractContextManager:
-        """Hooks idle: the model runs as a plain model (no expansion, nothing recorded)."""
-        return self._in_mode("idle")
+        return self.recorder.in_mode("idle")
 
     def _compute(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
-        """Forward and backward on ``x (B, ...)``, ``y (B,)`` (with gradients on, as
-        ``torch.func.grad`` has them); the check when it is due; ``param.grad`` last."""
         with torch.enable_grad():
             return self._step(x, y)
 
     def _step(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         batch = batch_size(x)
         modes = self.state.key()
-        if self._trainable != modes[0]:
-            self._build_layers()  # a layer was frozen or unfrozen since
-        self._refuse_foreign_hooks()
-        shapes = self._use_plan(x, modes)
-        self._calls, self._batch, self._entry_versions = {}, batch, {}
-        with self._in_mode("record"):
+        if self._trainable != modes[0] or self.recorder.forward_replaced():
+            self._build_layers()  # a layer was frozen or unfrozen, or its forward replaced
+        self.recorder.refuse_foreign_hooks()
+        shapes = self.planner.use_plan(x, modes)
+        plan, recorder = self.planner.plan, self.recorder
+        recorder.calls, recorder.batch, recorder.entry_versions = {}, batch, {}
+        with recorder.in_mode("record"):
             out = call_model(self.model, x)
         loss = loss_of(self.loss_fn, out, y)
-        calls, self._calls = self._calls, {}
-        self._check_calls(calls)
-        changed = self._read_in_place(calls)
-        counts = tuple(len(calls.get(n, ())) for n in self._layers)
+        calls, recorder.calls = recorder.calls, {}
+        self.planner.check_calls(calls)
+        changed = recorder.read_in_place(calls)
+        counts = tuple(len(calls.get(n, ())) for n in self.registry.modules)
         key = (shapes, modes, counts, changed)  # an output changed in place: a new kind
-        due = self.checker.due(key, batch) or (self.plan.reindexes and self.checker.on)
+        due = self.checker.due(key, batch) or (plan.reindexes and self.checker.on)
         if due:
-            self._refuse_direct_uses(loss, calls)
-            self.plan.reindexes |= reindexes(calls, out)
+            recorder.refuse_direct_uses(loss, calls)
+            plan.reindexes |= reindexes(calls, out)
         elif (k := self.checker.split(batch)) is not None:  # a full check reads every loss
-            gap = loss_gap(self.loss_fn, out, y, loss, self.plan.output, k)
+            gap = loss_gap(self.loss_fn, out, y, loss, plan.output, k)
             self.checker.settle_gap(gap, loss.dtype)  # before the backward: nothing written yet
         params = self.trainable()  # read once per call: the rows' columns
         with GradSnapshot(params.values()) as snapshot:  # a refusal puts param.grad back
-            self._backward(loss, calls, retain=due)  # loss.backward(): autograd's param.grad
-            rows = self._rows(calls, batch, params)
-            grads = self._batch_grads(rows, params)
+            recorder.backward(loss, calls, retain=due)  # loss.backward(): autograd's param.grad
+            rows = self.rows.form(calls, batch, params)
+            grads = self.rows.batch_grads(rows, params)
             full = (
-                (lambda ident: self.full_check(x, y, out, self.plan.output, ident, grads, params))
+                (lambda ident: self.full_check(x, y, out, plan.output, ident, grads, params))
                 if due
                 else None
             )
@@ -213,31 +181,30 @@ class HookedPerSample(PerSampleGradients):
         return loss.detach(), grads
 
     def _verify(self, grads, params, snapshot, calls, full, identity, loss) -> None:
-        """:meth:`verify_and_check`, naming a layer that ran without autograd recording it as
-        the cause."""
+        """:meth:`verify_and_check`, naming a layer autograd did not record as the cause."""
         try:
             self.verify_and_check(grads, params, snapshot, full, identity, loss)
         except UnsupportedModelError as error:
             blind = [n for n, cs in calls.items() if any(not any(c.edges) for c in cs)]
-            if not blind and self.plan.reindexes:
+            if not blind and self.planner.plan.reindexes:
                 raise UnsupportedModelError(f"{error} ({REINDEXED})") from None
             if not blind:
                 raise
             raise UnsupportedModelError(
-                f"{error}; {_label(blind[0], self._layers[blind[0]])} ran without autograd "
-                "recording it (under torch.no_grad(), or in a torch.utils.checkpoint with "
-                "use_reentrant=True, which runs it again inside the backward, out of the hook "
-                "path's sight: use_reentrant=False then)"
+                f"{error}; {self.registry.label(blind[0])} ran without autograd recording it "
+                "(under torch.no_grad(), or in a torch.utils.checkpoint with use_reentrant=True, "
+                "which runs it again inside the backward, out of the hook path's sight: "
+                "use_reentrant=False then)"
             ) from None
 
     def _identity(self, calls: dict[str, list[Call]], rows: dict[str, Any], batch: int):
-        """The identity at the rule layers' outputs and at the other layers' parameters
-        (:mod:`~grab_exp.per_sample.check`): ``(losses, c) -> problem or None``."""
+        """The identity (:mod:`~grab_exp.per_sample.check`) at the rule layers' outputs and the
+        other layers' parameters."""
         # an output changed in place since (a ReLU(inplace=True)) is another tensor by now:
         # such a layer is compared at its parameters, like the replayed ones
         at_params = {
             name
-            for name in self._layers
+            for name in self.registry.modules
             if name not in self.rules or any(c.in_place for c in calls.get(name, []))
         }
         outputs = [
@@ -245,52 +212,46 @@ class HookedPerSample(PerSampleGradients):
             for name in self.rules
             if name not in at_params and name in calls
             for call, layout in zip(
-                calls.get(name, []), self._call_layouts(name, calls), strict=True
+                calls.get(name, []), self.planner.call_layouts(name, calls), strict=True
             )
             for k, g in enumerate(call.grads)
             if g is not None
         ]
         params = [
             (name, n, p)
-            for name in self._layers
+            for name in self.registry.modules
             if name in at_params
-            for n, p in self._own[name].items()
+            for n, p in self.registry.own[name].items()
             if p.requires_grad
         ]
 
         def identity(losses: torch.Tensor, c: torch.Tensor) -> str | None:
             inputs = [t for _, t, _, _ in outputs] + [p for _, _, p in params]
-            want = torch.autograd.grad(losses.mul(c).sum(), inputs, allow_unused=True)
-            want = [
-                torch.zeros_like(t) if w is None else w for t, w in zip(inputs, want, strict=True)
-            ]
-
+            want = gradients(losses.mul(c).sum(), inputs)
             at_outputs, at_params = want[: len(outputs)], want[len(outputs) :]
-
-            def output_pairs():
-                for (name, _, g, dim), w in zip(outputs, at_outputs, strict=True):
-                    shape = [1] * g.dim()
-                    shape[dim] = batch
-                    yield name, "its output gradients", g * c.view(shape) * batch, w
-
-            def param_pairs():
-                for (name, n, _), w in zip(params, at_params, strict=True):
-                    got = torch.tensordot(c, rows[n], dims=1)  # (*shape)
-                    yield name, f"the rows of {n}", got, w
-
-            method = self.method
+            weighted_outputs = (  # c along each output gradient's batch dimension
+                (
+                    name,
+                    "its output gradients",
+                    g * c.view([-1 if i == d else 1 for i in range(g.dim())]) * batch,
+                    w,
+                )
+                for (name, _, g, d), w in zip(outputs, at_outputs, strict=True)
+            )
+            weighted_rows = (
+                (name, f"the rows of {n}", torch.tensordot(c, rows[n], dims=1), w)
+                for (name, n, _), w in zip(params, at_params, strict=True)
+            )
             return mismatch(
-                self.model, at_outputs, output_pairs(), method, OUTPUT_TOLERANCE
-            ) or mismatch(self.model, at_params, param_pairs(), method)
+                self.model, at_outputs, weighted_outputs, self.method, OUTPUT_TOLERANCE
+            ) or mismatch(self.model, at_params, weighted_rows, self.method)
 
         return identity
 
 
 class FactoredPerSample(HookedPerSample):
-    """``method=factored``: :class:`HookedPerSample`, but layers whose rule has a factor form that
-    pays (:meth:`~grab_exp.per_sample.rules.LayerRule.factors`) keep their input and output
-    gradient (:class:`~grab_exp.grads.linear.LinearFactors`) instead of ``(B, *shape)`` blocks; no
-    buffer is reused."""
+    """``method=factored``: layers whose rule has a factor form that pays keep it
+    (:class:`~grab_exp.grads.linear.LinearFactors`); no buffer is reused."""
 
     method = "factored"
     factored = True

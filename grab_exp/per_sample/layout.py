@@ -1,11 +1,6 @@
-"""Where the batch is in each tensor a layer takes and returns, probed from the model itself.
-
-A rule assumes the batch in dimension 0; a model may put it elsewhere (sequence-first
-``(T, B, D)``) or nowhere (a position embedding of ``arange(T)``), with shapes that even fit when
-``T == B``. So the probe runs the batch's first example twice and three times: a tensor's batch
-dimension is the one whose size goes from 2 to 3 (not 1 to 2: a model may squeeze a batch of
-one); one whose shape does not change has none; any other change is refused.
-"""
+"""Where the batch is in each tensor a layer takes and returns (sequence-first ``(T, B, D)``,
+nowhere for a position embedding of ``arange(T)``), probed from the batch's first example run
+twice and three times: the batch dimension goes from 2 to 3 (a batch of one may be squeezed)."""
 
 from __future__ import annotations
 
@@ -28,8 +23,8 @@ def shape_of(leaves: list[Any]) -> Shapes:
 
 
 def batch_dim(one: torch.Size | None, two: torch.Size | None) -> int | None:
-    """The batch dimension of a tensor of shape ``one`` for two examples and ``two`` for three;
-    ``None`` when it has none. ``ValueError`` (completed by the caller) for any other change."""
+    """The batch dimension of a tensor of shape ``one`` for two examples and ``two`` for three
+    (``None``: none); ``ValueError`` (completed by the caller) for any other change."""
     if one is None or one == two:
         return None
     diff = [k for k, (a, b) in enumerate(zip(one, two, strict=False)) if a != b]
@@ -43,15 +38,14 @@ def batch_dim(one: torch.Size | None, two: torch.Size | None) -> int | None:
 
 @dataclass(frozen=True)
 class CallLayout:
-    """The batch dimension (or ``None``) of every leaf of one call of a layer: per leaf of
-    ``(args, kwargs)`` (``inputs``) and of the returned value (``outputs``)."""
+    """The batch dimension (or ``None``) of every leaf of one call's ``(args, kwargs)``
+    (``inputs``) and returned value (``outputs``)."""
 
     inputs: tuple[int | None, ...]
     outputs: tuple[int | None, ...]
 
     @classmethod
     def probed(cls, one: tuple[Shapes, Shapes], two: tuple[Shapes, Shapes]) -> CallLayout:
-        """From the ``(input, output)`` shapes of the same call at two examples and at three."""
         if len(one[0]) != len(two[0]) or len(one[1]) != len(two[1]):
             raise ValueError("takes or returns a different structure for two examples and three")
         inputs = tuple(batch_dim(a, b) for a, b in zip(one[0], two[0], strict=True))
@@ -60,15 +54,13 @@ class CallLayout:
 
     @property
     def batched(self) -> bool:
-        """Whether any input carries the batch."""
         return any(d is not None for d in self.inputs)
 
 
 def expand_over_batch(args: tuple[Any, ...], batch: int) -> tuple[Any, ...]:
-    """``args`` with every tensor given the batch as dimension 0 (a leading dimension of size 1
-    expanded, else one prepended): a layer whose input does not depend on the batch (a position
-    embedding of ``arange(T)``) then returns one copy per example, whose output gradients are
-    per example; broadcasting downstream gives the same values (the checks confirm it)."""
+    """``args`` with every tensor given the batch as dimension 0 (a leading 1 expanded, else one
+    prepended): a layer whose input has no batch (a position embedding) then returns one copy per
+    example, whose output gradients are per example."""
 
     def expanded(arg: Any) -> Any:
         if not isinstance(arg, torch.Tensor):
@@ -99,14 +91,12 @@ class Call:
     in_place: bool = False
 
     def input_changed(self) -> bool:
-        """Whether an input tensor was changed in place since the call began."""
         return any(
             v is not None and t._version != v
             for t, v in zip(self.leaves, self.input_versions, strict=False)
         )
 
     def changed(self) -> bool:
-        """Whether an output was changed in place since the call returned it."""
         return any(
             isinstance(t, torch.Tensor) and t._version != v
             for t, v in zip(self.outputs, self.versions, strict=False)
@@ -127,7 +117,6 @@ def call_model(model: Any, x: Inputs) -> Any:
 
 
 def batch_size(x: Inputs) -> int:
-    """``B``: dimension 0 of the inputs' tensors (``ValueError`` if they differ or are none)."""
     if isinstance(x, torch.Tensor) and x.dim():  # the usual input: no pytree to walk
         return x.shape[0]
     sizes = {t.shape[0] for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor) and t.dim()}
@@ -146,8 +135,7 @@ def take(x: Inputs, index: torch.Tensor | list[int]) -> Inputs:
 
 
 def narrow(x: Inputs, start: int, length: int) -> Inputs:
-    """The examples ``start .. start + length`` of the inputs or targets (a view of every
-    tensor along dimension 0; a tuple or dict of them leaf by leaf)."""
+    """The examples ``start .. start + length`` of the inputs or targets (views)."""
     if isinstance(x, torch.Tensor):  # the usual targets: no pytree to walk
         return x.narrow(0, start, length)
     return tree_map(
@@ -175,8 +163,8 @@ class OutputLayout:
 
     @classmethod
     def probed(cls, two: Any, three: Any) -> OutputLayout:
-        """From the model's outputs for two and for three examples (a leaf of the same shape is
-        the same for every example, as a Bayesian layer's KL; a batch value shows as mixing)."""
+        """From the model's outputs for two and three examples (a leaf of the same shape is the
+        same for every example, as a Bayesian layer's KL)."""
         leaves, spec = tree_flatten(two)
         shapes = zip(shape_of(leaves), shape_of(tree_flatten(three)[0]), strict=True)
         return cls(tuple(batch_dim(a, b) for a, b in shapes), spec)
@@ -197,11 +185,9 @@ class OutputLayout:
         return tree_unflatten(mapped, self.spec)
 
     def select(self, out: Any, index: torch.Tensor) -> Any:
-        """The output of examples ``index`` (each batched leaf along its batch dimension)."""
         return self.apply(out, lambda t, d: t.index_select(d, index))
 
     def narrow(self, out: Any, start: int, length: int) -> Any:
-        """The output of examples ``start .. start + length`` (each leaf along its dimension)."""
         if isinstance(out, torch.Tensor):  # the usual output: one tensor, no pytree to walk
             return out if self.dims[0] is None else out.narrow(self.dims[0], start, length)
         return self.apply(out, lambda t, d: t.narrow(d, start, length))

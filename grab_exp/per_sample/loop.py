@@ -1,20 +1,10 @@
-"""``method=loop``: one example at a time, the fail-closed last resort.
+"""``method=loop``: one example at a time, the fail-closed last resort (``auto`` takes it last).
 
-Example ``i``'s row is the gradient of its own loss ``loss_fn(model(x[i:i+1]), y[i:i+1])``, a
-batch of one: the definition of an example's gradient (docs/which-models-work.md), taken with
-``torch.autograd.grad`` example after example. So any model that runs on one example is right:
-packed sequences, data-dependent operations (``.item()``, boolean indexing), sparse embeddings,
-tuple targets, auxiliary outputs. ``param.grad`` is what one plain
-``loss_fn(model(x), y).backward()`` of the batch gives, and every call compares the rows' mean
-with it: a model or a loss that mixes the examples (batch statistics, class weights or
-``ignore_index`` averaged over the batch, ``reduction="sum"``) shows as a mismatch and is
-refused in one line, ``param.grad`` put back. The per-example forwards leave no trace (buffers
-and the random number generators are put back after each); random layers in training mode are
-refused (each example's forward would draw other masks than the batch's), and so is a gradient
-hook on a parameter (refused on every method; here it would run once per example).
-
-Cost: ``B`` forward and backward passes of one example per step, besides the batch's own.
-:class:`~grab_exp.per_sample.auto.AutoPerSample` takes it last, with a warning.
+Example ``i``'s row is the gradient of its own loss ``loss_fn(model(x[i:i+1]), y[i:i+1])``, the
+definition (docs/which-models-work.md), so any model that runs on one example is right;
+``param.grad`` is one plain backward of the batch, and every call compares the rows' mean with it
+(a model or loss that mixes the examples shows there). The examples' forwards leave no trace;
+random layers in training mode and gradient hooks are refused. Cost: ``B`` passes of one example.
 """
 
 from __future__ import annotations
@@ -30,33 +20,23 @@ from grab_exp.per_sample.check.mean import GradSnapshot, rows_gaps
 from grab_exp.per_sample.check.state import kept_state
 from grab_exp.per_sample.check.tolerance import TOLERANCE, tolerance
 from grab_exp.per_sample.layout import Inputs, batch_size, call_model, take
-from grab_exp.per_sample.modules import UnsupportedModelError, random_modules
+from grab_exp.per_sample.modules import UnsupportedModelError, label, random_modules
 
 __all__ = ["LoopPerSample"]
 
 
 class LoopPerSample(PerSampleGradients):
-    """Per-sample gradients by a loop over the examples (see the module docstring).
-
-    Args:
-        model, loss_fn, check_every: see :class:`~grab_exp.per_sample.base.PerSampleGradients`;
-            ``check_every=0`` also turns off the comparison of the rows' mean with
-            ``param.grad`` (the only check this method needs).
-
-    Raises:
-        UnsupportedModelError: a module that draws random numbers in training mode (dropout),
-            named; ValueError: the base's module check (BatchNorm in training mode).
-    """
+    """Per-sample gradients by a loop over the examples; ``check_every=0`` also turns off the
+    comparison of the rows' mean with ``param.grad`` (the only check it needs)."""
 
     method = "loop"
 
     def check(self) -> None:
-        """Refuse random layers in training mode (named), then the base's module check."""
         drawing = random_modules(self.model)
         if drawing:
-            module = self.model.get_submodule(drawing[0])
+            where = label(drawing[0], self.model.get_submodule(drawing[0]))
             raise UnsupportedModelError(
-                f"{drawing[0] or '<root>'} ({type(module).__name__}) draws random numbers in "
+                f"{where} draws random numbers in "
                 "training mode: method=loop's forwards of one example would draw other masks "
                 "than the batch's; put it in eval mode, or use method=hooks (the batch's own "
                 "masks) or func with randomness='different'"
@@ -64,9 +44,7 @@ class LoopPerSample(PerSampleGradients):
         super().check()
 
     def _compute(self, x: Inputs, y) -> tuple[torch.Tensor, BatchGrads]:
-        """The rows, one example at a time; then the batch's ``loss.backward()`` writes
-        ``param.grad``, and the rows' mean is compared with it. A gradient hook on a trainable
-        parameter is refused, named."""
+        """The rows, then the batch's ``loss.backward()`` and the rows' mean against it."""
         params = self.trainable()
         hooked = [n for n, p in params.items() if p._backward_hooks]
         if hooked:
@@ -106,8 +84,8 @@ class LoopPerSample(PerSampleGradients):
         return rows
 
     def _verify(self, rows: BatchGrads, params, snapshot: GradSnapshot, loss) -> None:
-        """Refuse rows whose mean is not this call's ``param.grad`` (read on the host at once:
-        next to ``B`` passes it costs nothing; not inside a captured step)."""
+        """Refuse rows whose mean is not ``param.grad`` (a host read: nothing next to ``B``
+        passes)."""
         if not self.checker.on or in_graph_safe() or not params or rows.rows == 0:
             return
         grads = [g.to_dense() if g is not None and g.is_sparse else g for g in snapshot.grads()]
@@ -117,9 +95,9 @@ class LoopPerSample(PerSampleGradients):
             return
         name = list(params)[worst]
         layer = name.rpartition(".")[0]
-        label = f"{layer or '<root>'} ({type(self.model.get_submodule(layer)).__name__})"
         raise UnsupportedModelError(
-            f"the rows' mean differs from autograd's gradient at {name} of {label} by "
+            f"the rows' mean differs from autograd's gradient at {name} of "
+            f"{label(layer, self.model.get_submodule(layer))} by "
             f"{gaps[worst]:.2g} (relative): the batch's loss is not the mean of the examples' "
             "losses computed alone (batch statistics, class weight= or ignore_index averaged "
             "over the batch, reduction='sum', random draws?); per-sample gradients are "

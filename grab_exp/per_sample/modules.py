@@ -1,6 +1,5 @@
-"""What modules do to per-sample gradients: BatchNorm mixes the examples, dropout draws random
-numbers, an Embedding that scales by the batch's token counts mixes them; and the error every
-path raises for a layer it cannot get right."""
+"""What modules do to per-sample gradients (BatchNorm and a frequency-scaled Embedding mix the
+examples, dropout draws random numbers), and the errors every path raises."""
 
 from __future__ import annotations
 
@@ -24,12 +23,10 @@ CHECKPOINT_REFUSAL = (
 
 
 def label(name: str, module: nn.Module) -> str:
-    """How a refusal names a module: ``name (Type)``."""
     return f"{name or '<root>'} ({type(module).__name__})"
 
 
 def advice(method: str) -> str:
-    """What a refusal of rows advises."""
     return "use method=func" if method != "func" else "use method=loop (auto takes it)"
 
 
@@ -56,7 +53,6 @@ class LossContractError(UnsupportedModelError):
 def module_problem(
     name: str, module: nn.Module, randomness: str | None, module_dropout: bool = False
 ) -> str | None:
-    """Why ``module`` in its current mode breaks per-sample gradients; ``None`` if it doesn't."""
     where = label(name, module)
     if isinstance(module, nn.Embedding) and module.scale_grad_by_freq:
         return (
@@ -95,6 +91,5 @@ def draws_random(module: nn.Module) -> bool:
 
 
 def random_modules(module: nn.Module) -> list[str]:
-    """Qualified names of ``module``'s submodules (itself included) that draw random numbers in
-    their current mode (:func:`draws_random`)."""
+    """Names of ``module``'s submodules (itself included) that :func:`draws_random`."""
     return [name for name, sub in module.named_modules() if draws_random(sub)]

@@ -12,7 +12,7 @@ from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.auto import AutoPerSample
 from grab_exp.per_sample.base import LossFn, PerSampleGradients, one_line
 from grab_exp.per_sample.check.schedule import CHECK_EVERY
-from grab_exp.per_sample.compiled import check_compile_method, compiled_loss
+from grab_exp.per_sample.compiled import check_compile_method, compile_step
 from grab_exp.per_sample.func import FuncPerSample
 from grab_exp.per_sample.hooks import FactoredPerSample, HookedPerSample, check_supported
 from grab_exp.per_sample.loop import LoopPerSample
@@ -28,11 +28,10 @@ class ClassicPipeline:
     provides_per_sample: ClassVar[bool] = False
 
     def __init__(self, model: nn.Module, loss_fn: LossFn, compile_mode: str | None = None) -> None:
-        self.model, self.loss_fn = model, loss_fn
-        self.compile_mode = compile_mode
-        self._forward_loss = (
-            compiled_loss(model, loss_fn, compile_mode) if compile_mode is not None else None
-        )
+        self.model, self.loss_fn, self.compile_mode = model, loss_fn, compile_mode
+        self._forward_loss = None
+        if compile_mode is not None:  # the forward and the loss as one graph (its backward too)
+            self._forward_loss = compile_step(lambda x, y: loss_fn(model(x), y), compile_mode)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, None]:
         """Add the batch's mean gradient to ``param.grad``; ``(detached loss, None)``."""
@@ -44,14 +43,12 @@ class ClassicPipeline:
         return loss.detach(), None
 
     def state_bytes(self) -> int:
-        """Bytes kept between calls: none."""
         return 0
 
 
 class PerSamplePipeline:
-    """``pipeline=functional``: :func:`make_per_sample` with the config's options (the same
-    arguments; ``reuse_buffer`` on by default: the ordering takes the buffer without a copy), as
-    a Hydra target that carries ``provides_per_sample``. ``method``: the resolved one."""
+    """``pipeline=functional``: :func:`make_per_sample` as a Hydra target (``reuse_buffer`` on:
+    the ordering takes the buffer without a copy)."""
 
     provides_per_sample: ClassVar[bool] = True
 
@@ -74,16 +71,13 @@ class PerSamplePipeline:
 
     @property
     def method(self) -> str:
-        """The method in use (``auto`` resolved; it may change to ``func``, then ``loop``, when a
-        call refuses the model)."""
+        """The method in use (``auto`` resolved; it may change when a call refuses the model)."""
         return self.per_sample.method
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
-        """``(loss, grads)``; see :class:`~grab_exp.per_sample.base.PerSampleGradients`."""
         return self.per_sample(x, y)
 
     def state_bytes(self) -> int:
-        """Bytes the per-sample path keeps between calls (the reused ``(B, d)`` buffer)."""
         return self.per_sample.state_bytes()
 
 
@@ -97,15 +91,10 @@ METHODS = (*PER_SAMPLE_CLASSES, "auto")
 def resolve_method(
     model: nn.Module, method: str, compile_mode: str | None = None, factors: bool = True
 ) -> str:
-    """The method ``method`` means for ``model``: the one place ``auto`` is resolved (to the
-    first path it tries; :class:`~grab_exp.per_sample.auto.AutoPerSample` takes ``func``, then
-    ``loop``, when a call of it refuses the model).
-
-    ``auto`` is ``func`` under compile (hooks break the graph at every layer) or when
-    :func:`hooks_supported` says no; else ``factored`` when :func:`auto_hooks_method` says so and
-    the consumer reads ``factors`` (an ordering's ``takes_factors``), else ``hooks``. ``ValueError``
-    for an unknown ``method``, or one that cannot be compiled (``hooks``, ``factored``, ``loop``).
-    """
+    """The method ``method`` means for ``model``, the one place ``auto`` is resolved (to the
+    first path it tries): ``func`` under compile or when :func:`hooks_supported` says no, else
+    ``factored`` when :func:`auto_hooks_method` says so and the consumer reads ``factors``, else
+    ``hooks``. ``ValueError``: an unknown ``method``, or one that cannot be compiled."""
     check_choice("pipeline.method", method, METHODS)
     if compile_mode is not None:
         check_compile_method(method)
@@ -132,13 +121,10 @@ def make_per_sample(
 ) -> PerSampleGradients:
     """Per-sample gradients of ``model`` by ``method`` name (like opacus's ``wrap_model``).
 
-    ``method``: ``func``, ``hooks``, ``factored`` (``hooks``, Linear layers kept as factors),
-    ``loop`` (one forward and backward per example: the last resort) or ``auto``
-    (:func:`resolve_method`, with ``factors`` and ``compile_mode``, which compiles ``func``; then
-    ``func`` and ``loop`` when a call refuses the model, except under compile); ``chunk_size`` and
-    ``randomness`` are ``func``'s (``auto`` passes them on, with ``randomness="different"`` for
-    active dropout when none is given), ``reuse_buffer`` the hook path's; the rest,
-    :class:`~grab_exp.per_sample.base.PerSampleGradients`'.
+    ``method``: ``func``, ``hooks``, ``factored``, ``loop`` or ``auto`` (:func:`resolve_method`,
+    then ``func`` and ``loop`` when a call refuses the model, except under ``compile_mode``,
+    which compiles ``func``); ``chunk_size`` and ``randomness`` are ``func``'s (``auto``: active
+    dropout gets ``"different"``), ``reuse_buffer`` the hook path's.
     """
     requested, method = method, resolve_method(model, method, compile_mode, factors)
     if requested == "auto" and randomness is None and random_modules(model):
@@ -151,40 +137,20 @@ def make_per_sample(
     def make_loop() -> PerSampleGradients:
         return LoopPerSample(model, loss_fn, check_every=check_every)
 
-    if requested == "auto" and compile_mode is None:
-        return _auto(model, loss_fn, method, make_func, make_loop, reuse_buffer, check_every)
+    def make_hooked() -> PerSampleGradients:
+        hooked = PER_SAMPLE_CLASSES[method]
+        return hooked(model, loss_fn, reuse_buffer=reuse_buffer, check_every=check_every)
+
+    if requested == "auto" and compile_mode is None:  # AutoPerSample: then func, then loop
+        paths = [("func", make_func), ("loop", make_loop)]
+        if method == "func":  # the structure rules the hook path out
+            return AutoPerSample(paths, [f"method=hooks: {hooks_refusal(model)}"])
+        return AutoPerSample([(method, make_hooked), *paths])
     if method == "func":
         return make_func()
     if randomness is not None and requested != "auto":
         raise ValueError(f"randomness={randomness!r} needs method=func or auto; got {method!r}")
-    if method == "loop":
-        return make_loop()
-    return PER_SAMPLE_CLASSES[method](
-        model, loss_fn, reuse_buffer=reuse_buffer, check_every=check_every
-    )
-
-
-def _auto(model, loss_fn, method, make_func, make_loop, reuse_buffer, check_every):
-    """``auto``: the resolved first path (``method``), then ``func`` and ``loop``
-    (:class:`~grab_exp.per_sample.auto.AutoPerSample`). Where the structure rules the hook path
-    out, ``func`` comes first and a construction that refuses the model passes on to ``loop``."""
-    fallbacks = [("func", make_func), ("loop", make_loop)]
-    if method != "func":
-        hooked = PER_SAMPLE_CLASSES[method](
-            model, loss_fn, reuse_buffer=reuse_buffer, check_every=check_every
-        )
-        return AutoPerSample(hooked, fallbacks)
-    left = [f"method=hooks: {hooks_refusal(model)}"]
-    try:
-        return AutoPerSample(make_func(), fallbacks[1:], left)
-    except UnsupportedModelError as error:  # func refuses it at construction
-        left.append(f"method=func: {one_line(error)}")
-    try:
-        return AutoPerSample(make_loop(), [], left)
-    except UnsupportedModelError as error:
-        raise UnsupportedModelError(
-            " | ".join([*left, f"method=loop: {one_line(error)}"])
-        ) from error
+    return make_loop() if method == "loop" else make_hooked()
 
 
 #: ``auto`` factors when the layers without a factor form hold at most this share of the weights
@@ -192,8 +158,7 @@ MATERIALIZED_SHARE = 0.125
 
 
 def auto_hooks_method(model: nn.Module) -> str:
-    """``factored`` when layers without a factor rule hold few weights, else ``hooks`` (types
-    only: a Linear over a long sequence materializes itself, :func:`~.linear.factor_pays`)."""
+    """``factored`` when layers without a factor rule hold few weights, else ``hooks``."""
     total = materialized = 0
     for module in model.modules():
         count = sum(p.numel() for p in module.parameters(recurse=False) if p.requires_grad)
@@ -204,16 +169,14 @@ def auto_hooks_method(model: nn.Module) -> str:
 
 
 def hooks_supported(model: nn.Module) -> bool:
-    """Whether ``method=auto`` picks the hook path for ``model`` (:func:`hooks_refusal` finds
-    nothing against it)."""
+    """Whether ``method=auto`` picks the hook path for ``model`` (:func:`hooks_refusal`)."""
     return hooks_refusal(model) is None
 
 
 def hooks_refusal(model: nn.Module) -> str | None:
-    """Why ``method=auto`` does not pick the hook path for ``model``; ``None`` when it does: it
-    passes :func:`~grab_exp.per_sample.hooks.check_supported`, and the root owns no trainable
-    parameter (its fallback would re-run the whole model under ``vmap``, which ``func`` does in
-    one pass)."""
+    """Why ``method=auto`` does not pick the hook path for ``model`` (``None``: it does): it
+    fails :func:`~.hooks.check_supported`, or a module with trainable parameters is the root or
+    has no forward (a fallback would replay it all: ``func`` does that in one pass)."""
     if any(p.requires_grad for p in model.parameters(recurse=False)):
         return (
             "the root module owns trainable parameters (func replays the whole model in one pass)"

@@ -28,12 +28,10 @@ from grab_exp.per_sample.rules import LayerRule, rule_for
 
 @dataclass
 class Plan:
-    """What the probe of one kind of batch found: each layer's calls' layouts (calls that share
-    one may run any number of times), the layers whose input is expanded over the batch (no batch
-    dimension: a position embedding), and where the model's output has the batch; ``reindexes``:
-    a full check found a re-indexing operation before a layer or the output (``h[sel]``), so the
-    batch axis was inferred from one batch's shapes, not known, and every call is checked in
-    full."""
+    """What the probe of one kind of batch found: each layer's calls' layouts, the layers whose
+    input is expanded over the batch (a position embedding), where the output has the batch;
+    ``reindexes``: a full check found a re-indexing operation before a layer or the output
+    (``h[sel]``): the batch axis is inferred, not known, so every call is checked in full."""
 
     layouts: dict[str, list[CallLayout]]
     expanded: set[str]
@@ -43,9 +41,9 @@ class Plan:
 
 @dataclass
 class Layers:
-    """The hooked layers (every module with trainable parameters of its own, or adopted) by
-    name: the module, its parameters by qualified name (``own``), its rule or fallback, its hooks;
-    ``idle``: those that did not run in a probe and whose parameters the output does not use."""
+    """The hooked layers (modules with trainable parameters of their own or adopted) by name: its
+    parameters by qualified name (``own``), its rule or fallback, its hooks; ``idle``: those that
+    did not run in a probe and whose parameters the output does not use."""
 
     modules: dict[str, nn.Module] = field(default_factory=dict)
     own: dict[str, dict[str, nn.Parameter]] = field(default_factory=dict)
@@ -55,7 +53,6 @@ class Layers:
     handles: dict[str, list[Any]] = field(default_factory=dict)
 
     def add(self, name: str, layer: nn.Module, hook, adopted: tuple[str, ...] = ()) -> None:
-        """Add a layer, hooked by ``hook(name, layer, replayed) -> handles``."""
         rule = None if adopted else rule_for(layer)
         if rule is not None:
             self.rules[name] = rule
@@ -68,7 +65,6 @@ class Layers:
         self.handles[name] = hook(name, layer, rule is None)
 
     def drop(self, name: str) -> None:
-        """Forget a layer and remove its hooks."""
         for handle in self.handles.pop(name):
             handle.remove()
         self.modules.pop(name)
@@ -77,10 +73,8 @@ class Layers:
         self.own.pop(name)
 
     def remove(self) -> None:
-        """Remove every hook."""
         for name in list(self.handles):
-            for handle in self.handles.pop(name):
-                handle.remove()
+            self.drop(name)
 
     def label(self, name: str) -> str:
         return label(name, self.modules[name])
@@ -142,8 +136,8 @@ class Planner:
         raise AssertionError("unreachable: every round adopts or expands one more layer")
 
     def _probes(self, x: Inputs, expanded: set[str]) -> tuple[dict, dict, tuple, set[str]]:
-        """:meth:`_probe` with 2 and 3 copies of ``x``'s first example (nothing of them stays),
-        and the layers that did not run but whose parameters the output uses."""
+        """:meth:`_probe` of 2 and 3 copies of ``x``'s first example, and the layers that did not
+        run but whose parameters the output uses."""
         with kept_state(self.model):
             try:
                 (two, out2), (three, out3) = self._probe(x, 2), self._probe(x, 3)
@@ -162,7 +156,6 @@ class Planner:
         return two, three, (out2, out3), used
 
     def _probe(self, x: Inputs, copies: int) -> tuple[dict[str, list[tuple]], Any]:
-        """Every hooked call's ``(input shapes, output shapes)``, and the model's output."""
         recorder = self.recorder
         recorder.calls, recorder.batch = {}, copies
         with recorder.in_mode("probe"), torch.enable_grad():  # as in training: no inference paths
@@ -174,7 +167,6 @@ class Planner:
         return shapes, out
 
     def _used(self, silent: list[str], out: Any) -> set[str]:
-        """The layers among ``silent`` whose parameters ``out`` depends on."""
         leaves = tree_flatten(out)[0]
         leaves = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
         params = [(n, p) for n in silent for p in self.layers.own[n].values()]
@@ -212,7 +204,6 @@ class Planner:
         layers.add(owner, self.modules[owner], self.recorder.hook, tuple(adopted))
 
     def call_layouts(self, name: str, calls: dict[str, list[Call]]) -> list[CallLayout]:
-        """The layout of each of ``name``'s calls in ``calls``."""
         layouts = self.plan.layouts.get(name, []) if self.plan else []
         return [layouts[min(k, len(layouts) - 1)] for k in range(len(calls.get(name, [])))]
 

@@ -1,5 +1,4 @@
-"""What the hook path records of a forward, and the one ``loss.backward()`` that captures the
-gradients at the recorded outputs (:class:`Recorder`)."""
+"""The hook path's record of a forward and its one ``loss.backward()`` (:class:`Recorder`)."""
 
 from __future__ import annotations
 
@@ -21,10 +20,9 @@ from grab_exp.per_sample.rules.base import OURS, is_ours
 
 
 class Recorder:
-    """The layers' hooks and what they recorded: in ``mode`` ``record`` (this path's forward)
-    or ``probe`` (``idle``: any other forward), each layer's ``calls``; ``batch`` is what the
-    ``expanded`` layers' inputs are expanded to; ``entry_versions``: a replayed layer's open
-    calls' input versions."""
+    """The layers' hooks and, in ``mode`` ``record`` or ``probe`` (``idle``: any other forward),
+    each layer's ``calls``; the ``expanded`` layers' inputs get ``batch``; ``entry_versions``: a
+    replayed layer's open calls' input versions."""
 
     def __init__(self, layers: Layers) -> None:
         self.layers = layers
@@ -36,7 +34,6 @@ class Recorder:
 
     @contextlib.contextmanager
     def in_mode(self, mode: str) -> Iterator[None]:
-        """The hooks in ``mode`` inside the block."""
         before, self.mode = self.mode, mode
         try:
             yield
@@ -45,9 +42,12 @@ class Recorder:
 
     def hook(self, name: str, layer: nn.Module, replayed: bool) -> list[Any]:
         """Hook ``layer`` (``replayed``: a fallback's, whose replay reads its inputs)."""
+        forward, pre = self._forward_hook(name, replayed), self._pre_hook(name, replayed)
+        setattr(forward, OURS, True)
+        setattr(pre, OURS, True)
         return [
-            layer.register_forward_hook(self._forward_hook(name, replayed), with_kwargs=True),
-            layer.register_forward_pre_hook(self._pre_hook(name, replayed), with_kwargs=True),
+            layer.register_forward_hook(forward, with_kwargs=True),
+            layer.register_forward_pre_hook(pre, with_kwargs=True),
         ]
 
     def _pre_hook(self, name: str, replayed: bool):
@@ -58,18 +58,22 @@ class Recorder:
             if changed:
                 args = expand_over_batch(args, self.batch)
             if self.mode == "record" and replayed:  # its replay reads its inputs
-                versions = [_version(t) for t in tree_flatten((list(args), kwargs))[0]]
+                leaves = tree_flatten((list(args), kwargs))[0]
+                versions = [t._version if isinstance(t, torch.Tensor) else None for t in leaves]
                 self.entry_versions.setdefault(name, []).append(versions)
             return (args, kwargs) if changed else None
 
-        setattr(hook, OURS, True)
         return hook
 
     def _forward_hook(self, name: str, replayed: bool):
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
             if self.mode == "idle":
                 return None
-            if not kwargs and isinstance(output, torch.Tensor) and _all_tensors(args):
+            if (
+                not kwargs
+                and isinstance(output, torch.Tensor)
+                and all(isinstance(a, torch.Tensor) for a in args)
+            ):
                 leaves, spec = list(args), _args_spec(len(args))  # the usual call: no pytree
                 outputs, output_spec = [output], None
             else:
@@ -92,7 +96,6 @@ class Recorder:
             self.calls.setdefault(name, []).append(call)
             return tree_unflatten(outputs, output_spec) if alias else None
 
-        setattr(hook, OURS, True)
         return hook
 
     def read_in_place(self, calls: dict[str, list[Call]]) -> bool:
@@ -140,10 +143,14 @@ class Recorder:
                     "which the hook path cannot follow; use method=func (auto does)"
                 )
 
+    def forward_replaced(self) -> bool:
+        """Whether a rule layer's ``forward`` was replaced on the instance since it was hooked:
+        its rule no longer holds (build the layers again: :func:`~.rules.rule_for` says so)."""
+        return any("forward" in self.layers.modules[n].__dict__ for n in self.layers.rules)
+
     def refuse_direct_uses(self, loss: torch.Tensor, calls: dict[str, list[Call]]) -> None:
-        """Refuse a parameter that ``loss`` reaches other than through its layer's calls: a walk
-        of the graph that steps over every recorded call, from its outputs' nodes (as returned)
-        to its inputs' (structural: a penalty whose weight is 0 for now is found too)."""
+        """Refuse a parameter that ``loss`` reaches other than through its layer's calls: a walk of
+        the graph stepping over every recorded call (structural: a penalty weighted 0 is found)."""
         skip: dict[Any, list] = {}  # two calls may return one tensor (a layer returns its input)
         for layer_calls in calls.values():
             for call in layer_calls:
@@ -163,9 +170,8 @@ class Recorder:
                 )
 
     def backward(self, loss: torch.Tensor, calls: dict[str, list[Call]], retain: bool) -> None:
-        """``loss.backward()``, which writes ``param.grad`` as a plain step does, capturing the
-        gradients at the calls' outputs into their ``grads`` by pre-hooks on the nodes that made
-        them as returned (an output changed in place since still gets its own)."""
+        """``loss.backward()``, which writes ``param.grad``, capturing the gradients at the calls'
+        outputs into their ``grads`` by pre-hooks on the nodes that made them as returned."""
         handles = [
             edge.node.register_prehook(_capture(call, k, edge.output_nr))
             for layer_calls in calls.values()
@@ -185,18 +191,9 @@ class Recorder:
                 handle.remove()
 
 
-def _all_tensors(args: tuple) -> bool:
-    return all(isinstance(a, torch.Tensor) for a in args)
-
-
 @functools.cache
 def _args_spec(count: int) -> Any:
-    """The pytree structure of ``(list(args), {})`` for ``count`` tensor arguments."""
     return tree_flatten(([0] * count, {}))[1]
-
-
-def _version(value: Any) -> int | None:
-    return value._version if isinstance(value, torch.Tensor) else None
 
 
 def _edge(tensor: torch.Tensor) -> GradientEdge:
@@ -208,8 +205,7 @@ def _edge(tensor: torch.Tensor) -> GradientEdge:
 
 
 def _capture(call: Call, k: int, output_nr: int):
-    """A node pre-hook that keeps the gradient at the node's output ``output_nr`` as the
-    gradient of ``call``'s output ``k``."""
+    """A node pre-hook: the gradient at its output ``output_nr`` is ``call``'s output ``k``'s."""
 
     def hook(grad_outputs: tuple) -> None:
         call.grads[k] = grad_outputs[output_nr]

@@ -1,6 +1,4 @@
-"""The hook path's rows: each layer's per-sample gradients from its recorded calls (its rule, else
-its fallback), summed over its calls and over the layers that share a parameter (:class:`Rows`),
-written into one reused ``(B, d)`` buffer where asked (:class:`GradBuffer`)."""
+"""The hook path's rows (:class:`Rows`) and the reused ``(B, d)`` buffer (:class:`GradBuffer`)."""
 
 from __future__ import annotations
 
@@ -19,15 +17,14 @@ Grads = dict[str, torch.Tensor]
 
 
 class Rows:
-    """Forms the rows of one call's recorded layers (``planner``: the layers and the calls'
-    layouts), keeping a rule's factors where they pay if ``factored``, written into
-    ``grad_buffer`` if given."""
+    """The rows of a call's recorded layers (a rule, else the fallback), summed over each layer's
+    calls; a rule's factors kept where they pay if ``factored``; into ``grad_buffer`` if given."""
 
     def __init__(self, planner: Planner, factored: bool, grad_buffer: GradBuffer | None) -> None:
         self.planner, self.layers = planner, planner.layers
         self.factored, self.grad_buffer = factored, grad_buffer
 
-    def rows(self, calls: dict[str, list[Call]], batch: int, params: dict[str, nn.Parameter]):
+    def form(self, calls: dict[str, list[Call]], batch: int, params: dict[str, nn.Parameter]):
         """The rows of every trainable parameter (``(B, *shape)`` or factors), in
         ``named_parameters`` order; keyed by the parameter object, so the rows of a parameter
         that two layers share add up."""
@@ -54,8 +51,7 @@ class Rows:
         return as_batch_grads(rows)
 
     def _layer_grads(self, name: str, calls: list[Call], batch: int, out: list) -> list:
-        """One layer's per-sample grads ``[(B, *p.shape)]`` (or factors), its calls summed;
-        zeros where no call reached the loss."""
+        """One layer's rows ``[(B, *p.shape)]`` (or factors); zeros if no call reached the loss."""
         total: list | None = None
         layouts = self.planner.call_layouts(name, {name: calls})
         for call, layout in zip(calls, layouts, strict=True):
@@ -68,7 +64,10 @@ class Rows:
             total = [t if g is None else t.add_(g) for t, g in zip(total, grads, strict=True)]
         if total is None:  # the layer did not reach the loss
             own = self.layers.own[name].values()
-            total = [_zeros(p, batch, o) for p, o in zip(own, out, strict=True)]
+            total = [
+                p.new_zeros(batch, *p.shape) if o is None else o.zero_()
+                for p, o in zip(own, out, strict=True)
+            ]
         return total
 
     def _call_grads(
@@ -92,8 +91,7 @@ class Rows:
         return self.layers.fallbacks[name].per_sample(call, layout, batch, out)  # hooks idle
 
     def _buffer_views(self, batch: int, params: dict[str, nn.Parameter], calls: dict) -> Grads:
-        """The buffer's views (:meth:`GradBuffer.views`), in the dtype and device of the layers'
-        floating inputs and output gradients."""
+        """:meth:`GradBuffer.views` in the dtype and device of the calls' floating tensors."""
         if self.grad_buffer is None:
             return {}
         tensors = [
@@ -104,12 +102,6 @@ class Rows:
             if isinstance(t, torch.Tensor) and t.is_floating_point()  # not Embedding's indices
         ]
         return self.grad_buffer.views(batch, params, tensors)
-
-
-def _zeros(param: nn.Parameter, batch: int, out: torch.Tensor | None) -> torch.Tensor:
-    if out is not None:
-        return out.zero_()
-    return torch.zeros(batch, *param.shape, dtype=param.dtype, device=param.device)
 
 
 def _added(rows: Any, more: Any, name: str) -> Any:

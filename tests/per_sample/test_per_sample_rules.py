@@ -166,7 +166,7 @@ def test_every_registered_rule_has_cases():
 )
 def test_rule_equals_the_per_example_loop(layer_type, index):
     hooked = check_layer(RULE_CASES[layer_type][index])
-    assert any(isinstance(layer, layer_type) for layer in hooked._layers.values())
+    assert any(isinstance(layer, layer_type) for layer in hooked.registry.modules.values())
 
 
 @pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")  # torch's own note

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.linalg import vector_norm
 from torch.utils._pytree import tree_flatten
 
 from grab_exp.grads import BatchGrads
@@ -34,13 +35,9 @@ def identity_problem(
     c: torch.Tensor,
     method: str,
 ) -> str | None:
-    """Whether ``sum_i c_i g_i`` of the rows ``grads`` (columns: ``params``) equals autograd's
-    gradient of ``sum_i c_i losses_i`` (``losses (B,)`` in the batch forward's graph); the
-    problem names the layer whose rows differ most."""
-    want = torch.autograd.grad(losses.mul(c).sum(), list(params.values()), allow_unused=True)
-    want = [
-        torch.zeros_like(p) if w is None else w for p, w in zip(params.values(), want, strict=True)
-    ]
+    """Whether ``sum_i c_i g_i`` of the rows ``grads`` (columns: ``params``) is autograd's
+    gradient of ``sum_i c_i losses_i`` (``losses (B,)`` in the batch forward's graph)."""
+    want = gradients(losses.mul(c).sum(), list(params.values()))
     names = zip(params, want, strict=True)
 
     def pairs() -> Iterator[Pair]:
@@ -57,6 +54,12 @@ def identity_problem(
     return mismatch(model, want, pairs(), method)
 
 
+def gradients(total: torch.Tensor, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Autograd's gradient of ``total`` at ``inputs`` (zeros where it does not reach one)."""
+    grads = torch.autograd.grad(total, inputs, allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g for t, g in zip(inputs, grads, strict=True)]
+
+
 #: one comparison of the identity: ``(layer, what is compared, got, want)``
 Pair = tuple[str, str, torch.Tensor, torch.Tensor]
 
@@ -68,10 +71,10 @@ def mismatch(
     method: str,
     tolerances: dict = TOLERANCE,
 ) -> str | None:
-    """The identity's verdict over :data:`Pair` s (``got`` is overwritten): each difference's
-    norm relative to its ``want``'s, or to a floor share of the largest of ``wants``; the
-    problem names the layer of the worst pair (``None``: all within rounding)."""
-    scale = max((_norm(w) for w in wants), default=torch.tensor(0.0))
+    """The identity's verdict over :data:`Pair` s (``got`` is overwritten): each difference
+    relative to its ``want``, or a floor share of the largest of ``wants``; the problem names the
+    worst pair's layer."""
+    scale = max((vector_norm(w) for w in wants), default=torch.tensor(0.0))
     worst, worst_pair, dtype = 0.0, None, None
     for layer, subject, got, want in pairs:
         difference = _relative(got, want, scale)
@@ -90,16 +93,10 @@ def mismatch(
 
 
 def _relative(got: torch.Tensor, want: torch.Tensor, scale: torch.Tensor) -> float:
-    """``|got - want|`` relative to ``|want|`` (or the floor), in the 2-norm; ``got`` is
-    overwritten (no temporary of its size)."""
+    """``|got - want|`` relative to ``|want|`` (or the floor); ``got`` is overwritten."""
     floor = FLOOR.get(want.dtype, LOOSE_FLOOR) * scale
-    size = torch.maximum(_norm(want), floor).clamp_min(torch.finfo(want.dtype).tiny)
-    return (_norm(got.sub_(want.to(got.dtype))) / size).item()
-
-
-def _norm(t: torch.Tensor) -> torch.Tensor:
-    """The 2-norm ``()`` of ``t`` (no temporary of its size)."""
-    return torch.linalg.vector_norm(t)
+    size = torch.maximum(vector_norm(want), floor).clamp_min(torch.finfo(want.dtype).tiny)
+    return (vector_norm(got.sub_(want.to(got.dtype))) / size).item()
 
 
 Forward = Callable[[Inputs], Any]
@@ -113,10 +110,9 @@ def mixing_problem(
     groups: list[list[int]],
     model: nn.Module,
 ) -> str | None:
-    """Whether examples run alone (``groups``, a forward each) get the outputs they got in the
-    batch's ``out``. A difference is looked at again in eval mode: one that stays is mixing; one
-    that goes is randomness if other runs draw differently, else mixing in training mode.
-    Outputs, not losses, are compared (near a minimum a loss magnifies rounding)."""
+    """Whether examples run alone (``groups``, a forward each) get their outputs in the batch's
+    ``out`` (not losses: near a minimum they magnify rounding). A difference that goes in eval
+    mode is randomness if other runs draw differently, else mixing in training mode."""
     chosen = [i for group in groups for i in group]
     index = torch.tensor(chosen, device=_device(out))
 
@@ -178,10 +174,9 @@ def _rows_of(out: Any, layout: OutputLayout, alone: bool = False) -> torch.Tenso
 
 
 def _relative_rows(got: torch.Tensor, want: torch.Tensor) -> float:
-    """``|got - want| / |want|`` in the 2-norm, scaled first (huge outputs do not overflow)."""
     scale = want.abs().max().clamp_min(1e-30)
-    size = torch.linalg.vector_norm(want / scale).clamp_min(1e-30)
-    return (torch.linalg.vector_norm((got.to(want.dtype) - want) / scale) / size).item()
+    size = vector_norm(want / scale).clamp_min(1e-30)
+    return (vector_norm((got.to(want.dtype) - want) / scale) / size).item()
 
 
 def _device(out: Any) -> torch.device:

@@ -41,7 +41,6 @@ def loss_of(loss_fn: Any, out: Any, y: torch.Tensor) -> torch.Tensor:
 
 
 def check_scalar(loss: torch.Tensor) -> None:
-    """Refuse a loss that is not a scalar (an unreduced loss is not the batch mean)."""
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
         shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise LossContractError(f"loss_fn returned {shape}, not a scalar: {CONTRACT}")
@@ -53,9 +52,8 @@ LOOP_LOSSES = 32
 
 
 def example_losses(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout) -> torch.Tensor:
-    """Each example's own loss ``(B,)``, ``loss_fn`` of its slice of the batch's output (kept in
-    the output's graph): one call per example for a small batch, else ``vmap`` where the loss
-    allows it."""
+    """Each example's own loss ``(B,)``, ``loss_fn`` of its slice of ``out`` (in its graph): a
+    call per example for a small batch, else ``vmap`` where the loss allows it."""
     batch = batch_size(y)
 
     def looped() -> torch.Tensor:
@@ -101,7 +99,6 @@ def loss_gap(loss_fn, out: Any, y: torch.Tensor, loss: torch.Tensor, layout: Out
 
 
 def _parts(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout, k: int) -> tuple:
-    """``loss_fn`` of the first ``k`` examples and of the rest."""
     rest = batch_size(y) - k
     first = loss_fn(layout.narrow(out, 0, k), narrow(y, 0, k))
     return first, loss_fn(layout.narrow(out, k, rest), narrow(y, k, rest))
@@ -119,8 +116,7 @@ def relative_gap(got: torch.Tensor, want: torch.Tensor, size: torch.Tensor):
 
 
 def loss_problem(loss: torch.Tensor, losses: torch.Tensor) -> str | None:
-    """Why the scalar ``loss`` is not the mean of the examples' own ``losses (B,)``; ``None`` if
-    it is."""
+    """Why ``loss`` is not the mean of the examples' own ``losses (B,)`` (``None``: it is)."""
     if len(losses) < 2:
         return None
     mean, total = losses.mean().detach(), losses.sum().detach()
@@ -130,7 +126,7 @@ def loss_problem(loss: torch.Tensor, losses: torch.Tensor) -> str | None:
         return None
     if not torch.isfinite(losses).all():
         found = "some examples' own losses are not finite (an example that is all padding?)"
-    elif _close(loss, total, limit):
+    elif bool((loss - total).abs() <= limit * total.abs().clamp_min(1e-12) + 1e-12):
         found = "it is their SUM"
     else:
         found = "class weights or ignore_index normalize by the batch?"
@@ -146,7 +142,3 @@ def refuse_gap(gap: float, dtype: torch.dtype) -> None:
             f"loss_fn of this batch is not the mean of its two parts' losses (relative gap "
             f"{gap:.2g}): {CONTRACT}"
         )
-
-
-def _close(a: torch.Tensor, b: torch.Tensor, limit: float) -> bool:
-    return bool((a - b).abs() <= limit * b.abs().clamp_min(1e-12) + 1e-12)

@@ -1,9 +1,5 @@
-"""Every call: the rows' mean against ``param.grad``, which one ``loss.backward()`` wrote.
-
-One pass over the ``(B, d)`` rows (:meth:`~grab_exp.grads.rows.GradRows.accumulate`, factors
-included) and an ``O(d)`` comparison per parameter; :class:`GradSnapshot` keeps ``param.grad`` as
-it was before the call (nothing when it was ``None``, else a copy), so that a refusal leaves it so.
-"""
+"""Every call: the rows' mean (one pass over the rows, factors included) against
+``param.grad``, which one ``loss.backward()`` wrote; a refusal leaves ``param.grad`` as it was."""
 
 from __future__ import annotations
 
@@ -40,7 +36,6 @@ class GradSnapshot:
                 p.grad = saved
 
     def grads(self) -> list[torch.Tensor | None]:
-        """This call's gradient of each parameter (``None`` where the backward left none)."""
         return [
             p.grad if s is None or p.grad is None else p.grad - s
             for p, s in zip(self.params, self.saved, strict=True)
@@ -87,11 +82,8 @@ def rows_problem(
     method: str,
     loss: torch.Tensor | None = None,
 ) -> str | torch.Tensor | None:
-    """The one-line refusal when the rows' mean is not autograd's gradient; ``None`` when it is.
-
-    On a device that a step must not read from the host (CUDA), the ``()`` worst gap instead,
-    for :meth:`~grab_exp.per_sample.check.schedule.Check.settle_deferred` to judge later.
-    """
+    """The one-line refusal when the rows' mean is not autograd's gradient (``None``: it is);
+    on CUDA (no host reads in a step), the ``()`` worst gap over the tolerance, judged later."""
     if not names or rows.rows == 0:
         return None
     gaps = rows_gaps(rows, grads, loss)
@@ -102,16 +94,10 @@ def rows_problem(
     gap = float(gaps[worst])
     if gap <= limit:
         return None
-    return mean_refusal(model, names[worst], params[worst], gap, method)
-
-
-def mean_refusal(model: nn.Module, name: str, param: nn.Parameter, gap: float, method: str) -> str:
-    """The refusal for rows whose mean differs from ``param.grad`` at ``name``, naming a cause
-    only where one is known (a gradient hook on the parameter, a parameter shared by modules)."""
-    layer = name.rpartition(".")[0]
-    where = label(layer, model.get_submodule(layer))
-    cause = known_cause(model, name, param)
+    name, layer = names[worst], names[worst].rpartition(".")[0]
+    cause = known_cause(model, name, params[worst])  # only where one is known
     found = f"; {cause}" if cause else ""
+    where = label(layer, model.get_submodule(layer))
     return (
         f"the rows' mean differs from autograd's gradient at {name} of {where} "
         f"by {gap:.2g} (relative){found}; {advice(method)}"
@@ -119,12 +105,14 @@ def mean_refusal(model: nn.Module, name: str, param: nn.Parameter, gap: float, m
 
 
 def known_cause(model: nn.Module, name: str, param: nn.Parameter) -> str | None:
-    """A cause the rows' mean cannot follow, where the parameter shows it."""
+    """A cause the rows' mean cannot follow, where the parameter or its layer shows it."""
     if param._backward_hooks:
         return (
             f"{name} has a gradient hook (register_hook), which changes autograd's gradient but "
             "not the rows; per-sample rows under a gradient hook are refused on every method"
         )
+    if "forward" in vars(model.get_submodule(name.rpartition(".")[0])):
+        return "its forward was replaced on the instance (layer.forward = ...)"
     owners = [n for n, m in model.named_modules() if any(q is param for q in m.parameters(False))]
     if len(owners) > 1:
         return f"{name} is shared by {' and '.join(o or '<root>' for o in owners[:2])}"

@@ -30,12 +30,12 @@ class Check:
 
     @property
     def on(self) -> bool:
-        """Whether any check runs."""
         return self.every > 0
 
     def due(self, key: Any, batch: int) -> bool:
-        """Count a call; whether its batch is checked in full (never inside a captured step,
-        :func:`~grab_exp.devices.graph_safe`: its replays run no Python)."""
+        """Count a call; whether its batch is checked in full: calls 1, 2, 4, ... up to
+        ``every``, then every ``every``-th, a new ``key``, the first batch of 2 or more (never
+        inside a captured step: its replays run no Python)."""
         if not self.on or in_graph_safe():
             return False
         self.calls += 1
@@ -44,21 +44,17 @@ class Check:
         return scheduled or key not in self._seen or (self.pending and batch >= 2)
 
     def passed(self, key: Any, batch: int) -> None:
-        """Record a checked batch that passed."""
         self.checks += 1
         if len(self._seen) < MAX_KEYS:
             self._seen.add(key)
         self.pending = self.pending and batch < 2
 
     def forget(self) -> None:
-        """Check the next call in full (the path's structure changed)."""
         self._seen.clear()
 
     def weights(self, batch: int, like: torch.Tensor) -> torch.Tensor:
-        """The check's weights ``c (B,)``: ``B`` evenly spaced values in ``[0.5, 1.5)`` in an
-        order drawn from a generator of its own (the global ones are not touched): positive, so
-        that nothing cancels, and at least ``1/B`` apart, so that rows swapped between any two
-        examples show."""
+        """The check's weights ``c (B,)``: ``0.5 + k/B`` in an order drawn from a generator of its
+        own: positive (nothing cancels), ``1/B`` apart (rows swapped between two examples show)."""
         generator = torch.Generator().manual_seed(SEED + self.checks)
         order = torch.randperm(batch, generator=generator).to(torch.float64)
         c = 0.5 + order / batch
@@ -88,13 +84,11 @@ class Check:
             refuse_gap(gap, dtype)
 
     def defer_rows(self, ratio: torch.Tensor) -> None:
-        """Keep a call's rows-against-``param.grad`` gap (``()``, over its tolerance) on the
-        device for the next full check (no host read inside a step)."""
+        """Keep a call's rows' gap (``()``, over its tolerance) for the next full check."""
         self._rows = ratio if self._rows is None else torch.maximum(self._rows, ratio)
 
     def settle_deferred(self, dtype: torch.dtype) -> None:
-        """Refuse what the loss splits and the rows' comparisons kept on the device since the
-        last full check showed (one host read each)."""
+        """Refuse what the loss splits and rows' gaps kept on the device showed (a read each)."""
         if self._rows is not None:
             ratio, self._rows = self._rows.item(), None
             if not ratio <= 1:

@@ -1,5 +1,5 @@
-"""Nothing of a check stays (:func:`kept_state`), and the model's structure read without a walk
-of its module tree on every call (:class:`ModelState`)."""
+"""Nothing of a check stays (:func:`kept_state`); the model's structure, read without a walk of
+its module tree on every call (:class:`ModelState`)."""
 
 from __future__ import annotations
 
@@ -77,9 +77,8 @@ register_module_parameter_registration_hook(_registered)
 
 
 class ModelState:
-    """The model's modules and parameters, listed once: :meth:`key` and :meth:`trainable` read
-    their modes and the trainable set on every call without walking the module tree, and
-    :meth:`stale` says whether a module or parameter was replaced since (then list it anew)."""
+    """The model's modules and parameters, listed once; :meth:`stale`: whether one was replaced
+    since (then list them anew)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.modules = list(model.modules())
@@ -98,7 +97,6 @@ class ModelState:
         ] != [id(p) for p in self.params]
 
     def trainable(self) -> dict[str, nn.Parameter]:
-        """The trainable parameters by name, in ``named_parameters`` order."""
         return {n: p for n, p in self.named if p.requires_grad}
 
     def key(self) -> tuple:

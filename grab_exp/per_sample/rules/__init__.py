@@ -1,8 +1,6 @@
-"""Registry of per-layer rules: per-sample gradients from a layer's input and output gradient.
-
-Like opacus's ``grad_sample`` registry: per layer type, the closed form of one example's gradient
-from the layer's input ``a`` and output gradient ``g`` (batch first); a layer without a rule gets
-the per-layer fallback. Adding a layer type::
+"""Per-layer rules, like opacus's ``grad_sample`` registry: per layer type, the closed form of
+one example's gradient from the layer's input ``a`` and output gradient ``g`` (batch first); a
+layer without a rule gets the per-layer fallback. Adding a layer type::
 
     @register_rule(nn.MyLayer)
     class MyLayerRule(LayerRule):

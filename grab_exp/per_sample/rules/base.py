@@ -17,16 +17,12 @@ Outs = Sequence[torch.Tensor | None]
 
 
 class LayerRule:
-    """Per-sample gradients of one layer type's own parameters (``param.grad`` is autograd's).
-
-    Attributes:
-        has_factors: :meth:`factors` can return a factor form (else it returns ``None``).
-    """
+    """Per-sample gradients of one layer type's own parameters; ``has_factors``: :meth:`factors`
+    can return a factor form."""
 
     has_factors = False
 
     def supports(self, layer: nn.Module) -> bool:
-        """Whether the rule's closed form holds for this layer's configuration."""
         return True
 
     def per_sample(
@@ -51,7 +47,6 @@ RULES: dict[type[nn.Module], LayerRule] = {}
 
 
 def register_rule(*layer_types: type[nn.Module]) -> Callable[[type[LayerRule]], type[LayerRule]]:
-    """Class decorator: register an instance of the decorated rule for ``layer_types``."""
 
     def decorator(cls: type[LayerRule]) -> type[LayerRule]:
         rule = cls()

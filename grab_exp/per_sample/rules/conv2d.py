@@ -29,12 +29,9 @@ def explicit_padding(layer: nn.Conv2d) -> tuple[int, ...] | None:
 def conv2d_grads(
     layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor, out: Outs = (None, None)
 ) -> list[torch.Tensor]:
-    """Per-sample ``[weight, bias]`` grads from input ``a (B, C, H, W)``, ``g (B, O, H', W')``.
-
-    Narrow layers (more output positions ``L = H'W'`` than channels ``O``: LeNet, a ResNet's first
-    stages) take :func:`grouped_weight_grads`; wide ones :func:`unfold_weight_grads`, whose
-    patches are then no larger than the result (which may be a channels-last view).
-    """
+    """Per-sample ``[weight, bias]`` grads from input ``a (B, C, H, W)``, ``g (B, O, H', W')``:
+    :func:`grouped_weight_grads` where the output positions ``L = H'W'`` outnumber the channels
+    ``O`` (LeNet), else :func:`unfold_weight_grads` (patches no larger than the result)."""
     positions = g.shape[2] * g.shape[3]  # L
     if positions <= g.shape[1]:
         weight = unfold_weight_grads(layer, a, g, out[0])
@@ -48,12 +45,8 @@ def conv2d_grads(
 
 
 def grouped_weight_grads(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """Per-sample weight grads ``(B, O, C, kh, kw)`` as one grouped convolution's weight gradient.
-
-    The batch becomes the groups: ``a`` as one image of ``B*C`` channels, ``g`` as ``B*O`` output
-    channels, and that grouped convolution's weight gradient is every example's own block (at
-    LeNet's shapes faster than a grouped forward with the roles swapped, or than the patches).
-    """
+    """Per-sample weight grads ``(B, O, C, kh, kw)``: the weight gradient of one convolution
+    whose groups are the examples (``a`` as one image of ``B*C`` channels, ``g`` of ``B*O``)."""
     batch, out_channels = g.shape[:2]
     images = a.reshape(1, -1, *a.shape[2:])  # (1, B*C, H, W)
     out_grads = g.reshape(1, -1, *g.shape[2:])  # (1, B*O, H', W')
@@ -74,11 +67,8 @@ def grouped_weight_grads(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> 
 def unfold_weight_grads(
     layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Per-sample weight grads ``(B, O, C, kh, kw)`` as one batched matmul over the patches.
-
-    Each example's block is its ``g (B, O, L)`` times its patches ``(B, C*kh*kw, L)`` transposed,
-    written into ``out`` where given (a ResNet's 512-channel result costs more to allocate).
-    """
+    """Per-sample weight grads ``(B, O, C, kh, kw)``: ``g (B, O, L)`` times the patches
+    ``(B, C*kh*kw, L)`` transposed, one batched matmul (into ``out`` where given)."""
     patches = F.unfold(
         a,
         layer.kernel_size,
