@@ -13,10 +13,10 @@ import warnings
 from collections.abc import Callable, Sequence
 
 import torch
-from torch import nn
 
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.base import PerSampleGradients, one_line
+from grab_exp.per_sample.check.state import saved_state
 from grab_exp.per_sample.layout import Inputs
 from grab_exp.per_sample.modules import LossContractError, UnsupportedModelError, UserCodeError
 
@@ -60,7 +60,7 @@ class AutoPerSample(PerSampleGradients):
 
     def __call__(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         while True:
-            buffers = _buffers(self.model)  # what a failed call's forward may change
+            found = saved_state(self.model)  # what a failed call's forward may change
             rng = torch.get_rng_state()  # and the masks it drew (the next path draws again)
             try:
                 return self._called(x, y)
@@ -72,7 +72,7 @@ class AutoPerSample(PerSampleGradients):
                         raise self._refusal(self.method, error) from error
                     raise
                 torch.set_rng_state(rng)
-                _put_back(buffers)
+                found()
                 self._left.append(_reason(self.chosen.method, error))
                 if hasattr(self.chosen, "remove"):
                     self.chosen.remove()  # its hooks
@@ -118,26 +118,6 @@ class AutoPerSample(PerSampleGradients):
 
     def _compute(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         return self.chosen._compute(x, y)
-
-
-def _buffers(model: nn.Module) -> list[tuple[nn.Module, str, torch.Tensor, int, torch.Tensor]]:
-    """Every buffer as it is now: ``(module, name, tensor, version, copy)`` (running statistics,
-    counters, a queue: what a forward may change in place or assign anew)."""
-    return [
-        (m, name, b, b._version, b.detach().clone())
-        for m in model.modules()
-        for name, b in m._buffers.items()
-        if b is not None
-    ]
-
-
-@torch.no_grad()
-def _put_back(buffers: list[tuple[nn.Module, str, torch.Tensor, int, torch.Tensor]]) -> None:
-    """The buffers as :func:`_buffers` saw them."""
-    for m, name, b, version, saved in buffers:
-        m._buffers[name] = b
-        if b._version != version:
-            b.copy_(saved)
 
 
 def _reason(method: str, error: BaseException) -> str:

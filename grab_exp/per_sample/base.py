@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -17,7 +17,7 @@ from grab_exp.per_sample.check.loss import example_losses, loss_of, loss_problem
 from grab_exp.per_sample.check.mean import GradSnapshot, rows_problem
 from grab_exp.per_sample.check.resampled import resampled_problem
 from grab_exp.per_sample.check.schedule import CHECK_EVERY, Check
-from grab_exp.per_sample.check.state import ModelState, kept_state
+from grab_exp.per_sample.check.state import ModelState, kept_state, saved_state
 from grab_exp.per_sample.layout import Inputs, batch_size, call_model
 from grab_exp.per_sample.modules import (
     WATCHED,
@@ -103,6 +103,7 @@ class PerSampleGradients(ABC):
             self.state = ModelState(self.model)
             self.restructure()
         self.check()
+        self._found = saved_state(self.model, buffers=False)  # the examples alone start here
         try:
             return self._compute(x, y)
         except UnsupportedModelError:
@@ -174,7 +175,11 @@ class PerSampleGradients(ABC):
         problem = None
         if batch >= 2:
             with kept_state(self.model), self.quiet():
-                forward = lambda inputs: call_model(self.model, inputs)  # noqa: E731
+
+                def forward(inputs: Inputs) -> Any:  # on the attributes the call found
+                    self._found()
+                    return call_model(self.model, inputs)
+
                 problem = mixing_problem(
                     forward, x, out, layout, self.checker.groups(batch), self.model
                 )

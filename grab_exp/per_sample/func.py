@@ -191,6 +191,7 @@ class FuncPerSample(PerSampleGradients):
             grads, (losses, out) = self._grad_fn(trainable, fixed, x, y)  # {name: (B, ...)}
         except RuntimeError as error:
             raise UnsupportedModelError(vmap_failure(self.model, error)) from error
+        self._found()  # the batch's own forward below runs on the attributes the call found
         rows = as_batch_grads(grads)
         params = self.trainable()
         if self.randomness is not None and random_modules(self.model):

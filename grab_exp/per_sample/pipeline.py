@@ -7,6 +7,7 @@ from typing import ClassVar
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.auto import AutoPerSample
@@ -161,7 +162,8 @@ def auto_hooks_method(model: nn.Module) -> str:
     """``factored`` when layers without a factor rule hold few weights, else ``hooks``."""
     total = materialized = 0
     for module in model.modules():
-        count = sum(p.numel() for p in module.parameters(recurse=False) if p.requires_grad)
+        params = module.parameters(recurse=False)  # a lazy one has no size yet: not counted
+        count = sum(p.numel() for p in params if p.requires_grad and not is_lazy(p))
         rule = rule_for(module)
         total += count
         materialized += 0 if rule is not None and rule.has_factors else count

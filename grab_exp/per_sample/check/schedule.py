@@ -15,6 +15,8 @@ CHECK_EVERY = 128
 #: structure keys remembered (a run with more distinct batches checks on schedule only)
 MAX_KEYS = 4096
 SEED = 0x9E3779B9
+#: examples the mixing check runs alone, each a forward of its own, on a checked call
+ALONE = 64
 
 
 class Check:
@@ -68,12 +70,13 @@ class Check:
         return 1 + self.calls % (batch - 1)
 
     def groups(self, batch: int) -> list[list[int]]:
-        """The examples the mixing check runs alone, each on its own: two distinct ones (two run
-        together would pass a model that mixes exactly those two, ``x.flip(0)`` mixup)."""
-        if batch == 2:
-            return [[0], [1]]
+        """The examples the mixing check runs alone, each on its own: every example of the batch
+        up to :data:`ALONE` of them, drawn (a model may mix only a few examples, or only two
+        with each other, which two run together would pass: ``x.flip(0)`` mixup)."""
+        if batch <= ALONE:
+            return [[i] for i in range(batch)]
         generator = torch.Generator().manual_seed(SEED + 1 + self.checks)
-        return [[i] for i in torch.randperm(batch, generator=generator)[:2].tolist()]
+        return [[i] for i in torch.randperm(batch, generator=generator)[:ALONE].tolist()]
 
     def settle_gap(self, gap: float | torch.Tensor | None, dtype: torch.dtype) -> None:
         """Refuse a loss whose two parts do not add up to it: at once on the CPU; on CUDA (no

@@ -15,9 +15,35 @@ from torch.nn.modules.module import (
 )
 
 
+def saved_state(model: nn.Module, buffers: bool = True) -> Callable[[], None]:
+    """The model's buffers (where asked) and its modules' attributes (a step counter kept as an
+    ``int``, an activation kept on the model) as they are now; calling the result puts them
+    back (a buffer changed in place is copied back, one assigned anew put back)."""
+    kept = [
+        (m, dict(vars(m)), [(n, b, b._version, b.detach().clone()) for n, b in m._buffers.items()
+                            if b is not None] if buffers else [])
+        for m in model.modules()
+    ]  # fmt: skip
+
+    @torch.no_grad()
+    def restore() -> None:
+        for m, attributes, saved in kept:
+            now = vars(m)
+            for name in [n for n in now if n not in attributes]:
+                del now[name]
+            now.update((n, v) for n, v in attributes.items() if n != "training")  # modes apart
+            for name, b, version, copy in saved:
+                m._buffers[name] = b
+                if b._version != version:
+                    b.copy_(copy)
+
+    return restore
+
+
 @contextlib.contextmanager
 def kept_state(model: nn.Module) -> Iterator[Callable[[], list[str]]]:
     """Inside the block the model may run: its buffers (changed in place or assigned anew),
+    modules' attributes (a step counter kept as an ``int``, an activation kept on the model),
     modes, ``param.grad`` and the random number generators are put back afterwards. Yields a
     function that names the buffers changed so far."""
     buffers = [
@@ -27,6 +53,7 @@ def kept_state(model: nn.Module) -> Iterator[Callable[[], list[str]]]:
         if b is not None
     ]
     modes = [(m, m.training) for m in model.modules()]
+    attributes = saved_state(model, buffers=False)  # a counter kept as an int
     grads = [(p, p.grad) for p in model.parameters()]
     prefix = {id(m): f"{name}." if name else "" for name, m in model.named_modules()}
 
@@ -46,6 +73,7 @@ def kept_state(model: nn.Module) -> Iterator[Callable[[], list[str]]]:
                     m._buffers[name] = b
                     if b._version != version:
                         b.copy_(saved)
+            attributes()
             for m, training in modes:
                 m.training = training
             for p, g in grads:

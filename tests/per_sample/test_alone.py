@@ -1,0 +1,116 @@
+"""Models that make an example's output depend on the batch without any gradient crossing
+examples, or that keep state outside buffers (issue 49, found by a second adversarial review):
+the mixing check runs every example of a checked batch alone (up to ``ALONE``), on the
+attributes the call found, takes a difference for randomness only where a generator was drawn
+from, and nothing of the extra forwards stays. Each case over several batches of one ``psg``
+against a float64 per-example loop."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from grab_exp.per_sample import UnsupportedModelError, make_per_sample
+
+F64 = torch.float64
+METHODS = ("auto", "hooks", "factored", "func", "loop")
+
+
+class SwapInputs(nn.Module):
+    """For ``B >= 6`` the inputs of examples 3 and 4 are swapped: no gradient crosses them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(5, 6), nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if len(x) >= 6:
+            x = x[[0, 1, 2, 4, 3, *range(5, len(x))]]
+        return self.b(torch.tanh(self.a(x)))
+
+
+class RunningMean(nn.Module):
+    """A batch mean kept in a buffer and subtracted in the same forward (training mode)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(5, 6), nn.Linear(6, 3)
+        self.register_buffer("mean", torch.zeros(6, dtype=F64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        if self.training:
+            self.mean = 0.9 * self.mean + 0.1 * h.detach().mean(0)
+        return self.b(torch.tanh(h - self.mean))
+
+
+class StepCounter(nn.Module):
+    """A schedule kept in a plain ``int`` that the forward advances in training mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(5, 6), nn.Linear(6, 3)
+        self.step = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.step += 1
+        return self.b(torch.tanh(self.a(x)) * (1.0 + 0.1 * self.step))
+
+
+def batch(size: int, g: torch.Generator):
+    return torch.randn(size, 5, generator=g, dtype=F64), torch.randint(0, 3, (size,), generator=g)
+
+
+def gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict:
+    twin = copy.deepcopy(model)
+    named = list(twin.named_parameters())
+    grads = torch.autograd.grad(F.cross_entropy(twin(x), y), [p for _, p in named])
+    return {n: g for (n, _), g in zip(named, grads, strict=True)}
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("build", [SwapInputs, RunningMean], ids=["swap_inputs", "running_mean"])
+def test_mixing_without_a_gradient_across_examples_is_refused(method: str, build) -> None:
+    torch.manual_seed(0)
+    model, g = build().double(), torch.Generator().manual_seed(1)
+    psg = make_per_sample(model, F.cross_entropy, method)
+    with pytest.raises(UnsupportedModelError) as error:
+        for size in (1, 2, 7):  # the swap shows from 6 examples on, the running mean from 2
+            x, y = batch(size, g)
+            model.zero_grad(set_to_none=True)
+            psg(x, y)
+    assert "\n" not in str(error.value)
+    assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_counter_kept_in_an_attribute_advances_once_a_call(method: str) -> None:
+    torch.manual_seed(0)
+    model, g = StepCounter().double(), torch.Generator().manual_seed(1)
+    twin = copy.deepcopy(model)  # the plain step's model, alongside
+    psg = make_per_sample(model, F.cross_entropy, method)
+    for k, size in enumerate((4, 4, 6, 1), start=1):
+        x, y = batch(size, g)
+        alone = [gradient(model, x[i : i + 1], y[i : i + 1]) for i in range(size)]
+        want = gradient(twin, x, y)
+        F.cross_entropy(twin(x), y)  # the plain step's forward: its counter advances once
+        model.zero_grad(set_to_none=True)
+        _, grads = psg(x, y)
+        assert model.step == twin.step == k
+        for n, rows in grads.as_dict().items():
+            torch.testing.assert_close(rows, torch.stack([a[n] for a in alone]), msg=n)
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(p.grad, want[n], msg=f"call {k}: p.grad of {n}")
+
+
+def test_auto_takes_a_model_with_a_lazy_layer() -> None:
+    model = nn.Sequential(nn.LazyLinear(4), nn.Tanh(), nn.Linear(4, 3)).double()
+    psg = make_per_sample(model, F.cross_entropy, "auto")
+    x, y = batch(5, torch.Generator().manual_seed(1))
+    _, grads = psg(x, y)
+    assert grads.as_dict()["0.weight"].shape == (5, 4, 5)
