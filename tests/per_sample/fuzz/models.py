@@ -31,6 +31,9 @@ class Net(nn.Module):
             that is no mean of per-example terms (a load-balancing term): refused by design.
         mix: mix each example with its mirror, ``0.7 h + 0.3 h.flip(0)`` (batch-flip mixup).
         counter: a buffer the forward advances and reads (a step counter).
+        swap: for ``B >= 6`` swap the inputs of examples 3 and 4 (no gradient crosses them).
+        running: subtract a batch mean kept in a buffer, in the same forward (training mode).
+        step: a schedule kept in a plain ``int`` attribute, advanced in training mode.
     """
 
     def __init__(self, stem, body, pool, neck, head, aux=False, store=False, **extra) -> None:
@@ -39,28 +42,44 @@ class Net(nn.Module):
         self.body, self.neck = nn.ModuleList(body), nn.ModuleList(neck)
         self.aux, self.store = aux, store
         self.whole, self.mix = extra.get("whole", False), extra.get("mix", False)
+        self.swap, self.step = extra.get("swap", False), 0 if extra.get("step") else None
+        if extra.get("running", False):
+            self.register_buffer("running", torch.zeros(D, dtype=torch.float64))
         if extra.get("counter", False):
             self.register_buffer("steps", torch.zeros((), dtype=torch.float64))
 
     def forward(self, x, mask=None, scale=1.0, flag=True):
         ctx = {"mask": mask, "flag": flag}
-        h = self.stem(x, ctx) * scale
-        if self.mix:
-            h = 0.7 * h + 0.3 * h.flip(0)
-        if hasattr(self, "steps"):
-            self.steps += 1
-            h = h * (1 + 0.01 * self.steps)
+        h = self.state_effects(self.stem(x, ctx) * scale)
         for block in self.body:
             h = block(h, ctx)
         h = self.pool(h, ctx)
         for block in self.neck:
             h = block(h, ctx)
+        if hasattr(self, "running"):
+            if self.training:
+                self.running = 0.9 * self.running + 0.1 * h.detach().mean(0)
+            h = h - self.running
         if self.store:
             self.last = h
         out = self.head(h)
         if not self.aux:
             return out
         return {"logits": out, "aux": (h.mean(0) ** 2).mean() if self.whole else (h**2).mean()}
+
+    def state_effects(self, h):
+        """The stem's output after the swap, the counters and the mixup that are on."""
+        if self.swap and len(h) >= 6:
+            h = h[[0, 1, 2, 4, 3, *range(5, len(h))]]
+        if self.step is not None:
+            self.step += 1 if self.training else 0
+            h = h * (1 + 0.01 * self.step)
+        if self.mix:
+            h = 0.7 * h + 0.3 * h.flip(0)
+        if hasattr(self, "steps"):
+            self.steps += 1
+            h = h * (1 + 0.01 * self.steps)
+        return h
 
 
 class VecStem(nn.Module):
@@ -187,6 +206,9 @@ def build_net(draw, family: str, outputs: int) -> Net:
         "whole": aux and draw.chance("out:whole", 0.4),
         "mix": draw.chance("mix:flip", 0.04),
         "counter": draw.chance("buf:counter", 0.06),
+        "swap": draw.chance("mix:swap_inputs", 0.04),
+        "running": family in ("vec", "img", "seq", "rnn") and draw.chance("buf:running_mean", 0.04),
+        "step": draw.chance("attr:step", 0.06),
     }
     return Net(stem, body, pool, neck, nn.Linear(D, outputs), aux=aux, store=store, **extra)
 

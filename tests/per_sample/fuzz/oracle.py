@@ -43,6 +43,8 @@ BY_DESIGN = {
     "hook:param_before": "a gradient hook on a parameter (refused on every method)",
     "out:whole": "a value of the whole batch in the output, no mean of per-example terms",
     "mix:flip": "a model that mixes each example with another (the examples are not alone)",
+    "mix:swap_inputs": "a model that swaps two examples' inputs (the examples are not alone)",
+    "buf:running_mean": "a batch mean subtracted in the forward (the examples are not alone)",
 }
 #: features refused by design on ``func`` only (``loop``, one plain forward and backward per
 #: example, has none of its own: it is held to :data:`BY_DESIGN` alone)

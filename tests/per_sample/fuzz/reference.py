@@ -56,13 +56,17 @@ def reference(model: nn.Module, loss_fn, x: Any, y: Any) -> Reference:
     return Reference(loss.detach(), grads, {n: torch.stack(r) for n, r in rows.items()})
 
 
-def buffers(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Copies of the model's buffers by name."""
-    return {n: b.detach().clone() for n, b in model.named_buffers()}
+def buffers(model: nn.Module) -> tuple[dict[str, torch.Tensor], list]:
+    """Copies of the model's buffers by name, and of its modules' attributes (a counter)."""
+    saved = {n: b.detach().clone() for n, b in model.named_buffers()}
+    return saved, [(m, dict(vars(m))) for m in model.modules()]
 
 
 @torch.no_grad()
-def load(model: nn.Module, saved: dict[str, torch.Tensor]) -> None:
-    """The buffers as :func:`buffers` copied them."""
+def load(model: nn.Module, saved: tuple[dict[str, torch.Tensor], list]) -> None:
+    """The buffers and attributes as :func:`buffers` copied them."""
+    tensors, attributes = saved
+    for m, kept in attributes:
+        vars(m).update((n, v) for n, v in kept.items() if n != "training")
     for n, b in model.named_buffers():
-        b.copy_(saved[n])
+        b.copy_(tensors[n])
