@@ -17,15 +17,9 @@ from torch.nn.modules.module import (
 
 @contextlib.contextmanager
 def kept_state(model: nn.Module) -> Iterator[Callable[[], list[str]]]:
-    """Inside the block the model may run: its buffers (changed in place or assigned anew),
-    modes, ``param.grad`` and the random number generators are put back afterwards. Yields a
-    function that names the buffers changed so far."""
-    buffers = [
-        (m, name, b, b._version, b.detach().clone())
-        for m in model.modules()
-        for name, b in m._buffers.items()
-        if b is not None
-    ]
+    """The model's buffers, modes, ``param.grad`` and random number generators put back after
+    the block; yields a function that names the buffers changed so far."""
+    buffers = saved_buffers(model)
     modes = [(m, m.training) for m in model.modules()]
     grads = [(p, p.grad) for p in model.parameters()]
     prefix = {id(m): f"{name}." if name else "" for name, m in model.named_modules()}
@@ -41,15 +35,35 @@ def kept_state(model: nn.Module) -> Iterator[Callable[[], list[str]]]:
         try:
             yield changed
         finally:
-            with torch.no_grad():  # only the changed ones: a write would break the graphs
-                for m, name, b, version, saved in buffers:  # that saved them
-                    m._buffers[name] = b
-                    if b._version != version:
-                        b.copy_(saved)
+            put_back(buffers)
             for m, training in modes:
                 m.training = training
             for p, g in grads:
                 p.grad = g
+
+
+Buffers = list[tuple[nn.Module, str, torch.Tensor, int, torch.Tensor]]
+
+
+def saved_buffers(model: nn.Module) -> Buffers:
+    """Every buffer as it is now: ``(module, name, tensor, version, copy)`` (running statistics,
+    counters, a queue: what a forward may change in place or assign anew)."""
+    return [
+        (m, name, b, b._version, b.detach().clone())
+        for m in model.modules()
+        for name, b in m._buffers.items()
+        if b is not None
+    ]
+
+
+@torch.no_grad()
+def put_back(buffers: Buffers) -> None:
+    """The buffers as :func:`saved_buffers` saw them (only the changed ones written: a write
+    would break the graphs that saved them)."""
+    for m, name, b, version, saved in buffers:
+        m._buffers[name] = b
+        if b._version != version:
+            b.copy_(saved)
 
 
 @contextlib.contextmanager
@@ -87,8 +101,7 @@ class ModelState:
         self._seen = _REGISTRATIONS[0]
 
     def stale(self, model: nn.Module) -> bool:
-        """Whether the model's modules or parameters are others than when listed (walked only
-        when some module or parameter was registered since)."""
+        """Whether the model's modules or parameters are others than when listed."""
         if _REGISTRATIONS[0] == self._seen:
             return False
         self._seen = _REGISTRATIONS[0]
