@@ -21,9 +21,8 @@ __all__ = ["FuncFallback"]
 
 
 class FuncFallback:
-    """Per-sample gradients of ``layer``'s own parameters, then the ``adopted`` ones (names of
-    submodules' parameters its forward uses without calling them), as ``names``; ``batched_by``:
-    ``"vmap"`` or ``"loop"``; ``random``: the submodules that could draw random numbers."""
+    """Per-sample gradients of ``layer``'s own parameters, then the ``adopted`` ones (of
+    submodules its forward uses without calling them), as ``names``, by ``vmap`` or a loop."""
 
     def __init__(self, layer: nn.Module, adopted: Iterable[str] = ()) -> None:
         self.layer = layer

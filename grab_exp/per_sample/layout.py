@@ -59,8 +59,7 @@ class CallLayout:
 
 def expand_over_batch(args: tuple[Any, ...], batch: int) -> tuple[Any, ...]:
     """``args`` with every tensor given the batch as dimension 0 (a leading 1 expanded, else one
-    prepended): a layer whose input has no batch (a position embedding) then returns one copy per
-    example, whose output gradients are per example."""
+    prepended): a position embedding then returns one copy, and output gradient, per example."""
 
     def expanded(arg: Any) -> Any:
         if not isinstance(arg, torch.Tensor):
@@ -75,10 +74,9 @@ def expand_over_batch(args: tuple[Any, ...], batch: int) -> tuple[Any, ...]:
 @dataclass
 class Call:
     """One call of a hooked layer in a batch forward: the leaves of ``(args, kwargs)`` (detached)
-    and their ``spec``, the output's leaves as returned with their ``grads`` (``None``: none),
-    ``versions`` and ``edges`` (where autograd takes their gradient), the nodes that made its
-    inputs (``sources``), the inputs' ``input_versions`` at entry (replayed layers), and whether
-    an output was changed ``in_place`` by the end of the forward and loss."""
+    and their ``spec``, the output's leaves as returned and their ``grads``, ``versions`` and
+    ``edges``, the nodes that made its inputs (``sources``), whether an output changed
+    ``in_place``."""
 
     leaves: list[Any]
     spec: Any

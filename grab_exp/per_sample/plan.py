@@ -30,8 +30,7 @@ from grab_exp.per_sample.rules import LayerRule, rule_for
 class Plan:
     """What the probe of one kind of batch found: each layer's calls' layouts, the layers whose
     input is expanded over the batch (a position embedding), where the output has the batch;
-    ``reindexes``: a full check found a re-indexing operation before a layer or the output
-    (``h[sel]``): the batch axis is inferred, not known, so every call is checked in full."""
+    ``reindexes``: a full check found ``h[sel]`` or the like (every call is then checked)."""
 
     layouts: dict[str, list[CallLayout]]
     expanded: set[str]
@@ -95,8 +94,7 @@ class Planner:
 
     def use_plan(self, x: Inputs, modes: tuple = ()) -> tuple:
         """Select (probing it if new) the plan of ``x``'s kind of batch and the modules'
-        ``modes`` (a layer that runs in training mode only is seen by its own probe); return
-        its key."""
+        ``modes``; return its key."""
         key = (input_shapes(x), modes)
         plan = self.plans.get(key)
         if plan is None:
@@ -107,9 +105,8 @@ class Planner:
 
     def _prepare(self, x: Inputs) -> Plan:
         """Probe until nothing changes: a layer that did not run gives its parameters to its
-        parent module (idle if the output does not use them), one whose input has no batch
-        dimension gets it expanded. Idle layers are those of this kind of batch (a layer idle in
-        training mode may run in eval mode)."""
+        parent module (idle if the output does not use them: for this kind of batch only), one
+        whose input has no batch dimension gets it expanded."""
         layers = self.layers
         layers.idle.clear()
         expanded = self.recorder.expanded = set()
@@ -136,8 +133,8 @@ class Planner:
         raise AssertionError("unreachable: every round adopts or expands one more layer")
 
     def _probes(self, x: Inputs, expanded: set[str]) -> tuple[dict, dict, tuple, set[str]]:
-        """:meth:`_probe` of 2 and 3 copies of ``x``'s first example, and the layers that did not
-        run but whose parameters the output uses."""
+        """:meth:`_probe` of 2 and 3 copies of ``x``'s first example, and the silent layers whose
+        parameters the output uses."""
         with kept_state(self.model):
             try:
                 (two, out2), (three, out3) = self._probe(x, 2), self._probe(x, 3)

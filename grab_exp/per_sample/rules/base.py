@@ -59,9 +59,8 @@ def register_rule(*layer_types: type[nn.Module]) -> Callable[[type[LayerRule]], 
 
 def rule_for(module: nn.Module) -> LayerRule | None:
     """The rule of ``module``'s type (or nearest registered base class); ``None`` where none
-    applies: an unsupported configuration (a grouped Conv2d), or not the plain layer the rule
-    knows (an overridden ``forward``, other parameters as LoRA's, a forward pre-hook that computes
-    the weight as the older ``weight_norm``, a parametrization)."""
+    applies: an unsupported configuration (a grouped Conv2d), or not the plain layer it knows (a
+    forward overridden, other parameters as LoRA's, a pre-hook as the older ``weight_norm``'s)."""
     for cls in type(module).__mro__:
         rule = RULES.get(cls)
         if rule is not None:
