@@ -153,8 +153,7 @@ def input_shapes(x: Inputs) -> tuple:
 
 @dataclass(frozen=True)
 class OutputLayout:
-    """Where each leaf of a model's output has the batch (``dims``; ``None``: nowhere), and the
-    output's pytree structure (``spec``)."""
+    """Where each leaf of a model's output (pytree ``spec``) has the batch (``None``: nowhere)."""
 
     dims: tuple[int | None, ...]
     spec: Any

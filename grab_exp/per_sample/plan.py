@@ -93,8 +93,7 @@ class Planner:
                 layers.add(name, m, recorder.hook)
 
     def use_plan(self, x: Inputs, modes: tuple = ()) -> tuple:
-        """Select (probing it if new) the plan of ``x``'s kind of batch and the modules'
-        ``modes``; return its key."""
+        """Select (probing it if new) the plan of ``x``'s kind of batch and ``modes``; its key."""
         key = (input_shapes(x), modes)
         plan = self.plans.get(key)
         if plan is None:

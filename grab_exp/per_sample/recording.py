@@ -167,8 +167,7 @@ class Recorder:
                 )
 
     def backward(self, loss: torch.Tensor, calls: dict[str, list[Call]], retain: bool) -> None:
-        """``loss.backward()``, capturing the gradients at the calls' outputs into their
-        ``grads``."""
+        """``loss.backward()``, capturing the gradients at the calls' outputs in their ``grads``."""
         handles = [
             edge.node.register_prehook(_capture(call, k, edge.output_nr))
             for layer_calls in calls.values()
@@ -242,8 +241,7 @@ REINDEXED = (
 
 
 def reindexes(calls: dict[str, list[Call]], out: Any) -> bool:
-    """Whether the graph that made the layers' inputs or the model's output holds a
-    :data:`REINDEXING` node."""
+    """Whether a :data:`REINDEXING` node is upstream of the layers' inputs or the model's output."""
     stack = [s for layer_calls in calls.values() for c in layer_calls for s in c.sources]
     stack += [t.grad_fn for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
     return any(type(node).__name__ in REINDEXING for node in _nodes(stack))

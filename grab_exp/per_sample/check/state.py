@@ -91,8 +91,7 @@ register_module_parameter_registration_hook(_registered)
 
 
 class ModelState:
-    """The model's modules and parameters, listed once; :meth:`stale`: whether one was replaced
-    since (then list them anew)."""
+    """The model's modules and parameters, listed once (anew when :meth:`stale`)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.modules = list(model.modules())

@@ -17,8 +17,7 @@ Outs = Sequence[torch.Tensor | None]
 
 
 class LayerRule:
-    """Per-sample gradients of one layer type's own parameters; ``has_factors``: :meth:`factors`
-    can return a factor form."""
+    """Per-sample gradients of one layer type's own parameters (maybe as :meth:`factors`)."""
 
     has_factors = False
 
