@@ -82,8 +82,7 @@ class AutoPerSample(PerSampleGradients):
                 self._next((RuntimeError, ValueError))
 
     def _next(self, refused: type | tuple[type, ...]) -> None:
-        """Build the next path; one whose construction raises ``refused`` is left as well (the
-        last one's refusal is the final one, with every reason)."""
+        """Build the next path; one whose construction raises ``refused`` is left as well."""
         while True:
             method, make = self._paths.pop(0)
             try:

@@ -36,8 +36,7 @@ Identity = Callable[[torch.Tensor, torch.Tensor], "str | None"] | None
 
 def one_line(error: Exception) -> str:
     """The error's first line, with its type unless it is a refusal (already one line)."""
-    lines = str(error).strip().splitlines()
-    text = lines[0] if lines else ""
+    text = (str(error).strip().splitlines() or [""])[0]
     return text if isinstance(error, UnsupportedModelError) else f"{type(error).__name__}: {text}"
 
 

@@ -36,8 +36,7 @@ class FuncFallback:
     def per_sample(
         self, call: Call, layout: CallLayout, batch: int, out: Outs
     ) -> list[torch.Tensor | None]:
-        """Per-sample gradients ``[(B, *p.shape)]`` of ``call``, one per name (``None`` for
-        frozen ones), written into ``out``'s tensors where given."""
+        """``[(B, *p.shape)]`` of ``call`` per name (``None``: frozen), into ``out`` if given."""
         own, fixed = split_state(self.layer, self.names, copy_buffers=True)
         used = [k for k, g in enumerate(call.grads) if g is not None]
         grads_sum = [call.grads[k] * batch for k in used]  # of the summed loss

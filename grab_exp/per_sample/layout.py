@@ -38,8 +38,7 @@ def batch_dim(one: torch.Size | None, two: torch.Size | None) -> int | None:
 
 @dataclass(frozen=True)
 class CallLayout:
-    """The batch dimension (or ``None``) of every leaf of one call's ``(args, kwargs)``
-    (``inputs``) and returned value (``outputs``)."""
+    """The batch dimension (or ``None``) of every leaf of a call's ``(args, kwargs)`` and output."""
 
     inputs: tuple[int | None, ...]
     outputs: tuple[int | None, ...]

@@ -40,9 +40,8 @@ class Plan:
 
 @dataclass
 class Layers:
-    """The hooked layers (modules with trainable parameters of their own or adopted) by name: its
-    parameters by qualified name (``own``), its rule or fallback, its hooks; ``idle``: those that
-    did not run in a probe and whose parameters the output does not use."""
+    """The hooked layers by name: its parameters by qualified name (``own``), its rule or
+    fallback, its hooks; ``idle``: those silent in a probe whose parameters the output skips."""
 
     modules: dict[str, nn.Module] = field(default_factory=dict)
     own: dict[str, dict[str, nn.Parameter]] = field(default_factory=dict)
@@ -132,8 +131,7 @@ class Planner:
         raise AssertionError("unreachable: every round adopts or expands one more layer")
 
     def _probes(self, x: Inputs, expanded: set[str]) -> tuple[dict, dict, tuple, set[str]]:
-        """:meth:`_probe` of 2 and 3 copies of ``x``'s first example, and the silent layers whose
-        parameters the output uses."""
+        """:meth:`_probe` of 2 and 3 copies of an example; the silent layers the output uses."""
         with kept_state(self.model):
             try:
                 (two, out2), (three, out3) = self._probe(x, 2), self._probe(x, 3)

@@ -193,8 +193,7 @@ def _args_spec(count: int) -> Any:
 
 
 def _edge(tensor: torch.Tensor) -> GradientEdge:
-    """Where autograd takes ``tensor``'s gradient as it is now (kept over a later in-place
-    change, which gives the tensor a new node)."""
+    """Where autograd takes ``tensor``'s gradient now (kept over a later in-place change)."""
     if tensor.grad_fn is None:
         return get_gradient_edge(tensor)  # a leaf: its gradient accumulator
     return GradientEdge(tensor.grad_fn, tensor.output_nr)

@@ -107,7 +107,8 @@ def mixing_problem(
     """Whether examples run alone (``groups``, a forward each) get their outputs in the batch's
     ``out``; a difference that goes in eval mode is randomness if other runs draw differently."""
     chosen = [i for group in groups for i in group]
-    index = torch.tensor(chosen, device=_device(out))
+    tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    index = torch.tensor(chosen, device=tensors[0].device if tensors else torch.device("cpu"))
 
     def alone() -> torch.Tensor:  # each run draws anew from the (forked) generators
         parts = []
@@ -169,8 +170,3 @@ def _relative_rows(got: torch.Tensor, want: torch.Tensor) -> float:
     scale = want.abs().max().clamp_min(1e-30)
     size = vector_norm(want / scale).clamp_min(1e-30)
     return (vector_norm((got.to(want.dtype) - want) / scale) / size).item()
-
-
-def _device(out: Any) -> torch.device:
-    tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-    return tensors[0].device if tensors else torch.device("cpu")

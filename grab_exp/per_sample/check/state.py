@@ -46,8 +46,7 @@ Buffers = list[tuple[nn.Module, str, torch.Tensor, int, torch.Tensor]]
 
 
 def saved_buffers(model: nn.Module) -> Buffers:
-    """Every buffer as it is now: ``(module, name, tensor, version, copy)`` (running statistics,
-    counters, a queue: what a forward may change in place or assign anew)."""
+    """Every buffer as it is now, ``(module, name, tensor, version, copy)``."""
     return [
         (m, name, b, b._version, b.detach().clone())
         for m in model.modules()
