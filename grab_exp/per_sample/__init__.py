@@ -1,17 +1,13 @@
 """Per-sample gradients: one interface, four methods, and the training pipelines.
 
-* :mod:`.base`: :class:`PerSampleGradients`, the interface; :mod:`.pipeline`:
-  :func:`make_per_sample` (``auto`` resolved in one place) and the runner's pipelines;
-* :mod:`.func`: ``method=func``, whole-model ``vmap(grad)``; :mod:`.loop`: ``method=loop``, one
-  forward and backward per example (the fail-closed last resort); :mod:`.auto`: the hook path,
-  then ``func``, then ``loop`` (with a warning); :mod:`.compiled`: ``torch.compile`` of ``func``;
-* :mod:`.hooks`: ``method=hooks`` / ``factored``, one step over its parts: :mod:`.plan` (the
-  layers, the probe), :mod:`.recording` (hooks, the one backward), :mod:`.rows` (rows and the
-  reused buffer), per layer :mod:`.rules` or :mod:`.fallback`, where the batch is in
-  :mod:`.layout`;
+* :mod:`.base`: the interface; :mod:`.pipeline`: :func:`make_per_sample` and the pipelines;
+* :mod:`.func` (``vmap(grad)``), :mod:`.loop` (one example at a time), :mod:`.auto` (the hook
+  path, then ``func``, then ``loop``), :mod:`.compiled` (``torch.compile`` of ``func``);
+* :mod:`.hooks`: ``method=hooks`` / ``factored``, one step over :mod:`.plan` (the layers, the
+  probe), :mod:`.recording` (hooks, the one backward), :mod:`.rows` (rows, the reused buffer),
+  per layer :mod:`.rules` or :mod:`.fallback`, where the batch is in :mod:`.layout`;
 * :mod:`.check`: what every call and each full check verifies, and when;
-* :mod:`.modules`: the refusals and what modules do (BatchNorm, dropout); :mod:`.batchnorm`:
-  BatchNorm to GroupNorm.
+* :mod:`.modules`: the refusals and what modules do; :mod:`.batchnorm`: BatchNorm to GroupNorm.
 """
 
 from grab_exp.per_sample.auto import AutoPerSample

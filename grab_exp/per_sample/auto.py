@@ -1,10 +1,9 @@
 """``method=auto``: the hook path while it gets the model right, else ``func``, else ``loop``.
 
-When a path refuses or fails, on construction or on any call (which path is right shows only when
-it runs), :class:`AutoPerSample` removes its hooks, puts back the running statistics and random
-state that the call changed and takes the next path for that call and the rest, announcing
-``loop`` by one ``UserWarning``. A model that none gets right is refused in one line with every
-path's reason; ``LossContractError`` and ``UserCodeError`` are raised at once.
+When a path refuses or fails, on construction or on any call, :class:`AutoPerSample` removes its
+hooks, puts back the buffers and random state that the call changed and takes the next path for
+that call and the rest (``loop`` announced by a ``UserWarning``). A model that none gets right is
+refused in one line with every path's reason; ``LossContractError`` and ``UserCodeError`` at once.
 """
 
 from __future__ import annotations
@@ -29,14 +28,9 @@ FINAL = (LossContractError, UserCodeError)
 
 
 class AutoPerSample(PerSampleGradients):
-    """The first of ``paths`` that builds, replaced by the next when a call of it refuses or
-    fails; ``left``: ``method=<name>: <reason>`` of paths ruled out before (the hook path, by the
-    model's structure).
-
-    Attributes:
-        chosen: the path in use.
-        reason: why the paths before it were left, ``" | "``-joined (``None``: none was).
-    """
+    """The first of ``paths`` that builds (``chosen``), replaced by the next when a call of it
+    refuses or fails; ``left``: ``method=<name>: <reason>`` of paths ruled out before (the hook
+    path, by the model's structure); ``reason``: every path left, ``" | "``-joined."""
 
     def __init__(self, paths: Sequence[Path], left: Sequence[str] = ()) -> None:
         self._paths, self._left, self._warned = list(paths), list(left), False
@@ -63,7 +57,16 @@ class AutoPerSample(PerSampleGradients):
             found = saved_state(self.model)  # what a failed call's forward may change
             rng = torch.get_rng_state()  # and the masks it drew (the next path draws again)
             try:
-                return self._called(x, y)
+                result = self.chosen(x, y)
+                if self.chosen.method == "loop" and not self._warned:  # announced once
+                    self._warned = True
+                    warnings.warn(
+                        f"method=auto takes method=loop ({self.reason}); loop costs B forward "
+                        "and backward passes of one example per step, besides the batch's",
+                        UserWarning,
+                        stacklevel=2,
+                    )
+                return result
             except FINAL:
                 raise
             except Exception as error:
@@ -78,22 +81,8 @@ class AutoPerSample(PerSampleGradients):
                     self.chosen.remove()  # its hooks
                 self._next((RuntimeError, ValueError))
 
-    def _called(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
-        """The chosen path's call; the first that ``loop`` returns is announced."""
-        result = self.chosen(x, y)
-        if self.chosen.method == "loop" and not self._warned:
-            self._warned = True
-            warnings.warn(
-                f"method=auto takes method=loop ({self.reason}); loop costs B forward and "
-                "backward passes of one example per step, besides the batch's",
-                UserWarning,
-                stacklevel=3,
-            )
-        return result
-
     def _next(self, refused: type | tuple[type, ...]) -> None:
-        """Build the next path; one whose construction raises ``refused`` is left as well (the
-        last one's refusal is the final one, with every reason)."""
+        """Build the next path; one whose construction raises ``refused`` is left as well."""
         while True:
             method, make = self._paths.pop(0)
             try:

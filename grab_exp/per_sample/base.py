@@ -36,8 +36,7 @@ Identity = Callable[[torch.Tensor, torch.Tensor], "str | None"] | None
 
 def one_line(error: Exception) -> str:
     """The error's first line, with its type unless it is a refusal (already one line)."""
-    lines = str(error).strip().splitlines()
-    text = lines[0] if lines else ""
+    text = (str(error).strip().splitlines() or [""])[0]
     return text if isinstance(error, UnsupportedModelError) else f"{type(error).__name__}: {text}"
 
 
@@ -63,14 +62,9 @@ def user_code_error(
 
 class PerSampleGradients(ABC):
     """Per-sample gradients of ``model``'s loss ``loss_fn(out, y)``, the batch MEAN of
-    per-example losses; subclasses implement :meth:`_compute`. ``check_every``: the checks'
-    period (:class:`~.check.schedule.Check`; ``0``: none). ``ValueError`` for a module whose mode
-    breaks per-sample gradients (:func:`.module_problem`).
-
-    Attributes:
-        method: the name :func:`~grab_exp.per_sample.pipeline.make_per_sample` knows it by.
-        randomness: vmap's ``randomness`` for random layers; ``None``: active dropout is refused.
-    """
+    per-example losses; subclasses implement :meth:`_compute` and name their ``method``.
+    ``check_every``: the checks' period (:class:`~.check.schedule.Check`; ``0``: none);
+    ``randomness``: vmap's for random layers (``None``: active dropout is refused)."""
 
     method: ClassVar[str]
     randomness: str | None = None
@@ -156,11 +150,9 @@ class PerSampleGradients(ABC):
         self, x: Inputs, y, out, layout, identity: Identity, rows=None, params=None
     ) -> None:
         """The full check of the batch ``x, y`` (:mod:`~grab_exp.per_sample.check`), ``out`` its
-        output in its forward's graph, ``layout`` where it has the batch; ``identity``: ``None``
-        where the rows cannot be compared with ``out``'s graph (other random masks). An output
-        with a floating leaf that has no batch dimension cannot be split into the examples'
-        losses: the rows (of ``params``) are compared with resampled batches instead
-        (:mod:`~grab_exp.per_sample.check.resampled`)."""
+        output in its forward's graph; ``identity``: ``None`` where the rows cannot be compared
+        with that graph (other random masks). An output the batch cannot split: the rows (of
+        ``params``) against resampled batches (:mod:`~grab_exp.per_sample.check.resampled`)."""
         batch = batch_size(y)
         loss = loss_of(self.loss_fn, out, y)  # first: a loss that changes its input is named
         self.checker.settle_deferred(loss.dtype)  # the loss splits of the calls since

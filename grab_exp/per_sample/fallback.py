@@ -21,9 +21,8 @@ __all__ = ["FuncFallback"]
 
 
 class FuncFallback:
-    """Per-sample gradients of ``layer``'s own parameters, then the ``adopted`` ones (names of
-    submodules' parameters its forward uses without calling them), as ``names``; ``batched_by``:
-    ``"vmap"`` or ``"loop"``; ``random``: the submodules that could draw random numbers."""
+    """Per-sample gradients of ``layer``'s own parameters, then the ``adopted`` ones (of
+    submodules its forward uses without calling them), as ``names``, by ``vmap`` or a loop."""
 
     def __init__(self, layer: nn.Module, adopted: Iterable[str] = ()) -> None:
         self.layer = layer
@@ -37,8 +36,7 @@ class FuncFallback:
     def per_sample(
         self, call: Call, layout: CallLayout, batch: int, out: Outs
     ) -> list[torch.Tensor | None]:
-        """Per-sample gradients ``[(B, *p.shape)]`` of ``call``, one per name (``None`` for
-        frozen ones), written into ``out``'s tensors where given."""
+        """``[(B, *p.shape)]`` of ``call`` per name (``None``: frozen), into ``out`` if given."""
         own, fixed = split_state(self.layer, self.names, copy_buffers=True)
         used = [k for k, g in enumerate(call.grads) if g is not None]
         grads_sum = [call.grads[k] * batch for k in used]  # of the summed loss

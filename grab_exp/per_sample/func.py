@@ -15,7 +15,7 @@ from grab_exp.grads import BatchGrads, as_batch_grads
 from grab_exp.per_sample.base import LossFn, PerSampleGradients
 from grab_exp.per_sample.check.examples import identity_problem
 from grab_exp.per_sample.check.loss import check_scalar, loss_of, relative_gap
-from grab_exp.per_sample.check.mean import GradSnapshot
+from grab_exp.per_sample.check.mean import GradSnapshot, refuse_gradient_hooks
 from grab_exp.per_sample.check.schedule import CHECK_EVERY
 from grab_exp.per_sample.check.state import kept_state
 from grab_exp.per_sample.compiled import compile_step
@@ -138,13 +138,9 @@ def vmap_failure(model: nn.Module, error: RuntimeError) -> str:
 
 
 class FuncPerSample(PerSampleGradients):
-    """Per-sample gradients with ``vmap(grad(loss_fn(model(x_i[None]), y_i[None])))``.
-
-    Args:
-        chunk_size: examples per ``vmap`` chunk (bounds memory), or ``None`` for the whole batch.
-        randomness: ``None`` (active dropout is refused), ``"different"`` or ``"same"``.
-        compile_mode: ``None`` (eager) or a ``torch.compile`` mode for ``vmap(grad)``.
-    """
+    """Per-sample gradients with ``vmap(grad(loss_fn(model(x_i[None]), y_i[None])))``;
+    ``chunk_size``: examples per ``vmap`` chunk (``None``: the whole batch); ``compile_mode``:
+    ``None`` (eager) or a ``torch.compile`` mode for ``vmap(grad)``."""
 
     method = "func"
 
@@ -217,18 +213,16 @@ class FuncPerSample(PerSampleGradients):
         """Random layers active: no batch backward reproduces the examples' own masks, so
         ``param.grad`` is the rows' mean (a gradient hook, which that ignores, is refused)."""
         batch = batch_size(y)
-        hooked = [n for n, p in self.trainable().items() if p._backward_hooks]
-        if hooked:
-            raise UnsupportedModelError(
-                f"{hooked[0]} has a gradient hook (register_hook), and with random layers "
-                "active method=func forms param.grad from the rows, which the hook cannot act "
-                "on; put the random layers in eval mode, or remove the hook"
-            )
+        refuse_gradient_hooks(
+            self.trainable(),
+            "and with random layers active method=func forms param.grad from the rows, which the "
+            "hook cannot act on; put the random layers in eval mode, or remove the hook",
+        )
         if due:
             with kept_state(self.model), torch.enable_grad():  # the batch's own forward
                 self.full_check(x, y, call_model(self.model, x), layout, None)
             self.checker.passed(key, batch)
-        if not due:
+        else:
             self._settle_split(out, y, layout, losses, batch)
         for name, p in self.state.named:
             g = grads.get(name)

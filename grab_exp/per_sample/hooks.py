@@ -1,5 +1,5 @@
 """``method=hooks`` / ``factored``: per-sample gradients from one backward pass, one step
-(:meth:`HookedPerSample._step`) over the parts :mod:`grab_exp.per_sample` lists. Each part
+(:meth:`HookedPerSample._compute`) over the parts :mod:`grab_exp.per_sample` lists. Each part
 refuses, in one line naming the layer, what it cannot get right."""
 
 from __future__ import annotations
@@ -30,9 +30,8 @@ __all__ = ["FactoredPerSample", "HookedPerSample", "UnsupportedModelError", "che
 
 
 def check_supported(model: nn.Module) -> None:
-    """Refuse (``UnsupportedModelError``) the first parameter shared by two modules (a layer's
-    hooks see only its own use of it), parametrized layer or ``torch.jit.script`` module (no
-    Python hooks). One module at two places (called twice) is fine: its calls are summed."""
+    """Refuse the first parameter shared by two modules, parametrized layer or scripted module
+    (one module at two places is fine: its calls are summed)."""
     owners: dict[int, tuple[int, str]] = {}  # parameter -> (its module, that module's name)
     for name, module in model.named_modules(remove_duplicate=False):
         if isinstance(module, torch.jit.ScriptModule):
@@ -61,15 +60,9 @@ def check_supported(model: nn.Module) -> None:
 
 class HookedPerSample(PerSampleGradients):
     """``method=hooks`` on a model that passes :func:`check_supported`; ``reuse_buffer``: every
-    call's rows in one reused ``(B, d)`` buffer (:class:`~.rows.GradBuffer`), which
-    ``Ordering.step`` takes without a copy: **the next call overwrites them**.
-
-    Attributes:
-        registry, planner, recorder, rows: the step's parts (:class:`~.plan.Layers`,
-            :class:`~.plan.Planner`, :class:`~.recording.Recorder`, :class:`~.rows.Rows`), built
-            anew when the trainable set or the modules change.
-        grad_buffer: the reused buffer (its ``buffer`` ``(rows >= B, d)`` once a call made it).
-    """
+    call's rows in one reused ``(B, d)`` ``grad_buffer``, which ``Ordering.step`` takes without a
+    copy: **the next call overwrites them**. ``registry``, ``planner``, ``recorder``, ``rows``:
+    the step's parts, built anew when the trainable set or the modules change."""
 
     method = "hooks"
     factored = False  # rules return factors where they pay (FactoredPerSample)
@@ -121,13 +114,11 @@ class HookedPerSample(PerSampleGradients):
 
     @property
     def layouts(self) -> dict[str, list[CallLayout]]:
-        plan = self.planner.plan
-        return {} if plan is None else plan.layouts
+        return {} if self.planner.plan is None else self.planner.plan.layouts
 
     @property
     def expanded(self) -> set[str]:
-        plan = self.planner.plan
-        return set() if plan is None else plan.expanded
+        return set() if self.planner.plan is None else self.planner.plan.expanded
 
     def state_bytes(self) -> int:
         buffer = self.grad_buffer.buffer
@@ -136,11 +127,8 @@ class HookedPerSample(PerSampleGradients):
     def quiet(self) -> contextlib.AbstractContextManager:
         return self.recorder.in_mode("idle")
 
+    @torch.enable_grad()
     def _compute(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
-        with torch.enable_grad():
-            return self._step(x, y)
-
-    def _step(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         batch = batch_size(x)
         modes = self.state.key()
         if self._trainable != modes[0] or self.recorder.forward_replaced():
@@ -199,28 +187,26 @@ class HookedPerSample(PerSampleGradients):
 
     def _identity(self, calls: dict[str, list[Call]], rows: dict[str, Any], batch: int):
         """The identity (:mod:`~grab_exp.per_sample.check`) at the rule layers' outputs and the
-        other layers' parameters."""
-        # an output changed in place since (a ReLU(inplace=True)) is another tensor by now:
-        # such a layer is compared at its parameters, like the replayed ones
-        at_params = {
+        other layers' parameters, and at those of a rule layer whose output changed in place
+        since (a ReLU(inplace=True): by now another tensor)."""
+        at_params = [
             name
             for name in self.registry.modules
             if name not in self.rules or any(c.in_place for c in calls.get(name, []))
-        }
+        ]
         outputs = [
-            (name, call.outputs[k], call.grads[k], layout.outputs[k])
+            (name, call.outputs[k], g, layout.outputs[k])
             for name in self.rules
             if name not in at_params and name in calls
             for call, layout in zip(
-                calls.get(name, []), self.planner.call_layouts(name, calls), strict=True
+                calls[name], self.planner.call_layouts(name, calls), strict=True
             )
             for k, g in enumerate(call.grads)
             if g is not None
         ]
         params = [
             (name, n, p)
-            for name in self.registry.modules
-            if name in at_params
+            for name in at_params
             for n, p in self.registry.own[name].items()
             if p.requires_grad
         ]

@@ -38,8 +38,7 @@ def batch_dim(one: torch.Size | None, two: torch.Size | None) -> int | None:
 
 @dataclass(frozen=True)
 class CallLayout:
-    """The batch dimension (or ``None``) of every leaf of one call's ``(args, kwargs)``
-    (``inputs``) and returned value (``outputs``)."""
+    """The batch dimension (or ``None``) of every leaf of a call's ``(args, kwargs)`` and output."""
 
     inputs: tuple[int | None, ...]
     outputs: tuple[int | None, ...]
@@ -59,8 +58,7 @@ class CallLayout:
 
 def expand_over_batch(args: tuple[Any, ...], batch: int) -> tuple[Any, ...]:
     """``args`` with every tensor given the batch as dimension 0 (a leading 1 expanded, else one
-    prepended): a layer whose input has no batch (a position embedding) then returns one copy per
-    example, whose output gradients are per example."""
+    prepended): a position embedding then returns one copy, and output gradient, per example."""
 
     def expanded(arg: Any) -> Any:
         if not isinstance(arg, torch.Tensor):
@@ -75,10 +73,9 @@ def expand_over_batch(args: tuple[Any, ...], batch: int) -> tuple[Any, ...]:
 @dataclass
 class Call:
     """One call of a hooked layer in a batch forward: the leaves of ``(args, kwargs)`` (detached)
-    and their ``spec``, the output's leaves as returned with their ``grads`` (``None``: none),
-    ``versions`` and ``edges`` (where autograd takes their gradient), the nodes that made its
-    inputs (``sources``), the inputs' ``input_versions`` at entry (replayed layers), and whether
-    an output was changed ``in_place`` by the end of the forward and loss."""
+    and their ``spec``, the output's leaves as returned and their ``grads``, ``versions`` and
+    ``edges``, the nodes that made its inputs (``sources``), whether an output changed
+    ``in_place``."""
 
     leaves: list[Any]
     spec: Any
@@ -155,8 +152,7 @@ def input_shapes(x: Inputs) -> tuple:
 
 @dataclass(frozen=True)
 class OutputLayout:
-    """Where each leaf of a model's output has the batch (``dims``; ``None``: nowhere), and the
-    output's pytree structure (``spec``)."""
+    """Where each leaf of a model's output (pytree ``spec``) has the batch (``None``: nowhere)."""
 
     dims: tuple[int | None, ...]
     spec: Any

@@ -1,10 +1,8 @@
 """``method=loop``: one example at a time, the fail-closed last resort (``auto`` takes it last).
 
 Example ``i``'s row is the gradient of its own loss ``loss_fn(model(x[i:i+1]), y[i:i+1])``, the
-definition (docs/which-models-work.md), so any model that runs on one example is right;
-``param.grad`` is one plain backward of the batch, and every call compares the rows' mean with it
-(a model or loss that mixes the examples shows there). The examples' forwards leave no trace;
-random layers in training mode and gradient hooks are refused. Cost: ``B`` passes of one example.
+definition, so any model that runs on one example is right; ``param.grad`` is one plain backward
+of the batch, which every call compares with the rows' mean. Cost: ``B`` passes of one example.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from grab_exp.devices import in_graph_safe
 from grab_exp.grads import BatchGrads, as_batch_grads
 from grab_exp.per_sample.base import PerSampleGradients
 from grab_exp.per_sample.check.loss import loss_of
-from grab_exp.per_sample.check.mean import GradSnapshot, rows_gaps
+from grab_exp.per_sample.check.mean import GradSnapshot, refuse_gradient_hooks, rows_gaps
 from grab_exp.per_sample.check.state import kept_state
 from grab_exp.per_sample.check.tolerance import TOLERANCE, tolerance
 from grab_exp.per_sample.layout import Inputs, batch_size, call_model, take
@@ -46,14 +44,12 @@ class LoopPerSample(PerSampleGradients):
     def _compute(self, x: Inputs, y) -> tuple[torch.Tensor, BatchGrads]:
         """The rows, then the batch's ``loss.backward()`` and the rows' mean against it."""
         params = self.trainable()
-        hooked = [n for n, p in params.items() if p._backward_hooks]
-        if hooked:
-            raise UnsupportedModelError(
-                f"{hooked[0]} has a gradient hook (register_hook), which method=loop would run "
-                "on every example's gradient besides the batch's; per-sample rows under a "
-                "gradient hook are refused on every method: remove the hook (mask the "
-                "optimizer's update instead)"
-            )
+        refuse_gradient_hooks(
+            params,
+            "which method=loop would run on every example's gradient besides the batch's; "
+            "per-sample rows under a gradient hook are refused on every method: remove the hook "
+            "(mask the optimizer's update instead)",
+        )
         batch, targets = batch_size(x), batch_size(y)
         if targets != batch:
             raise ValueError(f"inputs of {batch} examples and targets of {targets}")
@@ -84,8 +80,7 @@ class LoopPerSample(PerSampleGradients):
         return rows
 
     def _verify(self, rows: BatchGrads, params, snapshot: GradSnapshot, loss) -> None:
-        """Refuse rows whose mean is not ``param.grad`` (a host read: nothing next to ``B``
-        passes)."""
+        """Refuse rows whose mean is not ``param.grad`` (a host read, next to ``B`` passes)."""
         if not self.checker.on or in_graph_safe() or not params or rows.rows == 0:
             return
         grads = [g.to_dense() if g is not None and g.is_sparse else g for g in snapshot.grads()]

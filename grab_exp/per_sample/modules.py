@@ -31,8 +31,7 @@ def advice(method: str) -> str:
 
 
 class UnsupportedModelError(ValueError):
-    """A layer (or the loss) whose per-sample gradients a path cannot compute right; the message
-    names it and the cause, on one line."""
+    """A layer (or the loss) whose per-sample gradients a path cannot compute right, in one line."""
 
 
 class UserCodeError(Exception):

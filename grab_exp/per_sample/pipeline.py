@@ -93,9 +93,8 @@ def resolve_method(
     model: nn.Module, method: str, compile_mode: str | None = None, factors: bool = True
 ) -> str:
     """The method ``method`` means for ``model``, the one place ``auto`` is resolved (to the
-    first path it tries): ``func`` under compile or when :func:`hooks_supported` says no, else
-    ``factored`` when :func:`auto_hooks_method` says so and the consumer reads ``factors``, else
-    ``hooks``. ``ValueError``: an unknown ``method``, or one that cannot be compiled."""
+    first path it tries: ``func`` under compile or without the hook path, else ``factored`` or
+    ``hooks``). ``ValueError``: an unknown ``method``, or one that cannot be compiled."""
     check_choice("pipeline.method", method, METHODS)
     if compile_mode is not None:
         check_compile_method(method)
@@ -120,13 +119,11 @@ def make_per_sample(
     reuse_buffer: bool = False,
     check_every: int = CHECK_EVERY,
 ) -> PerSampleGradients:
-    """Per-sample gradients of ``model`` by ``method`` name (like opacus's ``wrap_model``).
-
-    ``method``: ``func``, ``hooks``, ``factored``, ``loop`` or ``auto`` (:func:`resolve_method`,
-    then ``func`` and ``loop`` when a call refuses the model, except under ``compile_mode``,
-    which compiles ``func``); ``chunk_size`` and ``randomness`` are ``func``'s (``auto``: active
-    dropout gets ``"different"``), ``reuse_buffer`` the hook path's.
-    """
+    """Per-sample gradients of ``model`` by ``method`` name (like opacus's ``wrap_model``):
+    ``func``, ``hooks``, ``factored``, ``loop`` or ``auto`` (:func:`resolve_method`, then ``func``
+    and ``loop`` when a call refuses the model; under ``compile_mode``, ``func`` compiled);
+    ``chunk_size`` and ``randomness`` are ``func``'s (``auto``: active dropout gets
+    ``"different"``), ``reuse_buffer`` the hook path's."""
     requested, method = method, resolve_method(model, method, compile_mode, factors)
     if requested == "auto" and randomness is None and random_modules(model):
         randomness = "different"  # for func only: the hook path takes the batch's masks
@@ -176,9 +173,7 @@ def hooks_supported(model: nn.Module) -> bool:
 
 
 def hooks_refusal(model: nn.Module) -> str | None:
-    """Why ``method=auto`` does not pick the hook path for ``model`` (``None``: it does): it
-    fails :func:`~.hooks.check_supported`, or a module with trainable parameters is the root or
-    has no forward (a fallback would replay it all: ``func`` does that in one pass)."""
+    """Why ``method=auto`` does not pick the hook path for ``model`` (``None``: it does)."""
     if any(p.requires_grad for p in model.parameters(recurse=False)):
         return (
             "the root module owns trainable parameters (func replays the whole model in one pass)"

@@ -30,8 +30,7 @@ from grab_exp.per_sample.rules import LayerRule, rule_for
 class Plan:
     """What the probe of one kind of batch found: each layer's calls' layouts, the layers whose
     input is expanded over the batch (a position embedding), where the output has the batch;
-    ``reindexes``: a full check found a re-indexing operation before a layer or the output
-    (``h[sel]``): the batch axis is inferred, not known, so every call is checked in full."""
+    ``reindexes``: a full check found ``h[sel]`` or the like (every call is then checked)."""
 
     layouts: dict[str, list[CallLayout]]
     expanded: set[str]
@@ -41,9 +40,8 @@ class Plan:
 
 @dataclass
 class Layers:
-    """The hooked layers (modules with trainable parameters of their own or adopted) by name: its
-    parameters by qualified name (``own``), its rule or fallback, its hooks; ``idle``: those that
-    did not run in a probe and whose parameters the output does not use."""
+    """The hooked layers by name: its parameters by qualified name (``own``), its rule or
+    fallback, its hooks; ``idle``: those silent in a probe whose parameters the output skips."""
 
     modules: dict[str, nn.Module] = field(default_factory=dict)
     own: dict[str, dict[str, nn.Parameter]] = field(default_factory=dict)
@@ -94,9 +92,7 @@ class Planner:
                 layers.add(name, m, recorder.hook)
 
     def use_plan(self, x: Inputs, modes: tuple = ()) -> tuple:
-        """Select (probing it if new) the plan of ``x``'s kind of batch and the modules'
-        ``modes`` (a layer that runs in training mode only is seen by its own probe); return
-        its key."""
+        """Select (probing it if new) the plan of ``x``'s kind of batch and ``modes``; its key."""
         key = (input_shapes(x), modes)
         plan = self.plans.get(key)
         if plan is None:
@@ -107,9 +103,8 @@ class Planner:
 
     def _prepare(self, x: Inputs) -> Plan:
         """Probe until nothing changes: a layer that did not run gives its parameters to its
-        parent module (idle if the output does not use them), one whose input has no batch
-        dimension gets it expanded. Idle layers are those of this kind of batch (a layer idle in
-        training mode may run in eval mode)."""
+        parent module (idle if the output does not use them: for this kind of batch only), one
+        whose input has no batch dimension gets it expanded."""
         layers = self.layers
         layers.idle.clear()
         expanded = self.recorder.expanded = set()
@@ -136,8 +131,7 @@ class Planner:
         raise AssertionError("unreachable: every round adopts or expands one more layer")
 
     def _probes(self, x: Inputs, expanded: set[str]) -> tuple[dict, dict, tuple, set[str]]:
-        """:meth:`_probe` of 2 and 3 copies of ``x``'s first example, and the layers that did not
-        run but whose parameters the output uses."""
+        """:meth:`_probe` of 2 and 3 copies of an example; the silent layers the output uses."""
         with kept_state(self.model):
             try:
                 (two, out2), (three, out3) = self._probe(x, 2), self._probe(x, 3)

@@ -21,8 +21,7 @@ from grab_exp.per_sample.rules.base import OURS, is_ours
 
 class Recorder:
     """The layers' hooks and, in ``mode`` ``record`` or ``probe`` (``idle``: any other forward),
-    each layer's ``calls``; the ``expanded`` layers' inputs get ``batch``; ``entry_versions``: a
-    replayed layer's open calls' input versions."""
+    each layer's ``calls``; the ``expanded`` layers' inputs get ``batch``."""
 
     def __init__(self, layers: Layers) -> None:
         self.layers = layers
@@ -30,7 +29,7 @@ class Recorder:
         self.calls: dict[str, list[Call]] = {}
         self.batch = 0
         self.expanded: set[str] = set()
-        self.entry_versions: dict[str, list[list]] = {}
+        self.entry_versions: dict[str, list[list]] = {}  # replayed calls' input versions
 
     @contextlib.contextmanager
     def in_mode(self, mode: str) -> Iterator[None]:
@@ -43,8 +42,8 @@ class Recorder:
     def hook(self, name: str, layer: nn.Module, replayed: bool) -> list[Any]:
         """Hook ``layer`` (``replayed``: a fallback's, whose replay reads its inputs)."""
         forward, pre = self._forward_hook(name, replayed), self._pre_hook(name, replayed)
-        setattr(forward, OURS, True)
-        setattr(pre, OURS, True)
+        for own in (forward, pre):
+            setattr(own, OURS, True)
         return [
             layer.register_forward_hook(forward, with_kwargs=True),
             layer.register_forward_pre_hook(pre, with_kwargs=True),
@@ -99,9 +98,8 @@ class Recorder:
         return hook
 
     def read_in_place(self, calls: dict[str, list[Call]]) -> bool:
-        """Note each call's in-place change; whether any output changed. Refused: an output
-        view changed in place (autograd rebases it: the layer's node is off the loss's path), a
-        replayed layer's input changed in place during or after its call."""
+        """Note each call's in-place change; whether any output changed. Refused: an output view
+        changed in place, a replayed layer's input changed in place during or after its call."""
         changed = False
         for name, layer_calls in calls.items():
             for call in layer_calls:
@@ -128,8 +126,7 @@ class Recorder:
         return changed
 
     def refuse_foreign_hooks(self) -> None:
-        """Refuse a global forward hook, or one on a hooked layer that is not the path's own: it
-        can change the output the path differentiates at (every call: it may come later)."""
+        """Refuse a global forward hook, or one of the user's on a hooked layer (every call)."""
         if _global_forward_hooks:
             raise UnsupportedModelError(
                 "a global forward hook (register_module_forward_hook) can change any layer's "
@@ -144,20 +141,20 @@ class Recorder:
                 )
 
     def forward_replaced(self) -> bool:
-        """Whether a rule layer's ``forward`` was replaced on the instance since it was hooked:
-        its rule no longer holds (build the layers again: :func:`~.rules.rule_for` says so)."""
+        """Whether a rule layer's ``forward`` was replaced on the instance since it was hooked
+        (its rule no longer holds: build the layers again)."""
         return any("forward" in self.layers.modules[n].__dict__ for n in self.layers.rules)
 
     def refuse_direct_uses(self, loss: torch.Tensor, calls: dict[str, list[Call]]) -> None:
-        """Refuse a parameter that ``loss`` reaches other than through its layer's calls: a walk of
-        the graph stepping over every recorded call (structural: a penalty weighted 0 is found)."""
+        """Refuse a parameter that ``loss`` reaches other than through its layer's calls (a walk
+        of the graph stepping over every recorded call: a penalty weighted 0 is found)."""
         skip: dict[Any, list] = {}  # two calls may return one tensor (a layer returns its input)
         for layer_calls in calls.values():
             for call in layer_calls:
                 for edge in call.edges:
                     if edge is not None:
                         skip.setdefault(edge.node, []).extend(call.sources)
-        reached = _reached_leaves(loss.grad_fn, skip)
+        reached = {id(n.variable) for n in _nodes([loss.grad_fn], skip) if hasattr(n, "variable")}
         for name, own in self.layers.own.items():
             used = [n for n, p in own.items() if id(p) in reached]
             if used:
@@ -170,8 +167,7 @@ class Recorder:
                 )
 
     def backward(self, loss: torch.Tensor, calls: dict[str, list[Call]], retain: bool) -> None:
-        """``loss.backward()``, which writes ``param.grad``, capturing the gradients at the calls'
-        outputs into their ``grads`` by pre-hooks on the nodes that made them as returned."""
+        """``loss.backward()``, capturing the gradients at the calls' outputs in their ``grads``."""
         handles = [
             edge.node.register_prehook(_capture(call, k, edge.output_nr))
             for layer_calls in calls.values()
@@ -197,41 +193,37 @@ def _args_spec(count: int) -> Any:
 
 
 def _edge(tensor: torch.Tensor) -> GradientEdge:
-    """Where autograd takes ``tensor``'s gradient as it is now (an in-place change later gives
-    the tensor a new node; this edge keeps the old one, which the tensor's new node holds)."""
+    """Where autograd takes ``tensor``'s gradient now (kept over a later in-place change)."""
     if tensor.grad_fn is None:
         return get_gradient_edge(tensor)  # a leaf: its gradient accumulator
     return GradientEdge(tensor.grad_fn, tensor.output_nr)
 
 
 def _capture(call: Call, k: int, output_nr: int):
-    """A node pre-hook: the gradient at its output ``output_nr`` is ``call``'s output ``k``'s."""
-
-    def hook(grad_outputs: tuple) -> None:
+    def hook(grad_outputs: tuple) -> None:  # a node pre-hook
         call.grads[k] = grad_outputs[output_nr]
 
     return hook
 
 
-def _reached_leaves(root: Any, skip: dict) -> set[int]:
-    """``id``s of the leaf tensors whose gradient nodes the graph from ``root`` reaches, stepping
-    from each node in ``skip`` to the nodes it names instead of its own inputs."""
-    reached, seen, stack = set(), set(), [root]
+def _nodes(stack: list, skip: dict | None = None) -> Iterator[Any]:
+    """Each node of the graph from ``stack``'s once, stepping from a node in ``skip`` to the
+    nodes it names instead (not yielded) of its own inputs."""
+    seen: set = set()
     while stack:
         node = stack.pop()
         if node is None or node in seen:
             continue
         seen.add(node)
-        if node in skip:
+        if skip and node in skip:
             stack.extend(skip[node])
-        elif hasattr(node, "variable"):
-            reached.add(id(node.variable))
         else:
+            yield node
             stack.extend(n for n, _ in node.next_functions)
-    return reached
 
 
-#: autograd nodes of operations that can move items across a batch axis by data
+#: autograd nodes of operations that can move items across a batch axis by data (the docs:
+#: docs/which-models-work.md, "A batch axis that is inferred")
 REINDEXING = frozenset(
     f"{op}Backward0"
     for op in (
@@ -248,17 +240,7 @@ REINDEXED = (
 
 
 def reindexes(calls: dict[str, list[Call]], out: Any) -> bool:
-    """Whether the graph that made the layers' inputs or the model's output holds a
-    :data:`REINDEXING` node (a walk from those nodes to the leaves)."""
+    """Whether a :data:`REINDEXING` node is upstream of the layers' inputs or the model's output."""
     stack = [s for layer_calls in calls.values() for c in layer_calls for s in c.sources]
     stack += [t.grad_fn for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-    seen: set = set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        if type(node).__name__ in REINDEXING:
-            return True
-        stack.extend(n for n, _ in node.next_functions)
-    return False
+    return any(type(node).__name__ in REINDEXING for node in _nodes(stack))

@@ -26,8 +26,7 @@ class Rows:
 
     def form(self, calls: dict[str, list[Call]], batch: int, params: dict[str, nn.Parameter]):
         """The rows of every trainable parameter (``(B, *shape)`` or factors), in
-        ``named_parameters`` order; keyed by the parameter object, so the rows of a parameter
-        that two layers share add up."""
+        ``named_parameters`` order (those of a parameter two layers share added up)."""
         views = self._buffer_views(batch, params, calls)
         rows: dict[int, Any] = {}
         for name, own in self.layers.own.items():
@@ -129,8 +128,7 @@ class GradBuffer:
         self._views: dict[int, Grads] = {}  # B -> name -> (B, *shape) views of the buffer
 
     def views(self, batch: int, params: dict[str, nn.Parameter], tensors: list[torch.Tensor]):
-        """Name -> ``(B, *shape)`` column blocks of the buffer, laid out by the parameter objects
-        and shapes (a replaced or resized one gets a new layout), in the dtype and device of
+        """Name -> ``(B, *shape)`` column blocks of the buffer in the dtype and device of
         ``tensors``; ``{}`` (write fresh tensors) when they mix dtypes or devices, or are none."""
         if not tensors:
             return {}

@@ -72,13 +72,14 @@ def mismatch(
     tolerances: dict = TOLERANCE,
 ) -> str | None:
     """The identity's verdict over :data:`Pair` s (``got`` is overwritten): each difference
-    relative to its ``want``, or a floor share of the largest of ``wants``; the problem names the
-    worst pair's layer."""
+    relative to its ``want``, or a floor share of the largest of ``wants``."""
     scale = max((vector_norm(w) for w in wants), default=torch.tensor(0.0))
     worst, worst_pair, dtype = 0.0, None, None
     for layer, subject, got, want in pairs:
-        difference = _relative(got, want, scale)
         dtype = want.dtype
+        size = torch.maximum(vector_norm(want), FLOOR.get(dtype, LOOSE_FLOOR) * scale)
+        size = size.clamp_min(torch.finfo(dtype).tiny)
+        difference = (vector_norm(got.sub_(want.to(got.dtype))) / size).item()
         if difference > worst:
             worst, worst_pair = difference, (layer, subject)
     if worst_pair is None or worst <= tolerance(tolerances, dtype):
@@ -90,13 +91,6 @@ def mismatch(
         f"examples' own losses weighted alike (relative difference {worst:.2g}): the rows are "
         f"not those of the examples they are given for; {advice(method)}"
     )
-
-
-def _relative(got: torch.Tensor, want: torch.Tensor, scale: torch.Tensor) -> float:
-    """``|got - want|`` relative to ``|want|`` (or the floor); ``got`` is overwritten."""
-    floor = FLOOR.get(want.dtype, LOOSE_FLOOR) * scale
-    size = torch.maximum(vector_norm(want), floor).clamp_min(torch.finfo(want.dtype).tiny)
-    return (vector_norm(got.sub_(want.to(got.dtype))) / size).item()
 
 
 Forward = Callable[[Inputs], Any]
@@ -111,10 +105,10 @@ def mixing_problem(
     model: nn.Module,
 ) -> str | None:
     """Whether examples run alone (``groups``, a forward each) get their outputs in the batch's
-    ``out`` (not losses: near a minimum they magnify rounding). A difference that goes in eval
-    mode is randomness if other runs draw differently, else mixing in training mode."""
+    ``out``; a difference that goes in eval mode is randomness if other runs draw differently."""
     chosen = [i for group in groups for i in group]
-    index = torch.tensor(chosen, device=_device(out))
+    tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    index = torch.tensor(chosen, device=tensors[0].device if tensors else torch.device("cpu"))
 
     def alone() -> torch.Tensor:  # each run draws anew from the (forked) generators
         parts = []
@@ -175,8 +169,7 @@ def _draws(run: Callable[[], Any]) -> bool:
 
 def _rows_of(out: Any, layout: OutputLayout, alone: bool = False) -> torch.Tensor:
     """The floating batched leaves of ``out`` as one ``(n, -1)`` matrix, a row per example
-    (``alone``: one example's output, each leaf one row whatever its shape: ``.squeeze()`` may
-    have taken its batch dimension)."""
+    (``alone``: one example's, each leaf one row: ``.squeeze()`` may have taken its batch)."""
     leaves = tree_flatten(out)[0]
     rows = [
         t.reshape(1, -1) if alone else t.movedim(d, 0).reshape(t.shape[d], -1)
@@ -190,8 +183,3 @@ def _relative_rows(got: torch.Tensor, want: torch.Tensor) -> float:
     scale = want.abs().max().clamp_min(1e-30)
     size = vector_norm(want / scale).clamp_min(1e-30)
     return (vector_norm((got.to(want.dtype) - want) / scale) / size).item()
-
-
-def _device(out: Any) -> torch.device:
-    tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-    return tensors[0].device if tensors else torch.device("cpu")

@@ -46,14 +46,12 @@ def check_scalar(loss: torch.Tensor) -> None:
         raise LossContractError(f"loss_fn returned {shape}, not a scalar: {CONTRACT}")
 
 
-#: batches up to this size take their examples' losses one call at a time (cheaper than vmap's
-#: set-up); larger ones under vmap where the loss allows it
+#: batches up to this size take their examples' losses one call at a time (cheaper than vmap)
 LOOP_LOSSES = 32
 
 
 def example_losses(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout) -> torch.Tensor:
-    """Each example's own loss ``(B,)``, ``loss_fn`` of its slice of ``out`` (in its graph): a
-    call per example for a small batch, else ``vmap`` where the loss allows it."""
+    """Each example's own loss ``(B,)``, ``loss_fn`` of its slice of ``out`` (in its graph)."""
     batch = batch_size(y)
 
     def looped() -> torch.Tensor:

@@ -16,7 +16,7 @@ from grab_exp.per_sample.check.tolerance import (
     MEAN_TOLERANCE,
     tolerance,
 )
-from grab_exp.per_sample.modules import advice, label
+from grab_exp.per_sample.modules import UnsupportedModelError, advice, label
 
 
 class GradSnapshot:
@@ -117,3 +117,10 @@ def known_cause(model: nn.Module, name: str, param: nn.Parameter) -> str | None:
     if len(owners) > 1:
         return f"{name} is shared by {' and '.join(o or '<root>' for o in owners[:2])}"
     return None
+
+
+def refuse_gradient_hooks(params: dict[str, nn.Parameter], why: str) -> None:
+    """Refuse the first of ``params`` with a gradient hook, ``why`` the path cannot follow it."""
+    hooked = [n for n, p in params.items() if p._backward_hooks]
+    if hooked:
+        raise UnsupportedModelError(f"{hooked[0]} has a gradient hook (register_hook), {why}")

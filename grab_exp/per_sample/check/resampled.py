@@ -1,16 +1,6 @@
-"""The resampled-batch check: the rows against autograd's gradient of a resampled batch's loss.
-
-Take example ``i`` of the batch ``k_i`` times (``k_i`` in 0-3, drawn from a generator of its
-own; ``n = sum_i k_i``). A model that does not mix examples and a loss that keeps the contract
-give ``loss_fn(model(x[index]), y[index]) = sum_i k_i loss_i / n``, so its gradient must be
-``sum_i (k_i / n) g_i``: one forward and backward of the resampled batch and one pass over the
-rows. Unlike the checks that split the batch's output (:mod:`~grab_exp.per_sample.check`), it
-reads nothing of the output: a model that returns a batch-mean scalar beside its outputs (a
-VAE's ``kl.mean()``) or a loss that reads an activation the model stored is compared as any
-other. Rows attributed to the wrong examples show wherever their counts differ (a pair of
-swapped rows with probability 3/4 a draw), a model that mixes examples and a loss that is not a
-per-example mean show as a gap.
-"""
+"""The resampled-batch check, for outputs the batch cannot split (a VAE's ``kl.mean()``; the
+long form: docs/which-models-work.md): example ``i`` taken ``k_i`` times, the resampled batch's
+loss must have the gradient ``sum_i k_i g_i / sum_i k_i`` of the rows."""
 
 from __future__ import annotations
 
@@ -25,15 +15,13 @@ from grab_exp.per_sample.check.mean import rows_gaps
 from grab_exp.per_sample.check.tolerance import TOLERANCE, tolerance
 from grab_exp.per_sample.layout import Inputs, take
 
-#: resampled batches per check: a pair of swapped rows escapes all of them with probability
-#: (1/4) ** DRAWS
+#: resampled batches per check (a pair of swapped rows escapes them all with probability 1/64)
 DRAWS = 3
 SEED = 0x5EED
 
 
 def counts(batch: int, seed: int) -> torch.Tensor:
-    """``(B,)`` how many times each example is taken in a resampled batch (0-3, drawn from a
-    generator seeded with ``seed``; at least one example taken)."""
+    """``(B,)`` how often each example is taken (0-3, seeded; at least one example taken)."""
     generator = torch.Generator().manual_seed(SEED + seed)
     k = torch.randint(0, 4, (batch,), generator=generator)
     if not k.any():
@@ -50,16 +38,9 @@ def resampled_problem(
     params: dict[str, nn.Parameter],
     check: int = 0,
 ) -> str | None:
-    """The first resampled batch whose gradient the rows do not give, as one line; ``None``.
-
-    Args:
-        forward: the model as a plain function of its inputs (a path's hooks idle).
-        loss_fn: the batch-mean loss.
-        x, y: the batch (``B`` examples in dimension 0).
-        rows: the ``(B, d)`` rows of ``params``, in their order.
-        params: the trainable parameters by name.
-        check: the check's number (each check draws other batches).
-    """
+    """The first resampled batch whose gradient the ``(B, d)`` rows of ``params`` do not give,
+    as one line; ``None``. ``forward``: the model with a path's hooks idle; ``check``: the
+    check's number (each check draws other batches)."""
     names, tensors = list(params), list(params.values())
     limit = tolerance(TOLERANCE, rows.like.dtype)
     for draw in range(DRAWS):

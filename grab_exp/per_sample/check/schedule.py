@@ -36,8 +36,7 @@ class Check:
 
     def due(self, key: Any, batch: int) -> bool:
         """Count a call; whether its batch is checked in full: calls 1, 2, 4, ... up to
-        ``every``, then every ``every``-th, a new ``key``, the first batch of 2 or more (never
-        inside a captured step: its replays run no Python)."""
+        ``every``, then every ``every``-th, a new ``key``, the first batch of 2 or more."""
         if not self.on or in_graph_safe():
             return False
         self.calls += 1

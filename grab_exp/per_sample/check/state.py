@@ -16,42 +16,28 @@ from torch.nn.modules.module import (
 
 
 def saved_state(model: nn.Module, buffers: bool = True) -> Callable[[], None]:
-    """The model's buffers (where asked) and its modules' attributes (a step counter kept as an
-    ``int``, an activation kept on the model) as they are now; calling the result puts them
-    back (a buffer changed in place is copied back, one assigned anew put back)."""
-    kept = [
-        (m, dict(vars(m)), [(n, b, b._version, b.detach().clone()) for n, b in m._buffers.items()
-                            if b is not None] if buffers else [])
-        for m in model.modules()
-    ]  # fmt: skip
+    """The modules' attributes (a step counter kept as an ``int``, an activation kept on the
+    model) and, where asked, the buffers as they are now; calling the result puts them back."""
+    attributes = [(m, dict(vars(m))) for m in model.modules()]
+    kept = saved_buffers(model) if buffers else []
 
-    @torch.no_grad()
     def restore() -> None:
-        for m, attributes, saved in kept:
+        for m, saved in attributes:
             now = vars(m)
-            for name in [n for n in now if n not in attributes]:
+            for name in [n for n in now if n not in saved]:
                 del now[name]
-            now.update((n, v) for n, v in attributes.items() if n != "training")  # modes apart
-            for name, b, version, copy in saved:
-                m._buffers[name] = b
-                if b._version != version:
-                    b.copy_(copy)
+            now.update((n, v) for n, v in saved.items() if n != "training")  # modes apart
+        put_back(kept)
 
     return restore
 
 
 @contextlib.contextmanager
 def kept_state(model: nn.Module) -> Iterator[Callable[[], list[str]]]:
-    """Inside the block the model may run: its buffers (changed in place or assigned anew),
-    modules' attributes (a step counter kept as an ``int``, an activation kept on the model),
-    modes, ``param.grad`` and the random number generators are put back afterwards. Yields a
-    function that names the buffers changed so far."""
-    buffers = [
-        (m, name, b, b._version, b.detach().clone())
-        for m in model.modules()
-        for name, b in m._buffers.items()
-        if b is not None
-    ]
+    """The model's buffers, modules' attributes (a counter kept as an ``int``), modes,
+    ``param.grad`` and random number generators put back after the block; yields a function that
+    names the buffers changed so far."""
+    buffers = saved_buffers(model)
     modes = [(m, m.training) for m in model.modules()]
     attributes = saved_state(model, buffers=False)  # a counter kept as an int
     grads = [(p, p.grad) for p in model.parameters()]
@@ -68,16 +54,35 @@ def kept_state(model: nn.Module) -> Iterator[Callable[[], list[str]]]:
         try:
             yield changed
         finally:
-            with torch.no_grad():  # only the changed ones: a write would break the graphs
-                for m, name, b, version, saved in buffers:  # that saved them
-                    m._buffers[name] = b
-                    if b._version != version:
-                        b.copy_(saved)
+            put_back(buffers)
             attributes()
             for m, training in modes:
                 m.training = training
             for p, g in grads:
                 p.grad = g
+
+
+Buffers = list[tuple[nn.Module, str, torch.Tensor, int, torch.Tensor]]
+
+
+def saved_buffers(model: nn.Module) -> Buffers:
+    """Every buffer as it is now, ``(module, name, tensor, version, copy)``."""
+    return [
+        (m, name, b, b._version, b.detach().clone())
+        for m in model.modules()
+        for name, b in m._buffers.items()
+        if b is not None
+    ]
+
+
+@torch.no_grad()
+def put_back(buffers: Buffers) -> None:
+    """The buffers as :func:`saved_buffers` saw them (only the changed ones written: a write
+    would break the graphs that saved them)."""
+    for m, name, b, version, saved in buffers:
+        m._buffers[name] = b
+        if b._version != version:
+            b.copy_(saved)
 
 
 @contextlib.contextmanager
@@ -105,8 +110,7 @@ register_module_parameter_registration_hook(_registered)
 
 
 class ModelState:
-    """The model's modules and parameters, listed once; :meth:`stale`: whether one was replaced
-    since (then list them anew)."""
+    """The model's modules and parameters, listed once (anew when :meth:`stale`)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.modules = list(model.modules())
@@ -115,8 +119,7 @@ class ModelState:
         self._seen = _REGISTRATIONS[0]
 
     def stale(self, model: nn.Module) -> bool:
-        """Whether the model's modules or parameters are others than when listed (walked only
-        when some module or parameter was registered since)."""
+        """Whether the model's modules or parameters are others than when listed."""
         if _REGISTRATIONS[0] == self._seen:
             return False
         self._seen = _REGISTRATIONS[0]

@@ -17,8 +17,7 @@ Outs = Sequence[torch.Tensor | None]
 
 
 class LayerRule:
-    """Per-sample gradients of one layer type's own parameters; ``has_factors``: :meth:`factors`
-    can return a factor form."""
+    """Per-sample gradients of one layer type's own parameters (maybe as :meth:`factors`)."""
 
     has_factors = False
 
@@ -59,9 +58,8 @@ def register_rule(*layer_types: type[nn.Module]) -> Callable[[type[LayerRule]], 
 
 def rule_for(module: nn.Module) -> LayerRule | None:
     """The rule of ``module``'s type (or nearest registered base class); ``None`` where none
-    applies: an unsupported configuration (a grouped Conv2d), or not the plain layer the rule
-    knows (an overridden ``forward``, other parameters as LoRA's, a forward pre-hook that computes
-    the weight as the older ``weight_norm``, a parametrization)."""
+    applies: an unsupported configuration (a grouped Conv2d), or not the plain layer it knows (a
+    forward overridden, other parameters as LoRA's, a pre-hook as the older ``weight_norm``'s)."""
     for cls in type(module).__mro__:
         rule = RULES.get(cls)
         if rule is not None:

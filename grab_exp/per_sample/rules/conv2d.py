@@ -83,8 +83,7 @@ def unfold_weight_grads(
 
 @register_rule(nn.Conv2d)
 class Conv2dRule(LayerRule):
-    """``nn.Conv2d``; grouped, non-zero-padded or asymmetric ``"same"`` ones get the
-    ``torch.func`` fallback."""
+    """``nn.Conv2d``; grouped, non-zero-padded or asymmetric ``"same"`` ones get the fallback."""
 
     def supports(self, layer):
         zero_padded = layer.padding_mode == "zeros" and explicit_padding(layer) is not None

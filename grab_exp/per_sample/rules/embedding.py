@@ -11,11 +11,8 @@ from grab_exp.per_sample.rules.base import LayerRule, Outs, register_rule
 def embedding_grads(
     layer: nn.Embedding, a: torch.Tensor, g: torch.Tensor, out: Outs = (None,)
 ) -> list[torch.Tensor]:
-    """Per-sample ``[weight]`` grads ``(B, V, D)`` from indices ``a (B, *)`` and ``g (B, *, D)``.
-
-    Example ``b``'s rows of its indices get the sum of its output gradients at them
-    (``padding_idx``'s stays zero): one accumulating ``index_put_`` at ``(example, index)``.
-    """
+    """Per-sample ``[weight]`` grads ``(B, V, D)`` from indices ``a (B, *)`` and ``g (B, *, D)``:
+    one accumulating ``index_put_`` at ``(example, index)`` (``padding_idx``'s row stays zero)."""
     batch, width = a.shape[0], layer.weight.shape[1]
     weight = g.new_zeros(batch, *layer.weight.shape) if out[0] is None else out[0].zero_()
     tokens = a.reshape(batch, -1)  # (B, T)

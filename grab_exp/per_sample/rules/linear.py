@@ -12,10 +12,7 @@ from grab_exp.per_sample.rules.base import LayerRule, Outs, register_rule
 def linear_grads(
     layer: nn.Linear, a: torch.Tensor, g: torch.Tensor, out: Outs = (None, None)
 ) -> list[torch.Tensor]:
-    """Per-sample ``[weight, bias]`` grads from ``a (B, *, in)`` and out-grad ``g (B, *, out)``.
-
-    ``out``: optional ``(B, out, in)`` / ``(B, out)`` tensors to write the results into.
-    """
+    """Per-sample ``[weight, bias]`` grads from ``a (B, *, in)`` and out-grad ``g (B, *, out)``."""
     a3 = a.reshape(a.shape[0], -1, a.shape[-1])  # (B, T, in)
     g3 = g.reshape(g.shape[0], -1, g.shape[-1])  # (B, T, out)
     # T = 1 (the usual case): an outer product, as a broadcast multiply (faster than a bmm)
