@@ -174,16 +174,14 @@ class HookedPerSample(PerSampleGradients):
             self.verify_and_check(grads, params, snapshot, full, identity, loss)
         except UnsupportedModelError as error:
             blind = [n for n, cs in calls.items() if any(not any(c.edges) for c in cs)]
-            if not blind and self.planner.plan.reindexes:
-                raise UnsupportedModelError(f"{error} ({REINDEXED})") from None
-            if not blind:
+            if not blind and not self.planner.plan.reindexes:
                 raise
-            raise UnsupportedModelError(
-                f"{error}; {self.registry.label(blind[0])} ran without autograd recording it "
-                "(under torch.no_grad(), or in a torch.utils.checkpoint with use_reentrant=True, "
-                "which runs it again inside the backward, out of the hook path's sight: "
-                "use_reentrant=False then)"
-            ) from None
+            cause = REINDEXED if not blind else (
+                f"{self.registry.label(blind[0])} ran without autograd recording it (under "
+                "torch.no_grad(), or in a torch.utils.checkpoint with use_reentrant=True, which "
+                "runs it again inside the backward, out of the hook path's sight)"
+            )  # fmt: skip
+            raise UnsupportedModelError(f"{error} ({cause})") from None
 
     def _identity(self, calls: dict[str, list[Call]], rows: dict[str, Any], batch: int):
         """The identity (:mod:`~grab_exp.per_sample.check`) at the rule layers' outputs and the

@@ -166,13 +166,9 @@ class OutputLayout:
         return cls(tuple(batch_dim(a, b) for a, b in shapes), spec)
 
     def unbatched(self, out: Any) -> bool:
-        """Whether ``out`` has a floating leaf without a batch dimension (a value of the whole
-        batch, or the same for every example: the batch's output cannot tell)."""
-        leaves = tree_flatten(out)[0]
-        return any(
-            d is None and isinstance(t, torch.Tensor) and t.is_floating_point()
-            for t, d in zip(leaves, self.dims, strict=True)
-        )
+        """Whether ``out`` has a floating leaf without a batch dimension (a value of the batch)."""
+        leaves = zip(tree_flatten(out)[0], self.dims, strict=True)
+        return any(d is None and torch.is_tensor(t) and t.is_floating_point() for t, d in leaves)
 
     def apply(self, out: Any, fn: Callable[[torch.Tensor, int], torch.Tensor]) -> Any:
         """``out`` with ``fn(leaf, its batch dimension)`` in place of every batched leaf."""

@@ -222,20 +222,13 @@ def _nodes(stack: list, skip: dict | None = None) -> Iterator[Any]:
             stack.extend(n for n, _ in node.next_functions)
 
 
-#: autograd nodes of operations that can move items across a batch axis by data (the docs:
-#: docs/which-models-work.md, "A batch axis that is inferred")
-REINDEXING = frozenset(
-    f"{op}Backward0"
-    for op in (
-        "Index", "IndexSelect", "MaskedSelect", "Gather", "Take", "IndexPut", "MaskedScatter",
-        "Scatter", "ScatterAdd", "ScatterReduce", "IndexAdd", "IndexCopy", "Sort", "Topk",
-        "PackPaddedSequence",
-    )
-)  # fmt: skip
+#: nodes of operations that can move items across a batch axis (docs/which-models-work.md)
+REINDEXING = {f"{op}Backward0" for op in ("Index", "IndexSelect", "MaskedSelect", "Gather",
+    "Take", "IndexPut", "MaskedScatter", "Scatter", "ScatterAdd", "ScatterReduce", "IndexAdd",
+    "IndexCopy", "Sort", "Topk", "PackPaddedSequence")}  # fmt: skip
 REINDEXED = (
-    "the model re-indexes its batch (h[sel], index_select, gather, sort or packing) before "
-    "a layer or its output, so the batch axis the probe found is not known to hold on every "
-    "batch; use method=func or loop"
+    "the model re-indexes its batch (h[sel], index_select, gather, sort or packing) before a "
+    "layer or its output: the batch axis the probe found may not hold; use method=func or loop"
 )
 
 

@@ -124,9 +124,8 @@ def mixing_problem(
                     ) from error
                 if parts[-1].shape[1] != in_batch.shape[1]:
                     raise UnsupportedModelError(
-                        f"examples {group} run alone get {parts[-1].shape[1]} output values where "
-                        f"the batch gives them {in_batch.shape[1]}: the model's output does not "
-                        "hold one row per example (it selects or drops items by data)"
+                        f"examples {group} run alone get {parts[-1].shape[1]} output values, "
+                        f"not {in_batch.shape[1]}: the output is not a row per example"
                     )
         return torch.cat(parts)
 
@@ -158,13 +157,11 @@ def mixing_problem(
 
 def _draws(run: Callable[[], Any]) -> bool:
     """Whether ``run()`` draws from the default CPU or CUDA generators (their states move)."""
-    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-    before = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else [])
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
+    before = [torch.get_rng_state(), *cuda]
     run()
-    after = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else [])
-    return not torch.equal(before[0], after[0]) or any(
-        not torch.equal(a, b) for a, b in zip(before[1], after[1], strict=True)
-    )
+    after = [torch.get_rng_state(), *(torch.cuda.get_rng_state_all() if cuda else [])]
+    return any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
 
 
 def _rows_of(out: Any, layout: OutputLayout, alone: bool = False) -> torch.Tensor:

@@ -69,9 +69,8 @@ class Check:
         return 1 + self.calls % (batch - 1)
 
     def groups(self, batch: int) -> list[list[int]]:
-        """The examples the mixing check runs alone, each on its own: every example of the batch
-        up to :data:`ALONE` of them, drawn (a model may mix only a few examples, or only two
-        with each other, which two run together would pass: ``x.flip(0)`` mixup)."""
+        """The examples the mixing check runs each alone: all, or :data:`ALONE` drawn (a model
+        may mix a few examples only, or two with each other: ``x.flip(0)`` mixup)."""
         if batch <= ALONE:
             return [[i] for i in range(batch)]
         generator = torch.Generator().manual_seed(SEED + 1 + self.checks)

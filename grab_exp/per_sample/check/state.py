@@ -15,18 +15,18 @@ from torch.nn.modules.module import (
 )
 
 
-def saved_state(model: nn.Module, buffers: bool = True) -> Callable[[], None]:
+def saved_state(model: nn.Module, buffers: bool = True, modes: bool = False) -> Callable[[], None]:
     """The modules' attributes (a step counter kept as an ``int``, an activation kept on the
-    model) and, where asked, the buffers as they are now; calling the result puts them back."""
+    model; modes where asked) and buffers as they are now; calling the result puts them back."""
     attributes = [(m, dict(vars(m))) for m in model.modules()]
     kept = saved_buffers(model) if buffers else []
 
     def restore() -> None:
         for m, saved in attributes:
             now = vars(m)
-            for name in [n for n in now if n not in saved]:
+            for name in now.keys() - saved.keys():
                 del now[name]
-            now.update((n, v) for n, v in saved.items() if n != "training")  # modes apart
+            now.update((n, v) for n, v in saved.items() if modes or n != "training")
         put_back(kept)
 
     return restore
@@ -34,12 +34,10 @@ def saved_state(model: nn.Module, buffers: bool = True) -> Callable[[], None]:
 
 @contextlib.contextmanager
 def kept_state(model: nn.Module) -> Iterator[Callable[[], list[str]]]:
-    """The model's buffers, modules' attributes (a counter kept as an ``int``), modes,
-    ``param.grad`` and random number generators put back after the block; yields a function that
-    names the buffers changed so far."""
+    """Buffers, attributes, modes, ``param.grad`` and random number generators put back after
+    the block; yields a function that names the buffers changed so far."""
     buffers = saved_buffers(model)
-    modes = [(m, m.training) for m in model.modules()]
-    attributes = saved_state(model, buffers=False)  # a counter kept as an int
+    attributes = saved_state(model, buffers=False, modes=True)
     grads = [(p, p.grad) for p in model.parameters()]
     prefix = {id(m): f"{name}." if name else "" for name, m in model.named_modules()}
 
@@ -56,8 +54,6 @@ def kept_state(model: nn.Module) -> Iterator[Callable[[], list[str]]]:
         finally:
             put_back(buffers)
             attributes()
-            for m, training in modes:
-                m.training = training
             for p, g in grads:
                 p.grad = g
 
