@@ -70,7 +70,7 @@ class AutoPerSample(PerSampleGradients):
             except FINAL:
                 raise
             except Exception as error:
-                if not self._paths:  # the last path: with the reasons of those left before
+                if not self._paths:  # the last path: one line with every path's reason
                     if self._left and isinstance(error, RuntimeError | ValueError):
                         raise self._refusal(self.method, error) from error
                     raise
@@ -96,7 +96,6 @@ class AutoPerSample(PerSampleGradients):
                 self._left.append(_reason(method, error))
 
     def _refusal(self, method: str, error: BaseException) -> UnsupportedModelError:
-        """The final refusal: every path's reason, on one line."""
         return UnsupportedModelError(" | ".join([*self._left, _reason(method, error)]))
 
     def state_bytes(self) -> int:

@@ -101,6 +101,7 @@ class PerSampleGradients(ABC):
         try:
             return self._compute(x, y)
         except UnsupportedModelError:
+            self.checker.forget()  # refused: every kind of batch is checked in full again
             raise
         except Exception as error:  # torch's, the model's or the loss's, inside this method
             if (own := user_code_error(self.model, self.loss_fn, x, y, error)) is not None:

@@ -114,3 +114,38 @@ def test_auto_takes_a_model_with_a_lazy_layer() -> None:
     x, y = batch(5, torch.Generator().manual_seed(1))
     _, grads = psg(x, y)
     assert grads.as_dict()["0.weight"].shape == (5, 4, 5)
+
+
+class RareMixing(nn.Module):
+    """Adds the batch's input mean to the examples whose first feature exceeds 1.3 (rare)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(5, 6), nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.where(x[:, :1] > 1.3, x + x.mean(0), x)
+        return self.b(torch.tanh(self.a(x)))
+
+
+@pytest.mark.parametrize("method", ["hooks", "factored"])
+def test_after_a_refusal_every_kind_of_batch_is_checked_again(method: str) -> None:
+    torch.manual_seed(0)
+    model = RareMixing().double()
+    psg = make_per_sample(model, F.cross_entropy, method)
+    g = torch.Generator().manual_seed(1)
+
+    def calm(size: int):  # no example above the threshold
+        x, y = batch(size, g)
+        return x.clamp(max=1.0), y
+
+    for x, y in (calm(12), calm(7), calm(7)):
+        psg(x, y)  # right: nothing mixes (calls 1 and 2 are checked, call 3 is not)
+    x, y = calm(7)
+    x[2, 0] = 2.0
+    with pytest.raises(UnsupportedModelError, match="mixes the examples"):
+        psg(x, y)  # call 4: checked on the schedule
+    x, y = calm(12)  # call 5, of a kind of batch that passed its check before the refusal
+    x[5, 0] = 2.0
+    with pytest.raises(UnsupportedModelError, match="mixes the examples"):
+        psg(x, y)
