@@ -3,11 +3,11 @@
 # per_sample benchmark at $BEFORE (default d72f4c7, the commit before issue 49's redesign), from a
 # temporary git worktree, then at the checkout, ROUNDS times (default 2), REPEATS timed steps per
 # method (default 10), MODELS (comma-separated; default all four). Run it on an otherwise idle machine from the repository root at a clean
-# commit (~6 minutes a round on 2 cores). Every round's files go to $OUT/per_sample_sitting/
+# commit (~10 minutes a round on 2 cores; OUT relative to the root). Every round's files go to $OUT/per_sample_sitting/
 # (before_<k>.json, after_<k>.json, the before commit in before_commit.txt); the last round's
 # after file is also $OUT/per_sample.json. `python scripts/results_numbers.py` reads them.
 set -euo pipefail
-out="$(realpath -m "${OUT:-results/bench}")"
+out="${OUT:-results/bench}"  # relative to the repository root (the files record it)
 before_commit="$(git rev-parse "${BEFORE:-d72f4c7}")"
 rounds="${ROUNDS:-2}"
 repeats="${REPEATS:-10}"
@@ -22,8 +22,9 @@ trap 'git worktree remove --force "$worktree"' EXIT
 export OMP_NUM_THREADS=1
 for k in $(seq 1 "$rounds"); do
   echo "== round $k: before ($before_commit)" >&2
-  (cd "$worktree" && PYTHONPATH="$worktree" python -m grab_exp.bench per_sample --unchecked \
-    --models "$models" --repeats "$repeats" --out "$sitting/before_$k.json")
+  (cd "$worktree" && mkdir -p "$sitting" && PYTHONPATH="$worktree" python -m grab_exp.bench \
+    per_sample --unchecked --models "$models" --repeats "$repeats" --out "$sitting/before_$k.json")
+  cp "$worktree/$sitting/before_$k.json" "$sitting/before_$k.json"
   echo "== round $k: after" >&2
   python -m grab_exp.bench per_sample --unchecked --models "$models" --repeats "$repeats" \
     --out "$sitting/after_$k.json"
