@@ -194,15 +194,23 @@ def _refused(psg, model, x, y, match: str) -> None:
         assert torch.equal(p.grad, before[n]), n
 
 
-def test_batchnorm_in_training_mode_is_refused_in_one_line():
-    model = build(lambda: nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 3)))
-    with pytest.raises(ValueError, match=r"^1 \(BatchNorm1d\) in training mode"):
+@pytest.mark.parametrize(
+    ("layer", "error", "message", "seed"),
+    [
+        (lambda: nn.BatchNorm1d(6), ValueError, r"^1 \(BatchNorm1d\) in training mode", 3),
+        (lambda: nn.Dropout(0.3), UnsupportedModelError, r"^1 \(Dropout\) draws random numbers", 6),
+    ],
+    ids=["batchnorm", "dropout"],
+)
+def test_a_module_unfit_in_training_mode_is_refused_naming_it(layer, error, message, seed):
+    model = build(lambda: nn.Sequential(nn.Linear(4, 6), layer(), nn.Linear(6, 3)))
+    with pytest.raises(error, match=message):
         make_per_sample(model, F.cross_entropy, "loop")
     model.eval()
     psg = make_per_sample(model, F.cross_entropy, "loop")
     model.train()
-    g = torch.Generator().manual_seed(3)
-    _refused(psg, model, vectors(6, g), labels(6, g), r"^1 \(BatchNorm1d\) in training mode")
+    g = torch.Generator().manual_seed(seed)
+    _refused(psg, model, vectors(6, g), labels(6, g), message)
 
 
 def test_a_model_that_mixes_the_examples_is_refused_by_the_rows_mean():
@@ -224,17 +232,6 @@ def test_a_class_weighted_mean_loss_is_refused_by_the_rows_mean():
     _refused(psg, model, x, y, r"^the rows' mean differs .* class weight=")
 
 
-def test_active_dropout_is_refused_naming_the_module():
-    model = build(lambda: nn.Sequential(nn.Linear(4, 6), nn.Dropout(0.3), nn.Linear(6, 3)))
-    with pytest.raises(UnsupportedModelError, match=r"^1 \(Dropout\) draws random numbers"):
-        make_per_sample(model, F.cross_entropy, "loop")
-    model.eval()
-    psg = make_per_sample(model, F.cross_entropy, "loop")
-    model.train()
-    g = torch.Generator().manual_seed(6)
-    _refused(psg, model, vectors(4, g), labels(4, g), r"^1 \(Dropout\) draws random numbers")
-
-
 def test_loop_cannot_be_compiled():
     with pytest.raises(ValueError, match=r"got 'loop' with trainer\.compile=true; allowed: auto"):
         make_per_sample(nn.Linear(4, 3), F.cross_entropy, "loop", compile_mode="default")
@@ -247,14 +244,7 @@ def test_auto_falls_back_to_loop_with_one_warning(name):
     psg = make_per_sample(model, loss_fn)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for b in SIZES:
-            x, y = inputs(b, g), targets(b, g)
-            want_rows, want_grads = references(model, loss_fn, x, y)
-            model.zero_grad(set_to_none=True)
-            _, grads = psg(x, y)
-            for n, rows in grads.as_dict().items():
-                torch.testing.assert_close(rows, want_rows[n], atol=1e-12, rtol=1e-10)
-                torch.testing.assert_close(model.get_parameter(n).grad.to_dense(), want_grads[n])
+        assert_right_over(psg, model, loss_fn, inputs, targets, g, SIZES)
     ours = [str(w.message) for w in caught if "method=loop" in str(w.message)]
     assert psg.method == "loop" and len(ours) == 1, ours
     assert ours[0].startswith("method=auto takes method=loop (method=")
@@ -275,14 +265,20 @@ def test_tuple_targets_on_every_method(method):
     make, inputs, targets, loss_fn = CASES["tuple_targets"]
     model, g = build(make), torch.Generator().manual_seed(9)
     psg = make_per_sample(model, loss_fn, method)
-    for b in (*SIZES, 40, 17):  # 40: vmapped example losses; the second 17: an unchecked call
+    # 40: vmapped example losses; the second 17: an unchecked call
+    assert_right_over(psg, model, loss_fn, inputs, targets, g, (*SIZES, 40, 17))
+
+
+def assert_right_over(psg, model, loss_fn, inputs, targets, g, sizes) -> None:
+    """Each call's rows and ``p.grad`` (dense) against the references, over ``sizes``."""
+    for b in sizes:
         x, y = inputs(b, g), targets(b, g)
         want_rows, want_grads = references(model, loss_fn, x, y)
         model.zero_grad(set_to_none=True)
         _, grads = psg(x, y)
         for n, rows in grads.as_dict().items():
             torch.testing.assert_close(rows, want_rows[n], atol=1e-12, rtol=1e-10)
-            torch.testing.assert_close(model.get_parameter(n).grad, want_grads[n])
+            torch.testing.assert_close(model.get_parameter(n).grad.to_dense(), want_grads[n])
 
 
 class RootScaled(nn.Module):
