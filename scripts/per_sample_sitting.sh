@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # The per-sample cost before and after a change, alternated in one sitting (issue 49): the
-# per_sample benchmark at $BEFORE (default d72f4c7, the commit before issue 49's redesign), from a
-# temporary git worktree, then at the checkout, ROUNDS times (default 2), REPEATS timed steps per
-# method (default 10), MODELS (comma-separated; default all four). Run it on an otherwise idle machine from the repository root at a clean
-# commit (~10 minutes a round on 2 cores; OUT relative to the root). Every round's files go to $OUT/per_sample_sitting/
-# (before_<k>.json, after_<k>.json, the before commit in before_commit.txt); the last round's
-# after file is also $OUT/per_sample.json. `python scripts/results_numbers.py` reads them.
+# per_sample benchmark on the per-sample code of $BEFORE (default d72f4c7, the commit before issue
+# 49's redesign), from a temporary git worktree, then on the checkout's, ROUNDS times (default 2),
+# REPEATS timed steps per method (default 10), MODELS and METHODS (comma-separated; default all).
+# Both sides run this checkout's benchmark harness (grab_exp/bench/per_sample.py, copied into the
+# worktree), so that only the per-sample code differs. Run it on an otherwise idle machine from
+# the repository root at a clean commit (~10 minutes a round on 2 cores with every method, ~2
+# with METHODS=auto; OUT relative to the root). Every round's files go to $OUT/per_sample_sitting/
+# (before_<k>.json, after_<k>.json, the before commit in before_commit.txt); with every method,
+# the last round's after file is also $OUT/per_sample.json. `python scripts/results_numbers.py` reads them.
 set -euo pipefail
 out="${OUT:-results/bench}"  # relative to the repository root (the files record it)
 before_commit="$(git rev-parse "${BEFORE:-d72f4c7}")"
 rounds="${ROUNDS:-2}"
 repeats="${REPEATS:-10}"
 models="${MODELS:-lenet,resnet18_gn,lstm_lm,transformer}"
+methods="${METHODS:-auto,func,loop}"
 sitting="$out/per_sample_sitting"
 rm -rf "$sitting"
 mkdir -p "$sitting"
@@ -19,14 +23,18 @@ echo "$before_commit" > "$sitting/before_commit.txt"
 worktree="$(mktemp -d)/before"
 git worktree add --detach -q "$worktree" "$before_commit"
 trap 'git worktree remove --force "$worktree"' EXIT
+cp grab_exp/bench/per_sample.py "$worktree/grab_exp/bench/per_sample.py"  # one harness
 export OMP_NUM_THREADS=1
 for k in $(seq 1 "$rounds"); do
   echo "== round $k: before ($before_commit)" >&2
   (cd "$worktree" && mkdir -p "$sitting" && PYTHONPATH="$worktree" python -m grab_exp.bench \
-    per_sample --unchecked --models "$models" --repeats "$repeats" --out "$sitting/before_$k.json")
+    per_sample --unchecked --models "$models" --methods "$methods" --repeats "$repeats" \
+    --out "$sitting/before_$k.json")
   cp "$worktree/$sitting/before_$k.json" "$sitting/before_$k.json"
   echo "== round $k: after" >&2
-  python -m grab_exp.bench per_sample --unchecked --models "$models" --repeats "$repeats" \
-    --out "$sitting/after_$k.json"
+  python -m grab_exp.bench per_sample --unchecked --models "$models" --methods "$methods" \
+    --repeats "$repeats" --out "$sitting/after_$k.json"
 done
-cp "$sitting/after_$rounds.json" "$out/per_sample.json"
+if [ "$methods" = "auto,func,loop" ]; then  # every method: the last round is the full table
+  cp "$sitting/after_$rounds.json" "$out/per_sample.json"
+fi

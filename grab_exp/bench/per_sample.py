@@ -23,6 +23,8 @@ from grab_exp.models import LeNet, WordLM, resnet18_gn
 from grab_exp.per_sample import make_per_sample
 
 BATCH = 16
+#: the per-sample methods timed beside the plain step
+METHODS = ("auto", "func", "loop")
 
 
 class TransformerClassifier(nn.Module):
@@ -71,12 +73,12 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], Callable, Callable]] = {
 
 
 def _methods(
-    model: nn.Module, loss_fn, x, y, unchecked: bool = False
+    model: nn.Module, loss_fn, x, y, unchecked: bool = False, methods_timed=METHODS
 ) -> dict[str, Callable[[], object] | str]:
     """Method -> its step (each on its own copy of ``model``), or why it refuses the model;
     with ``unchecked`` also ``auto``'s path and ``func`` without the per-sample check
     (``auto:<path>@unchecked``, ``func@unchecked``: ``check_every=0``; the check's cost is the
-    ratio of the two)."""
+    ratio of the two). Every step starts from ``param.grad = None``, as a training step does."""
     plain_model = copy.deepcopy(model)
 
     def plain():
@@ -84,7 +86,7 @@ def _methods(
         loss_fn(plain_model(x), y).backward()
 
     methods: dict[str, Callable[[], object] | str] = {"plain": plain}
-    for method in ("auto", "func", "loop"):
+    for method in methods_timed:
         try:
             psg = make_per_sample(copy.deepcopy(model), loss_fn, method)
             psg(x, y)  # the first call checks the path
@@ -92,25 +94,33 @@ def _methods(
             methods[method] = str(error).splitlines()[0]
             continue
         name = f"auto:{psg.method}" if method == "auto" else method
-        methods[name] = lambda psg=psg: psg(x, y)
+        methods[name] = functools.partial(_step, psg, x, y)
         if unchecked and method != "loop":
             bare = make_per_sample(copy.deepcopy(model), loss_fn, psg.method, check_every=0)
-            methods[f"{name}@unchecked"] = lambda bare=bare: bare(x, y)
+            methods[f"{name}@unchecked"] = functools.partial(_step, bare, x, y)
     return methods
+
+
+def _step(psg, x, y) -> None:
+    """One training step's per-sample part: ``param.grad`` cleared, then the call."""
+    psg.model.zero_grad(set_to_none=True)
+    psg(x, y)
 
 
 #: untimed calls of each method first: the steady step, after the check's early calls
 WARMUP = 16
 
 
-def bench_model(name: str, repeats: int, device: torch.device, unchecked: bool = False) -> dict:
+def bench_model(
+    name: str, repeats: int, device: torch.device, unchecked: bool = False, methods=METHODS
+) -> dict:
     """One model's row: each method's median ms per step and its ratio to the plain step
-    (``unchecked``: see :func:`_methods`)."""
+    (``unchecked``: see :func:`_methods`; ``methods``: those timed besides the plain step)."""
     make, batch, loss_fn = MODELS[name]
     torch.manual_seed(0)
     model = make().to(device)
     x, y = (t.to(device) for t in batch(torch.Generator().manual_seed(0)))
-    methods = _methods(model, loss_fn, x, y, unchecked)
+    methods = _methods(model, loss_fn, x, y, unchecked, methods)
     timed = {m: f for m, f in methods.items() if callable(f)}
     # past the per-sample check's first calls (1, 2, 4, ..., 16: the epoch bench times the check)
     times = interleaved_seconds(timed, device, repeats, warmup=WARMUP)
@@ -137,6 +147,11 @@ def build_parser():
         action="store_true",
         help="time auto's path and func without the per-sample check too (<method>@unchecked)",
     )
+    parser.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        help=f"comma-separated per-sample methods timed besides plain, of {', '.join(METHODS)}",
+    )
     add_device_option(parser)
     return parser
 
@@ -146,13 +161,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = build_parser()
     args = parser.parse_args(argv)
     names = args.models.split(",")
+    methods = tuple(args.methods.split(","))
     unknown = [n for n in names if n not in MODELS]
     if unknown or args.repeats < 1:
         parser.error(
             f"--models: unknown {unknown} (allowed: {', '.join(MODELS)}), or --repeats < 1"
         )
+    if not set(methods) <= set(METHODS):
+        parser.error(
+            f"--methods: {args.methods!r}; allowed: a comma-separated subset of "
+            f"{', '.join(METHODS)}"
+        )
     device = torch.device(args.device)
-    rows = [bench_model(name, args.repeats, device, args.unchecked) for name in names]
+    rows = [bench_model(n, args.repeats, device, args.unchecked, methods) for n in names]
     for row in rows:
         over = row["over_plain"]
         cells = "  ".join(f"{m} {ms:.1f} ms ({over[m]:.2f}x)" for m, ms in row["ms"].items())

@@ -433,6 +433,30 @@ def test_the_per_sample_benchmark_times_every_method_against_the_plain_step(tmp_
     (row,) = per_sample.main(args)
     unchecked = {"auto:factored@unchecked", "func@unchecked"}
     assert set(row["ms"]) == {"plain", "auto:factored", "func", "loop"} | unchecked
+    args = ["--models", "lenet", "--repeats", "2", "--methods", "auto", "--out", str(out)]
+    (row,) = per_sample.main(args)
+    assert set(row["ms"]) == {"plain", "auto:factored"}
+    with pytest.raises(SystemExit):
+        per_sample.main([*args[:-2], "--methods", "auto,vmap", "--out", str(out)])
+
+
+def test_each_per_sample_step_of_the_benchmark_starts_from_no_grad():
+    """Like the plain step (``zero_grad(set_to_none=True)``), so that neither is timed adding
+    into a ``param.grad`` that grows call after call."""
+    from grab_exp.bench import per_sample
+
+    make, batch, loss_fn = per_sample.MODELS["lenet"]
+    x, y = batch(torch.Generator().manual_seed(0))
+    steps = per_sample._methods(make(), loss_fn, x, y, methods_timed=("auto",))
+    psg_step = steps["auto:factored"]
+    psg = psg_step.args[0]
+    for _ in range(2):
+        psg_step()
+        once = [p.grad.clone() for p in psg.model.parameters()]
+    psg.model.zero_grad(set_to_none=True)
+    psg(x, y)
+    for a, b in zip(once, (p.grad for p in psg.model.parameters()), strict=True):
+        torch.testing.assert_close(a, b)
 
 
 def test_a_killed_epoch_bench_leaves_a_file_the_report_reads(tmp_path):

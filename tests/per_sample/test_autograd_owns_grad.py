@@ -152,6 +152,26 @@ def test_a_refusal_puts_back_accumulated_grads() -> None:
         torch.testing.assert_close(p.grad, before[n], msg=n)
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_accumulated_grads_are_taken_out_of_each_check(method: str) -> None:
+    """Gradient accumulation over calls: each call's rows are compared with its own gradient
+    (``p.grad`` after the call minus before it), so a right model passes under a large
+    ``p.grad`` left by earlier steps, and ``p.grad`` is the plain backward's sum."""
+    model = built(AutoEncoder)
+    reference = copy.deepcopy(model)
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        p.grad, q.grad = torch.full_like(p, 10.0), torch.full_like(q, 10.0)
+    psg = make_per_sample(model, F.cross_entropy, method=method, check_every=1)
+    for k, size in enumerate((5, 3, 6)):
+        x, y = batch(size, seed=20 + k)
+        _, grads = psg(x, y)
+        F.cross_entropy(reference(x), y).backward()
+        for n, want in example_rows(reference, x, y).items():
+            torch.testing.assert_close(grads.as_dict()[n], want, msg=f"call {k + 1}: {n}")
+    for (n, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, msg=n)
+
+
 @pytest.mark.parametrize("method", ("hooks", "func"))
 def test_post_accumulate_hooks_fire_once_per_call(method: str) -> None:
     """``register_post_accumulate_grad_hook`` (an optimizer step in the backward) fires as in a

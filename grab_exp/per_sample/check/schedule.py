@@ -29,6 +29,7 @@ class Check:
         self._seen: set = set()
         self._gap: torch.Tensor | None = None  # CUDA: the loss split's largest gap, read later
         self._rows: torch.Tensor | None = None  # CUDA: the rows' worst gap / tolerance, later
+        self._scratch: torch.Tensor | None = None  # (d,): the rows' mean check's, kept
 
     @property
     def on(self) -> bool:
@@ -52,6 +53,14 @@ class Check:
 
     def forget(self) -> None:
         self._seen.clear()
+
+    def scratch(self, width: int, like: torch.Tensor) -> torch.Tensor:
+        """A ``(width,)`` vector in ``like``'s dtype and device, the same memory call after call
+        (a new one of that size would be new pages to the allocator each call)."""
+        s = self._scratch
+        if s is None or s.numel() < width or s.dtype != like.dtype or s.device != like.device:
+            s = self._scratch = like.new_empty(width)
+        return s[:width]
 
     def weights(self, batch: int, like: torch.Tensor) -> torch.Tensor:
         """The check's weights ``c (B,)``: ``0.5 + k/B`` in an order drawn from a generator of its
