@@ -1182,6 +1182,12 @@ def bench_per_sample(folder: Path) -> None:
             show(f"per_sample.{row['model']}.{path}.over_plain", f"{ratio:.2f}")
 
 
+#: issue 49's budget: ``auto``'s checked path, after over before (x plain), per model
+PER_SAMPLE_BUDGET = {"lenet": 1.15, "other": 1.05}
+#: issue 49's budget for the check's amortized cost in ``bench epoch``, in %
+CHECK_BUDGET_PCT = 3.0
+
+
 def bench_per_sample_sitting(folder: Path) -> None:
     """The before/after sitting of ``scripts/per_sample_sitting.sh``: per model, each round's
     ratio of the checked default path's cost over a plain step after to before, and their median
@@ -1192,6 +1198,7 @@ def bench_per_sample_sitting(folder: Path) -> None:
     show("per_sample_sitting.rounds", len(rounds))
     ratios: dict[str, list[float]] = {}
     checks: dict[str, list[float]] = {}
+    bare: dict[str, list[float]] = {}  # after with the check off, over before with it on
     for after_file in rounds:
         before = json.loads((sitting / after_file.name.replace("after", "before")).read_text())
         after = json.loads(after_file.read_text())
@@ -1204,13 +1211,20 @@ def bench_per_sample_sitting(folder: Path) -> None:
             unchecked = row["over_plain"].get(f"{path}@unchecked")
             if unchecked:
                 checks.setdefault(row["model"], []).append(100 * (ratio / unchecked - 1))
+                bare.setdefault(row["model"], []).append(unchecked / old[row["model"]][1])
             show(f"per_sample_sitting.{after_file.stem}.{row['model']}.path", path)
     for model, values in ratios.items():
         show(f"per_sample_sitting.{model}.after_over_before", span(values, 3))
         middle = statistics.median(values)
         show(f"per_sample_sitting.{model}.after_over_before_median", f"{middle:.3f}")
+        budget = PER_SAMPLE_BUDGET.get(model, PER_SAMPLE_BUDGET["other"])
+        show(f"per_sample_sitting.{model}.budget", f"{budget:.2f}")
+        within = sum(v <= budget for v in values)
+        show(f"per_sample_sitting.{model}.rounds_within_budget", f"{within} of {len(values)}")
     for model, values in checks.items():
         show(f"per_sample_sitting.{model}.check_cost_pct", signed_span(values, 1))
+    for model, values in bare.items():
+        show(f"per_sample_sitting.{model}.unchecked_over_before", span(values, 3))
 
 
 def _auto_path(row: dict) -> tuple[str, float]:
@@ -1232,6 +1246,7 @@ def bench_check_cost(folder: Path) -> None:
             costs.append(100 * (r["mean_step_ms"] / twin["mean_step_ms"] - 1))
             show(f"epoch_check_1t.{row}.check_cost_pct", f"{costs[-1]:+.1f}")
     show("epoch_check_1t.check_cost_pct", signed_span(costs, 1))
+    show("epoch_check_1t.budget_pct", f"{CHECK_BUDGET_PCT:+.1f}")
 
 
 def bench_limits(folder: Path) -> None:
