@@ -136,11 +136,9 @@ class PerSampleGradients(ABC):
         and mixing checks name a cause, the identity would not)."""
         problem = None
         if self.checker.on:
-            names, tensors, (grads, before) = list(params), list(params.values()), snapshot.taken()
+            names, tensors, grads = list(params), list(params.values()), snapshot.grads()
             out = self.checker.scratch(rows.width, rows.like)
-            problem = rows_problem(
-                rows, names, grads, tensors, self.model, self.method, loss, before, out
-            )
+            problem = rows_problem(rows, names, grads, tensors, self.model, self.method, loss, out)
         if isinstance(problem, torch.Tensor):  # CUDA: judged at the next full check
             self.checker.defer_rows(problem)
         elif problem is not None:

@@ -4,6 +4,7 @@ model (tied weights, parameters used outside their module), no host synchronizat
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 import torch
@@ -199,11 +200,8 @@ class FuncPerSample(PerSampleGradients):
                 loss.backward(retain_graph=due)
             if not due:  # a full check reads every example's loss
                 self._settle_split(out, y, layout, losses, batch)
-            full = (
-                (lambda ident: self.full_check(x, y, batch_out, layout, ident, rows, params))
-                if due
-                else None
-            )
+            full = partial(self.full_check, x, y, batch_out, layout, rows=rows, params=params)
+            full = full if due else None
             self.verify_and_check(rows, params, snapshot, full, self._identity(rows), loss)
             if due:
                 self.checker.passed(key, batch)

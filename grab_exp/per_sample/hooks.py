@@ -5,6 +5,7 @@ refuses, in one line naming the layer, what it cannot get right."""
 from __future__ import annotations
 
 import contextlib
+from functools import partial
 from typing import Any
 
 import torch
@@ -157,13 +158,9 @@ class HookedPerSample(PerSampleGradients):
             recorder.backward(loss, calls, retain=due)  # loss.backward(): autograd's param.grad
             rows = self.rows.form(calls, batch, params)
             grads = self.rows.batch_grads(rows, params)
-            full = (
-                (lambda ident: self.full_check(x, y, out, plan.output, ident, grads, params))
-                if due
-                else None
-            )
+            full = partial(self.full_check, x, y, out, plan.output, rows=grads, params=params)
             identity = self._identity(calls, rows, batch) if due else None
-            self._verify(grads, params, snapshot, calls, full, identity, loss)
+            self._verify(grads, params, snapshot, calls, full if due else None, identity, loss)
             if due:
                 self.checker.passed(key, batch)
         return loss.detach(), grads

@@ -34,10 +34,9 @@ class LoopPerSample(PerSampleGradients):
         if drawing:
             where = label(drawing[0], self.model.get_submodule(drawing[0]))
             raise UnsupportedModelError(
-                f"{where} draws random numbers in "
-                "training mode: method=loop's forwards of one example would draw other masks "
-                "than the batch's; put it in eval mode, or use method=hooks (the batch's own "
-                "masks) or func with randomness='different'"
+                f"{where} draws random numbers in training mode: method=loop's forwards of one "
+                "example would draw other masks than the batch's; put it in eval mode, or use "
+                "method=hooks (the batch's own masks) or func with randomness='different'"
             )
         super().check()
 
@@ -94,7 +93,6 @@ class LoopPerSample(PerSampleGradients):
             f"the rows' mean differs from autograd's gradient at {name} of "
             f"{label(layer, self.model.get_submodule(layer))} by "
             f"{gaps[worst]:.2g} (relative): the batch's loss is not the mean of the examples' "
-            "losses computed alone (batch statistics, class weight= or ignore_index averaged "
-            "over the batch, reduction='sum', random draws?); per-sample gradients are "
-            "undefined for it"
+            "losses computed alone (batch statistics, class weight= or ignore_index averaged over "
+            "the batch, reduction='sum', random draws?); per-sample gradients are undefined for it"
         )

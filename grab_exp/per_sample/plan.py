@@ -224,7 +224,6 @@ class Planner:
                 where = f" in {drawn[0]}" if drawn[0] else ""
                 raise UnsupportedModelError(
                     f"{self.layers.label(name)} draws random numbers{where} (dropout in training "
-                    "mode) that replaying the layer for its per-sample gradients cannot "
-                    "reproduce; set that dropout to 0, or use method=func with "
-                    "randomness='different'"
+                    "mode) that replaying the layer for its per-sample gradients cannot reproduce;"
+                    " set that dropout to 0, or use method=func with randomness='different'"
                 )

@@ -35,12 +35,6 @@ class GradSnapshot:
             for p, saved in zip(self.params, self.saved, strict=True):
                 p.grad = saved
 
-    def taken(self) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
-        """``param.grad`` now, and the part of it that was there before the call (``None``:
-        none): the call's gradient is their difference (:func:`rows_gaps` takes it in place)."""
-        grads = [p.grad for p in self.params]
-        return grads, [None if g is None else s for g, s in zip(grads, self.saved, strict=True)]
-
     def grads(self) -> list[torch.Tensor | None]:
         return [
             p.grad if s is None or p.grad is None else p.grad - s
@@ -54,43 +48,29 @@ def rows_gaps(
     grads: list[torch.Tensor | None],
     loss: torch.Tensor | None = None,
     coef: torch.Tensor | None = None,
-    before: list[torch.Tensor | None] | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Per parameter, ``|sum_i coef_i g_i - grad|`` relative to ``|grad|`` (or to a floor share
-    of the largest): a ``(P,)`` tensor; 0 where ``grad`` (``None``: zero) or ``loss`` is not
-    finite. ``coef (B,)``: ``1/B`` each (the rows' mean) unless given; ``before``: gradients
-    taken from ``grads`` first (``param.grad`` before the call); ``out``: a ``(d,)`` scratch."""
+    """Per parameter, ``|sum_i coef_i g_i - grad|`` relative to ``|grad|`` (or to a floor share of
+    the largest): a ``(P,)`` tensor; 0 where ``grad`` (``None``: zero) or ``loss`` is not finite.
+    ``coef (B,)``: ``1/B`` each (the rows' mean) unless given; ``out``: a ``(d,)`` scratch."""
     like = rows.like
-    if coef is None:  # negated: the pass below subtracts
-        minus = torch.full((rows.rows,), -1.0 / rows.rows, dtype=like.dtype, device=like.device)
-    else:
-        minus = coef.neg()
+    coef = like.new_full((rows.rows,), 1.0 / rows.rows) if coef is None else coef  # (B,)
     widths = [shape.numel() for shape in rows.shapes.values()]
-    acc = like.new_empty(rows.width) if out is None else out  # (d,)
-    torch.cat([_flat(g, w, acc) for g, w in zip(grads, widths, strict=True)], out=acc)
-    parts = list(acc.split(widths))  # views: acc is the gradients, then the differences
-    kept = [
-        (p, b) for p, b in zip(parts, before or [None] * len(parts), strict=True) if b is not None
+    acc = like.new_empty(rows.width) if out is None else out  # (d,): grad, then grad - mean
+    wants = [
+        like.new_zeros(w) if g is None else g.detach().reshape(-1).to(like.dtype)
+        for g, w in zip(grads, widths, strict=True)
     ]
-    if kept:
-        torch._foreach_sub_([p for p, _ in kept], [_flat(b, p.numel(), acc) for p, b in kept])
-    sizes = torch.stack(torch._foreach_norm(parts))  # (P,)
-    rows.accumulate(acc, minus)  # one pass over the rows: acc = grad - sum_i coef_i g_i
-    differences = torch.stack(torch._foreach_norm(parts))  # (P,)
+    torch.cat(wants, out=acc)
+    parts = list(acc.split(widths))  # views of acc
+    sizes = torch.stack(torch._foreach_norm(parts))
+    rows.accumulate(acc, -coef)  # one pass over the rows: acc = grad - sum_i coef_i g_i
+    differences = torch.stack(torch._foreach_norm(parts))
     floor = MEAN_FLOOR.get(acc.dtype, LOOSE_MEAN_FLOOR) * sizes.max()
     gaps = differences / torch.maximum(sizes, floor).clamp_min(torch.finfo(acc.dtype).tiny)
     # a non-finite loss or gradient (training diverged) is training's to stop on, not a refusal
     judged = sizes.isfinite() if loss is None else sizes.isfinite() & loss.detach().isfinite()
     return torch.where(judged, gaps, 0.0)
-
-
-def _flat(grad: torch.Tensor | None, width: int, like: torch.Tensor) -> torch.Tensor:
-    """``grad`` as a ``(width,)`` vector in ``like``'s dtype (``None``: zeros)."""
-    if grad is None:
-        return like.new_zeros(width)
-    grad = grad.detach()
-    return (grad.to_dense() if grad.is_sparse else grad).reshape(-1).to(like.dtype)
 
 
 def rows_problem(
@@ -101,20 +81,17 @@ def rows_problem(
     model: nn.Module,
     method: str,
     loss: torch.Tensor | None = None,
-    before: list[torch.Tensor | None] | None = None,
     out: torch.Tensor | None = None,
 ) -> str | torch.Tensor | None:
     """The one-line refusal when the rows' mean is not autograd's gradient (``None``: it is);
     on CUDA (no host reads in a step), the ``()`` worst gap over the tolerance, judged later."""
     if not names or rows.rows == 0:
         return None
-    gaps = rows_gaps(rows, grads, loss, before=before, out=out).nan_to_num(nan=float("inf"))
+    gaps = rows_gaps(rows, grads, loss, out=out).nan_to_num(nan=float("inf"))
     limit = tolerance(MEAN_TOLERANCE, rows.like.dtype)
     if not host_reads_allowed(gaps.device):
         return gaps.max() / limit
-    values = gaps.tolist()  # (P,): one read
-    worst = max(range(len(values)), key=values.__getitem__)
-    gap = values[worst]
+    gap, worst = max((g, i) for i, g in enumerate(gaps.tolist()))  # one read
     if gap <= limit:
         return None
     name, layer = names[worst], names[worst].rpartition(".")[0]

@@ -24,8 +24,7 @@ class Check:
     ``calls``, ``checks``, and ``pending`` while no batch of 2 or more examples was checked."""
 
     def __init__(self, every: int = CHECK_EVERY) -> None:
-        self.every, self.calls, self.checks = every, 0, 0
-        self.pending = True
+        self.every, self.calls, self.checks, self.pending = every, 0, 0, True
         self._seen: set = set()
         self._gap: torch.Tensor | None = None  # CUDA: the loss split's largest gap, read later
         self._rows: torch.Tensor | None = None  # CUDA: the rows' worst gap / tolerance, later
@@ -55,8 +54,7 @@ class Check:
         self._seen.clear()
 
     def scratch(self, width: int, like: torch.Tensor) -> torch.Tensor:
-        """A ``(width,)`` vector in ``like``'s dtype and device, the same memory call after call
-        (a new one of that size would be new pages to the allocator each call)."""
+        """A ``(width,)`` vector like ``like``, kept (a new one would be new pages each call)."""
         s = self._scratch
         if s is None or s.numel() < width or s.dtype != like.dtype or s.device != like.device:
             s = self._scratch = like.new_empty(width)
