@@ -15,7 +15,7 @@ import torch
 
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.base import PerSampleGradients, one_line
-from grab_exp.per_sample.check.state import saved_state
+from grab_exp.per_sample.check.state import put_back, saved_buffers
 from grab_exp.per_sample.layout import Inputs
 from grab_exp.per_sample.modules import LossContractError, UnsupportedModelError, UserCodeError
 
@@ -54,7 +54,7 @@ class AutoPerSample(PerSampleGradients):
 
     def __call__(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         while True:
-            found = saved_state(self.model)  # what a failed call's forward may change
+            buffers = saved_buffers(self.model)  # what a failed call's forward may change
             rng = torch.get_rng_state()  # and the masks it drew (the next path draws again)
             try:
                 result = self.chosen(x, y)
@@ -63,8 +63,7 @@ class AutoPerSample(PerSampleGradients):
                     warnings.warn(
                         f"method=auto takes method=loop ({self.reason}); loop costs B forward "
                         "and backward passes of one example per step, besides the batch's",
-                        UserWarning,
-                        stacklevel=2,
+                        stacklevel=2,  # a UserWarning
                     )
                 return result
             except FINAL:
@@ -75,7 +74,8 @@ class AutoPerSample(PerSampleGradients):
                         raise self._refusal(self.method, error) from error
                     raise
                 torch.set_rng_state(rng)
-                found()
+                self.chosen._found()  # the attributes the call found (its first snapshot)
+                put_back(buffers)
                 self._left.append(_reason(self.chosen.method, error))
                 if hasattr(self.chosen, "remove"):
                     self.chosen.remove()  # its hooks

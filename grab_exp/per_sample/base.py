@@ -93,11 +93,11 @@ class PerSampleGradients(ABC):
         gradient to ``param.grad`` as ``loss.backward()`` would. ``UnsupportedModelError``: one
         line naming the cause, ``param.grad`` as before the call; ``UserCodeError``: the user's
         model or loss raised, and a plain step raises the same."""
+        self._found = saved_state(self.model, buffers=False)  # for examples alone, auto's retry
         if self.state.stale(self.model):  # a module or parameter was replaced since
             self.state = ModelState(self.model)
             self.restructure()
         self.check()
-        self._found = saved_state(self.model, buffers=False)  # the examples alone start here
         try:
             return self._compute(x, y)
         except UnsupportedModelError:
