@@ -126,9 +126,25 @@ class BatchGrads(GradRows):
             total.add_(gram)
         return total
 
-    def accumulate(self, acc, coef):
-        for columns, block in zip(self.columns, self.blocks, strict=True):
-            block.accumulate(_columns(acc, columns), coef)
+    def accumulate(self, acc, coef, skip: frozenset[str] = frozenset()):
+        """:meth:`GradRows.accumulate`; with ``skip``, into ``acc (d,)`` without the columns of
+        the parameters it names (each in a dense block)."""
+        if not skip:
+            for columns, block in zip(self.columns, self.blocks, strict=True):
+                block.accumulate(_columns(acc, columns), coef)
+            return
+        widths = tuple(block.width for block in self.blocks)
+        params = tuple((n, shape.numel()) for n, shape in self.shapes.items())
+        kept = _kept_columns(widths, params, skip)
+        for columns, block, pieces in zip(self.columns, self.blocks, kept, strict=True):
+            if pieces == (columns,):
+                block.accumulate(acc[columns], coef)
+                continue
+            if not isinstance(block, DenseRows):
+                raise ValueError(f"BatchGrads.accumulate: skip={sorted(skip)} is not dense")
+            for piece in pieces:  # the block's kept columns
+                local = slice(piece.start - columns.start, piece.stop - columns.start)
+                acc[piece].addmv_(block.matrix[:, local].T, coef)
 
     def write(self, out):
         for columns, block in zip(self.columns, self.blocks, strict=True):
@@ -149,6 +165,31 @@ def _column_slices(widths: tuple[int, ...]) -> tuple[slice, ...]:
     """The columns of consecutive blocks of these widths (one layout per model: made once)."""
     starts = list(accumulate(widths, initial=0))
     return tuple(slice(a, b) for a, b in pairwise(starts))
+
+
+@functools.cache
+def _kept_columns(
+    widths: tuple[int, ...], params: tuple[tuple[str, int], ...], skip: frozenset[str]
+) -> tuple[tuple[slice, ...], ...]:
+    """Per block of these ``widths``, its column ranges outside the ``params`` (name, width)
+    named in ``skip`` (one layout and skip per model: made once)."""
+    columns = _column_slices(tuple(w for _, w in params))
+    kept = [c for (n, _), c in zip(params, columns, strict=True) if n not in skip]
+    return tuple(
+        _merged([c for c in kept if block.start <= c.start < block.stop])
+        for block in _column_slices(widths)
+    )
+
+
+def _merged(pieces: list[slice]) -> tuple[slice, ...]:
+    """Adjacent column ranges joined."""
+    merged: list[slice] = []
+    for piece in pieces:
+        if merged and merged[-1].stop == piece.start:
+            merged[-1] = slice(merged[-1].start, piece.stop)
+        else:
+            merged.append(piece)
+    return tuple(merged)
 
 
 def _columns(tensor: torch.Tensor, columns: slice) -> torch.Tensor:

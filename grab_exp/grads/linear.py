@@ -146,11 +146,12 @@ class LinearFactors(GradRows):
         weights = self.per_step(coef)  # (BT,) or (BT, K)
         weight, bias = self._split(acc)
         if acc.dim() == 1:
-            weighted = delta * weights[:, None]  # (BT, out)
-            weight.addmm_(weighted.T, a)
-        else:
-            weighted = weights.T[:, :, None] * delta  # (K, BT, out)
-            weight.baddbmm_(weighted.transpose(1, 2), a.expand(acc.shape[0], *a.shape))
+            weight.addmm_(delta.T * weights, a)  # (out, BT) @ (BT, in)
+            if bias is not None:
+                bias.addmv_(delta.T, weights)
+            return
+        weighted = weights.T[:, :, None] * delta  # (K, BT, out)
+        weight.baddbmm_(weighted.transpose(1, 2), a.expand(acc.shape[0], *a.shape))
         if bias is not None:
             bias.add_(weighted.sum(-2))
 

@@ -130,15 +130,17 @@ class PerSampleGradients(ABC):
         full: Callable[[Identity], None] | None,
         identity: Identity,
         loss: torch.Tensor | None = None,
+        sums: dict[str, Callable] | None = None,
     ) -> None:
-        """The rows' mean against this call's ``param.grad`` (:mod:`.check.mean`), then
-        ``full(identity)`` where one is due; where the mean is off, ``full(None)`` first (its loss
-        and mixing checks name a cause, the identity would not)."""
+        """The rows' mean against this call's ``param.grad`` (:mod:`.check.mean`; ``sums``: its
+        compact sums), then ``full(identity)`` where one is due; where the mean is off,
+        ``full(None)`` first (its loss and mixing checks name a cause, the identity would not)."""
         problem = None
         if self.checker.on:
             names, tensors, grads = list(params), list(params.values()), snapshot.grads()
             out = self.checker.scratch(rows.width, rows.like)
-            problem = rows_problem(rows, names, grads, tensors, self.model, self.method, loss, out)
+            model, method = self.model, self.method
+            problem = rows_problem(rows, names, grads, tensors, model, method, loss, out, sums)
         if isinstance(problem, torch.Tensor):  # CUDA: judged at the next full check
             self.checker.defer_rows(problem)
         elif problem is not None:

@@ -168,7 +168,7 @@ class HookedPerSample(PerSampleGradients):
     def _verify(self, grads, params, snapshot, calls, full, identity, loss) -> None:
         """:meth:`verify_and_check`, naming a layer autograd did not record as the cause."""
         try:
-            self.verify_and_check(grads, params, snapshot, full, identity, loss)
+            self.verify_and_check(grads, params, snapshot, full, identity, loss, self.rows.sums)
         except UnsupportedModelError as error:
             blind = [n for n, cs in calls.items() if any(not any(c.edges) for c in cs)]
             if not blind and not self.planner.plan.reindexes:

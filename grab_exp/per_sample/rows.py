@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -26,9 +27,11 @@ class Rows:
 
     def form(self, calls: dict[str, list[Call]], batch: int, params: dict[str, nn.Parameter]):
         """The rows of every trainable parameter (``(B, *shape)`` or factors), in
-        ``named_parameters`` order (those of a parameter two layers share added up)."""
+        ``named_parameters`` order (those of a parameter two layers share added up); ``sums``:
+        name -> its rows' ``weighted_sum(coef, acc)`` where a rule has one (one layer's call)."""
         views = self._buffer_views(batch, params, calls)
         rows: dict[int, Any] = {}
+        self._sums: dict[int, Any] = {}  # a rule layer's weight -> its rows' weighted sum
         for name, own in self.layers.own.items():
             out = [None if id(p) in rows else views.get(n) for n, p in own.items()]
             try:
@@ -40,7 +43,10 @@ class Rows:
                     f"{self.layers.label(name)}: {one_line(error)}"
                 ) from error
             for (n, p), g in zip(own.items(), grads, strict=True):
+                if id(p) in rows:  # shared: the sum of no one layer's rows
+                    self._sums.pop(id(p), None)
                 rows[id(p)] = g if id(p) not in rows else _added(rows[id(p)], g, n)
+        self.sums = {n: self._sums[id(p)] for n, p in params.items() if id(p) in self._sums}
         return {n: rows[id(p)] for n, p in params.items()}
 
     def batch_grads(self, rows: dict[str, Any], params: dict[str, nn.Parameter]) -> BatchGrads:
@@ -85,6 +91,8 @@ class Rows:
             a = call.leaves[0].movedim(layout.inputs[0], 0)  # (B, ...)
             g_sum = call.grads[0].movedim(layout.outputs[0], 0) * batch  # (B, ...), summed loss
             factored = self.factored and not several and not call.in_place
+            if rule.weighted_sum is not None and not several:
+                self._sums[id(layer.weight)] = partial(rule.weighted_sum, layer, a, g_sum)
             factors = rule.factors(layer, a, g_sum) if factored else None
             return factors or rule.per_sample(layer, a, g_sum, out)
         return self.layers.fallbacks[name].per_sample(call, layout, batch, out)  # hooks idle

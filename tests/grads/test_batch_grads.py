@@ -122,3 +122,40 @@ def test_a_dict_and_a_matrix_become_batch_grads_without_copies():
         as_batch_grads({"a": matrix, "b": matrix[:3]})
     with pytest.raises(ValueError, match="expected d=8"):
         flatten_grads(views, 8)
+
+
+@pytest.mark.parametrize("layout", ["parts", "one matrix", "two matrices"])
+def test_accumulate_leaves_the_skipped_parameters_columns_out(layout):
+    """``accumulate(acc, coef, skip)``: the other columns as the dense matrix's, the skipped ones
+    untouched, whether a skipped parameter is a block of its own or inside a dense block of
+    several (a reused buffer's matrix), at its start or further in."""
+    grads = mixed_grads()
+    matrix = grads.dense().matrix  # (B, d)
+    if layout == "one matrix":  # every part a column block of one matrix: one dense block
+        widths = [shape.numel() for shape in grads.shapes.values()]
+        grads = as_batch_grads(dict(zip(grads.shapes, matrix.split(widths, dim=1), strict=True)))
+        assert len(grads.blocks) == 1
+    elif layout == "two matrices":  # conv.weight's 4 columns, then the rest
+        blocks = [DenseRows(matrix[:, :4]), DenseRows(matrix[:, 4:])]
+        grads = BatchGrads(blocks, grads.shapes)
+    dense = grads.dense().matrix  # (B, d)
+    g = torch.Generator().manual_seed(2)
+    acc = torch.randn(grads.width, generator=g, dtype=F64)
+    coef = torch.randn(B, generator=g, dtype=F64)
+    skip = {"conv.weight", "norm.weight"}
+    got, want = acc.clone(), acc + coef @ dense
+    grads.accumulate(got, coef, frozenset(skip))
+    widths = [s.numel() for s in grads.shapes.values()]
+    for name, got_part, want_part, acc_part in zip(
+        grads.shapes, got.split(widths), want.split(widths), acc.split(widths), strict=True
+    ):
+        expected = acc_part if name in skip else want_part
+        torch.testing.assert_close(got_part, expected, msg=name)
+
+
+def test_a_factored_parameter_cannot_be_skipped():
+    grads = mixed_grads()
+    with pytest.raises(ValueError, match="not dense"):
+        grads.accumulate(
+            torch.zeros(grads.width, dtype=F64), torch.ones(B, dtype=F64), frozenset({"fc.weight"})
+        )

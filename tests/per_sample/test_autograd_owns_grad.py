@@ -99,6 +99,64 @@ def test_weights_tied_after_construction_add_up(method: str) -> None:
         assert_right(model, grads, x, y, f"call {k + 1}")
 
 
+class TokenModel(nn.Module):
+    """Tokens ``(B, 3)`` -> an embedding, mean over tokens -> a ``(B, 5)`` head over the
+    vocabulary (``decode``: the head tied to the embedding by ``tie``, or
+    ``F.linear(h, emb.weight)``, the embedding's weight used outside its layer)."""
+
+    def __init__(self, decode: bool = False) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(5, 4, padding_idx=0)
+        self.head = nn.Linear(4, 5, bias=False)
+        self.decode = decode
+
+    def tie(self) -> None:
+        self.head.weight = self.emb.weight
+
+    def forward(self, tokens):
+        h = torch.tanh(self.emb(tokens).mean(dim=1))  # (B, 4)
+        return F.linear(h, self.emb.weight) if self.decode else self.head(h)
+
+
+def tokens(size: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 5, (size, 3), generator=g), torch.randint(0, 5, (size,), generator=g)
+
+
+@pytest.mark.parametrize("method", ("auto", "hooks"))
+def test_an_embedding_tied_to_a_head_after_construction_adds_up(method: str) -> None:
+    """An embedding's rows' mean is compared from its tokens' gradients (a compact sum); once its
+    weight is tied to a head's, the rows of both add up and the comparison reads them both
+    (the embedding's compact sum alone would refuse a right answer)."""
+    model = built(TokenModel)
+    psg = make_per_sample(model, F.cross_entropy, method=method)
+    for k, size in enumerate((5, 7, 4)):
+        if k == 1:
+            model.tie()
+        x, y = tokens(size, seed=k)
+        model.zero_grad(set_to_none=True)
+        _, grads = psg(x, y)
+        assert_right(model, grads, x, y, f"call {k + 1}")
+    assert psg.method == "hooks"  # not refused: auto stayed on the hook path
+
+
+def test_an_embedding_weight_used_outside_its_layer_is_refused_naming_it() -> None:
+    """``F.linear(h, emb.weight)``: the embedding's compact sum holds its layer's rows only, so
+    the hook path refuses naming ``emb.weight`` on every call (schedule off), and auto is right."""
+    for method in ("hooks", "auto"):
+        model = built(lambda: TokenModel(decode=True))
+        psg = make_per_sample(model, F.cross_entropy, method=method, check_every=1 << 20)
+        x, y = tokens(6, seed=4)
+        model.zero_grad(set_to_none=True)
+        if method == "hooks":
+            with pytest.raises(UnsupportedModelError, match=r"emb\.weight"):
+                psg(x, y)
+            assert all(p.grad is None for p in model.parameters()), "refused but wrote p.grad"
+            continue
+        _, grads = psg(x, y)
+        assert_right(model, grads, x, y, method)
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_a_weight_used_outside_its_layer_is_right_or_refused_on_every_call(method: str) -> None:
     """A tied decoder ``F.linear(h, enc.weight.t())``: the hook path's rows miss that use (off by

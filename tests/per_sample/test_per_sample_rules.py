@@ -296,3 +296,21 @@ def test_a_layer_that_mixes_the_examples_is_refused_by_name():
     # each example alone is centered to zero: every per-example gradient of fc is zero
     with pytest.raises(UnsupportedModelError, match=r"^the model mixes the examples of a batch"):
         HookedPerSample(model, F.cross_entropy)(x, y)
+
+
+@pytest.mark.parametrize("padding_idx", [None, 2])
+def test_an_embeddings_weighted_sum_from_its_tokens_equals_its_rows(padding_idx):
+    """The rows' mean check reads an embedding's ``B*T*D`` token gradients
+    (``EmbeddingRule.weighted_sum``) instead of its ``B*V*D`` rows: the same ``sum_i c_i g_i``,
+    indices of any shape, ``padding_idx`` included."""
+    generator = torch.Generator().manual_seed(0)
+    layer = nn.Embedding(7, 3, padding_idx=padding_idx).double()
+    a = torch.randint(0, 7, (4, 5, 2), generator=generator)  # (B, *)
+    g = torch.randn(4, 5, 2, 3, generator=generator, dtype=torch.float64)  # (B, *, D)
+    c = torch.randn(4, generator=generator, dtype=torch.float64)
+    rule = RULES[nn.Embedding]
+    rows = rule.per_sample(layer, a, g)[0]  # (B, V, D)
+    acc = torch.randn(7, 3, generator=generator, dtype=torch.float64)
+    want = acc + torch.tensordot(c, rows, dims=1)
+    rule.weighted_sum(layer, a, g, c, acc)
+    torch.testing.assert_close(acc, want, rtol=1e-12, atol=1e-12)

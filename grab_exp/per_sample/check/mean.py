@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
 
 from grab_exp.devices import host_reads_allowed
 from grab_exp.grads import BatchGrads
+from grab_exp.grads.rows import constant, kept_view
 from grab_exp.per_sample.check.tolerance import (
     LOOSE_MEAN_FLOOR,
     MEAN_FLOOR,
@@ -49,27 +51,31 @@ def rows_gaps(
     loss: torch.Tensor | None = None,
     coef: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    sums: dict[str, Callable] | None = None,
 ) -> torch.Tensor:
     """Per parameter, ``|sum_i coef_i g_i - grad|`` relative to ``|grad|`` (or to a floor share of
     the largest): a ``(P,)`` tensor; 0 where ``grad`` (``None``: zero) or ``loss`` is not finite.
-    ``coef (B,)``: ``1/B`` each (the rows' mean) unless given; ``out``: a ``(d,)`` scratch."""
-    like = rows.like
-    coef = like.new_full((rows.rows,), 1.0 / rows.rows) if coef is None else coef  # (B,)
-    widths = [shape.numel() for shape in rows.shapes.values()]
+    ``coef (B,)``: ``1/B`` each (the rows' mean) unless given; ``out``: a ``(d,)`` scratch;
+    ``sums``: name -> ``(coef, acc)`` adding that parameter's ``sum_i coef_i g_i`` to ``acc``
+    from a compact form (a rule's ``weighted_sum``), in place of a pass over its rows."""
+    like, batch, sums = rows.like, rows.rows, sums or {}
+    shift = constant(-1 / batch, batch, like.dtype, like.device) if coef is None else -coef
+    widths = tuple(shape.numel() for shape in rows.shapes.values())
     acc = like.new_empty(rows.width) if out is None else out  # (d,): grad, then grad - mean
-    wants = [
-        like.new_zeros(w) if g is None else g.detach().reshape(-1).to(like.dtype)
-        for g, w in zip(grads, widths, strict=True)
-    ]
+    zipped = zip(grads, widths, strict=True)
+    wants = [like.new_zeros(w) if g is None else g.reshape(-1) for g, w in zipped]
     torch.cat(wants, out=acc)
-    parts = list(acc.split(widths))  # views of acc
-    sizes = torch.stack(torch._foreach_norm(parts))
-    rows.accumulate(acc, -coef)  # one pass over the rows: acc = grad - sum_i coef_i g_i
-    differences = torch.stack(torch._foreach_norm(parts))
-    floor = MEAN_FLOOR.get(acc.dtype, LOOSE_MEAN_FLOOR) * sizes.max()
-    gaps = differences / torch.maximum(sizes, floor).clamp_min(torch.finfo(acc.dtype).tiny)
+    parts = kept_view(acc, ("parameters", widths), lambda: acc.split(widths))  # views
+    rows.accumulate(acc, shift, frozenset(sums))  # one pass: acc = grad - sum_i coef_i g_i
+    for part, (name, shape) in zip(parts, rows.shapes.items(), strict=True):
+        if name in sums:
+            sums[name](shift, part.view(shape))
+    norms = torch.stack(torch._foreach_norm([*wants, *parts]))  # (2P,)
+    sizes, differences = norms.to(acc.dtype).view(2, -1)  # (P,) each
+    floor = sizes.max() * MEAN_FLOOR.get(acc.dtype, LOOSE_MEAN_FLOOR)
+    gaps = differences / sizes.maximum(floor).clamp_min_(torch.finfo(acc.dtype).tiny)
     # a non-finite loss or gradient (training diverged) is training's to stop on, not a refusal
-    judged = sizes.isfinite() if loss is None else sizes.isfinite() & loss.detach().isfinite()
+    judged = (sizes < math.inf) & (math.inf > (0 if loss is None else loss.detach().abs()))
     return torch.where(judged, gaps, 0.0)
 
 
@@ -82,12 +88,13 @@ def rows_problem(
     method: str,
     loss: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    sums: dict[str, Callable] | None = None,
 ) -> str | torch.Tensor | None:
     """The one-line refusal when the rows' mean is not autograd's gradient (``None``: it is);
     on CUDA (no host reads in a step), the ``()`` worst gap over the tolerance, judged later."""
     if not names or rows.rows == 0:
         return None
-    gaps = rows_gaps(rows, grads, loss, out=out).nan_to_num(nan=float("inf"))
+    gaps = rows_gaps(rows, grads, loss, out=out, sums=sums).nan_to_num(nan=float("inf"))
     limit = tolerance(MEAN_TOLERANCE, rows.like.dtype)
     if not host_reads_allowed(gaps.device):
         return gaps.max() / limit

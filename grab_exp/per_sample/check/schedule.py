@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from grab_exp.devices import in_graph_safe
+from grab_exp.grads.rows import keep_views
 from grab_exp.per_sample.check.loss import refuse_gap
 from grab_exp.per_sample.modules import UnsupportedModelError
 
@@ -56,9 +57,9 @@ class Check:
     def scratch(self, width: int, like: torch.Tensor) -> torch.Tensor:
         """A ``(width,)`` vector like ``like``, kept (a new one would be new pages each call)."""
         s = self._scratch
-        if s is None or s.numel() < width or s.dtype != like.dtype or s.device != like.device:
-            s = self._scratch = like.new_empty(width)
-        return s[:width]
+        if s is None or s.numel() != width or s.dtype != like.dtype or s.device != like.device:
+            s = self._scratch = keep_views(like.new_empty(width))  # its views made once too
+        return s
 
     def weights(self, batch: int, like: torch.Tensor) -> torch.Tensor:
         """The check's weights ``c (B,)``: ``0.5 + k/B`` in an order drawn from a generator of its

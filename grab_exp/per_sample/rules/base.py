@@ -20,6 +20,9 @@ class LayerRule:
     """Per-sample gradients of one layer type's own parameters (maybe as :meth:`factors`)."""
 
     has_factors = False
+    #: ``(layer, a, g, coef (B,), acc)``: ``acc (*weight.shape) += sum_i coef_i`` of the weight's
+    #: rows from ``a`` and ``g``, for rules whose rows are mostly zeros (else ``None``)
+    weighted_sum: Callable | None = None
 
     def supports(self, layer: nn.Module) -> bool:
         return True

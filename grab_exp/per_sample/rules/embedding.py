@@ -8,20 +8,28 @@ from torch import nn
 from grab_exp.per_sample.rules.base import LayerRule, Outs, register_rule
 
 
-def embedding_grads(
-    layer: nn.Embedding, a: torch.Tensor, g: torch.Tensor, out: Outs = (None,)
-) -> list[torch.Tensor]:
-    """Per-sample ``[weight]`` grads ``(B, V, D)`` from indices ``a (B, *)`` and ``g (B, *, D)``:
-    one accumulating ``index_put_`` at ``(example, index)`` (``padding_idx``'s row stays zero)."""
-    batch, width = a.shape[0], layer.weight.shape[1]
-    weight = g.new_zeros(batch, *layer.weight.shape) if out[0] is None else out[0].zero_()
-    tokens = a.reshape(batch, -1)  # (B, T)
-    examples = torch.arange(batch, device=a.device)[:, None].expand_as(tokens)  # (B, T)
-    g3 = g.reshape(batch, -1, width)  # (B, T, D)
-    if layer.padding_idx is not None:
-        g3 = g3 * (tokens != layer.padding_idx)[..., None]  # (B, T, D)
-    weight.index_put_((examples, tokens), g3, accumulate=True)  # (B, V, D)
-    return [weight]
+def token_grads(layer: nn.Embedding, a: torch.Tensor, g: torch.Tensor):
+    """Indices ``(B, T)`` of ``a (B, *)``, their gradients ``(B, T, D)`` of ``g (B, *, D)``: 0
+    at ``padding_idx`` (its row stays zero)."""
+    tokens, g3 = a.reshape(a.shape[0], -1), g.reshape(a.shape[0], -1, layer.weight.shape[1])
+    padding = layer.padding_idx
+    return tokens, g3 if padding is None else g3 * (tokens != padding)[..., None]
+
+
+def embedding_grads(layer: nn.Embedding, a, g, out: Outs = (None,)) -> list[torch.Tensor]:
+    """Per-sample ``[weight]`` grads ``(B, V, D)``: one accumulating ``index_put_`` of the
+    :func:`token_grads` at ``(example, index)``."""
+    tokens, g3 = token_grads(layer, a, g)
+    weight = g.new_zeros(len(tokens), *layer.weight.shape) if out[0] is None else out[0].zero_()
+    examples = torch.arange(len(tokens), device=a.device)[:, None].expand_as(tokens)  # (B, T)
+    return [weight.index_put_((examples, tokens), g3, accumulate=True)]  # (B, V, D)
+
+
+def embedding_sum(layer: nn.Embedding, a, g, coef: torch.Tensor, acc: torch.Tensor) -> None:
+    """``acc (V, D) += sum_i coef_i`` of :func:`embedding_grads`' rows, read from the ``B*T``
+    :func:`token_grads` (not the ``B*V*D`` rows, mostly zeros)."""
+    tokens, g3 = token_grads(layer, a, g)
+    acc.index_add_(0, tokens.flatten(), (g3 * coef[:, None, None]).to(acc.dtype).flatten(0, 1))
 
 
 @register_rule(nn.Embedding)
@@ -33,3 +41,4 @@ class EmbeddingRule(LayerRule):
         return layer.max_norm is None and not layer.scale_grad_by_freq and not layer.sparse
 
     per_sample = staticmethod(embedding_grads)
+    weighted_sum = staticmethod(embedding_sum)
