@@ -1027,6 +1027,7 @@ def bench_rss(folder: Path) -> None:
     )
     show("rss.allowed_above_classic", mib(factored["allowed_bytes"]))
     show("rss.per_sample_buffer", mib(data["settings"]["batch"] * factored["d"] * 4))
+    show("rss.check_accumulator", mib(factored["d"] * 4))  # the rows' mean check's (d,), kept
 
 
 def bench_conv(folder: Path) -> None:
@@ -1247,6 +1248,8 @@ def bench_check_cost(folder: Path) -> None:
             show(f"epoch_check_1t.{row}.check_cost_pct", f"{costs[-1]:+.1f}")
     show("epoch_check_1t.check_cost_pct", signed_span(costs, 1))
     show("epoch_check_1t.budget_pct", f"{CHECK_BUDGET_PCT:+.1f}")
+    within = sum(c <= CHECK_BUDGET_PCT for c in costs)
+    show("epoch_check_1t.rows_within_budget", f"{within} of {len(costs)}")
 
 
 def bench_limits(folder: Path) -> None:
