@@ -19,6 +19,7 @@ from grab_exp.per_sample.check.loss import check_scalar, loss_of, relative_gap
 from grab_exp.per_sample.check.mean import GradSnapshot, refuse_gradient_hooks
 from grab_exp.per_sample.check.schedule import CHECK_EVERY
 from grab_exp.per_sample.check.state import kept_state
+from grab_exp.per_sample.check.tolerance import autocast_on
 from grab_exp.per_sample.compiled import compile_step
 from grab_exp.per_sample.layout import (
     Inputs,
@@ -176,6 +177,14 @@ class FuncPerSample(PerSampleGradients):
         self._grad_fn = _make_grad_fn(model, loss_fn, chunk_size, randomness)
         if compile_mode is not None:
             self._grad_fn = compile_step(self._grad_fn, compile_mode)
+
+    def check(self) -> None:
+        if autocast_on():
+            raise UnsupportedModelError(
+                "method=func under torch.autocast: torch.func's vmap does not run every layer in "
+                "its autocast dtype; use method=hooks or loop (auto takes them)"
+            )
+        super().check()
 
     def _compute(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         """The rows from ``vmap(grad)``; ``param.grad`` from the batch's own ``loss.backward()``."""

@@ -156,7 +156,8 @@ class HookedPerSample(PerSampleGradients):
         params = self.trainable()  # read once per call: the rows' columns
         with GradSnapshot(params.values()) as snapshot:  # a refusal puts param.grad back
             recorder.backward(loss, calls, retain=due)  # loss.backward(): autograd's param.grad
-            rows = self.rows.form(calls, batch, params)
+            with torch.autocast(loss.device.type, enabled=False):  # rows in the weights' dtype
+                rows = self.rows.form(calls, batch, params)
             grads = self.rows.batch_grads(rows, params)
             full = partial(self.full_check, x, y, out, plan.output, rows=grads, params=params)
             identity = self._identity(calls, rows, batch) if due else None

@@ -16,7 +16,7 @@ from grab_exp.per_sample.base import PerSampleGradients
 from grab_exp.per_sample.check.loss import loss_of
 from grab_exp.per_sample.check.mean import GradSnapshot, refuse_gradient_hooks, rows_gaps
 from grab_exp.per_sample.check.state import kept_state
-from grab_exp.per_sample.check.tolerance import TOLERANCE, tolerance
+from grab_exp.per_sample.check.tolerance import TOLERANCE, autocast_on, tolerance
 from grab_exp.per_sample.layout import Inputs, batch_size, call_model, take
 from grab_exp.per_sample.modules import UnsupportedModelError, label, random_modules
 
@@ -89,10 +89,11 @@ class LoopPerSample(PerSampleGradients):
             return
         name = list(params)[worst]
         layer = name.rpartition(".")[0]
+        rounding = "under torch.autocast each example alone rounds otherwise, or " * autocast_on()
         raise UnsupportedModelError(
             f"the rows' mean differs from autograd's gradient at {name} of "
-            f"{label(layer, self.model.get_submodule(layer))} by "
-            f"{gaps[worst]:.2g} (relative): the batch's loss is not the mean of the examples' "
+            f"{label(layer, self.model.get_submodule(layer))} by {gaps[worst]:.2g} (relative): "
+            f"{rounding}the batch's loss is not the mean of the examples' "
             "losses computed alone (batch statistics, class weight= or ignore_index averaged over "
             "the batch, reduction='sum', random draws?); per-sample gradients are undefined for it"
         )

@@ -88,8 +88,10 @@ class Rows:
                 )
         rule = self.layers.rules.get(name)
         if rule is not None:
-            a = call.leaves[0].movedim(layout.inputs[0], 0)  # (B, ...)
+            a, dtype = call.leaves[0].movedim(layout.inputs[0], 0), layer.weight.dtype  # (B, ...)
             g_sum = call.grads[0].movedim(layout.outputs[0], 0) * batch  # (B, ...), summed loss
+            if any(t.dtype != dtype for t in (a, g_sum) if t.is_floating_point()):  # autocast
+                a, g_sum = (t.to(dtype) if t.is_floating_point() else t for t in (a, g_sum))
             factored = self.factored and not several and not call.in_place
             if rule.weighted_sum is not None and not several:
                 self._sums[id(layer.weight)] = partial(rule.weighted_sum, layer, a, g_sum)

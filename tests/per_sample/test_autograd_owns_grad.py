@@ -328,3 +328,81 @@ def test_an_error_inside_a_method_is_one_line_naming_the_method(method: str) -> 
         psg(x, y[:4])
     assert "\n" not in str(error.value)
     assert all(p.grad is None for p in model.parameters()), "refused but wrote p.grad"
+
+
+class SmallConvNet(nn.Module):
+    """A convolution, then a Linear head: ``(B, 3, 6, 6)`` -> ``(B, 4)`` (float32)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.head = nn.Linear(4 * 4 * 4, 4)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.conv(x)).flatten(1))
+
+
+class SequenceNet(nn.Module):
+    """Tokens ``(B, 3)`` -> an embedding, a Linear over every token ``(B, 3, 4)``, mean -> head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(5, 4)
+        self.mix = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 4)
+
+    def forward(self, tokens):
+        return self.head(torch.tanh(self.mix(self.emb(tokens))).mean(dim=1))
+
+
+@pytest.mark.parametrize("method", ("auto", "hooks", "factored"))
+@pytest.mark.parametrize("make", (SmallConvNet, SequenceNet), ids=("conv", "sequence"))
+def test_bfloat16_autocast_gives_rows_in_the_weights_dtype(method: str, make) -> None:
+    """Under ``torch.autocast`` (CPU, bfloat16) the hook path forms float32 rows from the layers'
+    bfloat16 inputs and output gradients (it failed on mixed dtypes, and ``auto`` fell to the
+    loop): ``p.grad`` is a plain backward's under autocast, the rows are a per-example loop's
+    under autocast to bfloat16 rounding, over three calls, and ``auto`` stays on the hook path."""
+    torch.manual_seed(0)
+    model = make()
+    psg = make_per_sample(model, F.cross_entropy, method=method)
+    for k, size in enumerate((5, 6, 4)):
+        g = torch.Generator().manual_seed(k)
+        x = torch.randn(size, 3, 6, 6, generator=g) if make is SmallConvNet else tokens(size, k)[0]
+        y = torch.randint(0, 4, (size,), generator=g)
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, grads = psg(x, y)
+            plain = copy.deepcopy(model)
+            plain.zero_grad(set_to_none=True)
+            F.cross_entropy(plain(x), y).backward()
+            named = dict(plain.named_parameters())
+            want = {n: [] for n in named}
+            for i in range(size):
+                loss = F.cross_entropy(plain(x[i : i + 1]), y[i : i + 1])
+                example = torch.autograd.grad(loss, list(named.values()))
+                for n, r in zip(named, example, strict=True):
+                    want[n].append(r)
+        got = grads.as_dict()
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(p.grad, named[n].grad, msg=f"call {k}: p.grad of {n}")
+            rows, ref = got[n], torch.stack(want[n])
+            assert rows.dtype == torch.float32, f"call {k}: rows of {n} in {rows.dtype}"
+            gap = (rows - ref).norm() / ref.norm().clamp_min(1e-12)
+            assert gap < 5e-2, f"call {k}: rows of {n} off by {gap:.3g} (relative)"
+    assert psg.method in ("hooks", "factored")
+
+
+def test_func_under_autocast_is_refused_naming_it() -> None:
+    """``torch.func``'s vmap does not run every layer in the autocast dtype (it raised raw dtype
+    errors, or rows in two dtypes): ``method=func`` refuses autocast in one line, before it
+    writes ``p.grad``; ``auto`` takes the hook path."""
+    torch.manual_seed(0)
+    model = SmallConvNet()
+    x, y = torch.randn(4, 3, 6, 6), torch.tensor([0, 1, 2, 3])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(UnsupportedModelError, match=r"method=func under torch\.autocast"):
+            make_per_sample(model, F.cross_entropy, method="func")(x, y)
+        assert all(p.grad is None for p in model.parameters()), "refused but wrote p.grad"
+        auto = make_per_sample(model, F.cross_entropy)
+        auto(x, y)
+    assert auto.method in ("hooks", "factored")

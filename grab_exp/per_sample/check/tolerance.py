@@ -24,5 +24,10 @@ LOOSE_MEAN_FLOOR = 1e-2
 
 
 def tolerance(table: dict, dtype: torch.dtype) -> float:
-    """``table``'s value for ``dtype``, else :data:`LOOSE_TOLERANCE`."""
-    return table.get(dtype, LOOSE_TOLERANCE)
+    """``table``'s value for ``dtype``, else :data:`LOOSE_TOLERANCE` (also under ``torch.autocast``,
+    whose layers compute in float16 or bfloat16 whatever the tensors' dtype)."""
+    return LOOSE_TOLERANCE if autocast_on() else table.get(dtype, LOOSE_TOLERANCE)
+
+
+def autocast_on() -> bool:
+    return torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")

@@ -12,7 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
+from torch.utils._pytree import tree_map
 
 from .draw import Draw
 from .inputs import batches
@@ -40,6 +42,8 @@ class Case:
         batches: ``(x, y)`` per call.
         changes: the changes before each call (call 0's come after ``make_per_sample``).
         build: a fresh ``(model, loss_fn)``.
+        autocast: every call (and its references) under ``torch.autocast("cpu", bfloat16)``,
+            the model in float32.
     """
 
     seed: int
@@ -53,6 +57,7 @@ class Case:
     batches: list[tuple[Any, Any]]
     changes: list[list[Change]]
     build: Callable[[], tuple[nn.Module, Callable]]
+    autocast: bool = False
 
 
 def draw_case(
@@ -74,10 +79,15 @@ def draw_case(
     calls = draw.int(2, 5)
     data = batches(draw, family, loss, calls)
     changes = schedule(draw, calls, family == "lm")
+    # drawn last, so that every other choice of a seed is what it was before this feature
+    autocast = draw.chance("precision:autocast", 0.1)
+    if autocast:  # a float32 model and inputs, every call under torch.autocast(bfloat16)
+        data = [(tree_map(_single, x), tree_map(_single, y)) for x, y in data]
 
     def build() -> tuple[nn.Module, Callable, list[str]]:
         d = Draw(model_seed, off, only)
-        net = build_net(d, family, VOCAB if family == "lm" else CLASSES).double()
+        net = build_net(d, family, VOCAB if family == "lm" else CLASSES)
+        net = net.float() if autocast else net.double()
         reinit(net, d.generator())
         if d.chance("tie:before", 0.1):
             tie_after(net, d.generator())
@@ -90,5 +100,11 @@ def draw_case(
     features = (*draw.features, *model_features)
     return Case(
         seed, off, only, family, features, method, check_every, reuse_buffer, data, changes,
-        lambda: build()[:2],
+        lambda: build()[:2], autocast,
     )  # fmt: skip
+
+
+def _single(value: Any) -> Any:
+    """A float64 tensor as float32 (anything else as it is)."""
+    is_double = isinstance(value, torch.Tensor) and value.dtype == torch.float64
+    return value.float() if is_double else value

@@ -54,9 +54,28 @@ BY_DESIGN_FUNC = {
     "block:share": "one module at two places",
     "buf:counter": "a forward that updates a buffer (functional_call cannot carry it out)",
 }
+#: features refused by design on ``func`` and ``loop``, which run each example alone
+BY_DESIGN_ALONE = {"precision:autocast": "torch.autocast (each example alone rounds otherwise)"}
 HOOK_PATH = ("hooks", "factored")
 LIBRARY = str(Path(grab_exp.__file__).parent)
 TOLERANCE = 1e-8  #: float64: relative to the largest reference entry
+#: under bfloat16 autocast: the loss and ``p.grad`` against a plain step under autocast (the same
+#: computation), the rows' mean against ``p.grad`` (bfloat16 kernels' sums against float32 sums
+#: of the same output gradients: the check's own loose tolerance), and the rows against the
+#: float32 per-example loop without autocast, or the per-example loop under autocast, at
+#: :func:`rows_tolerance`
+AUTOCAST_TOLERANCE = {"loss": 1e-5, "p.grad": 1e-5, "mean": 5e-2}
+
+
+def rows_tolerance(autocast_grad: torch.Tensor | None, exact_grad: torch.Tensor | None) -> float:
+    """The rows' tolerance under autocast, relative to their scale: 0.25, or 4 times as far as
+    the batch step's own ``p.grad`` under autocast is from the float32 one where that is more (a
+    row given to another example is off by the order of the scale; bfloat16 rounding of the
+    batch's computation by the order of its own gradient's error)."""
+    if autocast_grad is None or exact_grad is None:
+        return 0.25
+    scale = exact_grad.abs().max().clamp_min(1e-30)
+    return max(0.25, 4 * ((autocast_grad - exact_grad).abs().max() / scale).item())
 
 
 @dataclass
@@ -77,6 +96,7 @@ class Outcome:
 def allowed_refusal(case: Case) -> bool:
     """Whether ``case`` may be refused: a by-design feature, or the hook path by name."""
     design = set(BY_DESIGN) | (set(BY_DESIGN_FUNC) if case.method == "func" else set())
+    design |= set(BY_DESIGN_ALONE) if case.method in ("func", "loop") else set()
     return case.method in HOOK_PATH or bool(design & set(case.features))
 
 
@@ -100,8 +120,11 @@ def is_refusal(error: Exception) -> bool:
     return isinstance(error, ValueError) and bool(frames) and LIBRARY in frames[-1].filename
 
 
-def difference(got: torch.Tensor | None, want: torch.Tensor | None) -> str | None:
-    """Why ``got`` is not ``want`` (``None`` where it is), at :data:`TOLERANCE`."""
+def difference(
+    got: torch.Tensor | None, want: torch.Tensor | None, tolerance: float = TOLERANCE
+) -> str | None:
+    """Why ``got`` is not ``want`` (``None`` where it is), at ``tolerance`` of the largest
+    reference entry."""
     if want is None:
         return None if got is None or not got.any() else "nonzero where autograd gives none"
     if got is None:
@@ -114,27 +137,34 @@ def difference(got: torch.Tensor | None, want: torch.Tensor | None) -> str | Non
     finite = torch.isfinite(want)
     scale = want[finite].abs().max().item() if finite.any() else 0.0
     err = (got - want)[finite].abs().max().item() if finite.any() else 0.0
-    if err > TOLERANCE * scale + 1e-14:
+    if err > tolerance * scale + 1e-14:
         return f"off by {err:.3g} (scale {scale:.3g})"
     return None
 
 
-def compare(model, loss, grads, ref: Reference) -> str | None:
-    """What differs between one call's returns (and ``p.grad``) and the references."""
-    problem = difference(loss.detach().reshape(()), ref.loss.reshape(()))
+def compare(model, loss, grads, ref: Reference, exact: Reference | None = None) -> str | None:
+    """What differs between one call's returns (and ``p.grad``) and the references (``exact``:
+    the rows' float32 reference of a call under autocast, see :data:`AUTOCAST_TOLERANCE`)."""
+    tol = dict.fromkeys(AUTOCAST_TOLERANCE, TOLERANCE) if exact is None else AUTOCAST_TOLERANCE
+    problem = difference(loss.detach().reshape(()), ref.loss.reshape(()), tol["loss"])
     if problem is not None:
         return f"loss {problem}"
     rows = grads.as_dict()
     if list(rows) != list(ref.rows):
         return f"row names {list(rows)} != trainable {list(ref.rows)}"
-    for name, want in ref.rows.items():
-        problem = difference(rows[name], want)
+    for name, want in (exact or ref).rows.items():
+        limit = TOLERANCE if exact is None else rows_tolerance(ref.grads[name], exact.grads[name])
+        problem = difference(rows[name], want, limit)
+        if problem and exact is not None:  # or as each example alone under autocast gets them
+            problem = difference(rows[name], ref.rows[name], limit) and problem
         if problem is not None:
             return f"rows of {name} {problem}"
     for name, p in model.named_parameters():
-        problem = difference(dense_grad(p), ref.grads[name])
-        if problem is not None:
-            return f"p.grad of {name} {problem}"
+        problem = difference(dense_grad(p), ref.grads[name], tol["p.grad"])
+        mean = None if exact is None or name not in rows else rows[name].mean(0)
+        problem = problem or (mean is not None and difference(mean, dense_grad(p), tol["mean"]))
+        if problem:
+            return f"p.grad of {name} {problem}" if mean is None else f"{name}: {problem}"
     return None
 
 
@@ -162,24 +192,30 @@ def run_case(case: Case) -> Outcome:
 def _run(case: Case) -> Outcome:
     model, loss_fn = case.build()
     ref_model, ref_loss = case.build()
+    exact_model, exact_loss = case.build() if case.autocast else (None, None)
     try:
         psg = make_per_sample(model, loss_fn, case.method, **options(case))
     except Exception as error:  # every exception is classified
         return classify(error, case, -1)
     for k, (x, y) in enumerate(case.batches):
         for change in case.changes[k]:
-            change(model)
-            change(ref_model)
+            for changed in (model, ref_model, exact_model):
+                if changed is not None:
+                    change(changed)
+        precision = torch.autocast("cpu", dtype=torch.bfloat16, enabled=case.autocast)
         try:
-            ref = reference(ref_model, ref_loss, x, y)
+            with precision:
+                ref = reference(ref_model, ref_loss, x, y)
+            exact = None if exact_model is None else reference(exact_model, exact_loss, x, y)
         except Exception as error:  # a fault of the generator, not of the code under test
             return Outcome("invalid", k, f"{type(error).__name__}: {error}".splitlines()[0])
         model.zero_grad(set_to_none=True)
         try:
-            loss, grads = psg(x, y)
+            with precision:
+                loss, grads = psg(x, y)
         except Exception as error:  # every exception is classified
             return written_on_refusal(model, k) or classify(error, case, k)
-        problem = compare(model, loss, grads, ref)
+        problem = compare(model, loss, grads, ref, exact)
         if problem is not None:
             return Outcome("wrong", k, f"B={size(y)}: {problem}")
     return Outcome("right")

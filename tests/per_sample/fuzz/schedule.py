@@ -63,13 +63,13 @@ def unfreeze(model: nn.Module, g: torch.Generator) -> None:
 def replace_head(model: nn.Module, g: torch.Generator) -> None:
     old = model.head if isinstance(model.head, nn.Linear) else model.head[-1]
     head = nn.Sequential(nn.Linear(D, 2 * D), nn.Tanh(), nn.Linear(2 * D, old.out_features))
-    reinit(head.double(), g)
+    reinit(head.to(old.weight.dtype), g)  # float64, or float32 under autocast
     model.head = head
 
 
 def add_block(model: nn.Module, g: torch.Generator) -> None:
     block = Wrap(nn.Linear(D, D), "tanh")
-    reinit(block.double(), g)
+    reinit(block.to(next(model.parameters()).dtype), g)
     model.neck.append(block)
 
 
