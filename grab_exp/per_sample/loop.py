@@ -10,13 +10,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from grab_exp.devices import in_graph_safe
 from grab_exp.grads import BatchGrads, as_batch_grads
 from grab_exp.per_sample.base import PerSampleGradients
 from grab_exp.per_sample.check.loss import loss_of
-from grab_exp.per_sample.check.mean import GradSnapshot, refuse_gradient_hooks, rows_gaps
+from grab_exp.per_sample.check.mean import GradSnapshot, refuse_gradient_hooks
 from grab_exp.per_sample.check.state import kept_state
-from grab_exp.per_sample.check.tolerance import TOLERANCE, autocast_on, tolerance
 from grab_exp.per_sample.layout import Inputs, batch_size, call_model, take
 from grab_exp.per_sample.modules import UnsupportedModelError, label, random_modules
 
@@ -58,7 +56,7 @@ class LoopPerSample(PerSampleGradients):
             if loss.requires_grad:
                 loss.backward()
             grads = as_batch_grads(rows)
-            self._verify(grads, params, snapshot, loss)
+            self.verify_and_check(grads, params, snapshot, None, None, loss)
         return loss.detach(), grads
 
     def _rows(self, x: Inputs, y, params: dict[str, nn.Parameter], batch: int):
@@ -77,23 +75,3 @@ class LoopPerSample(PerSampleGradients):
                 if g is not None:
                     row[i] = g.to_dense() if g.is_sparse else g
         return rows
-
-    def _verify(self, rows: BatchGrads, params, snapshot: GradSnapshot, loss) -> None:
-        """Refuse rows whose mean is not ``param.grad`` (a host read, next to ``B`` passes)."""
-        if not self.checker.on or in_graph_safe() or not params or rows.rows == 0:
-            return
-        grads = [g.to_dense() if g is not None and g.is_sparse else g for g in snapshot.grads()]
-        gaps = rows_gaps(rows, grads, loss).nan_to_num(nan=float("inf")).tolist()  # (P,)
-        worst = max(range(len(gaps)), key=gaps.__getitem__)
-        if gaps[worst] <= tolerance(TOLERANCE, rows.like.dtype):
-            return
-        name = list(params)[worst]
-        layer = name.rpartition(".")[0]
-        rounding = "under torch.autocast each example alone rounds otherwise, or " * autocast_on()
-        raise UnsupportedModelError(
-            f"the rows' mean differs from autograd's gradient at {name} of "
-            f"{label(layer, self.model.get_submodule(layer))} by {gaps[worst]:.2g} (relative): "
-            f"{rounding}the batch's loss is not the mean of the examples' "
-            "losses computed alone (batch statistics, class weight= or ignore_index averaged over "
-            "the batch, reduction='sum', random draws?); per-sample gradients are undefined for it"
-        )

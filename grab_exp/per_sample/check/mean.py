@@ -16,6 +16,8 @@ from grab_exp.per_sample.check.tolerance import (
     LOOSE_MEAN_FLOOR,
     MEAN_FLOOR,
     MEAN_TOLERANCE,
+    TOLERANCE,
+    autocast_on,
     tolerance,
 )
 from grab_exp.per_sample.modules import UnsupportedModelError, advice, label
@@ -63,7 +65,10 @@ def rows_gaps(
     widths = tuple(shape.numel() for shape in rows.shapes.values())
     acc = like.new_empty(rows.width) if out is None else out  # (d,): grad, then grad - mean
     zipped = zip(grads, widths, strict=True)
-    wants = [like.new_zeros(w) if g is None else g.reshape(-1) for g, w in zipped]
+    wants = [
+        like.new_zeros(w) if g is None else (g.to_dense() if g.is_sparse else g).reshape(-1)
+        for g, w in zipped
+    ]
     torch.cat(wants, out=acc)
     parts = kept_view(acc, ("parameters", widths), lambda: acc.split(widths))  # views
     rows.accumulate(acc, shift, frozenset(sums))  # one pass: acc = grad - sum_i coef_i g_i
@@ -91,24 +96,33 @@ def rows_problem(
     sums: dict[str, Callable] | None = None,
 ) -> str | torch.Tensor | None:
     """The one-line refusal when the rows' mean is not autograd's gradient (``None``: it is);
-    on CUDA (no host reads in a step), the ``()`` worst gap over the tolerance, judged later."""
+    on CUDA (no host reads in a step), the ``()`` worst gap over the tolerance, judged later.
+    ``method=loop``'s rows are the definition: only the loss (or autocast's rounding) is named."""
     if not names or rows.rows == 0:
         return None
     gaps = rows_gaps(rows, grads, loss, out=out, sums=sums).nan_to_num(nan=float("inf"))
-    limit = tolerance(MEAN_TOLERANCE, rows.like.dtype)
+    alone = method == "loop"  # each example's loss alone: a batch of one's rounding
+    limit = tolerance(TOLERANCE if alone else MEAN_TOLERANCE, rows.like.dtype)
     if not host_reads_allowed(gaps.device):
         return gaps.max() / limit
     gap, worst = max((g, i) for i, g in enumerate(gaps.tolist()))  # one read
     if gap <= limit:
         return None
     name, layer = names[worst], names[worst].rpartition(".")[0]
-    cause = known_cause(model, name, params[worst])  # only where one is known
-    found = f"; {cause}" if cause else ""
     where = label(layer, model.get_submodule(layer))
-    return (
-        f"the rows' mean differs from autograd's gradient at {name} of {where} "
-        f"by {gap:.2g} (relative){found}; {advice(method)}"
-    )
+    found = f"the rows' mean differs from autograd's gradient at {name} of {where} by {gap:.2g}"
+    if alone:
+        rounding = "under torch.autocast each example alone rounds otherwise, or " * autocast_on()
+        return f"{found} (relative): {rounding}{NOT_A_MEAN}"
+    cause = known_cause(model, name, params[worst])  # only where one is known
+    return f"{found} (relative){f'; {cause}' if cause else ''}; {advice(method)}"
+
+
+NOT_A_MEAN = (
+    "the batch's loss is not the mean of the examples' losses computed alone (batch statistics, "
+    "class weight= or ignore_index averaged over the batch, reduction='sum', random draws?); "
+    "per-sample gradients are undefined for it"
+)
 
 
 def known_cause(model: nn.Module, name: str, param: nn.Parameter) -> str | None:
