@@ -16,7 +16,7 @@ import torch
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.base import PerSampleGradients, one_line
 from grab_exp.per_sample.check.state import put_back, saved_buffers
-from grab_exp.per_sample.layout import Inputs
+from grab_exp.per_sample.layout import Inputs, check_batch
 from grab_exp.per_sample.modules import LossContractError, UnsupportedModelError, UserCodeError
 
 __all__ = ["AutoPerSample"]
@@ -53,6 +53,7 @@ class AutoPerSample(PerSampleGradients):
         self.chosen.check()
 
     def __call__(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
+        check_batch(x, y)  # the same for every path: refused at once
         while True:
             buffers = saved_buffers(self.model)  # what a failed call's forward may change
             rng = torch.get_rng_state()  # and the masks it drew (the next path draws again)

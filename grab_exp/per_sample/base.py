@@ -18,7 +18,7 @@ from grab_exp.per_sample.check.mean import GradSnapshot, rows_problem
 from grab_exp.per_sample.check.resampled import resampled_problem
 from grab_exp.per_sample.check.schedule import CHECK_EVERY, Check
 from grab_exp.per_sample.check.state import ModelState, kept_state, saved_state
-from grab_exp.per_sample.layout import Inputs, batch_size, call_model
+from grab_exp.per_sample.layout import Inputs, batch_size, call_model, check_batch
 from grab_exp.per_sample.modules import (
     WATCHED,
     LossContractError,
@@ -93,6 +93,7 @@ class PerSampleGradients(ABC):
         gradient to ``param.grad`` as ``loss.backward()`` would. ``UnsupportedModelError``: one
         line naming the cause, ``param.grad`` as before the call; ``UserCodeError``: the user's
         model or loss raised, and a plain step raises the same."""
+        check_batch(x, y)
         self._found = saved_state(self.model, buffers=False)  # for examples alone, auto's retry
         if self.state.stale(self.model):  # a module or parameter was replaced since
             self.state = ModelState(self.model)

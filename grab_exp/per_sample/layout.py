@@ -125,6 +125,17 @@ def batch_size(x: Inputs) -> int:
     return sizes.pop()
 
 
+def check_batch(x: Inputs, y: Any) -> None:
+    """Refuse inputs and targets that do not hold one batch in dimension 0 (before any work)."""
+    examples, targets = batch_size(x), batch_size(y)
+    if examples != targets:
+        raise ValueError(
+            f"per-sample inputs of {examples} examples (dimension 0) and targets of {targets}; "
+            "allowed: the batch in dimension 0 of every tensor (a sequence-first (T, B) input: "
+            "move its batch first, e.g. x.transpose(0, 1) and batch_first=True)"
+        )
+
+
 def take(x: Inputs, index: torch.Tensor | list[int]) -> Inputs:
     """The examples ``index`` of the inputs or targets (every tensor indexed along dimension 0;
     a tuple or dict of them, such as ``(labels, weights)`` targets, leaf by leaf)."""

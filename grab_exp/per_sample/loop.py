@@ -47,9 +47,7 @@ class LoopPerSample(PerSampleGradients):
             "per-sample rows under a gradient hook are refused on every method: remove the hook "
             "(mask the optimizer's update instead)",
         )
-        batch, targets = batch_size(x), batch_size(y)
-        if targets != batch:
-            raise ValueError(f"inputs of {batch} examples and targets of {targets}")
+        batch = batch_size(x)
         rows = self._rows(x, y, params, batch)  # {name: (B, *shape)}
         with GradSnapshot(params.values()) as snapshot, torch.enable_grad():
             loss = loss_of(self.loss_fn, call_model(self.model, x), y)  # the batch's own step

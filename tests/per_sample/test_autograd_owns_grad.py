@@ -317,15 +317,16 @@ def test_a_scripted_submodule_goes_to_func_in_one_line_or_right() -> None:
 
 @pytest.mark.parametrize("method", METHODS)
 def test_an_error_inside_a_method_is_one_line_naming_the_method(method: str) -> None:
-    """Any error raised inside a method (torch's, the model's, the loss's: here targets of
-    another batch size, a raw ``ValueError`` of cross_entropy or vmap; the fuzzer's last crash
+    """Any error raised inside a method (torch's, the model's, the loss's: here a class index out
+    of range, a raw ``IndexError`` of cross_entropy, inside vmap on func; the fuzzer's last crash
     class) is a one-line refusal naming the method and the original error; ``p.grad`` is left
     as it was."""
     model = built(AutoEncoder)
     psg = make_per_sample(model, F.cross_entropy, method=method)
     x, y = batch(5, seed=60)
-    with pytest.raises(UnsupportedModelError, match=r"^method=\w+: .*ValueError: ") as error:
-        psg(x, y[:4])
+    named = r"^(method=\w+: .*Error: |torch\.func's vmap failed on this model \(index 9)"
+    with pytest.raises(UnsupportedModelError, match=named) as error:
+        psg(x, torch.full_like(y, 9))  # 4 classes
     assert "\n" not in str(error.value)
     assert all(p.grad is None for p in model.parameters()), "refused but wrote p.grad"
 
@@ -406,3 +407,16 @@ def test_func_under_autocast_is_refused_naming_it() -> None:
         auto = make_per_sample(model, F.cross_entropy)
         auto(x, y)
     assert auto.method in ("hooks", "factored")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_inputs_whose_batch_is_not_in_dimension_0_are_refused_before_any_work(method: str) -> None:
+    """A sequence-first ``(T, B)`` input with ``T != B`` (it reached torch's own messages deep in
+    each path: "Expected input batch_size (4) to match target batch_size (5)"): one line naming
+    dimension 0 and what is allowed, on every method, before any ``p.grad`` is written."""
+    model = built(TokenModel)
+    psg = make_per_sample(model, F.cross_entropy, method=method)
+    tokens_first = torch.randint(0, 5, (3, 6))  # (T, B): the batch in dimension 1
+    with pytest.raises(ValueError, match=r"inputs of 3 examples \(dimension 0\) and targets of 6"):
+        psg(tokens_first, torch.randint(0, 4, (6,)))
+    assert all(p.grad is None for p in model.parameters()), "refused but wrote p.grad"
