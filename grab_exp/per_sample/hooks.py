@@ -20,7 +20,7 @@ from grab_exp.per_sample.check.mean import GradSnapshot
 from grab_exp.per_sample.check.schedule import CHECK_EVERY
 from grab_exp.per_sample.check.tolerance import OUTPUT_TOLERANCE
 from grab_exp.per_sample.fallback import FuncFallback
-from grab_exp.per_sample.layout import Call, CallLayout, Inputs, batch_size, call_model
+from grab_exp.per_sample.layout import Call, Inputs, batch_size, call_model
 from grab_exp.per_sample.modules import UnsupportedModelError, label
 from grab_exp.per_sample.plan import Layers, Planner
 from grab_exp.per_sample.recording import REINDEXED, Recorder, reindexes
@@ -113,14 +113,6 @@ class HookedPerSample(PerSampleGradients):
     def fallbacks(self) -> dict[str, FuncFallback]:
         return self.registry.fallbacks
 
-    @property
-    def layouts(self) -> dict[str, list[CallLayout]]:
-        return {} if self.planner.plan is None else self.planner.plan.layouts
-
-    @property
-    def expanded(self) -> set[str]:
-        return set() if self.planner.plan is None else self.planner.plan.expanded
-
     def state_bytes(self) -> int:
         buffer = self.grad_buffer.buffer
         return 0 if buffer is None else buffer.numel() * buffer.element_size()
@@ -211,13 +203,9 @@ class HookedPerSample(PerSampleGradients):
             inputs = [t for _, t, _, _ in outputs] + [p for _, _, p in params]
             want = gradients(losses.mul(c).sum(), inputs)
             at_outputs, at_params = want[: len(outputs)], want[len(outputs) :]
+            along = lambda g, d: c.view([-1 if i == d else 1 for i in range(g.dim())])  # noqa: E731
             weighted_outputs = (  # c along each output gradient's batch dimension
-                (
-                    name,
-                    "its output gradients",
-                    g * c.view([-1 if i == d else 1 for i in range(g.dim())]) * batch,
-                    w,
-                )
+                (name, "its output gradients", g * along(g, d) * batch, w)
                 for (name, _, g, d), w in zip(outputs, at_outputs, strict=True)
             )
             weighted_rows = (

@@ -107,12 +107,13 @@ def test_the_position_embeddings_input_is_expanded_and_the_layouts_say_where_the
     model, x, y = sequence_case(lambda: SequenceFirst(), 6, 6)
     hooked = HookedPerSample(model, F.cross_entropy)
     hooked(x, y)
-    assert hooked.layouts["mix"][0].inputs == (1,) and hooked.layouts["mix"][0].outputs == (1,)
-    assert hooked.layouts["tok"][0].inputs == (0,)
+    layouts = hooked.planner.plan.layouts
+    assert layouts["mix"][0].inputs == (1,) and layouts["mix"][0].outputs == (1,)
+    assert layouts["tok"][0].inputs == (0,)
     model, x, y = sequence_case(lambda: PositionModel(6), 6, 6)
     hooked = HookedPerSample(model, F.cross_entropy)
     hooked(x, y)
-    assert hooked.expanded == {"pos"}
+    assert hooked.planner.plan.expanded == {"pos"}
 
 
 def test_rnns_and_attention_take_their_per_layer_paths():

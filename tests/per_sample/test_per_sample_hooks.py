@@ -319,7 +319,7 @@ def test_a_layer_called_twice_sums_its_calls():
     model.zero_grad(set_to_none=True)
     hooked = HookedPerSample(model, F.cross_entropy)
     _, grads = call(hooked, x, y)
-    assert len(hooked.layouts["twice"]) == 2
+    assert len(hooked.planner.plan.layouts["twice"]) == 2
     for name, p in model.named_parameters():
         torch.testing.assert_close(grads[name], expected[name], rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(p.grad, expected[name].mean(0), rtol=1e-10, atol=1e-12)
