@@ -106,3 +106,40 @@ def test_kept_state_puts_back_buffers_modes_grads_and_the_generator():
     assert model.steps is steps and torch.equal(model.mean, mean)
     assert model.training and probe.grad is grad
     assert torch.equal(torch.get_rng_state(), state)
+
+
+class Triplet(nn.Module):
+    """One encoder of an anchor, a positive and a negative: under ``triplet_margin_loss`` its
+    last bias moves all three alike, so its gradient cancels to 0 (rounding of the others')."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 4))
+
+    def forward(self, a, p, n):
+        return self.enc(a), self.enc(p), self.enc(n)
+
+
+def triplet_loss(out, y):
+    return torch.nn.functional.triplet_margin_loss(*out, margin=1.0)
+
+
+@pytest.mark.parametrize("method", ["auto", "hooks", "factored", "func", "loop"])
+def test_a_gradient_that_cancels_to_zero_is_not_refused_in_float64(method: str) -> None:
+    """The rows' mean check's floor times its tolerance is far above float64's epsilon (at
+    c705d61, 1e-16 of the largest gradient: 20 calls refused this model on every method)."""
+    from grab_exp.per_sample import make_per_sample
+
+    torch.manual_seed(0)
+    model, g = Triplet().double(), torch.Generator().manual_seed(1)
+    psg = make_per_sample(model, triplet_loss, method)
+    for size in [5, 8, 1, 7, *[6] * 16]:
+        x = tuple(torch.randn(size, 6, generator=g, dtype=torch.float64) for _ in range(3))
+        model.zero_grad(set_to_none=True)
+        _, grads = psg(x, torch.zeros(size))
+        rows = grads.as_dict()["enc.0.weight"]  # (B, 8, 6)
+        for i in range(size):
+            one = tuple(t[i : i + 1] for t in x)
+            want = torch.autograd.grad(triplet_loss(model(*one), None), model.enc[0].weight)[0]
+            torch.testing.assert_close(rows[i], want)
+    assert psg.method == method or psg.method in ("hooks", "factored")
