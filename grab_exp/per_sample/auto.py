@@ -15,7 +15,6 @@ import torch
 
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.base import PerSampleGradients, one_line
-from grab_exp.per_sample.check.state import put_back, saved_buffers
 from grab_exp.per_sample.layout import Inputs, check_batch
 from grab_exp.per_sample.modules import LossContractError, UnsupportedModelError, UserCodeError
 
@@ -55,8 +54,7 @@ class AutoPerSample(PerSampleGradients):
     def __call__(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         check_batch(x, y)  # the same for every path: refused at once
         while True:
-            buffers = saved_buffers(self.model)  # what a failed call's forward may change
-            rng = torch.get_rng_state()  # and the masks it drew (the next path draws again)
+            rng = torch.get_rng_state()  # the masks a failed call drew: the next path draws again
             try:
                 result = self.chosen(x, y)
                 if self.chosen.method == "loop" and not self._warned:  # announced once
@@ -75,8 +73,7 @@ class AutoPerSample(PerSampleGradients):
                         raise self._refusal(self.method, error) from error
                     raise
                 torch.set_rng_state(rng)
-                self.chosen._found()  # the attributes the call found (its first snapshot)
-                put_back(buffers)
+                self.chosen._found()  # the attributes, buffers and frozen weights it found
                 self._left.append(_reason(self.chosen.method, error))
                 if hasattr(self.chosen, "remove"):
                     self.chosen.remove()  # its hooks

@@ -94,7 +94,7 @@ class PerSampleGradients(ABC):
         line naming the cause, ``param.grad`` as before the call; ``UserCodeError``: the user's
         model or loss raised, and a plain step raises the same."""
         check_batch(x, y)
-        self._found = saved_state(self.model, buffers=False)  # for examples alone, auto's retry
+        self._found = saved_state(self.model)  # for the examples alone and auto's retry
         if self.state.stale(self.model):  # a module or parameter was replaced since
             self.state = ModelState(self.model)
             self.restructure()

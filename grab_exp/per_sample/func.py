@@ -256,10 +256,11 @@ class FuncPerSample(PerSampleGradients):
                 two, three = (call_model(self.model, take(x, [0] * k)) for k in (2, 3))
                 updated = changed()
             if updated:
+                kind = "buffer" if updated[0] in dict(self.model.named_buffers()) else "parameter"
                 raise UnsupportedModelError(
-                    f"buffer {updated[0]}: the model's forward updates it (running statistics, "
-                    "a counter), and torch.func's functional call cannot carry the update out; "
-                    "use method=hooks or loop (auto takes them)"
+                    f"{kind} {updated[0]}: the model's forward changes it in place (running "
+                    "statistics, a counter, a momentum encoder), and torch.func's functional call "
+                    "cannot carry the change out; use method=hooks or loop (auto takes them)"
                 )
             try:
                 self._layout = OutputLayout.probed(two, three)

@@ -68,7 +68,7 @@ def batch(size: int, g: torch.Generator):
 
 def gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict:
     twin = copy.deepcopy(model)
-    named = list(twin.named_parameters())
+    named = [(n, p) for n, p in twin.named_parameters() if p.requires_grad]
     grads = torch.autograd.grad(F.cross_entropy(twin(x), y), [p for _, p in named])
     return {n: g for (n, _), g in zip(named, grads, strict=True)}
 
@@ -149,3 +149,101 @@ def test_after_a_refusal_every_kind_of_batch_is_checked_again(method: str) -> No
     x[5, 0] = 2.0
     with pytest.raises(UnsupportedModelError, match="mixes the examples"):
         psg(x, y)
+
+
+class MomentumEncoder(nn.Module):
+    """A frozen copy of ``a`` moved halfway to it by every training forward (MoCo's key encoder,
+    mean teacher's EMA), its output part of the model's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(5, 6), nn.Linear(6, 3)
+        self.k = copy.deepcopy(self.a).requires_grad_(False)
+        with torch.no_grad():
+            self.k.weight.add_(1.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            with torch.no_grad():
+                for k, a in zip(self.k.parameters(), self.a.parameters(), strict=True):
+                    k.mul_(0.5).add_(0.5 * a)
+        return self.b(torch.tanh(self.a(x)) + 0.5 * torch.tanh(self.k(x)))
+
+
+class ReadThenUpdate(nn.Module):
+    """A buffer subtracted, then moved in place toward the batch mean: within a call every
+    example sees the value the call found (no example sees another)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(5, 6), nn.Linear(6, 3)
+        self.register_buffer("mean", torch.full((6,), 0.3, dtype=F64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x) - self.mean
+        if self.training:
+            self.mean.mul_(0.9).add_(0.1 * h.detach().mean(0))
+        return self.b(torch.tanh(h))
+
+
+def frozen_state(model: nn.Module) -> dict:
+    frozen = [(n, p) for n, p in model.named_parameters() if not p.requires_grad]
+    return {n: t.detach().clone() for n, t in [*model.named_buffers(), *frozen]}
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize(
+    "build", [MomentumEncoder, ReadThenUpdate], ids=["momentum_encoder", "read_then_update"]
+)
+def test_a_forward_that_changes_frozen_weights_or_buffers_runs_once_a_call(method, build) -> None:
+    """Every example on the weights and buffers the call found, and after the call the state of
+    one plain step (the probes', checks', func's and loop's forwards leave nothing); func, which
+    cannot carry the change out, refuses naming the tensor."""
+    torch.manual_seed(0)
+    model, g = build().double(), torch.Generator().manual_seed(1)
+    twin = copy.deepcopy(model)  # the plain step's model, alongside
+    psg = make_per_sample(model, F.cross_entropy, method)
+    for k, size in enumerate((4, 4, 6, 1, 5), start=1):
+        x, y = batch(size, g)
+        alone = [gradient(model, x[i : i + 1], y[i : i + 1]) for i in range(size)]
+        want = gradient(twin, x, y)
+        F.cross_entropy(twin(x), y)  # the plain step's forward: the state moves once
+        model.zero_grad(set_to_none=True)
+        if method == "func":
+            with pytest.raises(UnsupportedModelError, match=r"^(parameter k\.|buffer mean)"):
+                psg(x, y)
+            return
+        _, grads = psg(x, y)
+        for n, rows in grads.as_dict().items():
+            torch.testing.assert_close(rows, torch.stack([a[n] for a in alone]), msg=n)
+        for n, grad in want.items():
+            torch.testing.assert_close(
+                model.get_parameter(n).grad, grad, msg=f"call {k}: p.grad of {n}"
+            )
+        for n, t in frozen_state(twin).items():
+            torch.testing.assert_close(frozen_state(model)[n], t, msg=f"call {k}: {n}")
+    assert method != "auto" or psg.method in ("hooks", "factored")  # no need to leave it
+
+
+class TrainableDecay(nn.Module):
+    """Shrinks a trainable weight in place inside the forward (no example can see the weight
+    the call found once another's forward ran)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(5, 6), nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            self.b.weight.mul_(0.9)
+        return self.b(torch.tanh(self.a(x)))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_forward_that_changes_a_trainable_weight_is_refused_naming_it(method: str) -> None:
+    model = TrainableDecay().double()
+    psg = make_per_sample(model, F.cross_entropy, method)
+    x, y = batch(4, torch.Generator().manual_seed(1))
+    with pytest.raises(UnsupportedModelError, match=r"b\.weight: the model's forward changed"):
+        psg(x, y)
+    assert all(p.grad is None for p in model.parameters())

@@ -13,11 +13,15 @@ from torch.nn.modules.module import (
     register_module_module_registration_hook,
     register_module_parameter_registration_hook,
 )
+from torch.nn.parameter import is_lazy
+
+from grab_exp.per_sample.modules import UnsupportedModelError
 
 
 def saved_state(model: nn.Module, buffers: bool = True, modes: bool = False) -> Callable[[], None]:
     """The modules' attributes (a step counter kept as an ``int``, an activation kept on the
-    model; modes where asked) and buffers as they are now; calling the result puts them back."""
+    model; modes where asked) and buffers (:func:`saved_buffers`) as they are now; calling the
+    result puts them back."""
     attributes = [(m, dict(vars(m))) for m in model.modules()]
     kept = saved_buffers(model) if buffers else []
 
@@ -34,51 +38,85 @@ def saved_state(model: nn.Module, buffers: bool = True, modes: bool = False) -> 
 
 @contextlib.contextmanager
 def kept_state(model: nn.Module) -> Iterator[Callable[[], list[str]]]:
-    """Buffers, attributes, modes, ``param.grad`` and random number generators put back after
-    the block; yields a function that names the buffers changed so far."""
-    buffers = saved_buffers(model)
+    """Buffers and parameters (:func:`saved_buffers`), attributes, modes, ``param.grad`` and
+    random number generators put back after the block; yields a function that names the buffers
+    and parameters changed so far."""
+    buffers, mode = saved_buffers(model), model.training
     attributes = saved_state(model, buffers=False, modes=True)
     grads = [(p, p.grad) for p in model.parameters()]
-    prefix = {id(m): f"{name}." if name else "" for name, m in model.named_modules()}
 
     def changed() -> list[str]:
         return [
-            prefix.get(id(m), "") + name
-            for m, name, b, version, _ in buffers
-            if m._buffers.get(name) is not b or b._version != version
+            where
+            for m, name, where, t, version, _ in buffers
+            if name not in (store := _store(m, t)) or store[name] is not t or t._version != version
         ]
 
     with torch.random.fork_rng(devices=cuda_devices(model)):
         try:
             yield changed
         finally:
-            put_back(buffers)
+            put_back(buffers, mode)  # a block of forwards: what they change is learned
             attributes()
             for p, g in grads:
                 p.grad = g
 
 
-Buffers = list[tuple[nn.Module, str, torch.Tensor, int, torch.Tensor]]
+#: ``(module, name, qualified name, tensor, version, copy)`` per buffer and parameter
+Buffers = list[tuple[nn.Module, str, str, torch.Tensor, int, torch.Tensor | None]]
+#: on a frozen parameter, per training mode of the model, whether the forwards of a kept block
+#: changed it in place (an EMA encoder updated in ``forward``, in training mode): those, and the
+#: ones no block of that mode ran on yet, are copied, not the others
+CHANGED = "_grab_exp_changed_by_forward"
 
 
 def saved_buffers(model: nn.Module) -> Buffers:
-    """Every buffer as it is now, ``(module, name, tensor, version, copy)``."""
-    return [
-        (m, name, b, b._version, b.detach().clone())
-        for m in model.modules()
-        for name, b in m._buffers.items()
-        if b is not None
-    ]
+    """Every buffer and parameter as it is now: a copy of every buffer and of every frozen
+    parameter that a forward changed in place or that no snapshot put back yet (``None`` for the
+    others: their versions tell a change)."""
+    saved, mode = [], model.training
+    for prefix, m in model.named_modules():
+        tensors = [(n, b, True) for n, b in m._buffers.items() if b is not None]
+        tensors += [
+            (n, p, not p.requires_grad and getattr(p, CHANGED, {}).get(mode, True))
+            for n, p in m._parameters.items()
+            if p is not None and not is_lazy(p)  # a lazy one is made by its first forward
+        ]
+        for n, t, copied in tensors:
+            where = f"{prefix}.{n}" if prefix else n
+            saved.append((m, n, where, t, t._version, t.detach().clone() if copied else None))
+    return saved
 
 
 @torch.no_grad()
-def put_back(buffers: Buffers) -> None:
-    """The buffers as :func:`saved_buffers` saw them (only the changed ones written: a write
-    would break the graphs that saved them)."""
-    for m, name, b, version, saved in buffers:
-        m._buffers[name] = b
-        if b._version != version:
-            b.copy_(saved)
+def put_back(buffers: Buffers, mode: bool | None = None) -> None:
+    """The buffers and parameters as :func:`saved_buffers` saw them (only the changed ones
+    written: a write would break the graphs that saved them); ``mode``: the model's training mode
+    when they ran, where the snapshot held forwards (which frozen parameters they change is
+    learned). ``UnsupportedModelError``: a parameter without a copy changed (an EMA of a
+    trainable weight in ``forward``; not an ``Embedding(max_norm=...)``'s idempotent renorm)."""
+    for m, name, where, t, version, saved in buffers:
+        _store(m, t)[name] = t
+        changed = t._version != version
+        if mode is not None and isinstance(t, nn.Parameter) and not t.requires_grad:
+            marks = vars(t).setdefault(CHANGED, {})
+            marks[mode] = marks.get(mode, False) or changed
+        if changed and saved is not None:
+            t.copy_(saved)
+        elif changed and not (isinstance(m, nn.Embedding) and m.max_norm is not None):
+            fix = (  # a frozen one is copied from now on, as every one a forward changed
+                "freeze it (requires_grad=False) or change it outside the forward"
+                if t.requires_grad
+                else "later calls copy it first; or change it outside the forward"
+            )
+            raise UnsupportedModelError(
+                f"{where}: the model's forward changed this parameter in place, which this call "
+                f"cannot undo (each example's forward runs on the parameters the call found); {fix}"
+            )
+
+
+def _store(module: nn.Module, tensor: torch.Tensor) -> dict:
+    return module._parameters if isinstance(tensor, nn.Parameter) else module._buffers
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ from torch.utils._pytree import tree_map
 from .draw import Draw
 from .inputs import batches
 from .losses import CLASS_LOSSES, TOKEN_LOSSES, class_loss, token_loss, with_extras
-from .models import CLASSES, FAMILIES, VOCAB, build_net, reinit
+from .models import CLASSES, FAMILIES, VOCAB, add_state, build_net, reinit
 from .schedule import Change, param_hook, schedule, tie_after
 
 METHODS = ["auto", "func", "hooks", "factored", "loop"]
@@ -93,6 +93,7 @@ def draw_case(
             tie_after(net, d.generator())
         if d.chance("hook:param_before", 0.08):
             param_hook(net, d.generator())
+        add_state(net, family, d)  # drawn last: a seed's other choices are what they were
         base = token_loss(loss) if family == "lm" else class_loss(loss)
         return net, with_extras(base, net, net.aux, net.store), d.features
 

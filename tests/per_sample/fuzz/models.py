@@ -8,6 +8,8 @@ and an RNN, LSTM or GRU). ``lm`` is ``tok`` with a per-token head (``(B, T, V)``
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
@@ -60,12 +62,28 @@ class Net(nn.Module):
             if self.training:
                 self.running = 0.9 * self.running + 0.1 * h.detach().mean(0)
             h = h - self.running
+        if hasattr(self, "center"):  # read, then moved in place: no example sees another's
+            h = h - self.center
+            if self.training:
+                self.center.mul_(0.9).add_(0.1 * h.detach().mean(0))
         if self.store:
             self.last = h
         out = self.head(h)
+        if hasattr(self, "ema"):
+            out = out + 0.1 * self.momentum(h)
         if not self.aux:
             return out
         return {"logits": out, "aux": (h.mean(0) ** 2).mean() if self.whole else (h**2).mean()}
+
+    def momentum(self, h):
+        """The frozen copy of the head, moved halfway to it first in training mode (as MoCo's
+        key encoder; a head replaced by another shape is not followed)."""
+        pairs = list(zip(self.ema.parameters(), self.head.parameters(), strict=False))
+        if self.training and all(e.shape == p.shape for e, p in pairs):
+            with torch.no_grad():
+                for e, p in pairs:
+                    e.mul_(0.5).add_(0.5 * p)
+        return self.ema(h)
 
     def state_effects(self, h):
         """The stem's output after the swap, the counters and the mixup that are on."""
@@ -211,6 +229,21 @@ def build_net(draw, family: str, outputs: int) -> Net:
         "step": draw.chance("attr:step", 0.06),
     }
     return Net(stem, body, pool, neck, nn.Linear(D, outputs), aux=aux, store=store, **extra)
+
+
+def add_state(net: Net, family: str, draw) -> None:
+    """``param:ema``, a frozen copy of the head, moved toward it by every training forward, a
+    tenth of its output added (a momentum encoder updated in ``forward``, as MoCo's);
+    ``buf:read_then_update``, a buffer subtracted from the features and then moved in place
+    toward their batch mean (each example alone must see the value the call found)."""
+    g, dtype = draw.generator(), net.head.weight.dtype
+    if draw.chance("param:ema", 0.05):
+        net.ema = copy.deepcopy(net.head).requires_grad_(False)
+        with torch.no_grad():
+            for p in net.ema.parameters():
+                p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=dtype))
+    if family in ("vec", "img", "seq", "rnn") and draw.chance("buf:read_then_update", 0.05):
+        net.register_buffer("center", 0.1 * torch.randn(D, generator=g, dtype=dtype))
 
 
 def reinit(model: nn.Module, g: torch.Generator) -> None:

@@ -24,7 +24,7 @@ from grab_exp.per_sample import UnsupportedModelError, make_per_sample
 
 from .case import Case, draw_case
 from .inputs import size
-from .reference import Reference, dense_grad, reference
+from .reference import Reference, dense_grad, reference, state
 
 OUTCOMES = ("right", "refused", "false_refusal", "crash", "wrong", "invalid")
 PASSING = ("right", "refused")
@@ -53,6 +53,8 @@ BY_DESIGN_FUNC = {
     "rnn:RNN": "torch's vmap has no rule for RNN",
     "block:share": "one module at two places",
     "buf:counter": "a forward that updates a buffer (functional_call cannot carry it out)",
+    "buf:read_then_update": "a forward that updates a buffer (functional_call cannot carry it out)",
+    "param:ema": "a forward that updates a frozen weight (functional_call cannot carry it out)",
 }
 #: features refused by design on ``func`` and ``loop``, which run each example alone
 BY_DESIGN_ALONE = {"precision:autocast": "torch.autocast (each example alone rounds otherwise)"}
@@ -97,7 +99,9 @@ def allowed_refusal(case: Case) -> bool:
     """Whether ``case`` may be refused: a by-design feature, or the hook path by name."""
     design = set(BY_DESIGN) | (set(BY_DESIGN_FUNC) if case.method == "func" else set())
     design |= set(BY_DESIGN_ALONE) if case.method in ("func", "loop") else set()
-    return case.method in HOOK_PATH or bool(design & set(case.features))
+    # the momentum encoder made trainable: its forward changes a trainable weight in place
+    ema_trained = {"param:ema", "sched:unfreeze"} <= set(case.features)
+    return case.method in HOOK_PATH or ema_trained or bool(design & set(case.features))
 
 
 def classify(error: Exception, case: Case, call: int) -> Outcome:
@@ -168,6 +172,16 @@ def compare(model, loss, grads, ref: Reference, exact: Reference | None = None) 
     return None
 
 
+def state_problem(model, ref_model) -> str | None:
+    """What differs in the buffers and frozen parameters after a call from a plain step's."""
+    got = state(model)
+    for name, want in state(ref_model).items():
+        problem = difference(got.get(name), want)
+        if problem is not None:
+            return f"after the call, {name} {problem}"
+    return None
+
+
 def written_on_refusal(model, call: int) -> Outcome | None:
     """``wrong`` where a call that raised left a ``p.grad`` (it was ``None`` before the call):
     a refusal leaves ``p.grad`` as it was."""
@@ -215,7 +229,7 @@ def _run(case: Case) -> Outcome:
                 loss, grads = psg(x, y)
         except Exception as error:  # every exception is classified
             return written_on_refusal(model, k) or classify(error, case, k)
-        problem = compare(model, loss, grads, ref, exact)
+        problem = compare(model, loss, grads, ref, exact) or state_problem(model, ref_model)
         if problem is not None:
             return Outcome("wrong", k, f"B={size(y)}: {problem}")
     return Outcome("right")

@@ -56,17 +56,23 @@ def reference(model: nn.Module, loss_fn, x: Any, y: Any) -> Reference:
     return Reference(loss.detach(), grads, {n: torch.stack(r) for n, r in rows.items()})
 
 
+def state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's buffers and frozen parameters by name (what a forward may change)."""
+    frozen = [(n, p) for n, p in model.named_parameters() if not p.requires_grad]
+    return dict([*model.named_buffers(), *frozen])
+
+
 def buffers(model: nn.Module) -> tuple[dict[str, torch.Tensor], list]:
-    """Copies of the model's buffers by name, and of its modules' attributes (a counter)."""
-    saved = {n: b.detach().clone() for n, b in model.named_buffers()}
+    """Copies of :func:`state`, and of the modules' attributes (a counter)."""
+    saved = {n: t.detach().clone() for n, t in state(model).items()}
     return saved, [(m, dict(vars(m))) for m in model.modules()]
 
 
 @torch.no_grad()
 def load(model: nn.Module, saved: tuple[dict[str, torch.Tensor], list]) -> None:
-    """The buffers and attributes as :func:`buffers` copied them."""
+    """The buffers, frozen parameters and attributes as :func:`buffers` copied them."""
     tensors, attributes = saved
     for m, kept in attributes:
         vars(m).update((n, v) for n, v in kept.items() if n != "training")
-    for n, b in model.named_buffers():
-        b.copy_(tensors[n])
+    for n, t in state(model).items():
+        t.copy_(tensors[n])

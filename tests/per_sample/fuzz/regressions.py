@@ -62,6 +62,13 @@ MINIMAL: dict[str, tuple[int, tuple[str, ...]]] = {
     "autocast_sequence": (0, ("family:seq", "precision:autocast")),
     # the same for a packed LSTM, which the hook path refuses (loop takes it)
     "autocast_packed_lstm": (0, ("family:rnn", "precision:autocast")),
+    # a frozen copy of the head moved toward it by the forward (a momentum encoder, as MoCo's;
+    # named by what c705d61 did): every extra forward (probes, checks, func's, loop's examples)
+    # moved it again, as no snapshot held parameters: wrong losses, rows and p.grad on auto
+    # and hooks, a false refusal ("the batch's loss is not the mean ...") on loop
+    "momentum_encoder": (0, ("family:vec", "param:ema")),
+    "momentum_encoder_hooks": (5, ("family:vec", "param:ema", "method:hooks")),
+    "momentum_encoder_loop": (0, ("family:img", "param:ema", "method:loop")),
 }
 
 
