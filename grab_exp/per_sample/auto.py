@@ -1,7 +1,8 @@
 """``method=auto``: the hook path while it gets the model right, else ``func``, else ``loop``.
 
 When a path refuses or fails, on construction or on any call, :class:`AutoPerSample` removes its
-hooks, puts back the buffers and random state that the call changed and takes the next path for
+hooks, puts back the buffers, frozen weights, attributes and random state that the call changed
+(:func:`~.check.state.saved_buffers`) and takes the next path for
 that call and the rest (``loop`` announced by a ``UserWarning``). A model that none gets right is
 refused in one line with every path's reason; ``LossContractError`` and ``UserCodeError`` at once.
 """

@@ -204,6 +204,7 @@ class FuncPerSample(PerSampleGradients):
             return self._drawn(x, y, rows, grads, losses, out, layout, key, due)
         with GradSnapshot(params.values()) as snapshot, torch.enable_grad():
             batch_out = call_model(self.model, x)  # the batch's own forward
+            layout.check_batch(batch_out, batch)
             loss = loss_of(self.loss_fn, batch_out, y)
             if loss.requires_grad:
                 loss.backward(retain_graph=due)

@@ -132,6 +132,7 @@ class HookedPerSample(PerSampleGradients):
         recorder.calls, recorder.batch, recorder.entry_versions = {}, batch, {}
         with recorder.in_mode("record"):
             out = call_model(self.model, x)
+        plan.output.check_batch(out, batch)
         loss = loss_of(self.loss_fn, out, y)
         calls, recorder.calls = recorder.calls, {}
         self.planner.check_calls(calls)

@@ -11,6 +11,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
+from grab_exp.per_sample.modules import UnsupportedModelError
+
 __all__ = ["Call", "CallLayout", "OutputLayout", "call_model", "expand_over_batch", "take"]
 
 #: per leaf: its shape, or ``None`` for a leaf that is not a tensor
@@ -175,6 +177,17 @@ class OutputLayout:
         leaves, spec = tree_flatten(two)
         shapes = zip(shape_of(leaves), shape_of(tree_flatten(three)[0]), strict=True)
         return cls(tuple(batch_dim(a, b) for a, b in shapes), spec)
+
+    def check_batch(self, out: Any, batch: int) -> None:
+        """Refuse an output without ``batch`` examples where the probe found the batch."""
+        leaves = [out] if isinstance(out, torch.Tensor) else tree_flatten(out)[0]
+        for t, d in zip(leaves, self.dims, strict=True):
+            if d is not None and torch.is_tensor(t) and (t.dim() <= d or t.shape[d] != batch):
+                raise UnsupportedModelError(
+                    f"the model's output of shape {tuple(t.shape)} for {batch} example(s) has no "
+                    f"batch in dimension {d}, where its probe found it (a .squeeze() that drops a "
+                    "batch of one?); use method=loop (auto takes it)"
+                )
 
     def unbatched(self, out: Any) -> bool:
         """Whether ``out`` has a floating leaf without a batch dimension (a value of the batch)."""

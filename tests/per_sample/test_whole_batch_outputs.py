@@ -177,3 +177,42 @@ def test_auto_puts_back_the_buffers_a_failed_path_changed() -> None:
             for n, p in model.named_parameters():
                 got = torch.zeros_like(p) if p.grad is None else p.grad
                 torch.testing.assert_close(got, want_grads[n], msg=f"call {k}: p.grad of {n}")
+
+
+class Squeezed(nn.Module):
+    """``head(h).squeeze()``: a batch of one loses its batch dimension ((3,), not (1, 3))."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 6), nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.tanh(self.a(x))).squeeze()
+
+
+def flat_loss(out, y):
+    return F.cross_entropy(out.reshape(-1, 3), y)
+
+
+@pytest.mark.parametrize("method", ["auto", "hooks", "factored", "func", "loop"])
+def test_an_output_that_loses_a_batch_of_one_is_named_or_right(method: str) -> None:
+    """At B=1 the fast paths name the missing batch dimension (at 11455ce func blamed the rows
+    and hooks raised a reshape error); ``loop`` (the definition) is right, and ``auto`` takes it."""
+    torch.manual_seed(0)
+    model, g = Squeezed().double(), torch.Generator().manual_seed(1)
+    psg = make_per_sample(model, flat_loss, method)
+    for size in (4, 1, 3):
+        x, y = class_batch(size, g)
+        want_rows, want_grads = reference(model, flat_loss, x, y)
+        model.zero_grad(set_to_none=True)
+        if size == 1 and method in ("hooks", "factored", "func"):
+            with pytest.raises(
+                UnsupportedModelError, match=r"of shape \(3,\) for 1 example.*squeeze"
+            ):
+                psg(x, y)
+            return
+        _, grads = psg(x, y)
+        for n, rows in grads.as_dict().items():
+            torch.testing.assert_close(rows, want_rows[n], msg=f"B={size}: rows of {n}")
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(p.grad, want_grads[n], msg=f"B={size}: p.grad of {n}")
