@@ -127,7 +127,7 @@ def loss_problem(loss: torch.Tensor, losses: torch.Tensor) -> str | None:
     elif bool((loss - total).abs() <= limit * total.abs().clamp_min(1e-12) + 1e-12):
         found = "it is their SUM"
     else:
-        found = "class weights or ignore_index normalize by the batch?"
+        found = "neither their mean nor their sum"
     return (
         f"loss_fn gave {loss.item():.6g} for {len(losses)} examples whose own losses average "
         f"{mean.item():.6g} ({found}): {CONTRACT}"

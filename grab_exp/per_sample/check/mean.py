@@ -119,9 +119,10 @@ def rows_problem(
 
 
 NOT_A_MEAN = (
-    "the batch's loss is not the mean of the examples' losses computed alone (batch statistics, "
-    "class weight= or ignore_index averaged over the batch, reduction='sum', random draws?); "
-    "per-sample gradients are undefined for it"
+    "the batch's gradient is not the mean of the examples' own (each one's loss computed alone), "
+    "so per-sample gradients are undefined for this model and loss until what couples the "
+    "examples goes (batch statistics; a loss over the batch: class weight= or ignore_index "
+    "averaged over it, reduction='sum'; a gradient hook on an activation)"
 )
 
 
