@@ -1,4 +1,6 @@
-"""What every check takes as rounding, per dtype (float16 and bfloat16: the loose values)."""
+"""What every check takes as rounding, per dtype (float16 and bfloat16: the loose values). The
+float64 values allow float32 rounding (~1e-7): float64 models compute parts in float32 (HF's
+``LlamaRMSNorm``), whatever their dtype."""
 
 from __future__ import annotations
 
@@ -6,21 +8,21 @@ import torch
 
 #: the identity at the parameters: a wrong row is off by order 1; float32 sums of per-example
 #: gradients against a batched backward differ by up to about 1e-3 in a ResNet-18's deeper convs
-TOLERANCE = {torch.float64: 1e-8, torch.float32: 1e-2}
+TOLERANCE = {torch.float64: 1e-5, torch.float32: 1e-2}
 LOOSE_TOLERANCE = 5e-2
 #: the same at a layer's outputs (and the mixing check's outputs), where both sides come from one
 #: backward scaled per example: rounding only, so rows swapped between two examples whose weights
 #: differ by 1/B show even in float32
-OUTPUT_TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-4}
+OUTPUT_TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-4}
 #: a parameter's difference is relative to at least this share of the largest norm of any
 FLOOR = {torch.float64: 1e-6, torch.float32: 1e-3}
 LOOSE_FLOOR = 1e-1
 #: losses (sums of B float32 terms, other kernels)
-LOSS_TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4}
+LOSS_TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-4}
 #: the rows' mean against ``param.grad``: one backward's output gradients summed in another order;
 #: a floor times its tolerance well above the dtype's epsilon (a gradient that cancels to 0, as a
 #: bias before a distance or an InstanceNorm, is rounding of the largest gradient's order)
-MEAN_TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-3}
+MEAN_TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3}
 MEAN_FLOOR = {torch.float64: 1e-5, torch.float32: 1e-3}
 LOOSE_MEAN_FLOOR = 1e-2
 
