@@ -16,12 +16,26 @@ from grab_exp.per_sample import make_per_sample
 transformers = pytest.importorskip("transformers")
 
 
+def tiny_bert():
+    config = transformers.BertConfig(
+        vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=32, num_labels=3, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )  # fmt: skip
+    return transformers.BertForSequenceClassification(config).double().eval()
+
+
 def tiny_llama():
     config = transformers.LlamaConfig(
         vocab_size=20, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32, pad_token_id=0,
     )  # fmt: skip
     return transformers.LlamaForCausalLM(config).double().eval()
+
+
+def penultimate_loss(out, y):
+    """A probe on the penultimate layer's features beside the classifier's loss."""
+    return F.cross_entropy(out.logits, y) + out.hidden_states[-2].pow(2).mean()
 
 
 def token_loss(out, y):
@@ -56,6 +70,23 @@ def check_calls(model, loss_fn, method, batches, rows_rtol: float) -> None:
             assert gap <= rows_rtol, f"call {k}: rows of {name} off by {gap:.2g} of their largest"
         for p, want in zip(params, want_grads, strict=True):
             torch.testing.assert_close(p.grad, want, msg=f"call {k}: p.grad")
+
+
+@pytest.mark.parametrize("method", ["auto", "hooks", "loop"])
+def test_hooks_a_first_forward_installs_are_not_installed_again(method: str) -> None:
+    """At b326fdb every extra forward deleted the flag that transformers 5 sets with its capture
+    hooks, so the next one installed them again: 23 hidden states, not 3, and a silently wrong
+    loss on auto (p.grad 380 times off); the model kept them afterwards."""
+    torch.manual_seed(0)
+    model, g = tiny_bert(), torch.Generator().manual_seed(1)
+    batches = []
+    for size, length in [(4, 7), (3, 7), (2, 9), (4, 5)]:
+        ids = torch.randint(2, 50, (size, length), generator=g)
+        x = {"input_ids": ids, "output_hidden_states": True}
+        batches.append((x, torch.randint(0, 3, (size,), generator=g)))
+    check_calls(model, penultimate_loss, method, batches, rows_rtol=1e-7)
+    ids = torch.randint(2, 50, (2, 7), generator=g)
+    assert len(model(input_ids=ids, output_hidden_states=True).hidden_states) == 3
 
 
 @pytest.mark.parametrize("method", ["auto", "hooks", "factored", "loop"])

@@ -21,16 +21,14 @@ from grab_exp.per_sample.modules import UnsupportedModelError
 def saved_state(model: nn.Module, buffers: bool = True, modes: bool = False) -> Callable[[], None]:
     """The modules' attributes (a step counter kept as an ``int``, an activation kept on the
     model; modes where asked) and buffers (:func:`saved_buffers`) as they are now; calling the
-    result puts them back."""
+    result puts them back. An attribute a forward added stays: a flag that its first run set
+    (HF's ``_output_capturing_hooks_installed``) goes with what that run did (hooks installed)."""
     attributes = [(m, dict(vars(m))) for m in model.modules()]
     kept = saved_buffers(model) if buffers else []
 
     def restore() -> None:
         for m, saved in attributes:
-            now = vars(m)
-            for name in now.keys() - saved.keys():
-                del now[name]
-            now.update((n, v) for n, v in saved.items() if modes or n != "training")
+            vars(m).update((n, v) for n, v in saved.items() if modes or n != "training")
         put_back(kept)
 
     return restore

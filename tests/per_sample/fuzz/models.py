@@ -52,20 +52,16 @@ class Net(nn.Module):
 
     def forward(self, x, mask=None, scale=1.0, flag=True):
         ctx = {"mask": mask, "flag": flag}
+        self._captured = []  # what this forward's capture hooks see (attr:setup_once)
         h = self.state_effects(self.stem(x, ctx) * scale)
         for block in self.body:
             h = block(h, ctx)
         h = self.pool(h, ctx)
+        if getattr(self, "setup_once", False):
+            h = h * self.pool_calls()
         for block in self.neck:
             h = block(h, ctx)
-        if hasattr(self, "running"):
-            if self.training:
-                self.running = 0.9 * self.running + 0.1 * h.detach().mean(0)
-            h = h - self.running
-        if hasattr(self, "center"):  # read, then moved in place: no example sees another's
-            h = h - self.center
-            if self.training:
-                self.center.mul_(0.9).add_(0.1 * h.detach().mean(0))
+        h = self.buffer_effects(h)
         if self.store:
             self.last = h
         out = self.head(h)
@@ -74,6 +70,27 @@ class Net(nn.Module):
         if not self.aux:
             return out
         return {"logits": out, "aux": (h.mean(0) ** 2).mean() if self.whole else (h**2).mean()}
+
+    def buffer_effects(self, h):
+        """The features after the running mean and the center that are on."""
+        if hasattr(self, "running"):
+            if self.training:
+                self.running = 0.9 * self.running + 0.1 * h.detach().mean(0)
+            h = h - self.running
+        if hasattr(self, "center"):  # read, then moved in place: no example sees another's
+            h = h - self.center
+            if self.training:
+                self.center.mul_(0.9).add_(0.1 * h.detach().mean(0))
+        return h
+
+    def pool_calls(self) -> int:
+        """How many capture hooks saw the pool run in this forward: 1, unless a first run's
+        setup (a forward hook on the pool, then a flag, as HF's hidden-state capture) ran twice."""
+        if not getattr(self, "_capture_installed", False):
+            self.pool.register_forward_hook(lambda module, args, out: self._captured.append(1))
+            self._capture_installed = True
+            return 1  # this forward's pool ran before the hook was on it
+        return len(self._captured)
 
     def momentum(self, h):
         """The frozen copy of the head, moved halfway to it first in training mode (as MoCo's
@@ -232,11 +249,14 @@ def build_net(draw, family: str, outputs: int) -> Net:
 
 
 def add_state(net: Net, family: str, draw) -> None:
-    """``param:ema``, a frozen copy of the head, moved toward it by every training forward, a
-    tenth of its output added (a momentum encoder updated in ``forward``, as MoCo's);
-    ``buf:read_then_update``, a buffer subtracted from the features and then moved in place
-    toward their batch mean (each example alone must see the value the call found)."""
+    """``attr:setup_once``: a first forward that hooks the pool and sets a flag (as HF's
+    hidden-state capture), the hook's count scaling the features; ``param:ema``: a frozen copy of
+    the head, moved toward it by every training forward, a tenth of its output added (a momentum
+    encoder updated in ``forward``, as MoCo's); ``buf:read_then_update``: a buffer subtracted
+    from the features and then moved in place toward their batch mean (each example alone must
+    see the value the call found)."""
     g, dtype = draw.generator(), net.head.weight.dtype
+    net.setup_once = draw.chance("attr:setup_once", 0.05)
     if draw.chance("param:ema", 0.05):
         net.ema = copy.deepcopy(net.head).requires_grad_(False)
         with torch.no_grad():

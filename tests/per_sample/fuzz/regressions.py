@@ -69,6 +69,10 @@ MINIMAL: dict[str, tuple[int, tuple[str, ...]]] = {
     "momentum_encoder": (0, ("family:vec", "param:ema")),
     "momentum_encoder_hooks": (5, ("family:vec", "param:ema", "method:hooks")),
     "momentum_encoder_loop": (0, ("family:img", "param:ema", "method:loop")),
+    # wrong (b326fdb): a first forward that hooks a module and sets a flag (as HF's hidden-state
+    # capture); every extra forward deleted the flag, so the next one hooked the module again
+    "setup_once": (0, ("family:vec", "attr:setup_once")),
+    "setup_once_loop": (0, ("family:vec", "attr:setup_once", "method:loop")),
 }
 
 
