@@ -179,8 +179,14 @@ class OutputLayout:
         return cls(tuple(batch_dim(a, b) for a, b in shapes), spec)
 
     def check_batch(self, out: Any, batch: int) -> None:
-        """Refuse an output without ``batch`` examples where the probe found the batch."""
+        """Refuse an output without ``batch`` examples where the probe found the batch, or with
+        another number of leaves than the probe's."""
         leaves = [out] if isinstance(out, torch.Tensor) else tree_flatten(out)[0]
+        if len(leaves) != len(self.dims):
+            raise UnsupportedModelError(
+                f"the model's output has {len(leaves)} leaves for this batch and {len(self.dims)} "
+                "in the probe of its kind of batch; use method=loop (auto takes it)"
+            )
         for t, d in zip(leaves, self.dims, strict=True):
             if d is not None and torch.is_tensor(t) and (t.dim() <= d or t.shape[d] != batch):
                 raise UnsupportedModelError(

@@ -216,3 +216,31 @@ def test_an_output_that_loses_a_batch_of_one_is_named_or_right(method: str) -> N
             torch.testing.assert_close(rows, want_rows[n], msg=f"B={size}: rows of {n}")
         for n, p in model.named_parameters():
             torch.testing.assert_close(p.grad, want_grads[n], msg=f"B={size}: p.grad of {n}")
+
+
+class MoreOutputsForBigBatches(nn.Module):
+    """Returns ``(logits,)`` for up to 3 examples and ``(logits, features)`` for more: the probe
+    (2 and 3 copies of an example) sees one leaf, a batch of 5 two."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 6), nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor):
+        h = torch.tanh(self.a(x))
+        return (self.b(h),) if len(x) <= 3 else (self.b(h), h)
+
+
+def first_loss(out, y):
+    return F.cross_entropy(out[0], y)
+
+
+@pytest.mark.parametrize("method", ["hooks", "factored", "func"])
+def test_an_output_whose_structure_differs_from_its_probe_is_refused_in_one_line(method) -> None:
+    """Named, not a ``zip()`` error from inside the output check (b326fdb raised one)."""
+    model = MoreOutputsForBigBatches().double()
+    psg = make_per_sample(model, first_loss, method)
+    x, y = class_batch(5, torch.Generator().manual_seed(1))
+    with pytest.raises(UnsupportedModelError, match=r"output has 2 leaves for this batch and 1"):
+        psg(x, y)
+    assert all(p.grad is None for p in model.parameters())
