@@ -10,6 +10,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from fuzz.reference import reference
 
 from grab_exp.per_sample import make_per_sample
 
@@ -42,34 +43,22 @@ def token_loss(out, y):
     return F.cross_entropy(out.logits.transpose(1, 2), y, reduction="none").mean(1).mean()
 
 
-def references(model, loss_fn, x, y):
-    """Each example's gradient alone and the plain step's, on copies of ``model``."""
-    twin = copy.deepcopy(model)
-    params = [p for p in twin.parameters() if p.requires_grad]
-    alone = []
-    for i in range(len(y)):
-        one = {k: v[i : i + 1] if torch.is_tensor(v) else v for k, v in x.items()}
-        alone.append(torch.autograd.grad(loss_fn(twin(**one), y[i : i + 1]), params))
-    plain = torch.autograd.grad(loss_fn(twin(**x), y), params)
-    return [torch.stack(rows) for rows in zip(*alone, strict=True)], plain
-
-
 def check_calls(model, loss_fn, method, batches, rows_rtol: float) -> None:
     """One ``psg`` over ``batches``: rows within ``rows_rtol`` of their largest entry (or of a
     millionth of the largest of any) of each example's gradient alone, ``p.grad`` the plain
     step's."""
     psg = make_per_sample(model, loss_fn, method)
     for k, (x, y) in enumerate(batches):
-        want_rows, want_grads = references(model, loss_fn, x, y)
+        want = reference(copy.deepcopy(model), loss_fn, x, y)  # the fuzzer's, on a twin
         model.zero_grad(set_to_none=True)
         _, grads = psg(x, y)
-        params = [p for p in model.parameters() if p.requires_grad]
-        largest = max(want.abs().max() for want in want_rows)  # a gradient that cancels to 0
-        for (name, rows), want in zip(grads.as_dict().items(), want_rows, strict=True):
-            gap = ((rows - want).abs().max() / want.abs().max().clamp_min(1e-6 * largest)).item()
+        largest = max(rows.abs().max() for rows in want.rows.values())  # a gradient cancels to 0
+        for name, rows in grads.as_dict().items():
+            scale = want.rows[name].abs().max().clamp_min(1e-6 * largest)
+            gap = ((rows - want.rows[name]).abs().max() / scale).item()
             assert gap <= rows_rtol, f"call {k}: rows of {name} off by {gap:.2g} of their largest"
-        for p, want in zip(params, want_grads, strict=True):
-            torch.testing.assert_close(p.grad, want, msg=f"call {k}: p.grad")
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(p.grad, want.grads[name], msg=f"call {k}: p.grad of {name}")
 
 
 @pytest.mark.parametrize("method", ["auto", "hooks", "loop"])
