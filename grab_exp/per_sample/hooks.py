@@ -19,13 +19,11 @@ from grab_exp.per_sample.check.loss import loss_gap, loss_of
 from grab_exp.per_sample.check.mean import GradSnapshot
 from grab_exp.per_sample.check.schedule import CHECK_EVERY
 from grab_exp.per_sample.check.tolerance import OUTPUT_TOLERANCE
-from grab_exp.per_sample.fallback import FuncFallback
 from grab_exp.per_sample.layout import Call, Inputs, batch_size, call_model
 from grab_exp.per_sample.modules import UnsupportedModelError, label
 from grab_exp.per_sample.plan import Layers, Planner
 from grab_exp.per_sample.recording import REINDEXED, Recorder, reindexes
 from grab_exp.per_sample.rows import GradBuffer, Rows
-from grab_exp.per_sample.rules import LayerRule
 
 __all__ = ["FactoredPerSample", "HookedPerSample", "UnsupportedModelError", "check_supported"]
 
@@ -105,14 +103,6 @@ class HookedPerSample(PerSampleGradients):
         if self.registry is not None:
             self.registry.remove()
 
-    @property
-    def rules(self) -> dict[str, LayerRule]:
-        return self.registry.rules
-
-    @property
-    def fallbacks(self) -> dict[str, FuncFallback]:
-        return self.registry.fallbacks
-
     def state_bytes(self) -> int:
         buffer = self.grad_buffer.buffer
         return 0 if buffer is None else buffer.numel() * buffer.element_size()
@@ -181,11 +171,11 @@ class HookedPerSample(PerSampleGradients):
         at_params = [
             name
             for name in self.registry.modules
-            if name not in self.rules or any(c.in_place for c in calls.get(name, []))
+            if name not in self.registry.rules or any(c.in_place for c in calls.get(name, []))
         ]
         outputs = [
             (name, call.outputs[k], g, layout.outputs[k])
-            for name in self.rules
+            for name in self.registry.rules
             if name not in at_params and name in calls
             for call, layout in zip(
                 calls[name], self.planner.call_layouts(name, calls), strict=True

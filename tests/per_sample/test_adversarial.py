@@ -1170,7 +1170,7 @@ def test_a_second_per_sample_object_on_one_model_keeps_the_layer_rules():
     model = built(mlp)()
     first = make_per_sample(model, F.cross_entropy, "hooks")
     second = make_per_sample(model, F.cross_entropy, "hooks")
-    assert set(second.rules) == set(first.rules) == {"0", "2", "4"}
+    assert set(second.registry.rules) == set(first.registry.rules) == {"0", "2", "4"}
 
 
 @pytest.mark.parametrize("method", ALL)

@@ -120,13 +120,13 @@ def test_rnns_and_attention_take_their_per_layer_paths():
     model, x, y = sequence_case(GRUClassifier, 4, 5)
     hooked = HookedPerSample(model, F.cross_entropy)
     hooked(x, y)
-    assert hooked.fallbacks["gru"].batched_by == "loop"  # torch's vmap cannot batch nn.GRU
+    assert hooked.registry.fallbacks["gru"].batched_by == "loop"  # torch's vmap cannot batch nn.GRU
     model, x, y = sequence_case(lambda: TransformerClassifier(seq=5), 4, 5)
     hooked = HookedPerSample(model, F.cross_entropy)
     hooked(x, y)
     attention = "encoder.layers.0.self_attn"
-    assert hooked.fallbacks[attention].adopted == ["out_proj.weight", "out_proj.bias"]
-    assert "encoder.layers.0.linear1" in hooked.rules
+    assert hooked.registry.fallbacks[attention].adopted == ["out_proj.weight", "out_proj.bias"]
+    assert "encoder.layers.0.linear1" in hooked.registry.rules
 
 
 class ReshapedPosition(PositionModel):

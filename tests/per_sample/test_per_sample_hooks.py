@@ -114,7 +114,9 @@ def test_auto_picks_a_path_by_structure_and_parameters_used_by_a_parent_are_adop
     expected = per_example_loop(model, x, y)
     hooked = HookedPerSample(model, F.cross_entropy)
     _, grads = call(hooked, x, y)
-    assert set(hooked.fallbacks) == {""} and hooked.fallbacks[""].adopted == ["scales.0"]
+    assert set(hooked.registry.fallbacks) == {""} and hooked.registry.fallbacks[""].adopted == [
+        "scales.0"
+    ]
     for name, want in expected.items():
         torch.testing.assert_close(grads[name], want, rtol=1e-10, atol=1e-12)
     assert PerSamplePipeline(LeNet(), F.cross_entropy, method="auto").method == "factored"

@@ -178,11 +178,11 @@ def test_fallback_equals_the_per_example_loop(name):
 def test_the_fallback_is_per_layer():
     case = FALLBACK_CASES["groupnorm"]
     hooked = check_layer(case)
-    assert set(hooked.rules) == {"0", "2"} and set(hooked.fallbacks) == {"1"}
-    assert all(isinstance(rule, LinearRule) for rule in hooked.rules.values())
-    assert isinstance(hooked.fallbacks["1"], FuncFallback)
+    assert set(hooked.registry.rules) == {"0", "2"} and set(hooked.registry.fallbacks) == {"1"}
+    assert all(isinstance(rule, LinearRule) for rule in hooked.registry.rules.values())
+    assert isinstance(hooked.registry.fallbacks["1"], FuncFallback)
     calls = []
-    fallback = hooked.fallbacks["1"]
+    fallback = hooked.registry.fallbacks["1"]
     run = fallback.per_sample
 
     def spy(*args):
@@ -197,8 +197,10 @@ def test_the_fallback_is_per_layer():
 
 def test_a_custom_layers_inner_linear_keeps_its_rule():
     hooked = check_layer(FALLBACK_CASES["custom"])
-    assert set(hooked.fallbacks) == {"1"} and isinstance(hooked.rules["1.inner"], LinearRule)
-    assert hooked.fallbacks["1"].names == ["gain", "shift"]
+    assert set(hooked.registry.fallbacks) == {"1"} and isinstance(
+        hooked.registry.rules["1.inner"], LinearRule
+    )
+    assert hooked.registry.fallbacks["1"].names == ["gain", "shift"]
 
 
 def test_frozen_parameters_of_a_fallback_layer_are_skipped():

@@ -75,7 +75,7 @@ def check_layer(case: LayerCase, rows: int = 5) -> HookedPerSample:
     x, y = make_input(case, rows, seed=1)
     expected = per_example_loop(model, x, y)
     hooked = HookedPerSample(model, F.cross_entropy)
-    assert set(hooked.fallbacks) == case.fallback
+    assert set(hooked.registry.fallbacks) == case.fallback
     loss, grads = hooked(x, y)
     grads = grads.as_dict()
     assert list(grads) == list(expected)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -11,10 +11,10 @@ from torch.linalg import vector_norm
 from torch.utils._pytree import tree_flatten
 
 from grab_exp.grads import BatchGrads
+from grab_exp.per_sample.check.mean import rows_gaps, worst_gap
 from grab_exp.per_sample.check.state import cuda_devices, eval_mode
 from grab_exp.per_sample.check.tolerance import (
     FLOOR,
-    LOOSE_FLOOR,
     OUTPUT_TOLERANCE,
     TOLERANCE,
     tolerance,
@@ -38,20 +38,11 @@ def identity_problem(
     """Whether ``sum_i c_i g_i`` of the rows ``grads`` (columns: ``params``) is autograd's
     gradient of ``sum_i c_i losses_i`` (``losses (B,)`` in the batch forward's graph)."""
     want = gradients(losses.mul(c).sum(), list(params.values()))
-    names = zip(params, want, strict=True)
-
-    def pairs() -> Iterator[Pair]:
-        for block in grads.blocks:
-            got = c.new_zeros(block.width)  # (w,): one block's weighted sum at a time
-            block.accumulate(got, c)
-            start = 0
-            while start < block.width:
-                name, w = next(names)
-                part = got[start : start + w.numel()].view_as(w)
-                yield name.rpartition(".")[0], f"the rows of {name}", part, w
-                start += w.numel()
-
-    return mismatch(model, want, pairs(), method)
+    gap, worst = worst_gap(rows_gaps(grads, want, coef=c, floors=FLOOR))
+    if gap <= tolerance(TOLERANCE, grads.like.dtype):
+        return None
+    name = list(params)[worst]
+    return verdict(model, name.rpartition(".")[0], f"the rows of {name}", gap, method)
 
 
 def gradients(total: torch.Tensor, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -77,19 +68,23 @@ def mismatch(
     worst, worst_pair, dtype = 0.0, None, None
     for layer, subject, got, want in pairs:
         dtype = want.dtype
-        size = torch.maximum(vector_norm(want), FLOOR.get(dtype, LOOSE_FLOOR) * scale)
+        size = torch.maximum(vector_norm(want), FLOOR.get(dtype, FLOOR[None]) * scale)
         size = size.clamp_min(torch.finfo(dtype).tiny)
         difference = (vector_norm(got.sub_(want.to(got.dtype))) / size).item()
         if difference > worst:
             worst, worst_pair = difference, (layer, subject)
     if worst_pair is None or worst <= tolerance(tolerances, dtype):
         return None
-    layer, subject = worst_pair
+    return verdict(model, *worst_pair, worst, method)
+
+
+def verdict(model: nn.Module, layer: str, subject: str, difference: float, method: str) -> str:
+    """The identity's refusal: ``subject`` of ``layer`` off by ``difference`` (relative)."""
     where = label(layer, model.get_submodule(layer))
     return (
         f"{where}: {subject}, weighted per example, do not add up to autograd's gradient of the "
-        f"examples' own losses weighted alike (relative difference {worst:.2g}): the rows are "
-        f"not those of the examples they are given for; {advice(method)}"
+        f"examples' own losses weighted alike (relative difference {difference:.2g}): the rows "
+        f"are not those of the examples they are given for; {advice(method)}"
     )
 
 

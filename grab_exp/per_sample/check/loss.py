@@ -79,27 +79,12 @@ def loss_gap(loss_fn, out: Any, y: torch.Tensor, loss: torch.Tensor, layout: Out
     """The gap between ``B * loss`` and ``k * loss`` of the first ``k`` examples plus ``(B - k) *
     loss`` of the rest, relative to the parts' sizes (terms may cancel): zero up to rounding for
     a mean. A float on the CPU, else a ``()`` tensor; ``None`` (0) where ``loss`` is not finite."""
-    batch = batch_size(y)
-    if isinstance(out, torch.Tensor):  # the usual output: detached, no grad mode to switch
-        first, second = _parts(loss_fn, out.detach(), y, layout, k)
-    else:
-        with torch.no_grad():
-            first, second = _parts(loss_fn, out, y, layout, k)
-    if not host_reads_allowed(loss.device):
-        whole = loss.detach() * batch
-        size = (first.abs() * k + second.abs() * (batch - k)).clamp_min(1e-30)
-        gap = (first * k + second * (batch - k) - whole).abs() / size
-        return torch.where(whole.isfinite(), gap, torch.zeros_like(gap))
-    first, second, whole = first.item() * k, second.item() * (batch - k), loss.item() * batch
-    if not math.isfinite(whole):  # a diverged step: the runner's to stop, not the loss's fault
-        return None
-    return abs(first + second - whole) / max(abs(first) + abs(second), 1e-30)
-
-
-def _parts(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout, k: int) -> tuple:
     rest = batch_size(y) - k
-    first = loss_fn(layout.narrow(out, 0, k), narrow(y, 0, k))
-    return first, loss_fn(layout.narrow(out, k, rest), narrow(y, k, rest))
+    with torch.no_grad():
+        first = loss_fn(layout.narrow(out, 0, k), narrow(y, 0, k))
+        second = loss_fn(layout.narrow(out, k, rest), narrow(y, k, rest))
+    parts, size = first * k + second * rest, first.abs() * k + second.abs() * rest
+    return relative_gap(loss.detach() * (k + rest), parts, size)
 
 
 def relative_gap(got: torch.Tensor, want: torch.Tensor, size: torch.Tensor):

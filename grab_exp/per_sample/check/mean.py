@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable
 
@@ -13,7 +14,6 @@ from grab_exp.devices import host_reads_allowed
 from grab_exp.grads import BatchGrads
 from grab_exp.grads.rows import constant, kept_view
 from grab_exp.per_sample.check.tolerance import (
-    LOOSE_MEAN_FLOOR,
     MEAN_FLOOR,
     MEAN_TOLERANCE,
     TOLERANCE,
@@ -54,34 +54,46 @@ def rows_gaps(
     coef: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     sums: dict[str, Callable] | None = None,
+    floors: dict = MEAN_FLOOR,
 ) -> torch.Tensor:
-    """Per parameter, ``|sum_i coef_i g_i - grad|`` relative to ``|grad|`` (or to a floor share of
-    the largest): a ``(P,)`` tensor; 0 where ``grad`` (``None``: zero) or ``loss`` is not finite.
+    """Per parameter, ``|sum_i coef_i g_i - grad|`` relative to ``|grad|`` (or to a ``floors``
+    share of the largest): a ``(P,)`` tensor (NaN: inf); 0 where ``grad`` (``None``: zero) or
+    ``loss`` is not finite.
     ``coef (B,)``: ``1/B`` each (the rows' mean) unless given; ``out``: a ``(d,)`` scratch;
     ``sums``: name -> ``(coef, acc)`` adding that parameter's ``sum_i coef_i g_i`` to ``acc``
     from a compact form (a rule's ``weighted_sum``), in place of a pass over its rows."""
     like, batch, sums = rows.like, rows.rows, sums or {}
     shift = constant(-1 / batch, batch, like.dtype, like.device) if coef is None else -coef
-    widths = tuple(shape.numel() for shape in rows.shapes.values())
+    widths = _widths(tuple(rows.shapes.values()))
     acc = like.new_empty(rows.width) if out is None else out  # (d,): grad, then grad - mean
-    zipped = zip(grads, widths, strict=True)
     wants = [
         like.new_zeros(w) if g is None else (g.to_dense() if g.is_sparse else g).reshape(-1)
-        for g, w in zipped
+        for g, w in zip(grads, widths, strict=True)
     ]
     torch.cat(wants, out=acc)
     parts = kept_view(acc, ("parameters", widths), lambda: acc.split(widths))  # views
     rows.accumulate(acc, shift, frozenset(sums))  # one pass: acc = grad - sum_i coef_i g_i
-    for part, (name, shape) in zip(parts, rows.shapes.items(), strict=True):
+    for k, name in enumerate(rows.shapes):
         if name in sums:
-            sums[name](shift, part.view(shape))
-    norms = torch.stack(torch._foreach_norm([*wants, *parts]))  # (2P,)
-    sizes, differences = norms.to(acc.dtype).view(2, -1)  # (P,) each
-    floor = sizes.max() * MEAN_FLOOR.get(acc.dtype, LOOSE_MEAN_FLOOR)
-    gaps = differences / sizes.maximum(floor).clamp_min_(torch.finfo(acc.dtype).tiny)
+            sums[name](shift, parts[k].view(rows.shapes[name]))
+    sizes, differences = torch.stack(torch._foreach_norm([*wants, *parts])).view(2, -1)  # (P,)
+    floor = sizes.max().mul_(floors.get(acc.dtype, floors[None]))
+    gaps = differences / sizes.maximum(floor.clamp_min_(torch.finfo(acc.dtype).tiny))
     # a non-finite loss or gradient (training diverged) is training's to stop on, not a refusal
-    judged = (sizes < math.inf) & (math.inf > (0 if loss is None else loss.detach().abs()))
-    return torch.where(judged, gaps, 0.0)
+    finite = sizes.isfinite() if loss is None else sizes.isfinite() & loss.detach().isfinite()
+    return gaps.nan_to_num(nan=math.inf).where(finite, 0.0)
+
+
+def worst_gap(gaps: torch.Tensor) -> tuple[float, int]:
+    """The largest of ``gaps (P,)`` and its index (one read)."""
+    values = gaps.tolist()
+    worst = max(range(len(values)), key=values.__getitem__)
+    return values[worst], worst
+
+
+@functools.cache
+def _widths(shapes: tuple[torch.Size, ...]) -> tuple[int, ...]:
+    return tuple(shape.numel() for shape in shapes)
 
 
 def rows_problem(
@@ -100,12 +112,12 @@ def rows_problem(
     ``method=loop``'s rows are the definition: only the loss (or autocast's rounding) is named."""
     if not names or rows.rows == 0:
         return None
-    gaps = rows_gaps(rows, grads, loss, out=out, sums=sums).nan_to_num(nan=float("inf"))
+    gaps = rows_gaps(rows, grads, loss, out=out, sums=sums)
     alone = method == "loop"  # each example's loss alone: a batch of one's rounding
     limit = tolerance(TOLERANCE if alone else MEAN_TOLERANCE, rows.like.dtype)
     if not host_reads_allowed(gaps.device) and not alone:  # loop has no later check: reads now
         return gaps.max() / limit
-    gap, worst = max((g, i) for i, g in enumerate(gaps.tolist()))  # one read
+    gap, worst = worst_gap(gaps)
     if gap <= limit:
         return None
     name, layer = names[worst], names[worst].rpartition(".")[0]

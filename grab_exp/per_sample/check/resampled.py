@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from grab_exp.grads import BatchGrads
-from grab_exp.per_sample.check.mean import rows_gaps
+from grab_exp.per_sample.check.mean import rows_gaps, worst_gap
 from grab_exp.per_sample.check.tolerance import TOLERANCE, tolerance
 from grab_exp.per_sample.layout import take
 
@@ -29,13 +29,12 @@ def resampled_problem(forward, loss_fn, x, y, rows: BatchGrads, params: dict, ch
         loss = loss_fn(forward(take(x, index)), take(y, index))
         grads = torch.autograd.grad(loss, tensors, allow_unused=True)
         coef = (k.to(rows.like.dtype) / k.sum()).to(rows.like.device)  # (B,)
-        gaps = rows_gaps(rows, list(grads), loss, coef).nan_to_num(nan=float("inf"))  # (P,)
-        worst = int(gaps.argmax())
-        if float(gaps[worst]) > tolerance(TOLERANCE, rows.like.dtype):
+        gap, worst = worst_gap(rows_gaps(rows, list(grads), loss, coef))
+        if gap > tolerance(TOLERANCE, rows.like.dtype):
             return (
                 f"the rows of {names[worst]}, weighted by how often a resampled batch takes "
                 f"each example, differ from autograd's gradient of that batch's loss by "
-                f"{float(gaps[worst]):.2g} (relative): the loss is not the mean of the examples' "
+                f"{gap:.2g} (relative): the loss is not the mean of the examples' "
                 "own losses (a value of the whole batch in the output: a variance or "
                 "load-balancing term?); per-sample gradients are undefined for it"
             )
