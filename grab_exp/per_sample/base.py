@@ -120,9 +120,6 @@ class PerSampleGradients(ABC):
         """The model runs as a plain model inside (a path's hooks idle)."""
         return contextlib.nullcontext()
 
-    def trainable(self) -> dict[str, nn.Parameter]:
-        return self.state.trainable()
-
     def verify_and_check(
         self,
         rows: BatchGrads,

@@ -40,61 +40,48 @@ class FuncFallback:
         own, fixed = split_state(self.layer, self.names, copy_buffers=True)
         used = [k for k, g in enumerate(call.grads) if g is not None]
         grads_sum = [call.grads[k] * batch for k in used]  # of the summed loss
-        if self.batched_by == "vmap":
-            try:
-                grads = self._vmapped(own, fixed, call, layout, used, grads_sum)
-            except (RuntimeError, NotImplementedError):
-                self.batched_by = "loop"  # torch's vmap cannot batch this layer
-        if self.batched_by == "loop":
-            grads = self._looped(own, fixed, call, layout, used, grads_sum, batch)
+        try:
+            grads = self._rows(own, fixed, call, layout, used, grads_sum, batch)
+        except (RuntimeError, NotImplementedError):
+            if self.batched_by == "loop":
+                raise
+            self.batched_by = "loop"  # torch's vmap cannot batch this layer
+            grads = self._rows(own, fixed, call, layout, used, grads_sum, batch)
         rows = [grads.get(n) for n in self.names]
         return [g if g is None or o is None else o.copy_(g) for g, o in zip(rows, out, strict=True)]
 
-    def _replay(self, own, fixed, call, leaves, used, grads, unsqueeze):
-        args, kwargs = tree_unflatten(leaves, call.spec)
-        outputs = tree_flatten(functional_call(self.layer, (own, fixed), tuple(args), kwargs))[0]
-        total = 0
-        for k, g in zip(used, grads, strict=True):
-            total = total + (outputs[k] * unsqueeze(k, g)).sum()
-        return total
-
-    def _vmapped(self, own, fixed, call, layout, used, grads_sum) -> dict[str, torch.Tensor]:
+    def _rows(self, own, fixed, call, layout, used, grads_sum, batch) -> dict[str, torch.Tensor]:
+        """``grad`` of one example's ``sum_k <g_k, out_k>``, by ``vmap`` or a loop."""
         batched = [k for k, d in enumerate(layout.inputs) if d is not None]
-        out_dims = [layout.outputs[k] for k in used]
+        in_dims, out_dims = [layout.inputs[k] for k in batched], [layout.outputs[k] for k in used]
 
         def one_example(own_i, inputs_i, grads_i):
             leaves = list(call.leaves)
-            for k, leaf in zip(batched, inputs_i, strict=True):
-                leaves[k] = leaf.unsqueeze(layout.inputs[k])
-            return self._replay(
-                own_i, fixed, call, leaves, used, grads_i,
-                lambda k, g: g.unsqueeze(layout.outputs[k]),
-            )  # fmt: skip
+            for k, leaf, d in zip(batched, inputs_i, in_dims, strict=True):
+                leaves[k] = leaf.unsqueeze(d)
+            args, kwargs = tree_unflatten(leaves, call.spec)
+            outputs = tree_flatten(functional_call(self.layer, (own_i, fixed), tuple(args), kwargs))
+            pairs = zip(used, grads_i, out_dims, strict=True)
+            return sum((outputs[0][k] * g.unsqueeze(d)).sum() for k, g, d in pairs)
 
-        in_dims = (None, [layout.inputs[k] for k in batched], out_dims)
         inputs = [call.leaves[k] for k in batched]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # RNNs: weights not one chunk
-            return vmap(grad(one_example), in_dims=in_dims, randomness="error")(
-                own, inputs, grads_sum
-            )
-
-    def _looped(self, own, fixed, call, layout, used, grads_sum, batch) -> dict[str, torch.Tensor]:
-        names = list(own)
-        rows: dict[str, list[torch.Tensor]] = {n: [] for n in names}
-        for b in range(batch):
-            leaves = [
-                leaf if d is None else leaf.narrow(d, b, 1)
-                for leaf, d in zip(call.leaves, layout.inputs, strict=True)
-            ]
-            params = {n: p.detach().requires_grad_(True) for n, p in own.items()}
-            with torch.enable_grad(), warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
-                total = self._replay(
-                    params, fixed, call, leaves, used, grads_sum,
-                    lambda k, g, b=b: g.narrow(layout.outputs[k], b, 1),
-                )  # fmt: skip
-                grads = torch.autograd.grad(total, list(params.values()), allow_unused=True)
-            for n, p, g in zip(names, params.values(), grads, strict=True):
-                rows[n].append(torch.zeros_like(p) if g is None else g)
+            if self.batched_by == "vmap":
+                dims = (None, in_dims, out_dims)
+                return vmap(grad(one_example), in_dims=dims, randomness="error")(
+                    own, inputs, grads_sum
+                )
+            rows: dict[str, list[torch.Tensor]] = {n: [] for n in own}
+            for b in range(batch):  # plain autograd: a checkpoint inside the layer runs too
+                params = {n: p.detach().requires_grad_(True) for n, p in own.items()}
+                with torch.enable_grad():
+                    total = one_example(
+                        params,
+                        [t.select(d, b) for t, d in zip(inputs, in_dims, strict=True)],
+                        [g.select(d, b) for g, d in zip(grads_sum, out_dims, strict=True)],
+                    )
+                    grads = torch.autograd.grad(total, list(params.values()), allow_unused=True)
+                for (n, p), g in zip(params.items(), grads, strict=True):
+                    rows[n].append(torch.zeros_like(p) if g is None else g)
         return {n: torch.stack(r) for n, r in rows.items()}

@@ -30,7 +30,7 @@ from grab_exp.per_sample.layout import (
     take,
 )
 from grab_exp.per_sample.modules import CHECKPOINT_REFUSAL, UnsupportedModelError, random_modules
-from grab_exp.validation import check_int_at_least
+from grab_exp.validation import check_choice, check_int_at_least
 
 __all__ = ["RANDOMNESS_CHOICES", "FuncPerSample"]
 
@@ -67,7 +67,7 @@ def _make_grad_fn(
         dims = (_batch_dims(x), _batch_dims(y))
 
         def one_example(trainable: Grads, fixed: Grads, xi: Inputs, yi: torch.Tensor):
-            one, y1 = (_unsqueezed(v, d) for v, d in zip((xi, yi), dims, strict=True))
+            one, y1 = (tree_map(_unsqueezed, v, d) for v, d in zip((xi, yi), dims, strict=True))
             state = [{f"model.{n}": t for n, t in part.items()} for part in (trainable, fixed)]
             loss, out = functional_call(model_and_loss, tuple(state), (one, y1))
             check_scalar(loss)
@@ -88,12 +88,8 @@ def _batch_dims(value: Any) -> Any:
     return tree_map(lambda t: 0 if isinstance(t, torch.Tensor) and t.dim() else None, value)
 
 
-def _unsqueezed(value: Any, dims: Any) -> Any:
-    leaves, spec = tree_flatten(value)
-    flags = tree_flatten(dims)[0]  # one per leaf (None is a leaf of torch's pytrees)
-    return tree_unflatten(
-        [t if d is None else t.unsqueeze(0) for t, d in zip(leaves, flags, strict=True)], spec
-    )
+def _unsqueezed(leaf: Any, dim: int | None) -> Any:
+    return leaf if dim is None else leaf.unsqueeze(0)
 
 
 class _ModelAndLoss(nn.Module):
@@ -123,14 +119,11 @@ def repeated_module(model: nn.Module) -> str | None:
 
 def vmap_failure(model: nn.Module, error: RuntimeError) -> str:
     """One line for a call that ``torch.func`` could not run, naming the recurrent layers."""
-    if "Checkpointing is not compatible" in str(error) or "checkpoint" in str(error).lower():
+    if "checkpoint" in str(error).lower():
         return CHECKPOINT_REFUSAL
     cause = str(error).strip().splitlines()[0]
-    unbatchable = [
-        f"{name} ({type(m).__name__})"
-        for name, m in model.named_modules()
-        if isinstance(m, VMAP_FAILS)
-    ]
+    named = model.named_modules()
+    unbatchable = [f"{n} ({type(m).__name__})" for n, m in named if isinstance(m, VMAP_FAILS)]
     if not unbatchable:
         return f"torch.func's vmap failed on this model ({cause})"
     return (
@@ -165,11 +158,8 @@ class FuncPerSample(PerSampleGradients):
             )
         if chunk_size is not None:  # None: the whole batch at once
             check_int_at_least("pipeline.chunk_size", chunk_size, 1)
-        if randomness is not None and randomness not in RANDOMNESS_CHOICES:
-            raise ValueError(
-                f"randomness={randomness!r} is not valid; allowed values: None (no random "
-                "layers), " + ", ".join(repr(c) for c in RANDOMNESS_CHOICES)
-            )
+        if randomness is not None:  # None: no random layers
+            check_choice("randomness", randomness, RANDOMNESS_CHOICES)
         self.chunk_size, self.randomness, self.compile_mode = chunk_size, randomness, compile_mode
         super().__init__(model, loss_fn, check_every)
         self._layout_key: tuple | None = None
@@ -199,7 +189,7 @@ class FuncPerSample(PerSampleGradients):
             raise UnsupportedModelError(vmap_failure(self.model, error)) from error
         self._found()  # the batch's own forward below runs on the attributes the call found
         rows = as_batch_grads(grads)
-        params = self.trainable()
+        params = self.state.trainable()
         if self.randomness is not None and random_modules(self.model):
             return self._drawn(x, y, rows, grads, losses, out, layout, key, due)
         with GradSnapshot(params.values()) as snapshot, torch.enable_grad():
@@ -222,7 +212,7 @@ class FuncPerSample(PerSampleGradients):
         ``param.grad`` is the rows' mean (a gradient hook, which that ignores, is refused)."""
         batch = batch_size(y)
         refuse_gradient_hooks(
-            self.trainable(),
+            self.state.trainable(),
             "and with random layers active method=func forms param.grad from the rows, which the "
             "hook cannot act on; put the random layers in eval mode, or remove the hook",
         )
@@ -248,7 +238,7 @@ class FuncPerSample(PerSampleGradients):
 
     def _identity(self, rows: BatchGrads):
         return lambda losses, c: identity_problem(
-            self.model, self.trainable(), rows, losses, c, self.method
+            self.model, self.state.trainable(), rows, losses, c, self.method
         )
 
     def _output_layout(self, key: tuple, x: Inputs) -> OutputLayout:

@@ -136,7 +136,7 @@ class HookedPerSample(PerSampleGradients):
         elif (k := self.checker.split(batch)) is not None:  # a full check reads every loss
             gap = loss_gap(self.loss_fn, out, y, loss, plan.output, k)
             self.checker.settle_gap(gap, loss.dtype)  # before the backward: nothing written yet
-        params = self.trainable()  # read once per call: the rows' columns
+        params = self.state.trainable()  # read once per call: the rows' columns
         with GradSnapshot(params.values()) as snapshot:  # a refusal puts param.grad back
             recorder.backward(loss, calls, retain=due)  # loss.backward(): autograd's param.grad
             with torch.autocast(loss.device.type, enabled=False):  # rows in the weights' dtype

@@ -84,22 +84,15 @@ class Call:
     outputs: list[Any]
     grads: list[torch.Tensor | None]
     sources: list[Any] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
+    versions: list[int | None] = field(default_factory=list)
     edges: list[Any] = field(default_factory=list)
     input_versions: list[int | None] = field(default_factory=list)
     in_place: bool = False
 
-    def input_changed(self) -> bool:
-        return any(
-            v is not None and t._version != v
-            for t, v in zip(self.leaves, self.input_versions, strict=False)
-        )
 
-    def changed(self) -> bool:
-        return any(
-            isinstance(t, torch.Tensor) and t._version != v
-            for t, v in zip(self.outputs, self.versions, strict=False)
-        )
+def moved(tensors: list[Any], versions: list[int | None]) -> bool:
+    """Whether a tensor's version is not the one recorded (``None``: not a tensor)."""
+    return any(v is not None and t._version != v for t, v in zip(tensors, versions, strict=False))
 
 
 #: a batch's inputs: one tensor, or a tuple/list (positional) or dict (keyword) of tensors
@@ -138,19 +131,12 @@ def check_batch(x: Inputs, y: Any) -> None:
         )
 
 
-def take(x: Inputs, index: torch.Tensor | list[int]) -> Inputs:
+def take(x: Inputs, index: torch.Tensor | list[int] | slice) -> Inputs:
     """The examples ``index`` of the inputs or targets (every tensor indexed along dimension 0;
     a tuple or dict of them, such as ``(labels, weights)`` targets, leaf by leaf)."""
+    if isinstance(x, torch.Tensor) and x.dim():  # the usual targets: no pytree to walk
+        return x[index]
     return tree_map(lambda t: t[index] if isinstance(t, torch.Tensor) and t.dim() else t, x)
-
-
-def narrow(x: Inputs, start: int, length: int) -> Inputs:
-    """The examples ``start .. start + length`` of the inputs or targets (views)."""
-    if isinstance(x, torch.Tensor):  # the usual targets: no pytree to walk
-        return x.narrow(0, start, length)
-    return tree_map(
-        lambda t: t.narrow(0, start, length) if isinstance(t, torch.Tensor) and t.dim() else t, x
-    )
 
 
 def input_shapes(x: Inputs) -> tuple:

@@ -40,7 +40,7 @@ class LoopPerSample(PerSampleGradients):
 
     def _compute(self, x: Inputs, y) -> tuple[torch.Tensor, BatchGrads]:
         """The rows, then the batch's ``loss.backward()`` and the rows' mean against it."""
-        params = self.trainable()
+        params = self.state.trainable()
         refuse_gradient_hooks(
             params,
             "which method=loop would run on every example's gradient besides the batch's; "

@@ -65,9 +65,8 @@ class PerSamplePipeline:
         check_every: int = CHECK_EVERY,
     ) -> None:
         options = {"compile_mode": compile_mode, "chunk_size": chunk_size, "factors": factors}
-        options["check_every"] = check_every
         self.per_sample = make_per_sample(
-            model, loss_fn, method, reuse_buffer=reuse_buffer, **options
+            model, loss_fn, method, reuse_buffer=reuse_buffer, check_every=check_every, **options
         )
 
     @property

@@ -109,8 +109,7 @@ class Planner:
         layers.idle.clear()
         expanded = self.recorder.expanded = set()
         for _ in range(2 * len(self.modules) + 1):
-            two, three, outputs, used = self._probes(x, expanded)
-            silent = [n for n in layers.modules if n not in two and n not in layers.idle]
+            two, three, outputs, silent, used = self._probes(x, expanded)
             if silent:
                 layers.idle.update(n for n in silent if n not in used)
                 adopted = [n for n in silent if n in used]
@@ -130,8 +129,9 @@ class Planner:
             expanded |= unbatched
         raise AssertionError("unreachable: every round adopts or expands one more layer")
 
-    def _probes(self, x: Inputs, expanded: set[str]) -> tuple[dict, dict, tuple, set[str]]:
-        """:meth:`_probe` of 2 and 3 copies of an example; the silent layers the output uses."""
+    def _probes(self, x: Inputs, expanded: set[str]) -> tuple[dict, dict, tuple, list, set]:
+        """:meth:`_probe` of 2 and 3 copies of an example; the silent layers, those the output
+        uses."""
         with kept_state(self.model):
             try:
                 (two, out2), (three, out3) = self._probe(x, 2), self._probe(x, 3)
@@ -147,7 +147,7 @@ class Planner:
             idle = self.layers.idle
             silent = [n for n in self.layers.modules if n not in two and n not in idle]
             used = self._used(silent, out2) if silent else set()
-        return two, three, (out2, out3), used
+        return two, three, (out2, out3), silent, used
 
     def _probe(self, x: Inputs, copies: int) -> tuple[dict[str, list[tuple]], Any]:
         recorder = self.recorder

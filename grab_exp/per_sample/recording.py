@@ -13,7 +13,7 @@ from torch.autograd.graph import GradientEdge, get_gradient_edge
 from torch.nn.modules.module import _global_forward_hooks
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from grab_exp.per_sample.layout import Call, expand_over_batch
+from grab_exp.per_sample.layout import Call, expand_over_batch, moved
 from grab_exp.per_sample.modules import CHECKPOINT_REFUSAL, UnsupportedModelError
 from grab_exp.per_sample.plan import Layers
 from grab_exp.per_sample.rules.base import OURS, is_ours
@@ -87,7 +87,7 @@ class Recorder:
             if alias:
                 outputs = [t.view_as(t) if g else t for t, g in zip(outputs, graded, strict=True)]
             call = Call(leaves, spec, outputs, [None] * len(outputs), sources)
-            call.versions = [t._version if isinstance(t, torch.Tensor) else 0 for t in outputs]
+            call.versions = [t._version if isinstance(t, torch.Tensor) else None for t in outputs]
             if self.mode == "record":
                 call.edges = [_edge(t) if g else None for t, g in zip(outputs, graded, strict=True)]
                 if replayed:
@@ -103,14 +103,14 @@ class Recorder:
         changed = False
         for name, layer_calls in calls.items():
             for call in layer_calls:
-                if call.input_versions and call.input_changed():
+                if moved(call.leaves, call.input_versions):
                     raise UnsupportedModelError(
                         f"{self.layers.label(name)}: an input it read was changed in "
                         "place during or after its call (x.relu_() on a tensor it was given): the "
                         "hook path replays the layer on its inputs as they are now; use "
                         "method=func (auto does), or an out-of-place operation"
                     )
-                call.in_place = call.changed()
+                call.in_place = moved(call.outputs, call.versions)
                 if not call.in_place:
                     continue
                 changed = True

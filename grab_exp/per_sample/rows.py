@@ -103,14 +103,14 @@ class Rows:
         """:meth:`GradBuffer.views` in the dtype and device of the calls' floating tensors."""
         if self.grad_buffer is None:
             return {}
-        tensors = [
-            t
+        kinds = {
+            (t.dtype, t.device)
             for layer_calls in calls.values()
             for call in layer_calls
             for t in (*call.leaves[:1], *call.grads)
             if isinstance(t, torch.Tensor) and t.is_floating_point()  # not Embedding's indices
-        ]
-        return self.grad_buffer.views(batch, params, tensors)
+        }
+        return self.grad_buffer.views(batch, params, kinds.pop()) if len(kinds) == 1 else {}
 
 
 def _added(rows: Any, more: Any, name: str) -> Any:
@@ -137,22 +137,17 @@ class GradBuffer:
         self._layout: list[tuple[str, int, torch.Size]] = []
         self._views: dict[int, Grads] = {}  # B -> name -> (B, *shape) views of the buffer
 
-    def views(self, batch: int, params: dict[str, nn.Parameter], tensors: list[torch.Tensor]):
-        """Name -> ``(B, *shape)`` column blocks of the buffer in the dtype and device of
-        ``tensors``; ``{}`` (write fresh tensors) when they mix dtypes or devices, or are none."""
-        if not tensors:
-            return {}
-        like = tensors[0]
-        if any(t.dtype != like.dtype or t.device != like.device for t in tensors):
-            return {}
+    def views(self, batch: int, params: dict[str, nn.Parameter], kind: tuple) -> Grads:
+        """Name -> ``(B, *shape)`` column blocks of the buffer of ``kind``, ``(dtype, device)``."""
+        dtype, device = kind
         layout = [(n, id(p), p.shape) for n, p in params.items()]
         if layout != self._layout:  # first call, or parameters were (un)frozen or replaced
             self._layout, self.buffer = layout, None
         buffer = self.buffer
         small = buffer is None or len(buffer) < batch
-        if small or buffer.dtype != like.dtype or buffer.device != like.device:
+        if small or buffer.dtype != dtype or buffer.device != device:
             d = sum(shape.numel() for _, _, shape in layout)
-            self.buffer = torch.empty(batch, d, dtype=like.dtype, device=like.device)  # (B, d)
+            self.buffer = torch.empty(batch, d, dtype=dtype, device=device)  # (B, d)
             self._views = {}
         if batch not in self._views:
             widths = [shape.numel() for _, _, shape in layout]

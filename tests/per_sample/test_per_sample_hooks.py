@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 
 from grab_exp.balance import make_ordering
 from grab_exp.grads import flatten_grads
@@ -350,3 +351,32 @@ def test_tied_weights_are_left_to_the_func_path():
     with pytest.raises(UnsupportedModelError, match="shares a parameter with 0"):
         check_supported(model)
     assert PerSamplePipeline(model, torch.nn.functional.cross_entropy).method == "func"
+
+
+class CheckpointedLayer(nn.Module):
+    """A layer without a rule whose forward checkpoints itself (saved-tensor hooks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(6, 6))
+
+    def forward(self, x):
+        return checkpoint(lambda t: torch.tanh(t @ self.weight), x, use_reentrant=False)
+
+
+def test_a_layer_vmap_cannot_replay_is_replayed_by_plain_autograd_per_example():
+    """torch.func refuses saved-tensor hooks: the fallback's loop differentiates each example's
+    replay with plain autograd, over several batches (B = 1 included)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), CheckpointedLayer(), nn.Linear(6, 10)).double()
+    hooked = HookedPerSample(model, F.cross_entropy)
+    for rows, seed in ((5, 21), (1, 22), (7, 23)):
+        x, y = torch.randn(rows, 4, dtype=torch.float64), torch.arange(rows) % 10
+        torch.manual_seed(seed)
+        expected = per_example_loop(model, x, y)
+        model.zero_grad(set_to_none=True)
+        _, grads = call(hooked, x, y)
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(grads[name], expected[name], rtol=1e-10, atol=1e-12)
+            torch.testing.assert_close(p.grad, expected[name].mean(0), rtol=1e-10, atol=1e-12)
+    assert hooked.registry.fallbacks["1"].batched_by == "loop"

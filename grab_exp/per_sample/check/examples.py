@@ -12,7 +12,7 @@ from torch.utils._pytree import tree_flatten
 
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.check.mean import rows_gaps, worst_gap
-from grab_exp.per_sample.check.state import cuda_devices, eval_mode
+from grab_exp.per_sample.check.state import cuda_devices, saved_state
 from grab_exp.per_sample.check.tolerance import (
     FLOOR,
     OUTPUT_TOLERANCE,
@@ -132,9 +132,12 @@ def mixing_problem(
         difference = _relative_rows(first, in_batch)
         if difference <= tolerance(OUTPUT_TOLERANCE, in_batch.dtype):
             return None
-        with eval_mode(model), torch.no_grad():
+        modes = saved_state(model, buffers=False, modes=True)
+        with torch.no_grad():
+            model.eval()
             batch = _rows_of(layout.select(forward(x), index), layout)
             mixed = _relative_rows(alone(), batch) > tolerance(OUTPUT_TOLERANCE, batch.dtype)
+        modes()  # on an error, the caller's kept_state puts them back
         if not mixed:  # randomness explains the difference if the runs draw, and otherwise
             limit = tolerance(OUTPUT_TOLERANCE, first.dtype)
             mixed = not _draws(alone) or all(

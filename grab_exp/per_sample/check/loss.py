@@ -6,12 +6,11 @@ import math
 from typing import Any
 
 import torch
-from torch.func import vmap
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils._pytree import tree_flatten
 
 from grab_exp.devices import host_reads_allowed
 from grab_exp.per_sample.check.tolerance import LOSS_TOLERANCE, tolerance
-from grab_exp.per_sample.layout import OutputLayout, batch_size, narrow
+from grab_exp.per_sample.layout import OutputLayout, batch_size, take
 from grab_exp.per_sample.modules import LossContractError
 
 #: the loss contract, in the words every loss refusal ends with
@@ -46,33 +45,10 @@ def check_scalar(loss: torch.Tensor) -> None:
         raise LossContractError(f"loss_fn returned {shape}, not a scalar: {CONTRACT}")
 
 
-#: batches up to this size take their examples' losses one call at a time (cheaper than vmap)
-LOOP_LOSSES = 32
-
-
 def example_losses(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout) -> torch.Tensor:
     """Each example's own loss ``(B,)``, ``loss_fn`` of its slice of ``out`` (in its graph)."""
-    batch = batch_size(y)
-
-    def looped() -> torch.Tensor:
-        return torch.stack(
-            [loss_fn(layout.narrow(out, i, 1), narrow(y, i, 1)) for i in range(batch)]
-        )
-
-    if batch <= LOOP_LOSSES:
-        return looped()
-
-    def one(out_i, y_i):
-        return loss_fn(
-            layout.apply(out_i, lambda t, d: t.unsqueeze(d)),
-            tree_map(lambda t: t.unsqueeze(0), y_i),
-        )
-
-    try:
-        dims = tree_unflatten(list(layout.dims), layout.spec)
-        return vmap(one, in_dims=(dims, 0))(out, y)
-    except (RuntimeError, ValueError, TypeError, NotImplementedError):
-        return looped()
+    parts = (slice(i, i + 1) for i in range(batch_size(y)))
+    return torch.stack([loss_fn(layout.narrow(out, p.start, 1), take(y, p)) for p in parts])
 
 
 def loss_gap(loss_fn, out: Any, y: torch.Tensor, loss: torch.Tensor, layout: OutputLayout, k: int):
@@ -81,8 +57,8 @@ def loss_gap(loss_fn, out: Any, y: torch.Tensor, loss: torch.Tensor, layout: Out
     a mean. A float on the CPU, else a ``()`` tensor; ``None`` (0) where ``loss`` is not finite."""
     rest = batch_size(y) - k
     with torch.no_grad():
-        first = loss_fn(layout.narrow(out, 0, k), narrow(y, 0, k))
-        second = loss_fn(layout.narrow(out, k, rest), narrow(y, k, rest))
+        first = loss_fn(layout.narrow(out, 0, k), take(y, slice(0, k)))
+        second = loss_fn(layout.narrow(out, k, rest), take(y, slice(k, k + rest)))
     parts, size = first * k + second * rest, first.abs() * k + second.abs() * rest
     return relative_gap(loss.detach() * (k + rest), parts, size)
 

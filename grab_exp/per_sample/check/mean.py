@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Iterable
 
@@ -64,7 +63,7 @@ def rows_gaps(
     from a compact form (a rule's ``weighted_sum``), in place of a pass over its rows."""
     like, batch, sums = rows.like, rows.rows, sums or {}
     shift = constant(-1 / batch, batch, like.dtype, like.device) if coef is None else -coef
-    widths = _widths(tuple(rows.shapes.values()))
+    widths = tuple(shape.numel() for shape in rows.shapes.values())
     acc = like.new_empty(rows.width) if out is None else out  # (d,): grad, then grad - mean
     wants = [
         like.new_zeros(w) if g is None else (g.to_dense() if g.is_sparse else g).reshape(-1)
@@ -89,11 +88,6 @@ def worst_gap(gaps: torch.Tensor) -> tuple[float, int]:
     values = gaps.tolist()
     worst = max(range(len(values)), key=values.__getitem__)
     return values[worst], worst
-
-
-@functools.cache
-def _widths(shapes: tuple[torch.Size, ...]) -> tuple[int, ...]:
-    return tuple(shape.numel() for shape in shapes)
 
 
 def rows_problem(

@@ -117,17 +117,6 @@ def _store(module: nn.Module, tensor: torch.Tensor) -> dict:
     return module._parameters if isinstance(tensor, nn.Parameter) else module._buffers
 
 
-@contextlib.contextmanager
-def eval_mode(model: nn.Module) -> Iterator[None]:
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, training in modes:
-            m.training = training
-
-
 #: modules and parameters registered anywhere so far (torch's global registration hooks): a
 #: model that has not changed since a path listed it costs no walk of its module tree to know
 _REGISTRATIONS = [0]
