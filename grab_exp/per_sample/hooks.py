@@ -22,7 +22,7 @@ from grab_exp.per_sample.check.tolerance import OUTPUT_TOLERANCE
 from grab_exp.per_sample.layout import Call, Inputs, batch_size, call_model
 from grab_exp.per_sample.modules import UnsupportedModelError, label
 from grab_exp.per_sample.plan import Layers, Planner
-from grab_exp.per_sample.recording import REINDEXED, Recorder, reindexes
+from grab_exp.per_sample.recording import REINDEXED, Recorder, operations, reindexes
 from grab_exp.per_sample.rows import GradBuffer, Rows
 
 __all__ = ["FactoredPerSample", "HookedPerSample", "UnsupportedModelError", "check_supported"]
@@ -128,7 +128,7 @@ class HookedPerSample(PerSampleGradients):
         self.planner.check_calls(calls)
         changed = recorder.read_in_place(calls)
         counts = tuple(len(calls.get(n, ())) for n in self.registry.modules)
-        key = (shapes, modes, counts, changed)  # an output changed in place: a new kind
+        key = (shapes, modes, counts, changed, operations(loss))  # an in-place output: new kind
         due = self.checker.due(key, batch) or (plan.reindexes and self.checker.on)
         if due:
             recorder.refuse_direct_uses(loss, calls)

@@ -232,6 +232,12 @@ REINDEXED = (
 )
 
 
+def operations(loss: torch.Tensor) -> tuple[str, ...]:
+    """The graph's operations, each as often as it occurs: one switched on between calls
+    (``h.flip(0)`` behind a flag or a step counter) makes a new kind of batch, checked in full."""
+    return tuple(sorted(type(n).__name__ for n in _nodes([loss.grad_fn])))
+
+
 def reindexes(calls: dict[str, list[Call]], out: Any) -> bool:
     """Whether a :data:`REINDEXING` node is upstream of the layers' inputs or the model's output."""
     stack = [s for layer_calls in calls.values() for c in layer_calls for s in c.sources]

@@ -85,9 +85,7 @@ def rows_gaps(
 
 def worst_gap(gaps: torch.Tensor) -> tuple[float, int]:
     """The largest of ``gaps (P,)`` and its index (one read)."""
-    values = gaps.tolist()
-    worst = max(range(len(values)), key=values.__getitem__)
-    return values[worst], worst
+    return max((gap, i) for i, gap in enumerate(gaps.tolist()))
 
 
 def rows_problem(

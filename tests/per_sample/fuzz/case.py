@@ -20,7 +20,7 @@ from .draw import Draw
 from .inputs import batches
 from .losses import CLASS_LOSSES, TOKEN_LOSSES, class_loss, token_loss, with_extras
 from .models import CLASSES, FAMILIES, VOCAB, add_state, build_net, reinit
-from .schedule import Change, param_hook, schedule, tie_after
+from .schedule import Change, mix_on, param_hook, schedule, tie_after
 
 METHODS = ["auto", "func", "hooks", "factored", "loop"]
 #: how often each is drawn: ``auto`` (the default) most, ``loop`` (the last resort, slow) least
@@ -83,6 +83,9 @@ def draw_case(
     autocast = draw.chance("precision:autocast", 0.1)
     if autocast:  # a float32 model and inputs, every call under torch.autocast(bfloat16)
         data = [(tree_map(_single, x), tree_map(_single, y)) for x, y in data]
+    if draw.chance("sched:mix_on", 0.05):  # drawn last too: mixup switched on by the loop on
+        changes[draw.int(1, calls - 1)].append(mix_on)  # one kind of batch (calls 3 and 5 are
+        data = [data[0]] * calls  # not the check's: 1, 2, 4, ...)
 
     def build() -> tuple[nn.Module, Callable, list[str]]:
         d = Draw(model_seed, off, only)

@@ -44,6 +44,7 @@ BY_DESIGN = {
     "out:whole": "a value of the whole batch in the output, no mean of per-example terms",
     "mix:flip": "a model that mixes each example with another (the examples are not alone)",
     "mix:swap_inputs": "a model that swaps two examples' inputs (the examples are not alone)",
+    "sched:mix_on": "mixup switched on between calls (the examples are not alone from then on)",
     "buf:running_mean": "a batch mean subtracted in the forward (the examples are not alone)",
 }
 #: features refused by design on ``func`` only (``loop``, one plain forward and backward per

@@ -42,6 +42,10 @@ MINIMAL: dict[str, tuple[int, tuple[str, ...]]] = {
     # wrong: batch-flip mixup passed the mixing check when it drew a mirrored pair together
     "flip_mixup": (3, ("family:vec", "mix:flip")),
     "flip_mixup_hooks": (3, ("family:vec", "mix:flip", "method:hooks")),
+    # wrong (at 225fbb9): mixup switched on by the loop on call 3, between two scheduled checks
+    # of one kind of batch: rows given for the examples that are not theirs (adversarial review)
+    "mix_on_between_checks": (2, ("family:vec", "sched:mix_on")),
+    "mix_on_between_checks_hooks": (2, ("family:vec", "sched:mix_on", "method:hooks")),
     # wrong: a value of the whole batch beside the output (a load-balancing term)
     "whole_batch_aux_output": (2, ("family:vec", "out:aux", "out:whole")),
     "whole_batch_aux_output_factored": (

@@ -6,7 +6,7 @@ does), ``sched:param_hook`` registers a gradient hook on a parameter (masking so
 entries), ``sched:fwd_hook`` a forward hook on a module, ``sched:freeze`` / ``sched:unfreeze``
 switch ``requires_grad``, ``sched:replace_head`` puts a larger head in, ``sched:add_block``
 appends a block, ``sched:step`` moves every parameter as an optimizer step would,
-``sched:mode`` switches between training and eval mode.
+``sched:mode`` switches between training and eval mode, ``sched:mix_on`` turns mixup on.
 """
 
 from __future__ import annotations
@@ -76,6 +76,12 @@ def add_block(model: nn.Module, g: torch.Generator) -> None:
 def mode(model: nn.Module, g: torch.Generator) -> None:
     """Switch the model between training and eval mode (its dropout, its norms)."""
     model.train(not model.training)
+
+
+def mix_on(model: nn.Module) -> None:
+    """Switch batch-flip mixup on (``Net.mix``), as a training loop sets a flag after a warm-up
+    (``sched:mix_on``, drawn by :func:`~fuzz.case.draw_case`)."""
+    model.mix = True
 
 
 def step(model: nn.Module, g: torch.Generator) -> None:

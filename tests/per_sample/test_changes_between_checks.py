@@ -1,0 +1,108 @@
+"""A model that starts mixing its examples between two scheduled full checks (a flag set by the
+training loop, a step counter in a buffer): the call where its operations change is a new kind of
+batch, checked in full, so the hook path refuses it there instead of returning rows that are not
+the examples' own until the next scheduled check (found by an adversarial review; before, calls
+3, 5, 6 and 7 of the flag case returned rows off by about 0.5 and p.grad exact)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fuzz.reference import reference
+from torch import nn
+from torch.nn import functional as F
+
+from grab_exp.per_sample import UnsupportedModelError, make_per_sample
+
+
+class FlagMix(nn.Module):
+    """Manifold mixup (``0.7 h + 0.3 h.flip(0)``) while ``mix`` is set, as a training loop would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 8), nn.Linear(8, 3)
+        self.mix = False
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        return self.b(0.7 * h + 0.3 * h.flip(0) if self.mix else h)
+
+
+class FlagCenter(FlagMix):
+    """Batch centering (``h - h.mean(0)``) while ``mix`` is set."""
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        return self.b(h - h.mean(0) if self.mix else h)
+
+
+class WarmupMix(nn.Module):
+    """Mixing from the ``start``-th training forward on, counted in a buffer."""
+
+    def __init__(self, start: int) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 8), nn.Linear(8, 3)
+        self.register_buffer("step", torch.zeros((), dtype=torch.long))
+        self.start = start
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        if self.training:
+            self.step += 1
+        return self.b(0.8 * h + 0.2 * h.roll(1, 0) if int(self.step) >= self.start else h)
+
+
+def run(model: nn.Module, method: str, mixing: list[bool], set_flag: bool) -> list[str]:
+    """Each call's outcome, ``right`` (rows and ``p.grad`` as the references) or ``refused``;
+    ``mixing``: whether the model mixes on each call (the flag set by the loop where
+    ``set_flag``, else the model's own counter)."""
+    model = model.double()
+    psg = make_per_sample(model, F.cross_entropy, method)
+    generator = torch.Generator().manual_seed(1)
+    outcomes = []
+    for mixes in mixing:
+        if set_flag:
+            model.mix = mixes
+        x = torch.randn(4, 6, generator=generator, dtype=torch.float64)
+        y = torch.randint(0, 3, (4,), generator=generator)
+        found = {n: b.clone() for n, b in model.named_buffers()}  # the state the call finds
+        model.zero_grad(set_to_none=True)
+        try:
+            _, grads = psg(x, y)
+        except UnsupportedModelError:
+            assert all(p.grad is None for p in model.parameters())  # as before the call
+            outcomes.append("refused")
+            continue
+        assert not mixes, "a call that mixes its examples returned rows"
+        rows = {n: r.clone() for n, r in grads.as_dict().items()}
+        got = {n: p.grad.clone() for n, p in model.named_parameters()}
+        left = {n: b.clone() for n, b in model.named_buffers()}
+        model.load_state_dict(found, strict=False)  # the references start where the call did
+        want = reference(model, F.cross_entropy, x, y)
+        model.load_state_dict(left, strict=False)
+        for name, row in rows.items():
+            torch.testing.assert_close(row, want.rows[name], rtol=1e-8, atol=1e-10)
+            torch.testing.assert_close(got[name], want.grads[name], rtol=1e-8, atol=1e-10)
+        outcomes.append("right")
+    return outcomes
+
+
+@pytest.mark.parametrize("method", ["hooks", "factored", "auto"])
+@pytest.mark.parametrize("make", [FlagMix, FlagCenter])
+def test_a_flag_that_starts_mixing_between_checks_is_refused_on_its_call(make, method):
+    torch.manual_seed(0)
+    # calls 1, 2, 4 and 8 are the schedule's; 3, 5, 6 and 7 are not
+    mixing = [False, False, True, False, True, True, True, False]
+    outcomes = run(make(), method, mixing, set_flag=True)
+    assert outcomes[:2] == ["right", "right"]
+    assert [o for o, m in zip(outcomes, mixing, strict=True) if m] == ["refused"] * 4
+
+
+@pytest.mark.parametrize("method", ["hooks", "auto"])
+def test_a_step_counter_that_starts_mixing_between_checks_is_refused_on_its_call(method):
+    torch.manual_seed(0)
+    calls, start = 12, 10  # mixing from call 10 on (scheduled: 1, 2, 4, 8, then 16)
+    mixing = [k >= start for k in range(1, calls + 1)]
+    outcomes = run(WarmupMix(start), method, mixing, set_flag=False)
+    assert outcomes[: start - 1] == ["right"] * (start - 1)
+    assert outcomes[start - 1 :] == ["refused"] * (calls - start + 1)
