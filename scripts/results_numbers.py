@@ -1189,43 +1189,50 @@ PER_SAMPLE_BUDGET = {"lenet": 1.15, "other": 1.05}
 CHECK_BUDGET_PCT = 3.0
 
 
-def bench_per_sample_sitting(folder: Path) -> None:
-    """The before/after sitting of ``scripts/per_sample_sitting.sh``: per model, each round's
-    ratio of the checked default path's cost over a plain step after to before, and their median
-    (``>1``: the path costs more than it did, relative to a plain step timed beside it)."""
-    sitting = folder / "per_sample_sitting"
-    show("per_sample_sitting.before_commit", (sitting / "before_commit.txt").read_text()[:7])
+def bench_per_sample_sitting(folder: Path, name: str = "per_sample_sitting") -> None:
+    """The before/after sitting of ``scripts/per_sample_sitting.sh`` in ``folder/name``: per
+    model, each round's ratio of the checked default path's cost over a plain step after to
+    before, and their median (``>1``: the path costs more than it did, relative to a plain step
+    timed beside it); each side's ratios to plain over the rounds; the allocator settings."""
+    sitting = folder / name
+    show(f"{name}.before_commit", (sitting / "before_commit.txt").read_text()[:7])
     rounds = sorted(sitting.glob("after_*.json"))
-    show("per_sample_sitting.rounds", len(rounds))
+    show(f"{name}.rounds", len(rounds))
     ratios: dict[str, list[float]] = {}
     checks: dict[str, list[float]] = {}
     bare: dict[str, list[float]] = {}  # after with the check off, over before with it on
+    sides: dict[tuple[str, str], list[float]] = {}  # (model, side) -> its ratios to plain
     for after_file in rounds:
         before = json.loads((sitting / after_file.name.replace("after", "before")).read_text())
         after = json.loads(after_file.read_text())
-        machine_line(f"per_sample_sitting.{after_file.stem}", after["machine"])
-        show(f"per_sample_sitting.{after_file.stem}.load_avg_1m", after["machine"]["load_avg_1m"])
+        machine_line(f"{name}.{after_file.stem}", after["machine"])
+        show(f"{name}.{after_file.stem}.load_avg_1m", after["machine"]["load_avg_1m"])
+        show(f"{name}.{after_file.stem}.malloc", after["machine"].get("malloc", "not recorded"))
         old = {r["model"]: _auto_path(r) for r in before["rows"]}
         for row in after["rows"]:
             path, ratio = _auto_path(row)
             ratios.setdefault(row["model"], []).append(ratio / old[row["model"]][1])
+            sides.setdefault((row["model"], "after"), []).append(ratio)
+            sides.setdefault((row["model"], "before"), []).append(old[row["model"]][1])
             unchecked = row["over_plain"].get(f"{path}@unchecked")
             if unchecked:
                 checks.setdefault(row["model"], []).append(100 * (ratio / unchecked - 1))
                 bare.setdefault(row["model"], []).append(unchecked / old[row["model"]][1])
-            show(f"per_sample_sitting.{after_file.stem}.{row['model']}.path", path)
+            show(f"{name}.{after_file.stem}.{row['model']}.path", path)
     for model, values in ratios.items():
-        show(f"per_sample_sitting.{model}.after_over_before", span(values, 3))
+        show(f"{name}.{model}.after_over_before", span(values, 3))
         middle = statistics.median(values)
-        show(f"per_sample_sitting.{model}.after_over_before_median", f"{middle:.3f}")
+        show(f"{name}.{model}.after_over_before_median", f"{middle:.3f}")
         budget = PER_SAMPLE_BUDGET.get(model, PER_SAMPLE_BUDGET["other"])
-        show(f"per_sample_sitting.{model}.budget", f"{budget:.2f}")
+        show(f"{name}.{model}.budget", f"{budget:.2f}")
         within = sum(v <= budget for v in values)
-        show(f"per_sample_sitting.{model}.rounds_within_budget", f"{within} of {len(values)}")
+        show(f"{name}.{model}.rounds_within_budget", f"{within} of {len(values)}")
+    for (model, side), values in sides.items():
+        show(f"{name}.{model}.{side}_over_plain", span(values, 3))
     for model, values in checks.items():
-        show(f"per_sample_sitting.{model}.check_cost_pct", signed_span(values, 1))
+        show(f"{name}.{model}.check_cost_pct", signed_span(values, 1))
     for model, values in bare.items():
-        show(f"per_sample_sitting.{model}.unchecked_over_before", span(values, 3))
+        show(f"{name}.{model}.unchecked_over_before", span(values, 3))
 
 
 def _auto_path(row: dict) -> tuple[str, float]:
@@ -1303,8 +1310,9 @@ def bench(folder: Path) -> None:
     bench_sweep(folder)
     if (folder / "per_sample.json").is_file():
         bench_per_sample(folder)
-    if (folder / "per_sample_sitting").is_dir():
-        bench_per_sample_sitting(folder)
+    for sitting in ("per_sample_sitting", "per_sample_sitting_default_malloc"):
+        if (folder / sitting).is_dir():
+            bench_per_sample_sitting(folder, sitting)
     if (folder / "epoch_check_1t.json").is_file():
         bench_check_cost(folder)
     if (folder / "epoch_limits_1t.json").is_file():

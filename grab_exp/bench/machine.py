@@ -54,7 +54,8 @@ def describe_machine(device: torch.device) -> dict:
     :func:`bench_parser` before anything is measured, where the platform has one) shows whether
     other work shared the machine: near 0 on an idle one; the benchmark's own load is not in
     it. ``commit`` and ``dirty`` name the code that ran (``dirty``: files of :data:`CODE`
-    differed from the commit, or were new).
+    differed from the commit, or were new). ``malloc``: the glibc allocator's ``MALLOC_*``
+    settings in the environment (``{}``: its defaults).
     """
     info = {
         "platform": platform.platform(),
@@ -64,6 +65,7 @@ def describe_machine(device: torch.device) -> dict:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "device": str(device),
+        "malloc": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MALLOC_")},
     }
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
