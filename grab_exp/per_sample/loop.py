@@ -47,8 +47,7 @@ class LoopPerSample(PerSampleGradients):
             "per-sample rows under a gradient hook are refused on every method: remove the hook "
             "(mask the optimizer's update instead)",
         )
-        batch = batch_size(x)
-        rows = self._rows(x, y, params, batch)  # {name: (B, *shape)}
+        rows = self._rows(x, y, params, batch_size(x))  # {name: (B, *shape)}
         with GradSnapshot(params.values()) as snapshot, torch.enable_grad():
             loss = loss_of(self.loss_fn, call_model(self.model, x), y)  # the batch's own step
             if loss.requires_grad:
@@ -60,16 +59,17 @@ class LoopPerSample(PerSampleGradients):
     def _rows(self, x: Inputs, y, params: dict[str, nn.Parameter], batch: int):
         """``{name: (B, *shape)}``: example ``i``'s gradient of its own loss in row ``i``
         (sparse gradients densified; zeros where the example does not reach a parameter)."""
-        rows = {n: p.new_zeros((batch, *p.shape)) for n, p in params.items()}
-        tensors = list(params.values())
+        tensors, examples = list(params.values()), [()] * batch
         for i in range(batch):
             with kept_state(self.model), torch.enable_grad():  # buffers and RNG put back
-                out = call_model(self.model, take(x, [i]))
-                loss = loss_of(self.loss_fn, out, take(y, [i]))  # ()
-                if not loss.requires_grad:
-                    continue
-                grads = torch.autograd.grad(loss, tensors, allow_unused=True)
-            for row, g in zip(rows.values(), grads, strict=True):
-                if g is not None:
-                    row[i] = g.to_dense() if g.is_sparse else g
-        return rows
+                loss = loss_of(self.loss_fn, call_model(self.model, take(x, [i])), take(y, [i]))
+                if loss.requires_grad:  # else no trainable parameter reached it
+                    examples[i] = torch.autograd.grad(loss, tensors, allow_unused=True)
+        return {  # a lazy parameter has its shape once an example ran
+            n: torch.stack([_dense(grads[k] if grads else None, p) for grads in examples])
+            for k, (n, p) in enumerate(params.items())
+        }
+
+
+def _dense(g: torch.Tensor | None, p: nn.Parameter) -> torch.Tensor:
+    return torch.zeros_like(p) if g is None else g.to_dense() if g.is_sparse else g

@@ -307,3 +307,23 @@ def test_auto_without_the_hook_path_goes_from_func_to_loop():
     for n, rows in grads.as_dict().items():
         torch.testing.assert_close(rows, want_rows[n], atol=1e-12, rtol=1e-10)
         torch.testing.assert_close(model.get_parameter(n).grad, want_grads[n])
+
+
+def test_loop_gives_uninitialized_lazy_layers_their_shape_from_the_first_example():
+    """The rows are made once the examples ran: a LazyLinear has its shape by then (before, every
+    call was refused: "Can't access the shape of an uninitialized parameter")."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LazyLinear(6), nn.Tanh(), nn.LazyLinear(3)).double()
+    psg = make_per_sample(model, F.cross_entropy, "loop")
+    g = torch.Generator().manual_seed(2)
+    for b in (4, 1, 5):
+        x = torch.randn(b, 5, generator=g, dtype=torch.float64)
+        y = torch.randint(0, 3, (b,), generator=g)
+        model.zero_grad(set_to_none=True)
+        _, grads = psg(x, y)
+        got = {n: r.clone() for n, r in grads.as_dict().items()}
+        grad = {n: p.grad.clone() for n, p in model.named_parameters()}
+        want_rows, want_grads = references(model, F.cross_entropy, x, y)  # now materialized
+        for n, want in want_rows.items():
+            torch.testing.assert_close(got[n], want, atol=1e-12, rtol=1e-10, msg=f"B={b} {n}")
+            torch.testing.assert_close(grad[n], want_grads[n], atol=1e-12, rtol=1e-10)
