@@ -1196,29 +1196,25 @@ def bench_per_sample_sitting(folder: Path, name: str = "per_sample_sitting") -> 
     timed beside it); each side's ratios to plain over the rounds; the allocator settings."""
     sitting = folder / name
     show(f"{name}.before_commit", (sitting / "before_commit.txt").read_text()[:7])
-    rounds = sorted(sitting.glob("after_*.json"))
+    rounds = list(_sitting_rounds(sitting))
     show(f"{name}.rounds", len(rounds))
+    show(f"{name}.one_process", all(one for _, _, one, _ in rounds))
     ratios: dict[str, list[float]] = {}
     checks: dict[str, list[float]] = {}
     bare: dict[str, list[float]] = {}  # after with the check off, over before with it on
     sides: dict[tuple[str, str], list[float]] = {}  # (model, side) -> its ratios to plain
-    for after_file in rounds:
-        before = json.loads((sitting / after_file.name.replace("after", "before")).read_text())
-        after = json.loads(after_file.read_text())
-        machine_line(f"{name}.{after_file.stem}", after["machine"])
-        show(f"{name}.{after_file.stem}.load_avg_1m", after["machine"]["load_avg_1m"])
-        show(f"{name}.{after_file.stem}.malloc", after["machine"].get("malloc", "not recorded"))
-        old = {r["model"]: _auto_path(r) for r in before["rows"]}
-        for row in after["rows"]:
-            path, ratio = _auto_path(row)
-            ratios.setdefault(row["model"], []).append(ratio / old[row["model"]][1])
-            sides.setdefault((row["model"], "after"), []).append(ratio)
-            sides.setdefault((row["model"], "before"), []).append(old[row["model"]][1])
-            unchecked = row["over_plain"].get(f"{path}@unchecked")
+    for stem, machine, _, models in rounds:
+        machine_line(f"{name}.{stem}", machine)
+        show(f"{name}.{stem}.load_avg_1m", machine["load_avg_1m"])
+        show(f"{name}.{stem}.malloc", machine.get("malloc", "not recorded"))
+        for model, (path, before, after, unchecked) in models.items():
+            ratios.setdefault(model, []).append(after / before)
+            sides.setdefault((model, "after"), []).append(after)
+            sides.setdefault((model, "before"), []).append(before)
             if unchecked:
-                checks.setdefault(row["model"], []).append(100 * (ratio / unchecked - 1))
-                bare.setdefault(row["model"], []).append(unchecked / old[row["model"]][1])
-            show(f"{name}.{after_file.stem}.{row['model']}.path", path)
+                checks.setdefault(model, []).append(100 * (after / unchecked - 1))
+                bare.setdefault(model, []).append(unchecked / before)
+            show(f"{name}.{stem}.{model}.path", path)
     for model, values in ratios.items():
         show(f"{name}.{model}.after_over_before", span(values, 3))
         middle = statistics.median(values)
@@ -1233,6 +1229,35 @@ def bench_per_sample_sitting(folder: Path, name: str = "per_sample_sitting") -> 
         show(f"{name}.{model}.check_cost_pct", signed_span(values, 1))
     for model, values in bare.items():
         show(f"{name}.{model}.unchecked_over_before", span(values, 3))
+
+
+def _sitting_rounds(sitting: Path):
+    """Per round: its name, machine, whether both sides ran in one process, and per model
+    ``(auto's path, before, after, after unchecked)``, each over a plain step: from
+    ``round_<k>.json`` (the baseline as ``@baseline``, one plain step for both), or from
+    ``before_<k>.json`` and ``after_<k>.json`` (a process per side, each its own plain step)."""
+    for path in sorted(sitting.glob("round_*.json")):
+        report = json.loads(path.read_text())
+        models = {}
+        for row in report["rows"]:
+            auto, after = _auto_path(row)
+            before = next(
+                v
+                for k, v in row["over_plain"].items()
+                if k.startswith("auto:") and k.endswith("@baseline")
+            )
+            models[row["model"]] = (auto, before, after, row["over_plain"].get(f"{auto}@unchecked"))
+        yield path.stem, report["machine"], True, models
+    for path in sorted(sitting.glob("after_*.json")):
+        before = json.loads((sitting / path.name.replace("after", "before")).read_text())
+        after = json.loads(path.read_text())
+        old = {r["model"]: _auto_path(r)[1] for r in before["rows"]}
+        models = {}
+        for row in after["rows"]:
+            auto, ratio = _auto_path(row)
+            unchecked = row["over_plain"].get(f"{auto}@unchecked")
+            models[row["model"]] = (auto, old[row["model"]], ratio, unchecked)
+        yield path.stem, after["machine"], False, models
 
 
 def _auto_path(row: dict) -> tuple[str, float]:

@@ -4,13 +4,16 @@ Each model's step is timed as a plain ``loss.backward()``, as ``method=auto`` (t
 resolves to), as ``func`` and as ``loop`` (one forward and backward per example, ``auto``'s last
 resort), interleaved: every repeat times each method once, and
 the medians are reported with their ratio to the plain step. A method that refuses a model is
-reported with its one-line reason instead of a time.
+reported with its one-line reason instead of a time. With ``--baseline <package>`` (another
+version of grab_exp, importable under that name), that version's methods are timed in the same
+process, interleaved with these, against the same plain step (``<method>@baseline``).
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import importlib
 from collections.abc import Callable
 
 import torch
@@ -73,12 +76,20 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], Callable, Callable]] = {
 
 
 def _methods(
-    model: nn.Module, loss_fn, x, y, unchecked: bool = False, methods_timed=METHODS
+    model: nn.Module,
+    loss_fn,
+    x,
+    y,
+    unchecked: bool = False,
+    methods_timed=METHODS,
+    baseline: Callable | None = None,
 ) -> dict[str, Callable[[], object] | str]:
     """Method -> its step (each on its own copy of ``model``), or why it refuses the model;
     with ``unchecked`` also ``auto``'s path and ``func`` without the per-sample check
     (``auto:<path>@unchecked``, ``func@unchecked``: ``check_every=0``; the check's cost is the
-    ratio of the two). Every step starts from ``param.grad = None``, as a training step does."""
+    ratio of the two); with a ``baseline`` (another version's ``make_per_sample``), each of its
+    steps too, as ``<name>@baseline``. Every step starts from ``param.grad = None``, as a
+    training step does."""
     plain_model = copy.deepcopy(model)
 
     def plain():
@@ -86,18 +97,20 @@ def _methods(
         loss_fn(plain_model(x), y).backward()
 
     methods: dict[str, Callable[[], object] | str] = {"plain": plain}
+    makers = {"": make_per_sample} | ({"@baseline": baseline} if baseline else {})
     for method in methods_timed:
-        try:
-            psg = make_per_sample(copy.deepcopy(model), loss_fn, method)
-            psg(x, y)  # the first call checks the path
-        except (ValueError, RuntimeError) as error:
-            methods[method] = str(error).splitlines()[0]
-            continue
-        name = f"auto:{psg.method}" if method == "auto" else method
-        methods[name] = functools.partial(_step, psg, x, y)
-        if unchecked and method != "loop":
-            bare = make_per_sample(copy.deepcopy(model), loss_fn, psg.method, check_every=0)
-            methods[f"{name}@unchecked"] = functools.partial(_step, bare, x, y)
+        for tag, make in makers.items():
+            try:
+                psg = make(copy.deepcopy(model), loss_fn, method)
+                psg(x, y)  # the first call checks the path
+            except (ValueError, RuntimeError) as error:
+                methods[method + tag] = str(error).splitlines()[0]
+                continue
+            name = (f"auto:{psg.method}" if method == "auto" else method) + tag
+            methods[name] = functools.partial(_step, psg, x, y)
+            if unchecked and method != "loop":
+                bare = make(copy.deepcopy(model), loss_fn, psg.method, check_every=0)
+                methods[f"{name}@unchecked"] = functools.partial(_step, bare, x, y)
     return methods
 
 
@@ -112,15 +125,21 @@ WARMUP = 16
 
 
 def bench_model(
-    name: str, repeats: int, device: torch.device, unchecked: bool = False, methods=METHODS
+    name: str,
+    repeats: int,
+    device: torch.device,
+    unchecked: bool = False,
+    methods=METHODS,
+    baseline: Callable | None = None,
 ) -> dict:
     """One model's row: each method's median ms per step and its ratio to the plain step
-    (``unchecked``: see :func:`_methods`; ``methods``: those timed besides the plain step)."""
+    (``unchecked``, ``baseline``: see :func:`_methods`; ``methods``: those timed besides the
+    plain step)."""
     make, batch, loss_fn = MODELS[name]
     torch.manual_seed(0)
     model = make().to(device)
     x, y = (t.to(device) for t in batch(torch.Generator().manual_seed(0)))
-    methods = _methods(model, loss_fn, x, y, unchecked, methods)
+    methods = _methods(model, loss_fn, x, y, unchecked, methods, baseline)
     timed = {m: f for m, f in methods.items() if callable(f)}
     # past the per-sample check's first calls (1, 2, 4, ..., 16: the epoch bench times the check)
     times = interleaved_seconds(timed, device, repeats, warmup=WARMUP)
@@ -152,6 +171,12 @@ def build_parser():
         default=",".join(METHODS),
         help=f"comma-separated per-sample methods timed besides plain, of {', '.join(METHODS)}",
     )
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        help="a package name (another version of grab_exp, importable under that name) whose "
+        "per-sample methods are timed in the same process too, as <method>@baseline",
+    )
     add_device_option(parser)
     return parser
 
@@ -173,7 +198,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f"{', '.join(METHODS)}"
         )
     device = torch.device(args.device)
-    rows = [bench_model(n, args.repeats, device, args.unchecked, methods) for n in names]
+    baseline = None
+    if args.baseline is not None:
+        baseline = importlib.import_module(f"{args.baseline}.per_sample").make_per_sample
+    rows = [bench_model(n, args.repeats, device, args.unchecked, methods, baseline) for n in names]
     for row in rows:
         over = row["over_plain"]
         cells = "  ".join(f"{m} {ms:.1f} ms ({over[m]:.2f}x)" for m, ms in row["ms"].items())
