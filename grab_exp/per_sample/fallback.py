@@ -14,7 +14,6 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from grab_exp.per_sample.func import split_state
 from grab_exp.per_sample.layout import Call, CallLayout
-from grab_exp.per_sample.modules import RANDOM_TYPES
 from grab_exp.per_sample.rules.base import Outs
 
 __all__ = ["FuncFallback"]
@@ -31,7 +30,7 @@ class FuncFallback:
         # torch's vmap has no batching rule for the fused RNN kernels: it runs them one example
         # at a time through its slow fallback, or fails (nn.GRU), so a plain loop it is
         self.batched_by = "loop" if isinstance(layer, nn.RNNBase) else "vmap"
-        self.random = [(n, m) for n, m in layer.named_modules() if isinstance(m, RANDOM_TYPES)]
+        self.modules = list(layer.named_modules())  # any may draw random numbers (dropout)
 
     def per_sample(
         self, call: Call, layout: CallLayout, batch: int, out: Outs

@@ -10,8 +10,6 @@ BATCHNORM = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
 DROPOUT = (nn.modules.dropout._DropoutNd,)
 #: the module types whose mode or configuration :func:`module_problem` reads
 WATCHED = (*BATCHNORM, *DROPOUT, nn.Embedding)
-#: the module types that can draw random numbers (:func:`draws_random` says when they do)
-RANDOM_TYPES = (*DROPOUT, nn.MultiheadAttention, nn.RNNBase)
 
 
 #: reentrant activation checkpointing cannot give gradients at chosen tensors, nor run under vmap
@@ -78,11 +76,12 @@ def module_problem(
 
 
 def draws_random(module: nn.Module) -> bool:
-    """Whether ``module`` itself draws random numbers in its current mode: a Dropout with
-    ``p > 0``, or a MultiheadAttention's or multi-layer RNN's own ``dropout``, in training mode."""
+    """Whether ``module`` itself draws random numbers in its current mode: a Dropout or
+    torchvision's StochasticDepth (ConvNeXt, Swin) with ``p > 0``, or a MultiheadAttention's or
+    multi-layer RNN's own ``dropout``, in training mode."""
     if not module.training:
         return False
-    if isinstance(module, DROPOUT):
+    if isinstance(module, DROPOUT) or type(module).__name__ == "StochasticDepth":
         return module.p > 0
     if isinstance(module, nn.RNNBase):
         return module.num_layers > 1 and module.dropout > 0

@@ -219,7 +219,7 @@ class Planner:
                     "(control flow that depends on the data); use method=func"
                 )
             fallback = self.layers.fallbacks.get(name)  # a rule's layer replays nothing
-            drawn = [n for n, m in (fallback.random if fallback else ()) if draws_random(m)]
+            drawn = [n for n, m in (fallback.modules if fallback else ()) if draws_random(m)]
             if ran and drawn:
                 where = f" in {drawn[0]}" if drawn[0] else ""
                 raise UnsupportedModelError(

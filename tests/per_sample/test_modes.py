@@ -62,3 +62,29 @@ def test_a_layer_that_runs_in_eval_mode_only_is_planned_in_that_mode(method: str
         want = rows_of(model, x, y)
         for n, rows in grads.as_dict().items():
             torch.testing.assert_close(rows, want[n], msg=f"call {k}: rows of {n}")
+
+
+def small_convnext(stochastic_depth: float) -> nn.Module:
+    from torchvision.models.convnext import CNBlockConfig, ConvNeXt
+
+    torch.manual_seed(0)
+    blocks = [CNBlockConfig(8, 16, 2), CNBlockConfig(16, None, 1)]
+    return ConvNeXt(blocks, stochastic_depth_prob=stochastic_depth, num_classes=5).double()
+
+
+def test_torchvisions_stochastic_depth_is_a_random_module() -> None:
+    """ConvNeXt's blocks (replayed: each owns its layer scale) drop their branch at random in
+    training mode: every path names it (before, auto's refusal named batch statistics or class
+    weights, and some calls passed): the hook path cannot replay the draws, torch.func's vmap
+    cannot batch torchvision's in-place draw, and loop's examples would draw other masks."""
+    x = torch.randn(3, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    y = torch.tensor([0, 3, 1])
+    with pytest.raises(ValueError, match=r"draws random numbers in stochastic_depth"):
+        make_per_sample(small_convnext(0.1).train(), F.cross_entropy, "hooks")(x, y)
+    with pytest.raises(ValueError, match=r"method=loop: .*\(StochasticDepth\) draws random"):
+        make_per_sample(small_convnext(0.1).train(), F.cross_entropy, "auto")(x, y)
+    model = small_convnext(0.1).eval()  # no draws: the hook path takes it
+    psg = make_per_sample(model, F.cross_entropy, "auto")
+    for _ in range(3):
+        psg(x, y)
+    assert psg.method in ("hooks", "factored")
