@@ -80,6 +80,17 @@ MINIMAL: dict[str, tuple[int, tuple[str, ...]]] = {
 }
 
 
+#: seeds the fuzzer found wrong that are not mended, and what is wrong (found in seeds
+#: 2000-5999 at 225fbb9, already wrong at 40bf286): under bfloat16 autocast on the CPU, p.grad is
+#: 0.6-5.8 % of its scale from a plain step's under autocast; run as strict expected failures
+OPEN: dict[int, str] = {
+    2055: "img auto, call 0: stem.conv.weight (block:scripted param:ema sched:unfreeze)",
+    2592: "rnn auto, call 2: stem.rnn.weight_hh_l1 (rnn:two_layers loss:tuple)",
+    4479: "lm auto, call 3: an encoder layer's out_proj.weight (buf:counter sched:fwd_hook)",
+    5722: "tok loop, call 1: stem.emb.weight (attr:step block:parametrized sched:add_block)",
+}
+
+
 def regression(name: str) -> Case:
     """The regression case ``name``."""
     seed, only = MINIMAL[name]
