@@ -81,8 +81,12 @@ MINIMAL: dict[str, tuple[int, tuple[str, ...]]] = {
 
 
 #: seeds the fuzzer found wrong that are not mended, and what is wrong (found in seeds
-#: 2000-5999 at 225fbb9, already wrong at 40bf286): under bfloat16 autocast on the CPU, p.grad is
-#: 0.6-5.8 % of its scale from a plain step's under autocast; run as strict expected failures
+#: 2000-5999 at 225fbb9, already wrong at 40bf286), all under bfloat16 autocast on the CPU; run
+#: as expected failures. In 2592, 4479 and 5722 p.grad is the plain autocast step's exactly and
+#: the rows' mean is 5.3-5.8 % of p.grad's largest entry from it, over the oracle's 5 % for
+#: autocast (AUTOCAST_TOLERANCE["mean"]; the engine's own check, relative to each parameter's
+#: norm, accepts it): bfloat16 rounding of the examples' own computations, or rows a little
+#: off, this harness cannot tell which; 2055 is not diagnosed
 OPEN: dict[int, str] = {
     2055: "img auto, call 0: stem.conv.weight (block:scripted param:ema sched:unfreeze)",
     2592: "rnn auto, call 2: stem.rnn.weight_hh_l1 (rnn:two_layers loss:tuple)",
