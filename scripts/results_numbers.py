@@ -1225,10 +1225,21 @@ def bench_per_sample_sitting(folder: Path, name: str = "per_sample_sitting") -> 
         show(f"{name}.{model}.rounds_within_budget", f"{within} of {len(values)}")
     for (model, side), values in sides.items():
         show(f"{name}.{model}.{side}_over_plain", span(values, 3))
+    sitting_plain_steps(sitting, name)
     for model, values in checks.items():
         show(f"{name}.{model}.check_cost_pct", signed_span(values, 1))
     for model, values in bare.items():
         show(f"{name}.{model}.unchecked_over_before", span(values, 3))
+
+
+def sitting_plain_steps(sitting: Path, name: str) -> None:
+    """Per model, the plain step's ms over the sitting's processes (each file is one)."""
+    plain: dict[str, list[float]] = {}
+    for path in sorted(sitting.glob("*_*.json")):
+        for row in json.loads(path.read_text())["rows"]:
+            plain.setdefault(row["model"], []).append(row["ms"]["plain"])
+    for model, values in plain.items():
+        show(f"{name}.{model}.plain_ms", span(values, 2))
 
 
 def _sitting_rounds(sitting: Path):
