@@ -204,8 +204,8 @@ class HookedPerSample(PerSampleGradients):
                 for (name, n, _), w in zip(params, at_params, strict=True)
             )
             return mismatch(
-                self.model, at_outputs, weighted_outputs, self.method, OUTPUT_TOLERANCE
-            ) or mismatch(self.model, at_params, weighted_rows, self.method)
+                self.model, weighted_outputs, self.method, OUTPUT_TOLERANCE
+            ) or mismatch(self.model, weighted_rows, self.method)
 
         return identity
 

@@ -11,7 +11,7 @@ from torch.linalg import vector_norm
 from torch.utils._pytree import tree_flatten
 
 from grab_exp.grads import BatchGrads
-from grab_exp.per_sample.check.mean import rows_gaps, worst_gap
+from grab_exp.per_sample.check.mean import relative, rows_gaps, worst_gap
 from grab_exp.per_sample.check.state import cuda_devices, saved_state
 from grab_exp.per_sample.check.tolerance import (
     FLOOR,
@@ -56,26 +56,22 @@ Pair = tuple[str, str, torch.Tensor, torch.Tensor]
 
 
 def mismatch(
-    model: nn.Module,
-    wants: list[torch.Tensor],
-    pairs: Iterable[Pair],
-    method: str,
-    tolerances: dict = TOLERANCE,
+    model: nn.Module, pairs: Iterable[Pair], method: str, tolerances: dict = TOLERANCE
 ) -> str | None:
     """The identity's verdict over :data:`Pair` s (``got`` is overwritten): each difference
-    relative to its ``want``, or a floor share of the largest of ``wants``."""
-    scale = max((vector_norm(w) for w in wants), default=torch.tensor(0.0))
-    worst, worst_pair, dtype = 0.0, None, None
-    for layer, subject, got, want in pairs:
-        dtype = want.dtype
-        size = torch.maximum(vector_norm(want), FLOOR.get(dtype, FLOOR[None]) * scale)
-        size = size.clamp_min(torch.finfo(dtype).tiny)
-        difference = (vector_norm(got.sub_(want.to(got.dtype))) / size).item()
-        if difference > worst:
-            worst, worst_pair = difference, (layer, subject)
-    if worst_pair is None or worst <= tolerance(tolerances, dtype):
+    relative to its ``want``, or a floor share of the largest ``want`` (:func:`.mean.relative`;
+    one read)."""
+    pairs = list(pairs)
+    if not pairs:
         return None
-    return verdict(model, *worst_pair, worst, method)
+    dtype = pairs[-1][3].dtype
+    sizes = torch.stack([vector_norm(want) for *_, want in pairs])  # (P,)
+    differences = torch.stack([vector_norm(g.sub_(w.to(g.dtype))).to(dtype) for *_, g, w in pairs])
+    # a NaN (a diverged row) is no difference, as the loss that is not finite stops training
+    gap, worst = worst_gap(relative(differences, sizes, FLOOR, dtype).nan_to_num(nan=0.0))
+    if gap <= tolerance(tolerances, dtype):
+        return None
+    return verdict(model, *pairs[worst][:2], gap, method)
 
 
 def verdict(model: nn.Module, layer: str, subject: str, difference: float, method: str) -> str:

@@ -76,11 +76,16 @@ def rows_gaps(
         if name in sums:
             sums[name](shift, parts[k].view(rows.shapes[name]))
     sizes, differences = torch.stack(torch._foreach_norm([*wants, *parts])).view(2, -1)  # (P,)
-    floor = sizes.max().mul_(floors.get(acc.dtype, floors[None]))
-    gaps = differences / sizes.maximum(floor.clamp_min_(torch.finfo(acc.dtype).tiny))
+    gaps = relative(differences, sizes, floors, acc.dtype)
     # a non-finite loss or gradient (training diverged) is training's to stop on, not a refusal
     finite = sizes.isfinite() if loss is None else sizes.isfinite() & loss.detach().isfinite()
     return gaps.nan_to_num(nan=math.inf).where(finite, 0.0)
+
+
+def relative(differences: torch.Tensor, sizes: torch.Tensor, floors: dict, dtype) -> torch.Tensor:
+    """``differences / sizes`` (``(P,)`` norms), a size at least a ``floors`` share of the max."""
+    floor = sizes.max() * floors.get(dtype, floors[None])
+    return differences / sizes.maximum(floor.clamp_min(torch.finfo(dtype).tiny))
 
 
 def worst_gap(gaps: torch.Tensor) -> tuple[float, int]:
