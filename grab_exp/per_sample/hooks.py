@@ -128,7 +128,8 @@ class HookedPerSample(PerSampleGradients):
         self.planner.check_calls(calls)
         changed = recorder.read_in_place(calls)
         counts = tuple(len(calls.get(n, ())) for n in self.registry.modules)
-        key = (shapes, modes, counts, changed, operations(loss))  # an in-place output: new kind
+        graph = operations(loss) if self.checker.on else None  # a walk only a check reads
+        key = (shapes, modes, counts, changed, graph)  # an in-place output: a new kind
         due = self.checker.due(key, batch) or (plan.reindexes and self.checker.on)
         if due:
             recorder.refuse_direct_uses(loss, calls)
