@@ -200,7 +200,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     device = torch.device(args.device)
     baseline = None
     if args.baseline is not None:
-        baseline = importlib.import_module(f"{args.baseline}.per_sample").make_per_sample
+        try:
+            baseline = importlib.import_module(f"{args.baseline}.per_sample").make_per_sample
+        except (ModuleNotFoundError, AttributeError):
+            parser.error(
+                f"--baseline: no package {args.baseline!r} with per_sample.make_per_sample on "
+                "the path (scripts/per_sample_sitting.sh makes grab_exp_before)"
+            )
     rows = [bench_model(n, args.repeats, device, args.unchecked, methods, baseline) for n in names]
     for row in rows:
         over = row["over_plain"]
