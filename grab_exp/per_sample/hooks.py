@@ -133,7 +133,7 @@ class HookedPerSample(PerSampleGradients):
         due = self.checker.due(key, batch) or (plan.reindexes and self.checker.on)
         if due:
             recorder.refuse_direct_uses(loss, calls)
-            plan.reindexes |= reindexes(calls, out)
+            plan.reindexes |= reindexes(calls, out, batch)
         elif (k := self.checker.split(batch)) is not None:  # a full check reads every loss
             gap = loss_gap(self.loss_fn, out, y, loss, plan.output, k)
             self.checker.settle_gap(gap, loss.dtype)  # before the backward: nothing written yet

@@ -65,9 +65,8 @@ def expand_over_batch(args: tuple[Any, ...], batch: int) -> tuple[Any, ...]:
     def expanded(arg: Any) -> Any:
         if not isinstance(arg, torch.Tensor):
             return arg
-        if arg.dim() > 0 and arg.shape[0] == 1:
-            return arg.expand(batch, *arg.shape[1:])
-        return arg.unsqueeze(0).expand(batch, *arg.shape)
+        one = arg if arg.dim() > 0 and arg.shape[0] == 1 else arg.unsqueeze(0)  # (1, ...)
+        return one.expand(batch, *one.shape[1:])
 
     return tuple(expanded(arg) for arg in args)
 
@@ -103,9 +102,7 @@ def call_model(model: Any, x: Inputs) -> Any:
     """``model(x)``, ``model(*x)`` for a tuple or list, ``model(**x)`` for a dict (HF style)."""
     if isinstance(x, dict):
         return model(**x)
-    if isinstance(x, tuple | list):
-        return model(*x)
-    return model(x)
+    return model(*x) if isinstance(x, tuple | list) else model(x)
 
 
 def batch_size(x: Inputs) -> int:

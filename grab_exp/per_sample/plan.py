@@ -52,10 +52,7 @@ class Layers:
 
     def add(self, name: str, layer: nn.Module, hook, adopted: tuple[str, ...] = ()) -> None:
         rule = None if adopted else rule_for(layer)
-        if rule is not None:
-            self.rules[name] = rule
-        else:
-            self.fallbacks[name] = FuncFallback(layer, adopted)
+        (self.rules if rule else self.fallbacks)[name] = rule or FuncFallback(layer, adopted)
         self.modules[name] = layer
         prefix = f"{name}." if name else ""
         own = [n for n, _ in layer.named_parameters(recurse=False)] + list(adopted)
@@ -161,8 +158,9 @@ class Planner:
         return shapes, out
 
     def _used(self, silent: list[str], out: Any) -> set[str]:
-        leaves = tree_flatten(out)[0]
-        leaves = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+        leaves = [
+            t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad
+        ]
         params = [(n, p) for n in silent for p in self.layers.own[n].values()]
         if not leaves or not params:
             return set()

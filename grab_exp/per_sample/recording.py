@@ -68,11 +68,8 @@ class Recorder:
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
             if self.mode == "idle":
                 return None
-            if (
-                not kwargs
-                and isinstance(output, torch.Tensor)
-                and all(isinstance(a, torch.Tensor) for a in args)
-            ):
+            plain = not kwargs and isinstance(output, torch.Tensor)
+            if plain and all(isinstance(a, torch.Tensor) for a in args):
                 leaves, spec = list(args), _args_spec(len(args))  # the usual call: no pytree
                 outputs, output_spec = [output], None
             else:
@@ -111,11 +108,9 @@ class Recorder:
                         "method=func (auto does), or an out-of-place operation"
                     )
                 call.in_place = moved(call.outputs, call.versions)
-                if not call.in_place:
-                    continue
-                changed = True
+                changed |= call.in_place
                 views = [t for t in call.outputs if isinstance(t, torch.Tensor) and t._is_view()]
-                if views:
+                if call.in_place and views:
                     raise UnsupportedModelError(
                         f"{self.layers.label(name)}: its output of shape "
                         f"{tuple(views[0].shape)}, a view, was changed in place after the layer "
@@ -227,8 +222,9 @@ REINDEXING = {f"{op}Backward0" for op in ("Index", "IndexSelect", "MaskedSelect"
     "Take", "IndexPut", "MaskedScatter", "Scatter", "ScatterAdd", "ScatterReduce", "IndexAdd",
     "IndexCopy", "Sort", "Topk", "PackPaddedSequence")}  # fmt: skip
 REINDEXED = (
-    "the model re-indexes its batch (h[sel], index_select, gather, sort or packing) before a "
-    "layer or its output: the batch axis the probe found may not hold; use method=func or loop"
+    "the model re-indexes its batch (h[sel], index_select, gather, sort or packing, or h[j], "
+    "unbind or split along the batch) before a layer or its output: the batch axis the probe "
+    "found may not hold, or the examples may come back in another order; use method=func or loop"
 )
 
 
@@ -238,8 +234,21 @@ def operations(loss: torch.Tensor) -> tuple[str, ...]:
     return tuple(sorted(type(n).__name__ for n in _nodes([loss.grad_fn])))
 
 
-def reindexes(calls: dict[str, list[Call]], out: Any) -> bool:
-    """Whether a :data:`REINDEXING` node is upstream of the layers' inputs or the model's output."""
+def reindexes(calls: dict[str, list[Call]], out: Any, batch: int) -> bool:
+    """Whether a :data:`REINDEXING` node, or one that takes apart an axis of ``batch`` items (the
+    examples may be put back in an order of the data's, in Python: ``stack([h[j] for j in
+    order])``), is upstream of the layers' inputs or the model's output."""
     stack = [s for layer_calls in calls.values() for c in layer_calls for s in c.sources]
     stack += [t.grad_fn for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-    return any(type(node).__name__ in REINDEXING for node in _nodes(stack))
+    return any(_reindexing(node, batch) for node in _nodes(stack))
+
+
+def _reindexing(node: Any, batch: int) -> bool:
+    name = type(node).__name__
+    if name == "UnbindBackward0":  # one gradient per item of the axis
+        return len(node._input_metadata) == batch
+    if name in ("SelectBackward0", "SplitBackward0", "SliceBackward0"):
+        whole = name == "SliceBackward0" and (node._saved_start, node._saved_step) == (0, 1)
+        items = node._saved_self_sym_sizes[node._saved_dim]
+        return items == batch and not (whole and node._saved_end >= items)
+    return name in REINDEXING

@@ -115,10 +115,8 @@ class Rows:
 
 def _added(rows: Any, more: Any, name: str) -> Any:
     """The rows of a parameter that two layers share: their sum."""
-    if more is None:
-        return rows
-    if rows is None:
-        return more
+    if rows is None or more is None:
+        return more if rows is None else rows
     if not isinstance(rows, torch.Tensor) or not isinstance(more, torch.Tensor):
         raise UnsupportedModelError(
             f"{name} is shared by two layers, whose factored rows cannot be added; use "

@@ -74,3 +74,55 @@ def test_a_later_batch_that_breaks_the_inferred_axis_is_refused(method: str) -> 
         psg(x, y)
     assert "\n" not in str(error.value)
     assert all(p.grad is None for p in model.parameters())
+
+
+class TakenApart(nn.Module):
+    """Sorts its batch by the first input feature, runs a layer, and puts the examples back in
+    Python (``how``: ``select``, ``h[j]`` each and ``stack``; ``unbind``; ``split`` and ``cat``):
+    the graph is the same whatever the order, so a call whose order differs from the checked
+    ones' is no new kind of batch."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.a, self.b, self.how = nn.Linear(6, 8), nn.Linear(8, 3), how
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 6) -> (B, 3)
+        order = x[:, 0].argsort()
+        h = torch.tanh(self.a(x[order]))  # x needs no grad: no node for this re-indexing
+        back = order.argsort().tolist()
+        if self.how == "select":
+            h = torch.stack([h[j] for j in back])
+        elif self.how == "unbind":
+            pieces = h.unbind(0)
+            h = torch.stack([pieces[j] for j in back])
+        else:
+            pieces = h.split(1)
+            h = torch.cat([pieces[j] for j in back])
+        return self.b(h)
+
+
+@pytest.mark.parametrize("how", ["select", "unbind", "split"])
+@pytest.mark.parametrize("method", ["hooks", "factored", "auto"])
+def test_a_batch_taken_apart_and_put_back_by_data_is_checked_every_call(how, method) -> None:
+    """Batches already in order on the schedule's calls (1, 2 and 4), in reverse on call 3: the
+    hook path checks every call of a model that takes its batch apart along the batch axis,
+    and refuses call 3 (its rows would belong to other examples); ``auto`` then takes func."""
+    torch.manual_seed(0)
+    model = TakenApart(how).double()
+    psg = make_per_sample(model, F.cross_entropy, method)
+    g = torch.Generator().manual_seed(1)
+    for call in range(4):
+        x = torch.randn(B, 6, generator=g, dtype=F64)
+        x = x[x[:, 0].argsort(descending=call == 2)]
+        y = torch.randint(0, 3, (B,), generator=g)
+        model.zero_grad(set_to_none=True)
+        if call == 2 and method != "auto":
+            with pytest.raises(UnsupportedModelError, match="re-indexes its batch") as error:
+                psg(x, y)
+            assert "\n" not in str(error.value)
+            assert all(p.grad is None for p in model.parameters())
+            return
+        _, grads = psg(x, y)
+        want = example_rows(model, x, y)
+        for n, rows in grads.as_dict().items():
+            torch.testing.assert_close(rows, want[n], msg=f"call {call}: rows of {n}")

@@ -40,8 +40,7 @@ class Check:
         ``every``, then every ``every``-th, a new ``key``, the first batch of 2 or more."""
         if not self.on or in_graph_safe():
             return False
-        self.calls += 1
-        n = self.calls
+        self.calls = n = self.calls + 1
         scheduled = n % self.every == 0 or (n & (n - 1) == 0 and n < self.every)
         return scheduled or key not in self._seen or (self.pending and batch >= 2)
 
@@ -66,8 +65,7 @@ class Check:
         own: positive (nothing cancels), ``1/B`` apart (rows swapped between two examples show)."""
         generator = torch.Generator().manual_seed(SEED + self.checks)
         order = torch.randperm(batch, generator=generator).to(torch.float64)
-        c = 0.5 + order / batch
-        return c.to(device=like.device, dtype=like.dtype)
+        return (0.5 + order / batch).to(device=like.device, dtype=like.dtype)
 
     def split(self, batch: int) -> int | None:
         """Where this call's loss is split in two (:func:`.loss_gap`), moving from call to call;

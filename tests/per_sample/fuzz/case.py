@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from .draw import Draw
-from .inputs import batches
+from .inputs import batches, sorted_on_checks
 from .losses import CLASS_LOSSES, TOKEN_LOSSES, class_loss, token_loss, with_extras
 from .models import CLASSES, FAMILIES, VOCAB, add_state, build_net, reinit
 from .schedule import Change, mix_on, param_hook, schedule, tie_after
@@ -86,6 +86,9 @@ def draw_case(
     if draw.chance("sched:mix_on", 0.05):  # drawn last too: mixup switched on by the loop on
         changes[draw.int(1, calls - 1)].append(mix_on)  # one kind of batch (calls 3 and 5 are
         data = [data[0]] * calls  # not the check's: 1, 2, 4, ...)
+    sort_neck = family != "lm" and draw.chance("sched:sorted_checks", 0.05)  # drawn last too
+    if sort_neck:  # the neck takes its batch apart by data: in order on the check's calls only
+        data = sorted_on_checks(*data[0], calls)
 
     def build() -> tuple[nn.Module, Callable, list[str]]:
         d = Draw(model_seed, off, only)
@@ -97,6 +100,7 @@ def draw_case(
         if d.chance("hook:param_before", 0.08):
             param_hook(net, d.generator())
         add_state(net, family, d)  # drawn last: a seed's other choices are what they were
+        net.sort_neck = sort_neck
         base = token_loss(loss) if family == "lm" else class_loss(loss)
         return net, with_extras(base, net, net.aux, net.store), d.features
 

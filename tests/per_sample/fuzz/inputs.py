@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 
 from .losses import CLASS_WEIGHTS, IGNORE
 from .models import CLASSES, IN, PAD, VOCAB
@@ -90,6 +91,17 @@ def example(x: Any, i: int) -> Any:
     if isinstance(x, tuple):
         return tuple(example(v, i) for v in x)
     return x
+
+
+def sorted_on_checks(x: Any, y: Any, calls: int) -> list[tuple[Any, Any]]:
+    """``sched:sorted_checks``: the batch ``x, y`` on every call, its examples in the order of the
+    model's input's first entry on the calls the schedule checks (1, 2 and 4), in reverse on the
+    others (``Net.sort_neck`` takes its batch apart and puts it back in that order)."""
+    first = x["x"] if isinstance(x, dict) else x[0] if isinstance(x, tuple) else x
+    up = first.flatten(1)[:, 0].argsort()
+    orders = [up if call in (0, 1, 3) else up.flip(0) for call in range(calls)]
+    pick = lambda v, o: v[o] if isinstance(v, torch.Tensor) else v  # noqa: E731
+    return [tree_map(lambda v, o=o: pick(v, o), (x, y)) for o in orders]
 
 
 def call_model(model, x: Any) -> Any:

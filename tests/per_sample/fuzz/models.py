@@ -59,8 +59,10 @@ class Net(nn.Module):
         h = self.pool(h, ctx)
         if getattr(self, "setup_once", False):
             h = h * self.pool_calls()
+        h = self.in_order(h, x)
         for block in self.neck:
             h = block(h, ctx)
+        h = self.in_order(h, x, back=True)
         h = self.buffer_effects(h)
         if self.store:
             self.last = h
@@ -70,6 +72,14 @@ class Net(nn.Module):
         if not self.aux:
             return out
         return {"logits": out, "aux": (h.mean(0) ** 2).mean() if self.whole else (h**2).mean()}
+
+    def in_order(self, h, x, back=False):
+        """``sort_neck``: the examples taken apart and put together in the order of ``x``'s first
+        entry (``back``: that order undone) in Python, so that no node re-indexes the batch."""
+        if not getattr(self, "sort_neck", False):
+            return h
+        order = x.flatten(1)[:, 0].argsort()
+        return torch.stack([h[i] for i in (order.argsort() if back else order).tolist()])
 
     def buffer_effects(self, h):
         """The features after the running mean and the center that are on."""

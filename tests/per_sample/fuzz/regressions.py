@@ -46,6 +46,10 @@ MINIMAL: dict[str, tuple[int, tuple[str, ...]]] = {
     # of one kind of batch: rows given for the examples that are not theirs (adversarial review)
     "mix_on_between_checks": (2, ("family:vec", "sched:mix_on")),
     "mix_on_between_checks_hooks": (2, ("family:vec", "sched:mix_on", "method:hooks")),
+    # wrong (at 87fa9f4): a neck that takes its batch apart and puts it back in an order of its
+    # data's (h[i] and stack), given batches in that order on the scheduled checks only
+    "taken_apart_between_checks": (1, ("family:vec", "sched:sorted_checks")),
+    "taken_apart_between_checks_hooks": (1, ("family:vec", "sched:sorted_checks", "method:hooks")),
     # wrong: a value of the whole batch beside the output (a load-balancing term)
     "whole_batch_aux_output": (2, ("family:vec", "out:aux", "out:whole")),
     "whole_batch_aux_output_factored": (
