@@ -111,6 +111,13 @@ class PerSampleGradients(ABC):
 
     def restructure(self) -> None:
         self._watched = [(n, m) for n, m in self.model.named_modules() if isinstance(m, WATCHED)]
+        dtypes = {p.dtype: n for n, p in reversed(self.state.named) if p.requires_grad}  # firsts
+        if len(dtypes) > 1:  # the rows are one (B, d) matrix
+            two = " and ".join(f"{n} ({d})" for d, n in list(dtypes.items())[:2])
+            raise UnsupportedModelError(
+                f"trainable parameters of two dtypes, {two}: the per-sample rows are one (B, d) "
+                "matrix of one dtype; cast the model to one dtype (model.float()) or freeze a part"
+            )
 
     def state_bytes(self) -> int:
         """Bytes the path keeps between calls (the hook path's reused ``(B, d)`` buffer)."""

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.autograd.graph import GradientEdge, get_gradient_edge
+from torch.autograd.graph import get_gradient_edge as _edge  # where autograd takes its gradient
 from torch.nn.modules.module import _global_forward_hooks
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
@@ -185,13 +185,6 @@ class Recorder:
 @functools.cache
 def _args_spec(count: int) -> Any:
     return tree_flatten(([0] * count, {}))[1]
-
-
-def _edge(tensor: torch.Tensor) -> GradientEdge:
-    """Where autograd takes ``tensor``'s gradient now (kept over a later in-place change)."""
-    if tensor.grad_fn is None:
-        return get_gradient_edge(tensor)  # a leaf: its gradient accumulator
-    return GradientEdge(tensor.grad_fn, tensor.output_nr)
 
 
 def _capture(call: Call, k: int, output_nr: int):

@@ -1192,3 +1192,29 @@ def test_inputs_that_require_grad_with_an_output_changed_in_place(method: str) -
         assert_right(model, loss, grads, plain, rows)
         assert x.grad is not None, f"call {k + 1}: x.grad not written"
         assert_near(x.grad, plain_x.grad, f"call {k + 1}: x.grad")
+
+
+class MixedDtypes(nn.Module):
+    """A float32 layer between float64 ones (review 3: every method raised torch's ``addmv``
+    dtype error, not a cause)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(6, 8).double(), nn.Linear(8, 8), nn.Linear(8, 3).double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.b(torch.tanh(self.a(x)).float())).double()
+        return self.c(h)
+
+
+@pytest.mark.parametrize("method", ["auto", "hooks", "factored", "func", "loop"])
+def test_trainable_parameters_of_two_dtypes_are_refused_by_name(method: str) -> None:
+    model = MixedDtypes()
+    with pytest.raises(UnsupportedModelError, match=r"two dtypes, a\.weight") as error:
+        make_per_sample(model, F.cross_entropy, method)
+    assert "\n" not in str(error.value)
+    model.b.requires_grad_(False)  # one dtype left trainable: right
+    psg = make_per_sample(model, F.cross_entropy, method)
+    x, y = torch.randn(4, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 0])
+    _, grads = psg(x, y)
+    assert set(grads.as_dict()) == {"a.weight", "a.bias", "c.weight", "c.bias"}
