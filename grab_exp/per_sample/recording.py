@@ -228,7 +228,7 @@ def operations(loss: torch.Tensor) -> tuple[str, ...]:
 
 
 def reindexes(calls: dict[str, list[Call]], out: Any, batch: int) -> bool:
-    """Whether a :data:`REINDEXING` node, or one that takes apart an axis of ``batch`` items (the
+    """Whether a :data:`REINDEXING` node, or one taking apart an axis of ``batch > 1`` items (the
     examples may be put back in an order of the data's, in Python: ``stack([h[j] for j in
     order])``), is upstream of the layers' inputs or the model's output."""
     stack = [s for layer_calls in calls.values() for c in layer_calls for s in c.sources]
@@ -239,9 +239,9 @@ def reindexes(calls: dict[str, list[Call]], out: Any, batch: int) -> bool:
 def _reindexing(node: Any, batch: int) -> bool:
     name = type(node).__name__
     if name == "UnbindBackward0":  # one gradient per item of the axis
-        return len(node._input_metadata) == batch
+        return len(node._input_metadata) == batch > 1
     if name in ("SelectBackward0", "SplitBackward0", "SliceBackward0"):
         whole = name == "SliceBackward0" and (node._saved_start, node._saved_step) == (0, 1)
         items = node._saved_self_sym_sizes[node._saved_dim]
-        return items == batch and not (whole and node._saved_end >= items)
+        return items == batch > 1 and not (whole and node._saved_end >= items)
     return name in REINDEXING

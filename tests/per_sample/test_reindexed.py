@@ -126,3 +126,25 @@ def test_a_batch_taken_apart_and_put_back_by_data_is_checked_every_call(how, met
         want = example_rows(model, x, y)
         for n, rows in grads.as_dict().items():
             torch.testing.assert_close(rows, want[n], msg=f"call {call}: rows of {n}")
+
+
+class FirstToken(nn.Module):
+    """A head on each example's first item, ``h[:, 0]``: an axis of ``T`` items taken apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc, self.head = nn.Linear(D, 6), nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, D) -> (B, 3)
+        return self.head(torch.tanh(self.enc(x))[:, 0])
+
+
+@pytest.mark.parametrize("batch", [1, 4, T])
+def test_another_axis_taken_apart_is_checked_every_call_only_at_its_length(batch: int) -> None:
+    """``h[:, 0]`` takes apart the item axis, not the batch: no full check per call, except at a
+    batch as long as that axis (the price of not knowing which axis is the batch's)."""
+    psg = make_per_sample(FirstToken().double(), F.cross_entropy, "hooks")
+    g = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        psg(torch.randn(batch, T, D, generator=g, dtype=F64), torch.randint(0, 3, (batch,)))
+    assert psg.planner.plan.reindexes == (batch == T)
