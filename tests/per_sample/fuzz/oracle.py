@@ -103,7 +103,12 @@ def allowed_refusal(case: Case) -> bool:
     design |= set(BY_DESIGN_ALONE) if case.method in ("func", "loop") else set()
     # the momentum encoder made trainable: its forward changes a trainable weight in place
     ema_trained = {"param:ema", "sched:unfreeze"} <= set(case.features)
-    return case.method in HOOK_PATH or ema_trained or bool(design & set(case.features))
+    # a BatchNorm (drawn in eval mode) switched to training mode: its statistics mix the examples
+    trained_norm = "sched:mode" in case.features and bool(
+        {"block:batchnorm", "conv_block:batchnorm"} & set(case.features)
+    )
+    design_refused = bool(design & set(case.features))
+    return case.method in HOOK_PATH or ema_trained or trained_norm or design_refused
 
 
 def classify(error: Exception, case: Case, call: int) -> Outcome:

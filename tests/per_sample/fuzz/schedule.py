@@ -6,7 +6,9 @@ does), ``sched:param_hook`` registers a gradient hook on a parameter (masking so
 entries), ``sched:fwd_hook`` a forward hook on a module, ``sched:freeze`` / ``sched:unfreeze``
 switch ``requires_grad``, ``sched:replace_head`` puts a larger head in, ``sched:add_block``
 appends a block, ``sched:step`` moves every parameter as an optimizer step would,
-``sched:mode`` switches between training and eval mode, ``sched:mix_on`` turns mixup on.
+``sched:mode`` switches between training and eval mode, ``sched:mix_on`` turns mixup on;
+``sched:sorted_checks`` (:func:`~fuzz.inputs.sorted_on_checks`) gives one batch in the order the
+model's neck sorts by on the scheduled checks' calls only.
 """
 
 from __future__ import annotations
