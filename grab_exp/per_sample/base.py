@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from grab_exp.grads import BatchGrads
-from grab_exp.per_sample.check.examples import mixing_problem
+from grab_exp.per_sample.check.examples import alone_problem, mixing_problem
 from grab_exp.per_sample.check.loss import example_losses, loss_of, loss_problem
 from grab_exp.per_sample.check.mean import GradSnapshot, rows_problem
 from grab_exp.per_sample.check.resampled import resampled_problem
@@ -71,6 +71,9 @@ class PerSampleGradients(ABC):
     #: whether Dropout in training mode is right without a ``randomness`` (the hook path: the
     #: batch forward's masks)
     module_dropout: ClassVar[bool] = False
+    #: whether the rows come from the batch's one backward (the hook path: a full check compares
+    #: one example's row with the gradient of its loss alone), not from each example alone
+    one_backward: ClassVar[bool] = False
 
     def __init__(self, model: nn.Module, loss_fn: LossFn, check_every: int = CHECK_EVERY) -> None:
         check_int_at_least("pipeline.check_every", check_every, 0)
@@ -174,20 +177,22 @@ class PerSampleGradients(ABC):
             if problem is not None:
                 raise LossContractError(problem)
         problem = None
-        if batch >= 2:
-            with kept_state(self.model), self.quiet():
-                # each extra forward on the attributes the call found (_found() returns None)
-                forward = lambda inputs: self._found() or call_model(self.model, inputs)  # noqa: E731
-
-                problem = mixing_problem(
-                    forward, x, out, layout, self.checker.groups(batch), self.model
+        with kept_state(self.model), self.quiet():
+            # each extra forward on the attributes the call found (_found() returns None)
+            forward = lambda inputs: self._found() or call_model(self.model, inputs)  # noqa: E731
+            if batch >= 2:
+                groups = self.checker.groups(batch)
+                problem = mixing_problem(forward, x, out, layout, groups, self.model)
+            if problem is None and batch >= 2 and whole and rows is not None:
+                problem = resampled_problem(
+                    forward, self.loss_fn, x, y, rows, params, self.checker.checks
                 )
-                if problem is None and whole and rows is not None:
-                    problem = resampled_problem(
-                        forward, self.loss_fn, x, y, rows, params, self.checker.checks
-                    )
-        if problem is None and identity is not None and not whole:
-            problem = identity(losses, self.checker.weights(batch, losses))
+            compared = problem is None and identity is not None and not whole
+            if compared:
+                problem = identity(losses, self.checker.weights(batch, losses))
+            if compared and problem is None and batch >= 2 and self.one_backward:
+                k = self.checker.checks % batch  # an example alone: its forward and backward
+                problem = alone_problem(forward, self.loss_fn, x, y, rows, params, k, self.method)
         if problem is not None:
             raise UnsupportedModelError(problem)
 

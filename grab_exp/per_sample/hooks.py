@@ -65,7 +65,7 @@ class HookedPerSample(PerSampleGradients):
 
     method = "hooks"
     factored = False  # rules return factors where they pay (FactoredPerSample)
-    module_dropout = True
+    module_dropout = one_backward = True
     registry: Layers | None = None  # None until the hooks are set
 
     def __init__(

@@ -228,9 +228,9 @@ def operations(loss: torch.Tensor) -> tuple[str, ...]:
 
 
 def reindexes(calls: dict[str, list[Call]], out: Any, batch: int) -> bool:
-    """Whether a :data:`REINDEXING` node, or one taking apart an axis of ``batch > 1`` items (the
-    examples may be put back in an order of the data's, in Python: ``stack([h[j] for j in
-    order])``), is upstream of the layers' inputs or the model's output."""
+    """Whether a :data:`REINDEXING` node, or one taking apart, flipping, rolling or multiplying
+    (``P @ h``) an axis of ``batch > 1`` items (the examples may be put back in an order of the
+    data's: ``stack([h[j] for j in order])``), is upstream of the layers' inputs or the output."""
     stack = [s for layer_calls in calls.values() for c in layer_calls for s in c.sources]
     stack += [t.grad_fn for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
     return any(_reindexing(node, batch) for node in _nodes(stack))
@@ -240,6 +240,11 @@ def _reindexing(node: Any, batch: int) -> bool:
     name = type(node).__name__
     if name == "UnbindBackward0":  # one gradient per item of the axis
         return len(node._input_metadata) == batch > 1
+    if name in ("FlipBackward0", "RollBackward0"):  # along the axes of the items
+        shape, dims = node._input_metadata[0].shape, node._saved_dims
+        return batch > 1 and (not dims or any(shape[d] == batch for d in dims))
+    if name == "MmBackward0":  # a (B, B) matrix times the batch (a permutation matrix)
+        return node._saved_self_sym_sizes == (batch, batch) and batch > 1
     if name in ("SelectBackward0", "SplitBackward0", "SliceBackward0"):
         whole = name == "SliceBackward0" and (node._saved_start, node._saved_step) == (0, 1)
         items = node._saved_self_sym_sizes[node._saved_dim]

@@ -78,15 +78,26 @@ def test_a_later_batch_that_breaks_the_inferred_axis_is_refused(method: str) -> 
 
 class TakenApart(nn.Module):
     """Sorts its batch by the first input feature, runs a layer, and puts the examples back in
-    Python (``how``: ``select``, ``h[j]`` each and ``stack``; ``unbind``; ``split`` and ``cat``):
-    the graph is the same whatever the order, so a call whose order differs from the checked
-    ones' is no new kind of batch."""
+    Python (``how``: ``select``, ``h[j]`` each and ``stack``; ``unbind``; ``split`` and ``cat``),
+    or reorders them by the data with ``flip`` (under ``torch.where``), ``roll`` or a permutation
+    ``matrix`` and back (adversarial review 4): the graph is the same whatever the order, so a
+    call whose order differs from the checked ones' is no new kind of batch."""
 
     def __init__(self, how: str) -> None:
         super().__init__()
         self.a, self.b, self.how = nn.Linear(6, 8), nn.Linear(8, 3), how
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 6) -> (B, 3)
+        if self.how == "flip":
+            c = x[0, 0] > x[-1, 0]
+            h = torch.tanh(self.a(torch.where(c, x.flip(0), x)))
+            return self.b(torch.where(c, h.flip(0), h))
+        if self.how == "roll":
+            k = int(x[:, 0].argmin())
+            return self.b(torch.roll(torch.tanh(self.a(torch.roll(x, -k, 0))), k, 0))
+        if self.how == "matrix":
+            permutation = torch.eye(len(x), dtype=x.dtype)[x[:, 0].argsort()]  # (B, B)
+            return self.b(permutation.T @ torch.tanh(self.a(permutation @ x)))
         order = x[:, 0].argsort()
         h = torch.tanh(self.a(x[order]))  # x needs no grad: no node for this re-indexing
         back = order.argsort().tolist()
@@ -101,7 +112,7 @@ class TakenApart(nn.Module):
         return self.b(h)
 
 
-@pytest.mark.parametrize("how", ["select", "unbind", "split"])
+@pytest.mark.parametrize("how", ["select", "unbind", "split", "flip", "roll", "matrix"])
 @pytest.mark.parametrize("method", ["hooks", "factored", "auto"])
 def test_a_batch_taken_apart_and_put_back_by_data_is_checked_every_call(how, method) -> None:
     """Batches already in order on the schedule's calls (1, 2 and 4), in reverse on call 3: the

@@ -1,4 +1,4 @@
-"""The per-example checks of a full check: the identity and mixing (:mod:`.check`)."""
+"""The per-example checks of a full check: identity, mixing, one example alone (:mod:`.check`)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from grab_exp.per_sample.check.tolerance import (
 from grab_exp.per_sample.layout import Inputs, OutputLayout, take
 from grab_exp.per_sample.modules import UnsupportedModelError, advice, label
 
+Forward = Callable[[Inputs], Any]
 #: runs that must all repeat the first one before a difference is not put down to randomness
 #: (dropout over few active units draws the same masks now and then)
 RANDOM_RUNS = 4
@@ -43,6 +44,29 @@ def identity_problem(
         return None
     name = list(params)[worst]
     return verdict(model, name.rpartition(".")[0], f"the rows of {name}", gap, method)
+
+
+def alone_problem(
+    forward: Forward, loss_fn, x: Inputs, y, rows: BatchGrads, params: dict, k: int, method: str
+) -> str | None:
+    """Example ``k``'s row against the gradient of its loss computed alone, a forward and backward
+    of its own: a backward that couples the examples (a custom ``autograd.Function``, a detached
+    value of the whole batch) leaves every forward, the identity and the rows' mean as they are."""
+    alone: list[torch.Tensor] = []
+    with torch.enable_grad():
+        if _draws(lambda: alone.append(loss_fn(forward(take(x, [k])), take(y, [k])))):
+            return None  # its gradient alone would be that of other random numbers
+    want = gradients(alone[0], list(params.values()))
+    one = torch.nn.functional.one_hot(torch.tensor(k), rows.rows).to(rows.like)  # (B,): row k
+    gap, worst = worst_gap(rows_gaps(rows, want, alone[0], coef=one, floors=FLOOR))
+    if gap <= tolerance(TOLERANCE, rows.like.dtype):
+        return None
+    return (
+        f"example {k}'s row of {list(params)[worst]} differs by {gap:.2g} (relative) from the "
+        "gradient of its loss computed alone, whose output is its output in the batch: the "
+        "batch's backward couples the examples (a custom autograd.Function, a detached value of "
+        f"the whole batch?); {advice(method)}"
+    )
 
 
 def gradients(total: torch.Tensor, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -82,9 +106,6 @@ def verdict(model: nn.Module, layer: str, subject: str, difference: float, metho
         f"examples' own losses weighted alike (relative difference {difference:.2g}): the rows "
         f"are not those of the examples they are given for; {advice(method)}"
     )
-
-
-Forward = Callable[[Inputs], Any]
 
 
 def mixing_problem(

@@ -87,8 +87,10 @@ def draw_case(
         changes[draw.int(1, calls - 1)].append(mix_on)  # one kind of batch (calls 3 and 5 are
         data = [data[0]] * calls  # not the check's: 1, 2, 4, ...)
     sort_neck = family != "lm" and draw.chance("sched:sorted_checks", 0.05)  # drawn last too
-    if sort_neck:  # the neck takes its batch apart by data: in order on the check's calls only
+    if sort_neck:  # the neck reorders its batch by data: in order on the check's calls only
         data = sorted_on_checks(*data[0], calls)
+        sort_neck = draw.pick("sort:how", ["stack", "matrix", "roll"])
+    coupled = draw.chance("bwd:coupled", 0.03)  # drawn last too: a backward scaled by B
 
     def build() -> tuple[nn.Module, Callable, list[str]]:
         d = Draw(model_seed, off, only)
@@ -100,7 +102,7 @@ def draw_case(
         if d.chance("hook:param_before", 0.08):
             param_hook(net, d.generator())
         add_state(net, family, d)  # drawn last: a seed's other choices are what they were
-        net.sort_neck = sort_neck
+        net.sort_neck, net.coupled = sort_neck, coupled
         base = token_loss(loss) if family == "lm" else class_loss(loss)
         return net, with_extras(base, net, net.aux, net.store), d.features
 

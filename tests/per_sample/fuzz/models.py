@@ -54,6 +54,8 @@ class Net(nn.Module):
         ctx = {"mask": mask, "flag": flag}
         self._captured = []  # what this forward's capture hooks see (attr:setup_once)
         h = self.state_effects(self.stem(x, ctx) * scale)
+        if getattr(self, "coupled", False):  # the identity, its backward scaled by the batch size
+            h = ScaledByBatchSize.apply(h)
         for block in self.body:
             h = block(h, ctx)
         h = self.pool(h, ctx)
@@ -74,11 +76,19 @@ class Net(nn.Module):
         return {"logits": out, "aux": (h.mean(0) ** 2).mean() if self.whole else (h**2).mean()}
 
     def in_order(self, h, x, back=False):
-        """``sort_neck``: the examples taken apart and put together in the order of ``x``'s first
-        entry (``back``: that order undone) in Python, so that no node re-indexes the batch."""
-        if not getattr(self, "sort_neck", False):
+        """``sort_neck``: the examples in the order of ``x``'s first entry (``back``: that order
+        undone), with no node that re-indexes: ``h[i]`` each and ``stack`` in Python, a
+        permutation ``matrix`` or a ``roll`` that starts at the smallest entry."""
+        how, key = getattr(self, "sort_neck", False), x.flatten(1)[:, 0]
+        if not how:
             return h
-        order = x.flatten(1)[:, 0].argsort()
+        if how == "roll":
+            start = int(key.argmin())
+            return torch.roll(h, start if back else -start, 0)
+        order = key.argsort()
+        if how == "matrix":
+            permutation = torch.eye(len(h), dtype=h.dtype)[order]  # (B, B)
+            return (permutation.T if back else permutation) @ h
         return torch.stack([h[i] for i in (order.argsort() if back else order).tolist()])
 
     def buffer_effects(self, h):
@@ -125,6 +135,25 @@ class Net(nn.Module):
             self.steps += 1
             h = h * (1 + 0.01 * self.steps)
         return h
+
+
+class ScaledByBatchSize(torch.autograd.Function):
+    """``bwd:coupled``: the identity, whose backward multiplies by the batch size (each example's
+    gradient then depends on how many it was batched with: refused on every method)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(h):
+        return h.view_as(h)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.batch = inputs[0].shape[0]
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.batch
 
 
 class VecStem(nn.Module):

@@ -46,6 +46,7 @@ BY_DESIGN = {
     "mix:swap_inputs": "a model that swaps two examples' inputs (the examples are not alone)",
     "sched:mix_on": "mixup switched on between calls (the examples are not alone from then on)",
     "buf:running_mean": "a batch mean subtracted in the forward (the examples are not alone)",
+    "bwd:coupled": "a backward scaled by the batch size (the examples are not alone in it)",
 }
 #: features refused by design on ``func`` only (``loop``, one plain forward and backward per
 #: example, has none of its own: it is held to :data:`BY_DESIGN` alone)

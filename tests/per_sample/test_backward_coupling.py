@@ -1,0 +1,65 @@
+"""A model whose forward keeps the examples apart and whose backward couples them (adversarial
+review 4): every forward of an example alone is its output in the batch, and the hook path's rows
+add up to autograd's gradient and pass the weighted identity, yet an example's row is not the
+gradient of its loss computed alone. A full check compares one example's row with that gradient
+(a forward and backward of its own): refused at the first call, on every method, ``p.grad`` as it
+was."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from grab_exp.per_sample import UnsupportedModelError, make_per_sample
+
+
+class ScaledByBatchSize(torch.autograd.Function):
+    """The identity, whose backward multiplies by the batch size (a mean made a sum)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.batch = inputs[0].shape[0]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad * ctx.batch
+
+
+class Coupled(nn.Module):
+    """``function``: :class:`ScaledByBatchSize` after the first layer; ``detached``: ``h`` in the
+    forward and ``k * grad`` in the backward, ``k`` from the whole batch's activations."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.a, self.b, self.how = nn.Linear(6, 8), nn.Linear(8, 3), how
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 6) -> (B, 3)
+        h = torch.tanh(self.a(x))
+        if self.how == "function":
+            return self.b(ScaledByBatchSize.apply(h))
+        k = 1.0 / (h.detach().pow(2).mean().sqrt() + 1e-3)  # a value of the whole batch
+        return self.b(h * k + (h - h * k).detach())
+
+
+@pytest.mark.parametrize("how", ["function", "detached"])
+@pytest.mark.parametrize("method", ["hooks", "factored", "auto", "func", "loop"])
+def test_a_backward_that_couples_the_examples_is_refused(how: str, method: str) -> None:
+    torch.manual_seed(0)
+    model = Coupled(how).double()
+    psg = make_per_sample(model, F.cross_entropy, method)
+    x, y = torch.randn(4, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 0])
+    with pytest.raises(UnsupportedModelError) as error:
+        psg(x, y)
+    message = str(error.value)
+    assert "\n" not in message
+    if method in ("hooks", "factored"):
+        assert "gradient of its loss computed alone" in message
+    assert all(p.grad is None for p in model.parameters())
