@@ -99,8 +99,12 @@ class PerSampleGradients(ABC):
         check_batch(x, y)
         self._found = saved_state(self.model)  # for the examples alone and auto's retry
         if self.state.stale(self.model):  # a module or parameter was replaced since
-            self.state = ModelState(self.model)
-            self.restructure()
+            state, self.state = self.state, ModelState(self.model)
+            try:
+                self.restructure()
+            except UnsupportedModelError:
+                state._seen, self.state = -1, state  # stale again: refused on every call
+                raise
         self.check()
         try:
             return self._compute(x, y)

@@ -28,9 +28,10 @@ from grab_exp.per_sample.rows import GradBuffer, Rows
 __all__ = ["FactoredPerSample", "HookedPerSample", "UnsupportedModelError", "check_supported"]
 
 
-def check_supported(model: nn.Module) -> None:
-    """Refuse the first parameter shared by two modules, parametrized layer or scripted module
-    (one module at two places is fine: its calls are summed)."""
+def check_supported(model: nn.Module, ties: bool = True) -> None:
+    """Refuse the first parameter shared by two modules (with ``ties``; tied after construction,
+    both layers' rows add up), parametrized layer or scripted module (one module at two places
+    is fine: its calls are summed)."""
     owners: dict[int, tuple[int, str]] = {}  # parameter -> (its module, that module's name)
     for name, module in model.named_modules(remove_duplicate=False):
         if isinstance(module, torch.jit.ScriptModule):
@@ -50,7 +51,7 @@ def check_supported(model: nn.Module) -> None:
             for p in own
             if owners.setdefault(id(p), (id(module), name))[0] != id(module)
         ]
-        if tied:
+        if tied and ties:
             raise UnsupportedModelError(
                 f"{name or '<root>'} (shares a parameter with {tied[0]}): the hook path cannot "
                 "compute its per-sample gradients; use method=func"
@@ -85,6 +86,7 @@ class HookedPerSample(PerSampleGradients):
     def restructure(self) -> None:
         super().restructure()
         if self.registry is not None:  # not while the base class is being built
+            check_supported(self.model, ties=False)  # a parametrization or scripted module since
             self._build_layers()
 
     def _build_layers(self) -> None:

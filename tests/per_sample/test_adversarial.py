@@ -1218,3 +1218,32 @@ def test_trainable_parameters_of_two_dtypes_are_refused_by_name(method: str) -> 
     x, y = torch.randn(4, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 0])
     _, grads = psg(x, y)
     assert set(grads.as_dict()) == {"a.weight", "a.bias", "c.weight", "c.bias"}
+
+
+@pytest.mark.parametrize("method", ["hooks", "factored", "auto"])
+def test_a_parametrization_added_after_construction_is_named(method: str) -> None:
+    """``weight_norm`` registered between calls (review 4: refused as a layer that "mixes the
+    examples"): the hook path names the parametrized layer on that call and every later one;
+    ``auto`` takes ``func``, whose rows are each example's own."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+    psg = make_per_sample(model, F.cross_entropy, method)
+    x, y = torch.randn(4, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 0])
+    psg(x, y)
+    torch.nn.utils.parametrizations.weight_norm(model[0])
+    for _ in range(2):
+        model.zero_grad(set_to_none=True)
+        if method == "auto":
+            _, grads = psg(x, y)
+            assert psg.method == "func"
+            params = dict(model.named_parameters())
+            for n, rows in grads.as_dict().items():
+                alone = [F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]) for i in range(4)]
+                want = [torch.autograd.grad(loss, params[n])[0] for loss in alone]
+                torch.testing.assert_close(rows, torch.stack(want))
+            continue
+        with pytest.raises(
+            UnsupportedModelError, match=r"0 \(ParametrizedLinear\) is parametrized"
+        ):
+            psg(x, y)
+        assert all(p.grad is None for p in model.parameters())
