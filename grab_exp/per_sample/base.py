@@ -195,8 +195,8 @@ class PerSampleGradients(ABC):
             if compared:
                 problem = identity(losses, self.checker.weights(batch, losses))
             if compared and problem is None and batch >= 2 and self.one_backward:
-                k = self.checker.checks % batch  # an example alone: its forward and backward
-                problem = alone_problem(forward, self.loss_fn, x, y, rows, params, k, self.method)
+                checker, method = self.checker, self.method  # an example alone, in turn
+                problem = alone_problem(forward, self.loss_fn, x, y, rows, params, checker, method)
         if problem is not None:
             raise UnsupportedModelError(problem)
 

@@ -242,11 +242,16 @@ def _reindexing(node: Any, batch: int) -> bool:
         return len(node._input_metadata) == batch > 1
     if name in ("FlipBackward0", "RollBackward0"):  # along the axes of the items
         shape, dims = node._input_metadata[0].shape, node._saved_dims
-        return batch > 1 and (not dims or any(shape[d] == batch for d in dims))
+        return batch > 1 and (not dims or any(shape[_signed(d)] == batch for d in dims))
     if name == "MmBackward0":  # a (B, B) matrix times the batch (a permutation matrix)
         return node._saved_self_sym_sizes == (batch, batch) and batch > 1
     if name in ("SelectBackward0", "SplitBackward0", "SliceBackward0"):
         whole = name == "SliceBackward0" and (node._saved_start, node._saved_step) == (0, 1)
-        items = node._saved_self_sym_sizes[node._saved_dim]
+        items = node._saved_self_sym_sizes[_signed(node._saved_dim)]
         return items == batch > 1 and not (whole and node._saved_end >= items)
     return name in REINDEXING
+
+
+def _signed(dim: int) -> int:
+    """A saved dimension: torch keeps a negative one as an unsigned 64-bit integer."""
+    return dim - (1 << 64) if dim >= 1 << 63 else dim

@@ -159,3 +159,31 @@ def test_another_axis_taken_apart_is_checked_every_call_only_at_its_length(batch
     for _ in range(3):
         psg(torch.randn(batch, T, D, generator=g, dtype=F64), torch.randint(0, 3, (batch,)))
     assert psg.planner.plan.reindexes == (batch == T)
+
+
+class LastAxes(nn.Module):
+    """Items taken from, flipped and rolled along the last axes (negative dimensions, which
+    torch's graph saves as unsigned integers): none of them is the batch's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc, self.head = nn.Linear(D, 6), nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, D) -> (B, 3)
+        h = torch.tanh(self.enc(x)).flip(-1)  # (B, T, 6)
+        h = torch.roll(h, 1, -2)[:, -1] + h.unbind(-2)[0] + h.select(-2, 1)  # (B, 6)
+        return self.head(h + h[..., -1:])
+
+
+def test_negative_axes_are_not_the_batch() -> None:
+    torch.manual_seed(0)
+    model = LastAxes().double()
+    psg = make_per_sample(model, F.cross_entropy, "hooks")
+    g = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        x, y = torch.randn(4, T, D, generator=g, dtype=F64), torch.randint(0, 3, (4,), generator=g)
+        _, grads = psg(x, y)
+        want = example_rows(model, x, y)
+        for n, rows in grads.as_dict().items():
+            torch.testing.assert_close(rows, want[n], msg=n)
+    assert not psg.planner.plan.reindexes

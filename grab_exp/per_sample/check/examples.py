@@ -47,18 +47,20 @@ def identity_problem(
 
 
 def alone_problem(
-    forward: Forward, loss_fn, x: Inputs, y, rows: BatchGrads, params: dict, k: int, method: str
+    forward: Forward, loss_fn, x: Inputs, y, rows: BatchGrads, params: dict, checker, method: str
 ) -> str | None:
-    """Example ``k``'s row against the gradient of its loss computed alone, a forward and backward
-    of its own: a backward that couples the examples (a custom ``autograd.Function``, a detached
-    value of the whole batch) leaves every forward, the identity and the rows' mean as they are."""
+    """One example's row (``checker``'s turn) against the gradient of its loss computed alone, a
+    forward and backward of its own: a backward that couples the examples (a custom
+    ``autograd.Function``, a detached value of the whole batch) leaves every forward, the
+    identity and the rows' mean as they are."""
+    k, out = checker.checks % rows.rows, checker.scratch(rows.width, rows.like)  # (d,) kept
     alone: list[torch.Tensor] = []
     with torch.enable_grad():
         if _draws(lambda: alone.append(loss_fn(forward(take(x, [k])), take(y, [k])))):
             return None  # its gradient alone would be that of other random numbers
     want = gradients(alone[0], list(params.values()))
     one = torch.nn.functional.one_hot(torch.tensor(k), rows.rows).to(rows.like)  # (B,): row k
-    gap, worst = worst_gap(rows_gaps(rows, want, alone[0], coef=one, floors=FLOOR))
+    gap, worst = worst_gap(rows_gaps(rows, want, alone[0], coef=one, out=out, floors=FLOOR))
     if gap <= tolerance(TOLERANCE, rows.like.dtype):
         return None
     return (
