@@ -75,8 +75,8 @@ def expand_over_batch(args: tuple[Any, ...], batch: int) -> tuple[Any, ...]:
 class Call:
     """One call of a hooked layer in a batch forward: the leaves of ``(args, kwargs)`` (detached)
     and their ``spec``, the output's leaves as returned and their ``grads``, ``versions`` and
-    ``edges``, the nodes that made its inputs (``sources``), whether an output changed
-    ``in_place``."""
+    ``edges``, the nodes that made its inputs (``sources``), a replayed call's inputs and their
+    versions as it entered (``input_versions``), whether an output changed ``in_place``."""
 
     leaves: list[Any]
     spec: Any
@@ -85,7 +85,7 @@ class Call:
     sources: list[Any] = field(default_factory=list)
     versions: list[int | None] = field(default_factory=list)
     edges: list[Any] = field(default_factory=list)
-    input_versions: list[int | None] = field(default_factory=list)
+    input_versions: list[tuple[torch.Tensor, int]] = field(default_factory=list)
     in_place: bool = False
 
 

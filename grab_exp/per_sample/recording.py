@@ -29,7 +29,7 @@ class Recorder:
         self.calls: dict[str, list[Call]] = {}
         self.batch = 0
         self.expanded: set[str] = set()
-        self.entry_versions: dict[str, list[list]] = {}  # replayed calls' input versions
+        self.entry_versions: dict[str, list[list]] = {}  # replayed calls' (input, version)s
 
     @contextlib.contextmanager
     def in_mode(self, mode: str) -> Iterator[None]:
@@ -58,7 +58,7 @@ class Recorder:
                 args = expand_over_batch(args, self.batch)
             if self.mode == "record" and replayed:  # its replay reads its inputs
                 leaves = tree_flatten((list(args), kwargs))[0]
-                versions = [t._version if isinstance(t, torch.Tensor) else None for t in leaves]
+                versions = [(t, t._version) for t in leaves if isinstance(t, torch.Tensor)]
                 self.entry_versions.setdefault(name, []).append(versions)
             return (args, kwargs) if changed else None
 
@@ -100,7 +100,7 @@ class Recorder:
         changed = False
         for name, layer_calls in calls.items():
             for call in layer_calls:
-                if moved(call.leaves, call.input_versions):
+                if any(t._version != v for t, v in call.input_versions):  # as it entered
                     raise UnsupportedModelError(
                         f"{self.layers.label(name)}: an input it read was changed in "
                         "place during or after its call (x.relu_() on a tensor it was given): the "

@@ -123,13 +123,28 @@ def classify(error: Exception, case: Case, call: int) -> Outcome:
     return Outcome(kind, call, f"{type(error).__name__}: {first}"[:300])
 
 
+#: what grab_exp's own code raises only by mistake (wrapped in a one-line refusal, it is a crash)
+BUGS = (IndexError, KeyError, AttributeError, TypeError, NameError, AssertionError)
+
+
 def is_refusal(error: Exception) -> bool:
-    """An ``UnsupportedModelError``, or a ``ValueError`` raised by grab_exp itself (not torch's
-    own ``ValueError``, a raw message)."""
+    """An ``UnsupportedModelError`` that wraps no :data:`BUGS` raised in grab_exp's own code, or
+    a ``ValueError`` raised by grab_exp itself (not torch's own ``ValueError``, a raw message)."""
     if isinstance(error, UnsupportedModelError):
-        return True
+        return not engine_bug(error)
     frames = traceback.extract_tb(error.__traceback__)
     return isinstance(error, ValueError) and bool(frames) and LIBRARY in frames[-1].filename
+
+
+def engine_bug(error: BaseException) -> bool:
+    """Whether ``error``'s causes hold one of :data:`BUGS` raised in a grab_exp file."""
+    cause = error.__cause__
+    while cause is not None:
+        frames = traceback.extract_tb(cause.__traceback__)
+        if isinstance(cause, BUGS) and frames and LIBRARY in frames[-1].filename:
+            return True
+        cause = cause.__cause__
+    return False
 
 
 def difference(
