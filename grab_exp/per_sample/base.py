@@ -191,8 +191,8 @@ class PerSampleGradients(ABC):
                 problem = resampled_problem(
                     forward, self.loss_fn, x, y, rows, params, self.checker.checks
                 )
-            compared = problem is None and identity is not None and not whole
-            if compared:
+            compared = problem is None and identity is not None
+            if compared and not whole:
                 problem = identity(losses, self.checker.weights(batch, losses))
             if compared and problem is None and batch >= 2 and self.one_backward:
                 checker, method = self.checker, self.method  # an example alone, in turn

@@ -61,6 +61,12 @@ MINIMAL: dict[str, tuple[int, tuple[str, ...]]] = {
     # batch size; every forward alone, the identity and the rows' mean pass
     "backward_scaled_by_batch": (0, ("family:vec", "bwd:coupled")),
     "backward_scaled_by_batch_hooks": (0, ("family:vec", "bwd:coupled", "method:hooks")),
+    # crash (at 31df988, counted a refusal until the oracle named engine bugs): a replayed layer
+    # whose dict argument its forward changes (a key added): entry versions misaligned
+    "dict_argument_changed_by_forward_hooks": (
+        0,
+        ("family:lm", "input:dict", "mask:none", "pos:weight", "method:hooks"),
+    ),
     # wrong: a value of the whole batch beside the output (a load-balancing term)
     "whole_batch_aux_output": (2, ("family:vec", "out:aux", "out:whole")),
     "whole_batch_aux_output_factored": (
