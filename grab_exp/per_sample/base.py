@@ -141,7 +141,6 @@ class PerSampleGradients(ABC):
         snapshot: GradSnapshot,
         full: Callable[[Identity], None] | None,
         identity: Identity,
-        loss: torch.Tensor | None = None,
         sums: dict[str, Callable] | None = None,
     ) -> None:
         """The rows' mean against this call's ``param.grad`` (:mod:`.check.mean`; ``sums``: its
@@ -152,7 +151,7 @@ class PerSampleGradients(ABC):
             names, tensors, grads = list(params), list(params.values()), snapshot.grads()
             out = self.checker.scratch(rows.width, rows.like)
             model, method = self.model, self.method
-            problem = rows_problem(rows, names, grads, tensors, model, method, loss, out, sums)
+            problem = rows_problem(rows, names, grads, tensors, model, method, out, sums)
         if isinstance(problem, torch.Tensor):  # CUDA: judged at the next full check
             self.checker.defer_rows(problem)
         elif problem is not None:
@@ -172,10 +171,10 @@ class PerSampleGradients(ABC):
         batch = batch_size(y)
         loss = loss_of(self.loss_fn, out, y)  # first: a loss that changes its input is named
         self.checker.settle_deferred(loss.dtype)  # the loss splits of the calls since
-        if not torch.isfinite(loss):
-            return  # a diverged step: nothing to compare; the runner stops on its loss
-        whole = layout.unbatched(out)
-        if not whole:
+        # a loss not finite (a diverged step, which the runner stops on) has no split and no
+        # identity; the outputs and an example alone (its finite gradients) are still compared
+        finite, whole = bool(torch.isfinite(loss)), layout.unbatched(out)
+        if finite and not whole:
             losses = example_losses(self.loss_fn, out, y, layout)  # (B,), in out's graph
             problem = loss_problem(loss.detach(), losses.detach())
             if problem is not None:
@@ -187,12 +186,12 @@ class PerSampleGradients(ABC):
             if batch >= 2:
                 groups = self.checker.groups(batch)
                 problem = mixing_problem(forward, x, out, layout, groups, self.model)
-            if problem is None and batch >= 2 and whole and rows is not None:
+            if problem is None and batch >= 2 and whole and finite and rows is not None:
                 problem = resampled_problem(
                     forward, self.loss_fn, x, y, rows, params, self.checker.checks
                 )
             compared = problem is None and identity is not None
-            if compared and not whole:
+            if compared and finite and not whole:
                 problem = identity(losses, self.checker.weights(batch, losses))
             if compared and problem is None and batch >= 2 and self.one_backward:
                 checker, method = self.checker, self.method  # an example alone, in turn

@@ -147,15 +147,15 @@ class HookedPerSample(PerSampleGradients):
             grads = self.rows.batch_grads(rows, params)
             full = partial(self.full_check, x, y, out, plan.output, rows=grads, params=params)
             identity = self._identity(calls, rows, batch) if due else None
-            self._verify(grads, params, snapshot, calls, full if due else None, identity, loss)
+            self._verify(grads, params, snapshot, calls, full if due else None, identity)
             if due:
                 self.checker.passed(key, batch)
         return loss.detach(), grads
 
-    def _verify(self, grads, params, snapshot, calls, full, identity, loss) -> None:
+    def _verify(self, grads, params, snapshot, calls, full, identity) -> None:
         """:meth:`verify_and_check`, naming a layer autograd did not record as the cause."""
         try:
-            self.verify_and_check(grads, params, snapshot, full, identity, loss, self.rows.sums)
+            self.verify_and_check(grads, params, snapshot, full, identity, self.rows.sums)
         except UnsupportedModelError as error:
             blind = [n for n, cs in calls.items() if any(not any(c.edges) for c in cs)]
             if not blind and not self.planner.plan.reindexes:

@@ -53,7 +53,7 @@ class LoopPerSample(PerSampleGradients):
             if loss.requires_grad:
                 loss.backward()
             grads = as_batch_grads(rows)
-            self.verify_and_check(grads, params, snapshot, None, None, loss)
+            self.verify_and_check(grads, params, snapshot, None, None)
         return loss.detach(), grads
 
     def _rows(self, x: Inputs, y, params: dict[str, nn.Parameter], batch: int):

@@ -194,20 +194,22 @@ def _capture(call: Call, k: int, output_nr: int):
     return hook
 
 
-def _nodes(stack: list, skip: dict | None = None) -> Iterator[Any]:
+def _nodes(stack: list, skip: dict | None = None) -> list[Any]:
     """Each node of the graph from ``stack``'s once, stepping from a node in ``skip`` to the
-    nodes it names instead (not yielded) of its own inputs."""
-    seen: set = set()
+    nodes it names instead (not listed) of its own inputs."""
+    seen, found = set(), []
     while stack:
         node = stack.pop()
         if node is None or node in seen:
             continue
         seen.add(node)
         if skip and node in skip:
-            stack.extend(skip[node])
-        else:
-            yield node
-            stack.extend(n for n, _ in node.next_functions)
+            stack += skip[node]
+            continue
+        found.append(node)
+        for upstream, _ in node.next_functions:
+            stack.append(upstream)
+    return found
 
 
 #: nodes of operations that can move items across a batch axis (docs/which-models-work.md)

@@ -63,3 +63,24 @@ def test_a_backward_that_couples_the_examples_is_refused(how: str, method: str) 
     if method in ("hooks", "factored"):
         assert "gradient of its loss computed alone" in message
     assert all(p.grad is None for p in model.parameters())
+
+
+def loss_every_target_ignored(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over targets that are all ``ignore_index`` (NaN: no target counts) plus a
+    finite per-example term: the batch loss is not finite, the layers' gradients are."""
+    return F.cross_entropy(out, y) + 0.1 * out.pow(2).sum(1).mean()
+
+
+@pytest.mark.parametrize("method", ["hooks", "factored", "auto", "func", "loop"])
+def test_a_coupled_backward_is_refused_under_a_loss_that_is_not_finite(method: str) -> None:
+    """Fuzzer seed 2832: with no full check under a NaN batch loss, the rows it scaled by B were
+    returned (the rows' mean is ``p.grad``, scaled alike); the example alone compares the
+    gradients that are finite."""
+    torch.manual_seed(0)
+    model = Coupled("function").double()
+    psg = make_per_sample(model, loss_every_target_ignored, method)
+    x, y = torch.randn(4, 6, dtype=torch.float64), torch.full((4,), -100)
+    with pytest.raises(UnsupportedModelError) as error:
+        psg(x, y)
+    assert "\n" not in str(error.value)
+    assert all(p.grad is None for p in model.parameters())

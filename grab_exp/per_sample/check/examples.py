@@ -60,7 +60,7 @@ def alone_problem(
             return None  # its gradient alone would be that of other random numbers
     want = gradients(alone[0], list(params.values()))
     one = torch.nn.functional.one_hot(torch.tensor(k), rows.rows).to(rows.like)  # (B,): row k
-    gap, worst = worst_gap(rows_gaps(rows, want, alone[0], coef=one, out=out, floors=FLOOR))
+    gap, worst = worst_gap(rows_gaps(rows, want, coef=one, out=out, floors=FLOOR))
     if gap <= tolerance(TOLERANCE, rows.like.dtype):
         return None
     return (

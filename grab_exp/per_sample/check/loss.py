@@ -59,19 +59,23 @@ def loss_gap(loss_fn, out: Any, y: torch.Tensor, loss: torch.Tensor, layout: Out
     with torch.no_grad():
         first = loss_fn(layout.narrow(out, 0, k), take(y, slice(0, k)))
         second = loss_fn(layout.narrow(out, k, rest), take(y, slice(k, k + rest)))
-    parts, size = first * k + second * rest, first.abs() * k + second.abs() * rest
-    return relative_gap(loss.detach() * (k + rest), parts, size)
+        if host_reads_allowed(loss.device):  # three reads, then floats
+            first, second, loss = first.item(), second.item(), loss.item()
+        parts, size = first * k + second * rest, abs(first) * k + abs(second) * rest
+        return relative_gap(loss * (k + rest), parts, size)
 
 
-def relative_gap(got: torch.Tensor, want: torch.Tensor, size: torch.Tensor):
-    """``|got - want| / size`` of ``()`` tensors: a float where host reads are free (the CPU),
-    else a ``()`` tensor; nothing (``None``, or 0) when ``got``, the batch loss, is not finite."""
-    if not host_reads_allowed(want.device):
+def relative_gap(got, want, size):
+    """``|got - want| / size`` of ``()`` tensors or floats: a float where host reads are free (the
+    CPU), else a ``()`` tensor; nothing (``None``, or 0) when ``got``, the batch loss, is not
+    finite."""
+    if isinstance(got, torch.Tensor) and not host_reads_allowed(got.device):
         gap = (got - want).abs() / size.clamp_min(1e-30)
         return torch.where(got.isfinite(), gap, torch.zeros_like(gap))
-    if not math.isfinite(got.item()):  # a diverged step: the runner's to stop
+    got, want, size = float(got), float(want), float(size)
+    if not math.isfinite(got):  # a diverged step: the runner's to stop
         return None
-    return abs(got.item() - want.item()) / max(size.item(), 1e-30)
+    return abs(got - want) / max(size, 1e-30)
 
 
 def loss_problem(loss: torch.Tensor, losses: torch.Tensor) -> str | None:

@@ -49,37 +49,40 @@ class GradSnapshot:
 def rows_gaps(
     rows: BatchGrads,
     grads: list[torch.Tensor | None],
-    loss: torch.Tensor | None = None,
     coef: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     sums: dict[str, Callable] | None = None,
     floors: dict = MEAN_FLOOR,
 ) -> torch.Tensor:
     """Per parameter, ``|sum_i coef_i g_i - grad|`` relative to ``|grad|`` (or to a ``floors``
-    share of the largest): a ``(P,)`` tensor (NaN: inf); 0 where ``grad`` (``None``: zero) or
-    ``loss`` is not finite.
+    share of the largest): a ``(P,)`` tensor (NaN: inf); 0 where ``grad`` (``None``: zero) is
+    not finite.
     ``coef (B,)``: ``1/B`` each (the rows' mean) unless given; ``out``: a ``(d,)`` scratch;
     ``sums``: name -> ``(coef, acc)`` adding that parameter's ``sum_i coef_i g_i`` to ``acc``
     from a compact form (a rule's ``weighted_sum``), in place of a pass over its rows."""
     like, batch, sums = rows.like, rows.rows, sums or {}
     shift = constant(-1 / batch, batch, like.dtype, like.device) if coef is None else -coef
-    widths = tuple(shape.numel() for shape in rows.shapes.values())
+    shapes = tuple(rows.shapes.values())
     acc = like.new_empty(rows.width) if out is None else out  # (d,): grad, then grad - mean
+    parts = kept_view(acc, shapes, lambda: _parts(acc, shapes))  # (*shape) views
     wants = [
-        like.new_zeros(w) if g is None else (g.to_dense() if g.is_sparse else g).reshape(-1)
-        for g, w in zip(grads, widths, strict=True)
+        torch.zeros_like(part) if g is None else g.to_dense() if g.is_sparse else g
+        for g, part in zip(grads, parts, strict=True)
     ]
-    torch.cat(wants, out=acc)
-    parts = kept_view(acc, ("parameters", widths), lambda: acc.split(widths))  # views
+    torch._foreach_copy_(parts, wants)
     rows.accumulate(acc, shift, frozenset(sums))  # one pass: acc = grad - sum_i coef_i g_i
     for k, name in enumerate(rows.shapes):
         if name in sums:
-            sums[name](shift, parts[k].view(rows.shapes[name]))
+            sums[name](shift, parts[k])
     sizes, differences = torch.stack(torch._foreach_norm([*wants, *parts])).view(2, -1)  # (P,)
     gaps = relative(differences, sizes, floors, acc.dtype)
-    # a non-finite loss or gradient (training diverged) is training's to stop on, not a refusal
-    finite = sizes.isfinite() if loss is None else sizes.isfinite() & loss.detach().isfinite()
-    return gaps.nan_to_num(nan=math.inf).where(finite, 0.0)
+    # a gradient that is not finite (training diverged) is training's to stop on, not a refusal
+    return gaps.nan_to_num(nan=math.inf).where(sizes.isfinite(), 0.0)
+
+
+def _parts(acc: torch.Tensor, shapes: tuple[torch.Size, ...]) -> tuple[torch.Tensor, ...]:
+    widths = [shape.numel() for shape in shapes]
+    return tuple(p.view(s) for p, s in zip(acc.split(widths), shapes, strict=True))
 
 
 def relative(differences: torch.Tensor, sizes: torch.Tensor, floors: dict, dtype) -> torch.Tensor:
@@ -100,7 +103,6 @@ def rows_problem(
     params: list[nn.Parameter],
     model: nn.Module,
     method: str,
-    loss: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     sums: dict[str, Callable] | None = None,
 ) -> str | torch.Tensor | None:
@@ -109,7 +111,7 @@ def rows_problem(
     ``method=loop``'s rows are the definition: only the loss (or autocast's rounding) is named."""
     if not names or rows.rows == 0:
         return None
-    gaps = rows_gaps(rows, grads, loss, out=out, sums=sums)
+    gaps = rows_gaps(rows, grads, out=out, sums=sums)
     alone = method == "loop"  # each example's loss alone: a batch of one's rounding
     limit = tolerance(TOLERANCE if alone else MEAN_TOLERANCE, rows.like.dtype)
     if not host_reads_allowed(gaps.device) and not alone:  # loop has no later check: reads now

@@ -29,7 +29,7 @@ def resampled_problem(forward, loss_fn, x, y, rows: BatchGrads, params: dict, ch
         loss = loss_fn(forward(take(x, index)), take(y, index))
         grads = torch.autograd.grad(loss, tensors, allow_unused=True)
         coef = (k.to(rows.like.dtype) / k.sum()).to(rows.like.device)  # (B,)
-        gap, worst = worst_gap(rows_gaps(rows, list(grads), loss, coef))
+        gap, worst = worst_gap(rows_gaps(rows, list(grads), coef))
         if gap > tolerance(TOLERANCE, rows.like.dtype):
             return (
                 f"the rows of {names[worst]}, weighted by how often a resampled batch takes "
