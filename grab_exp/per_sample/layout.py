@@ -76,7 +76,8 @@ class Call:
     """One call of a hooked layer in a batch forward: the leaves of ``(args, kwargs)`` (detached)
     and their ``spec``, the output's leaves as returned and their ``grads``, ``versions`` and
     ``edges``, the nodes that made its inputs (``sources``), a replayed call's inputs and their
-    versions as it entered (``input_versions``), whether an output changed ``in_place``."""
+    versions as it entered (``input_versions``), whether an output changed ``in_place``; a
+    rule's weight copied per example (``weight_copies``: its gradient, then its edge)."""
 
     leaves: list[Any]
     spec: Any
@@ -87,6 +88,7 @@ class Call:
     edges: list[Any] = field(default_factory=list)
     input_versions: list[tuple[torch.Tensor, int]] = field(default_factory=list)
     in_place: bool = False
+    weight_copies: list[Any] = field(default_factory=list)
 
 
 def moved(tensors: list[Any], versions: list[int | None]) -> bool:

@@ -13,6 +13,7 @@ from torch.autograd.graph import get_gradient_edge as _edge  # where autograd ta
 from torch.nn.modules.module import _global_forward_hooks
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from grab_exp.per_sample.check.tolerance import autocast_on
 from grab_exp.per_sample.layout import Call, expand_over_batch, moved
 from grab_exp.per_sample.modules import CHECKPOINT_REFUSAL, UnsupportedModelError
 from grab_exp.per_sample.plan import Layers
@@ -33,11 +34,24 @@ class Recorder:
 
     @contextlib.contextmanager
     def in_mode(self, mode: str) -> Iterator[None]:
-        before, self.mode = self.mode, mode
+        before, self.mode, self.copies = self.mode, mode, {}
+        undo = [] if mode != "record" or autocast_on() else self._copy_weights()
         try:
             yield
         finally:
             self.mode = before
+            for put_back in undo:
+                put_back()
+
+    def _copy_weights(self) -> list[Any]:
+        """Each rule layer that copies its weight per example (``LayerRule.copy_weight``), which
+        its forward keeps in ``copies`` for its call; the ``undo``s."""
+        undo = [
+            rule.copy_weight(self.layers.modules[n], functools.partial(self.copies.__setitem__, n))
+            for n, rule in self.layers.rules.items()
+            if rule.copy_weight is not None
+        ]
+        return [u for u in undo if u is not None]
 
     def hook(self, name: str, layer: nn.Module, replayed: bool) -> list[Any]:
         """Hook ``layer`` (``replayed``: a fallback's, whose replay reads its inputs)."""
@@ -87,6 +101,9 @@ class Recorder:
             call.versions = [t._version if isinstance(t, torch.Tensor) else None for t in outputs]
             if self.mode == "record":
                 call.edges = [_edge(t) if g else None for t, g in zip(outputs, graded, strict=True)]
+                copies = self.copies.pop(name, None)
+                if copies is not None and copies.grad_fn is not None:
+                    call.weight_copies = [None, _edge(copies)]
                 if replayed:
                     call.input_versions = self.entry_versions[name].pop()
             self.calls.setdefault(name, []).append(call)
@@ -164,10 +181,14 @@ class Recorder:
     def backward(self, loss: torch.Tensor, calls: dict[str, list[Call]], retain: bool) -> None:
         """``loss.backward()``, capturing the gradients at the calls' outputs in their ``grads``."""
         handles = [
-            edge.node.register_prehook(_capture(call, k, edge.output_nr))
+            edge.node.register_prehook(_capture(slots, k, edge.output_nr))
             for layer_calls in calls.values()
             for call in layer_calls
-            for k, edge in enumerate(call.edges)
+            for slots, edges in (
+                (call.grads, call.edges),
+                (call.weight_copies, call.weight_copies[1:]),
+            )
+            for k, edge in enumerate(edges)
             if edge is not None
         ]
         try:
@@ -187,9 +208,9 @@ def _args_spec(count: int) -> Any:
     return tree_flatten(([0] * count, {}))[1]
 
 
-def _capture(call: Call, k: int, output_nr: int):
+def _capture(slots: list, k: int, output_nr: int):
     def hook(grad_outputs: tuple) -> None:  # a node pre-hook
-        call.grads[k] = grad_outputs[output_nr]
+        slots[k] = grad_outputs[output_nr]
 
     return hook
 

@@ -96,7 +96,8 @@ class Rows:
             if rule.weighted_sum is not None and not several:
                 self._sums[id(layer.weight)] = partial(rule.weighted_sum, layer, a, g_sum)
             factors = rule.factors(layer, a, g_sum) if factored else None
-            return factors or rule.per_sample(layer, a, g_sum, out)
+            copies = call.weight_copies[:1] if layout.inputs[0] == 0 else []  # autograd's
+            return factors or rule.per_sample(layer, a, g_sum, out, *copies)
         return self.layers.fallbacks[name].per_sample(call, layout, batch, out)  # hooks idle
 
     def _buffer_views(self, batch: int, params: dict[str, nn.Parameter], calls: dict) -> Grads:

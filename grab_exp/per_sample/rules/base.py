@@ -23,6 +23,10 @@ class LayerRule:
     #: ``(layer, a, g, coef (B,), acc)``: ``acc (*weight.shape) += sum_i coef_i`` of the weight's
     #: rows from ``a`` and ``g``, for rules whose rows are mostly zeros (else ``None``)
     weighted_sum: Callable | None = None
+    #: ``(layer, keep) -> undo | None``: the layer's recorded calls computed with its weight
+    #: copied per example (``keep(w)``, ``w (B * O, ...)``), for autograd's one backward to give
+    #: the weight's rows, where that pays (``undo()`` puts its forward back)
+    copy_weight: Callable | None = None
 
     def supports(self, layer: nn.Module) -> bool:
         return True

@@ -3,6 +3,8 @@ weight gradient (narrow layers) or one batched matmul over the patches (wide lay
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -27,13 +29,16 @@ def explicit_padding(layer: nn.Conv2d) -> tuple[int, ...] | None:
 
 
 def conv2d_grads(
-    layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor, out: Outs = (None, None)
+    layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor, out: Outs = (None, None), copies=None
 ) -> list[torch.Tensor]:
     """Per-sample ``[weight, bias]`` grads from input ``a (B, C, H, W)``, ``g (B, O, H', W')``:
-    :func:`grouped_weight_grads` where the output positions ``L = H'W'`` outnumber the channels
-    ``O`` (LeNet), else :func:`unfold_weight_grads` (patches no larger than the result)."""
+    ``copies`` (:func:`copy_weight`'s gradient) where given, :func:`grouped_weight_grads` where
+    the output positions ``L = H'W'`` outnumber the channels ``O`` (LeNet), else
+    :func:`unfold_weight_grads` (patches no larger than the result)."""
     positions = g.shape[2] * g.shape[3]  # L
-    if positions <= g.shape[1]:
+    if copies is not None and copies.shape[0] == g.shape[0] * g.shape[1]:  # of the mean loss
+        weight = torch.mul(copies.view(g.shape[0], *layer.weight.shape), g.shape[0], out=out[0])
+    elif positions <= g.shape[1]:
         weight = unfold_weight_grads(layer, a, g, out[0])
     else:
         weight = grouped_weight_grads(layer, a, g)
@@ -81,6 +86,31 @@ def unfold_weight_grads(
     return weight.view(*g.shape[:2], *layer.weight.shape[1:])
 
 
+def copy_weight(layer: nn.Conv2d, keep: Callable[[torch.Tensor], None]) -> Callable | None:
+    """On the CPU, a narrow layer (LeNet's) runs as one convolution grouped by example over its
+    weight copied per example (``keep``'s ``(B * O, C, kh, kw)``), whose weight gradient in the
+    one backward is :func:`grouped_weight_grads`' and adds up to ``weight.grad``: no second one."""
+    if layer.weight.device.type != "cpu" or layer.in_channels >= CHANNELS_LAST_BELOW:
+        return None
+
+    def grouped(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+        # unbatched, no weight gradient, or in a checkpoint (whose recompute is the plain forward)
+        checkpointed = torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+        if x.dim() != 4 or not (weight.requires_grad and torch.is_grad_enabled()) or checkpointed:
+            return type(layer)._conv_forward(layer, x, weight, bias)
+        batch, out_channels = x.shape[0], weight.shape[0]  # x (B, C, H, W)
+        weights = weight.expand(batch, *weight.shape).reshape(-1, *weight.shape[1:])
+        keep(weights)  # (B * O, C, kh, kw)
+        images = x.reshape(1, -1, *x.shape[2:]).contiguous(memory_format=torch.channels_last)
+        biases = None if bias is None else bias.expand(batch, -1).reshape(-1)  # (B * O,)
+        out = F.conv2d(images, weights, biases, layer.stride, explicit_padding(layer),
+                       layer.dilation, groups=batch)  # fmt: skip
+        return out.view(batch, out_channels, *out.shape[2:]).contiguous()  # (B, O, H', W')
+
+    layer._conv_forward = grouped
+    return lambda: delattr(layer, "_conv_forward")
+
+
 @register_rule(nn.Conv2d)
 class Conv2dRule(LayerRule):
     """``nn.Conv2d``; grouped, non-zero-padded or asymmetric ``"same"`` ones get the fallback."""
@@ -89,4 +119,4 @@ class Conv2dRule(LayerRule):
         zero_padded = layer.padding_mode == "zeros" and explicit_padding(layer) is not None
         return layer.groups == 1 and zero_padded
 
-    per_sample = staticmethod(conv2d_grads)
+    per_sample, copy_weight = staticmethod(conv2d_grads), staticmethod(copy_weight)
