@@ -7,8 +7,7 @@
   probe), :mod:`.recording` (hooks, the one backward), :mod:`.rows` (rows, the reused buffer),
   per layer :mod:`.rules` or :mod:`.fallback`, where the batch is in :mod:`.layout`;
 * :mod:`.check`: what every call and each full check verifies, and when;
-* :mod:`.modules`: the refusals and what modules do; :mod:`.batchnorm`: BatchNorm to GroupNorm.
-"""
+* :mod:`.modules`: the refusals and what modules do; :mod:`.batchnorm`: BatchNorm to GroupNorm."""
 
 from grab_exp.per_sample.auto import AutoPerSample
 from grab_exp.per_sample.base import PerSampleGradients

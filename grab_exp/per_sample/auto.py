@@ -4,8 +4,7 @@ When a path refuses or fails, on construction or on any call, :class:`AutoPerSam
 hooks, puts back the buffers, frozen weights, attributes and random state that the call changed
 (:func:`~.check.state.saved_state`) and takes the next path for that call and the rest (``loop``
 announced by a ``UserWarning``). A model that none gets right is refused in one line with every
-path's reason; ``LossContractError`` and ``UserCodeError`` at once.
-"""
+path's reason; ``LossContractError`` and ``UserCodeError`` at once."""
 
 from __future__ import annotations
 

@@ -68,8 +68,7 @@ class PerSampleGradients(ABC):
 
     method: ClassVar[str]
     randomness: str | None = None
-    #: whether Dropout in training mode is right without a ``randomness`` (the hook path: the
-    #: batch forward's masks)
+    #: whether active Dropout is right without a ``randomness`` (the hook path: the batch's masks)
     module_dropout: ClassVar[bool] = False
     #: whether the rows come from the batch's one backward (the hook path: a full check compares
     #: one example's row with the gradient of its loss alone), not from each example alone
@@ -78,8 +77,7 @@ class PerSampleGradients(ABC):
     def __init__(self, model: nn.Module, loss_fn: LossFn, check_every: int = CHECK_EVERY) -> None:
         check_int_at_least("pipeline.check_every", check_every, 0)
         self.model, self.loss_fn = model, loss_fn
-        self.checker = Check(check_every)
-        self.state = ModelState(model)
+        self.checker, self.state = Check(check_every), ModelState(model)
         self.restructure()
         self.check()
 
@@ -150,8 +148,7 @@ class PerSampleGradients(ABC):
         if self.checker.on:
             names, tensors, grads = list(params), list(params.values()), snapshot.grads()
             out = self.checker.scratch(rows.width, rows.like)
-            model, method = self.model, self.method
-            problem = rows_problem(rows, names, grads, tensors, model, method, out, sums)
+            problem = rows_problem(rows, names, grads, tensors, self.model, self.method, out, sums)
         if isinstance(problem, torch.Tensor):  # CUDA: judged at the next full check
             self.checker.defer_rows(problem)
         elif problem is not None:
@@ -168,14 +165,14 @@ class PerSampleGradients(ABC):
         output in its forward's graph; ``identity``: ``None`` where the rows cannot be compared
         with that graph (other random masks). An output the batch cannot split: the rows (of
         ``params``) against resampled batches (:mod:`~grab_exp.per_sample.check.resampled`)."""
-        batch = batch_size(y)
-        loss = loss_of(self.loss_fn, out, y)  # first: a loss that changes its input is named
-        self.checker.settle_deferred(loss.dtype)  # the loss splits of the calls since
+        batch, checker, loss_fn = batch_size(y), self.checker, self.loss_fn
+        loss = loss_of(loss_fn, out, y)  # first: a loss that changes its input is named
+        checker.settle_deferred(loss.dtype)  # the loss splits of the calls since
         # a loss not finite (a diverged step, which the runner stops on) has no split and no
         # identity; the outputs and an example alone (its finite gradients) are still compared
         finite, whole = bool(torch.isfinite(loss)), layout.unbatched(out)
         if finite and not whole:
-            losses = example_losses(self.loss_fn, out, y, layout)  # (B,), in out's graph
+            losses = example_losses(loss_fn, out, y, layout)  # (B,), in out's graph
             problem = loss_problem(loss.detach(), losses.detach())
             if problem is not None:
                 raise LossContractError(problem)
@@ -184,18 +181,14 @@ class PerSampleGradients(ABC):
             # each extra forward on the attributes the call found (_found() returns None)
             forward = lambda inputs: self._found() or call_model(self.model, inputs)  # noqa: E731
             if batch >= 2:
-                groups = self.checker.groups(batch)
-                problem = mixing_problem(forward, x, out, layout, groups, self.model)
+                problem = mixing_problem(forward, x, out, layout, checker.groups(batch), self.model)
             if problem is None and batch >= 2 and whole and finite and rows is not None:
-                problem = resampled_problem(
-                    forward, self.loss_fn, x, y, rows, params, self.checker.checks
-                )
+                problem = resampled_problem(forward, loss_fn, x, y, rows, params, checker.checks)
             compared = problem is None and identity is not None
             if compared and finite and not whole:
-                problem = identity(losses, self.checker.weights(batch, losses))
-            if compared and problem is None and batch >= 2 and self.one_backward:
-                checker, method = self.checker, self.method  # an example alone, in turn
-                problem = alone_problem(forward, self.loss_fn, x, y, rows, params, checker, method)
+                problem = identity(losses, checker.weights(batch, losses))
+            if compared and problem is None and batch >= 2 and self.one_backward:  # in turn
+                problem = alone_problem(forward, loss_fn, x, y, rows, params, checker, self.method)
         if problem is not None:
             raise UnsupportedModelError(problem)
 

@@ -24,8 +24,7 @@ class FuncFallback:
     submodules its forward uses without calling them), as ``names``, by ``vmap`` or a loop."""
 
     def __init__(self, layer: nn.Module, adopted: Iterable[str] = ()) -> None:
-        self.layer = layer
-        self.adopted = list(adopted)
+        self.layer, self.adopted = layer, list(adopted)
         self.names = [n for n, _ in layer.named_parameters(recurse=False)] + self.adopted
         # torch's vmap has no batching rule for the fused RNN kernels: it runs them one example
         # at a time through its slow fallback, or fails (nn.GRU), so a plain loop it is
@@ -67,19 +66,15 @@ class FuncFallback:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # RNNs: weights not one chunk
             if self.batched_by == "vmap":
-                dims = (None, in_dims, out_dims)
-                return vmap(grad(one_example), in_dims=dims, randomness="error")(
-                    own, inputs, grads_sum
-                )
+                per_example = vmap(grad(one_example), (None, in_dims, out_dims), randomness="error")
+                return per_example(own, inputs, grads_sum)
             rows: dict[str, list[torch.Tensor]] = {n: [] for n in own}
             for b in range(batch):  # plain autograd: a checkpoint inside the layer runs too
                 params = {n: p.detach().requires_grad_(True) for n, p in own.items()}
                 with torch.enable_grad():
-                    total = one_example(
-                        params,
-                        [t.select(d, b) for t, d in zip(inputs, in_dims, strict=True)],
-                        [g.select(d, b) for g, d in zip(grads_sum, out_dims, strict=True)],
-                    )
+                    inputs_b = [t.select(d, b) for t, d in zip(inputs, in_dims, strict=True)]
+                    grads_b = [g.select(d, b) for g, d in zip(grads_sum, out_dims, strict=True)]
+                    total = one_example(params, inputs_b, grads_b)
                     grads = torch.autograd.grad(total, list(params.values()), allow_unused=True)
                 for (n, p), g in zip(params.items(), grads, strict=True):
                     rows[n].append(torch.zeros_like(p) if g is None else g)

@@ -74,12 +74,9 @@ def _make_grad_fn(
             detached = tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, out)
             return loss, (loss.detach(), detached)
 
-        return vmap(
-            grad(one_example, has_aux=True),
-            in_dims=(None, None, *dims),
-            chunk_size=chunk_size,
-            randomness=randomness or "error",
-        )(trainable, fixed, x, y)
+        options = {"chunk_size": chunk_size, "randomness": randomness or "error"}
+        per_example = vmap(grad(one_example, has_aux=True), (None, None, *dims), **options)
+        return per_example(trainable, fixed, x, y)
 
     return batched
 
@@ -178,8 +175,7 @@ class FuncPerSample(PerSampleGradients):
 
     def _compute(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         """The rows from ``vmap(grad)``; ``param.grad`` from the batch's own ``loss.backward()``."""
-        batch = batch_size(x)
-        key = (input_shapes(x), self.state.key())
+        batch, key = batch_size(x), (input_shapes(x), self.state.key())
         layout = self._output_layout(key, x)
         due = self.checker.due(key, batch)
         trainable, fixed = split_state(self.model)
@@ -188,8 +184,7 @@ class FuncPerSample(PerSampleGradients):
         except RuntimeError as error:
             raise UnsupportedModelError(vmap_failure(self.model, error)) from error
         self._found()  # the batch's own forward below runs on the attributes the call found
-        rows = as_batch_grads(grads)
-        params = self.state.trainable()
+        rows, params = as_batch_grads(grads), self.state.trainable()
         if self.randomness is not None and random_modules(self.model):
             return self._drawn(x, y, rows, grads, losses, out, layout, key, due)
         with GradSnapshot(params.values()) as snapshot, torch.enable_grad():
@@ -253,11 +248,7 @@ class FuncPerSample(PerSampleGradients):
                     "statistics, a counter, a momentum encoder), and torch.func's functional call "
                     "cannot carry the change out; use method=hooks or loop (auto takes them)"
                 )
-            try:
-                self._layout = OutputLayout.probed(two, three)
-            except ValueError as error:
-                raise UnsupportedModelError(f"the model's output {error}") from None
-            self._layout_key = key
+            self._layout, self._layout_key = OutputLayout.probed(two, three), key
         return self._layout
 
 

@@ -46,11 +46,8 @@ def check_supported(model: nn.Module, ties: bool = True) -> None:
                 "per-sample gradients; use method=func"
             )
         own = [p for p in module.parameters(recurse=False) if p.requires_grad]
-        tied = [
-            owners[id(p)][1]
-            for p in own
-            if owners.setdefault(id(p), (id(module), name))[0] != id(module)
-        ]
+        firsts = [owners.setdefault(id(p), (id(module), name)) for p in own]  # their first owners
+        tied = [n for owner, n in firsts if owner != id(module)]
         if tied and ties:
             raise UnsupportedModelError(
                 f"{name or '<root>'} (shares a parameter with {tied[0]}): the hook path cannot "
@@ -79,8 +76,7 @@ class HookedPerSample(PerSampleGradients):
     ) -> None:
         super().__init__(model, loss_fn, check_every)
         check_supported(model)
-        self.reuse_buffer = reuse_buffer and not self.factored
-        self.grad_buffer = GradBuffer()
+        self.reuse_buffer, self.grad_buffer = reuse_buffer and not self.factored, GradBuffer()
         self._build_layers()
 
     def restructure(self) -> None:
@@ -114,8 +110,7 @@ class HookedPerSample(PerSampleGradients):
 
     @torch.enable_grad()
     def _compute(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
-        batch = batch_size(x)
-        modes = self.state.key()
+        batch, modes = batch_size(x), self.state.key()
         if self._trainable != modes[0] or self.recorder.forward_replaced():
             self._build_layers()  # a layer was frozen or unfrozen, or its forward replaced
         self.recorder.refuse_foreign_hooks()
@@ -180,9 +175,7 @@ class HookedPerSample(PerSampleGradients):
             (name, call.outputs[k], g, layout.outputs[k])
             for name in self.registry.rules
             if name not in at_params and name in calls
-            for call, layout in zip(
-                calls[name], self.planner.call_layouts(name, calls), strict=True
-            )
+            for call, layout in self.planner.call_layouts(name, calls[name])
             for k, g in enumerate(call.grads)
             if g is not None
         ]
@@ -206,9 +199,8 @@ class HookedPerSample(PerSampleGradients):
                 (name, f"the rows of {n}", torch.tensordot(c, rows[n], dims=1), w)
                 for (name, n, _), w in zip(params, at_params, strict=True)
             )
-            return mismatch(
-                self.model, weighted_outputs, self.method, OUTPUT_TOLERANCE
-            ) or mismatch(self.model, weighted_rows, self.method)
+            problem = mismatch(self.model, weighted_outputs, self.method, OUTPUT_TOLERANCE)
+            return problem or mismatch(self.model, weighted_rows, self.method)
 
         return identity
 

@@ -49,9 +49,7 @@ class CallLayout:
     def probed(cls, one: tuple[Shapes, Shapes], two: tuple[Shapes, Shapes]) -> CallLayout:
         if len(one[0]) != len(two[0]) or len(one[1]) != len(two[1]):
             raise ValueError("takes or returns a different structure for two examples and three")
-        inputs = tuple(batch_dim(a, b) for a, b in zip(one[0], two[0], strict=True))
-        outputs = tuple(batch_dim(a, b) for a, b in zip(one[1], two[1], strict=True))
-        return cls(inputs, outputs)
+        return cls(tuple(map(batch_dim, one[0], two[0])), tuple(map(batch_dim, one[1], two[1])))
 
     @property
     def batched(self) -> bool:
@@ -84,16 +82,16 @@ class Call:
     outputs: list[Any]
     grads: list[torch.Tensor | None]
     sources: list[Any] = field(default_factory=list)
-    versions: list[int | None] = field(default_factory=list)
+    versions: list[tuple[torch.Tensor, int]] = field(default_factory=list)
     edges: list[Any] = field(default_factory=list)
     input_versions: list[tuple[torch.Tensor, int]] = field(default_factory=list)
     in_place: bool = False
     weight_copies: list[Any] = field(default_factory=list)
 
 
-def moved(tensors: list[Any], versions: list[int | None]) -> bool:
-    """Whether a tensor's version is not the one recorded (``None``: not a tensor)."""
-    return any(v is not None and t._version != v for t, v in zip(tensors, versions, strict=False))
+def moved(versions: list[tuple[torch.Tensor, int]]) -> bool:
+    """Whether a tensor's version is not the one recorded with it."""
+    return any(t._version != v for t, v in versions)
 
 
 #: a batch's inputs: one tensor, or a tuple/list (positional) or dict (keyword) of tensors
@@ -144,8 +142,7 @@ def input_shapes(x: Inputs) -> tuple:
         return (x.shape, x.dtype)
     leaves, spec = tree_flatten(x)
     values = tuple(t if isinstance(t, bool | int | float | str | None) else None for t in leaves)
-    dtypes = tuple(getattr(t, "dtype", None) for t in leaves)
-    return (str(spec), shape_of(leaves), dtypes, values)
+    return (str(spec), shape_of(leaves), tuple(getattr(t, "dtype", None) for t in leaves), values)
 
 
 @dataclass(frozen=True)
@@ -156,12 +153,15 @@ class OutputLayout:
     spec: Any
 
     @classmethod
-    def probed(cls, two: Any, three: Any) -> OutputLayout:
+    def probed(cls, two: Any, three: Any, advice: str = "") -> OutputLayout:
         """From the model's outputs for two and three examples (a leaf of the same shape is the
-        same for every example, as a Bayesian layer's KL)."""
+        same for every example, as a Bayesian layer's KL); its refusal ends with ``advice``."""
         leaves, spec = tree_flatten(two)
         shapes = zip(shape_of(leaves), shape_of(tree_flatten(three)[0]), strict=True)
-        return cls(tuple(batch_dim(a, b) for a, b in shapes), spec)
+        try:
+            return cls(tuple(batch_dim(a, b) for a, b in shapes), spec)
+        except ValueError as error:
+            raise UnsupportedModelError(f"the model's output {error}{advice}") from None
 
     def check_batch(self, out: Any, batch: int) -> None:
         """Refuse an output without ``batch`` examples where the probe found the batch, or with

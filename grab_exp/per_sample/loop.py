@@ -2,8 +2,7 @@
 
 Example ``i``'s row is the gradient of its own loss ``loss_fn(model(x[i:i+1]), y[i:i+1])``, the
 definition, so any model that runs on one example is right; ``param.grad`` is one plain backward
-of the batch, which every call compares with the rows' mean. Cost: ``B`` passes of one example.
-"""
+of the batch, which every call compares with the rows' mean. Cost: ``B`` passes of one example."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import ClassVar
 
 import torch
@@ -127,17 +128,11 @@ def make_per_sample(
     if requested == "auto" and randomness is None and random_modules(model):
         randomness = "different"  # for func only: the hook path takes the batch's masks
 
-    def make_func() -> PerSampleGradients:
-        options = {"chunk_size": chunk_size, "randomness": randomness, "check_every": check_every}
-        return FuncPerSample(model, loss_fn, compile_mode=compile_mode, **options)
-
-    def make_loop() -> PerSampleGradients:
-        return LoopPerSample(model, loss_fn, check_every=check_every)
-
-    def make_hooked() -> PerSampleGradients:
-        hooked = PER_SAMPLE_CLASSES[method]
-        return hooked(model, loss_fn, reuse_buffer=reuse_buffer, check_every=check_every)
-
+    options = {"chunk_size": chunk_size, "randomness": randomness, "check_every": check_every}
+    make_func = partial(FuncPerSample, model, loss_fn, compile_mode=compile_mode, **options)
+    make_loop = partial(LoopPerSample, model, loss_fn, check_every=check_every)
+    hook_options = {"reuse_buffer": reuse_buffer, "check_every": check_every}
+    make_hooked = partial(PER_SAMPLE_CLASSES[method], model, loss_fn, **hook_options)
     if requested == "auto" and compile_mode is None:  # AutoPerSample: then func, then loop
         paths = [("func", make_func), ("loop", make_loop)]
         if method == "func":  # the structure rules the hook path out
@@ -173,18 +168,16 @@ def hooks_supported(model: nn.Module) -> bool:
 
 def hooks_refusal(model: nn.Module) -> str | None:
     """Why ``method=auto`` does not pick the hook path for ``model`` (``None``: it does)."""
+    root = "the root module owns trainable parameters (func replays the whole model in one pass)"
     if any(p.requires_grad for p in model.parameters(recurse=False)):
-        return (
-            "the root module owns trainable parameters (func replays the whole model in one pass)"
-        )
+        return root
     try:
         check_supported(model)
     except UnsupportedModelError as error:
         return one_line(error)
     # a module with parameters and no forward: its parent's replay differentiates them
     for name, m in model.named_modules():
-        if type(m).forward is nn.Module.forward and any(
-            p.requires_grad for p in m.parameters(recurse=False)
-        ):
+        trainable = any(p.requires_grad for p in m.parameters(recurse=False))
+        if trainable and type(m).forward is nn.Module.forward:
             return f"{name or '<root>'} ({type(m).__name__}) has parameters and no forward"
     return None

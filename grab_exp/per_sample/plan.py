@@ -91,11 +91,9 @@ class Planner:
     def use_plan(self, x: Inputs, modes: tuple = ()) -> tuple:
         """Select (probing it if new) the plan of ``x``'s kind of batch and ``modes``; its key."""
         key = (input_shapes(x), modes)
-        plan = self.plans.get(key)
-        if plan is None:
+        if (plan := self.plans.get(key)) is None:
             plan = self.plans[key] = self._prepare(x)
-        self.plan = plan
-        self.recorder.expanded = plan.expanded
+        self.plan, self.recorder.expanded = plan, plan.expanded
         return key
 
     def _prepare(self, x: Inputs) -> Plan:
@@ -117,18 +115,13 @@ class Planner:
             layouts = {name: self._layouts(name, two, three) for name in running}
             unbatched = {n for n, calls in layouts.items() if any(not c.batched for c in calls)}
             if unbatched <= expanded:
-                try:
-                    output = OutputLayout.probed(*outputs)
-                except ValueError as error:
-                    message = f"the model's output {error}; use method=func"
-                    raise UnsupportedModelError(message) from None
+                output = OutputLayout.probed(*outputs, "; use method=func")
                 return Plan(layouts, set(expanded), output)
             expanded |= unbatched
         raise AssertionError("unreachable: every round adopts or expands one more layer")
 
     def _probes(self, x: Inputs, expanded: set[str]) -> tuple[dict, dict, tuple, list, set]:
-        """:meth:`_probe` of 2 and 3 copies of an example; the silent layers, those the output
-        uses."""
+        """:meth:`_probe` of 2 and 3 copies of an example; silent layers, those the output uses."""
         with kept_state(self.model):
             try:
                 (two, out2), (three, out3) = self._probe(x, 2), self._probe(x, 3)
@@ -141,8 +134,7 @@ class Planner:
                     f"{names}: its input has no batch dimension, and with that input expanded "
                     f"over the batch the model's forward fails ({cause}); use method=func"
                 ) from error
-            idle = self.layers.idle
-            silent = [n for n in self.layers.modules if n not in two and n not in idle]
+            silent = [n for n in self.layers.modules if n not in two and n not in self.layers.idle]
             used = self._used(silent, out2) if silent else set()
         return two, three, (out2, out3), silent, used
 
@@ -158,9 +150,7 @@ class Planner:
         return shapes, out
 
     def _used(self, silent: list[str], out: Any) -> set[str]:
-        leaves = [
-            t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad
-        ]
+        leaves = [t for t in tree_flatten(out)[0] if torch.is_tensor(t) and t.requires_grad]
         params = [(n, p) for n in silent for p in self.layers.own[n].values()]
         if not leaves or not params:
             return set()
@@ -177,9 +167,8 @@ class Planner:
         try:
             return [CallLayout.probed(a, b) for a, b in zip(two[name], three[name], strict=True)]
         except ValueError as error:
-            raise UnsupportedModelError(
-                f"{self.layers.label(name)} {error}; use method=func"
-            ) from None
+            message = f"{self.layers.label(name)} {error}; use method=func"
+            raise UnsupportedModelError(message) from None
 
     def _adopt(self, name: str) -> None:
         """Differentiate ``name``'s parameters with its parent's replay (which uses them without
@@ -195,9 +184,9 @@ class Planner:
         layers.drop(name)
         layers.add(owner, self.modules[owner], self.recorder.hook, tuple(adopted))
 
-    def call_layouts(self, name: str, calls: dict[str, list[Call]]) -> list[CallLayout]:
+    def call_layouts(self, name: str, calls: list[Call]) -> list[tuple[Call, CallLayout]]:
         layouts = self.plan.layouts.get(name, []) if self.plan else []
-        return [layouts[min(k, len(layouts) - 1)] for k in range(len(calls.get(name, [])))]
+        return [(call, layouts[min(k, len(layouts) - 1)]) for k, call in enumerate(calls)]
 
     def check_calls(self, calls: dict[str, list[Call]]) -> None:
         """Refuse a layer that ran where the probe did not see it, or a different number of times

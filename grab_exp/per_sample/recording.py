@@ -98,7 +98,7 @@ class Recorder:
             if alias:
                 outputs = [t.view_as(t) if g else t for t, g in zip(outputs, graded, strict=True)]
             call = Call(leaves, spec, outputs, [None] * len(outputs), sources)
-            call.versions = [t._version if isinstance(t, torch.Tensor) else None for t in outputs]
+            call.versions = [(t, t._version) for t in outputs if isinstance(t, torch.Tensor)]
             if self.mode == "record":
                 call.edges = [_edge(t) if g else None for t, g in zip(outputs, graded, strict=True)]
                 copies = self.copies.pop(name, None)
@@ -117,14 +117,14 @@ class Recorder:
         changed = False
         for name, layer_calls in calls.items():
             for call in layer_calls:
-                if any(t._version != v for t, v in call.input_versions):  # as it entered
+                if moved(call.input_versions):  # as it entered
                     raise UnsupportedModelError(
                         f"{self.layers.label(name)}: an input it read was changed in "
                         "place during or after its call (x.relu_() on a tensor it was given): the "
                         "hook path replays the layer on its inputs as they are now; use "
                         "method=func (auto does), or an out-of-place operation"
                     )
-                call.in_place = moved(call.outputs, call.versions)
+                call.in_place = moved(call.versions)
                 changed |= call.in_place
                 views = [t for t in call.outputs if isinstance(t, torch.Tensor) and t._is_view()]
                 if call.in_place and views:
@@ -161,11 +161,9 @@ class Recorder:
         """Refuse a parameter that ``loss`` reaches other than through its layer's calls (a walk
         of the graph stepping over every recorded call: a penalty weighted 0 is found)."""
         skip: dict[Any, list] = {}  # two calls may return one tensor (a layer returns its input)
-        for layer_calls in calls.values():
-            for call in layer_calls:
-                for edge in call.edges:
-                    if edge is not None:
-                        skip.setdefault(edge.node, []).extend(call.sources)
+        edges = [(e, c) for cs in calls.values() for c in cs for e in c.edges if e is not None]
+        for edge, call in edges:
+            skip.setdefault(edge.node, []).extend(call.sources)
         reached = {id(n.variable) for n in _nodes([loss.grad_fn], skip) if hasattr(n, "variable")}
         for name, own in self.layers.own.items():
             used = [n for n, p in own.items() if id(p) in reached]

@@ -39,9 +39,8 @@ class Rows:
             except UnsupportedModelError:
                 raise
             except Exception as error:  # a rule's or a replay's, named by its layer
-                raise UnsupportedModelError(
-                    f"{self.layers.label(name)}: {one_line(error)}"
-                ) from error
+                message = f"{self.layers.label(name)}: {one_line(error)}"
+                raise UnsupportedModelError(message) from error
             for (n, p), g in zip(own.items(), grads, strict=True):
                 if id(p) in rows:  # shared: the sum of no one layer's rows
                     self._sums.pop(id(p), None)
@@ -51,15 +50,13 @@ class Rows:
 
     def batch_grads(self, rows: dict[str, Any], params: dict[str, nn.Parameter]) -> BatchGrads:
         if self.factored:
-            shapes = {n: p.shape for n, p in params.items()}
-            return BatchGrads.from_parts(rows, shapes)
+            return BatchGrads.from_parts(rows, {n: p.shape for n, p in params.items()})
         return as_batch_grads(rows)
 
     def _layer_grads(self, name: str, calls: list[Call], batch: int, out: list) -> list:
         """One layer's rows ``[(B, *p.shape)]`` (or factors); zeros if no call reached the loss."""
         total: list | None = None
-        layouts = self.planner.call_layouts(name, {name: calls})
-        for call, layout in zip(calls, layouts, strict=True):
+        for call, layout in self.planner.call_layouts(name, calls):
             if all(g is None for g in call.grads):
                 continue  # this call's outputs did not reach the loss
             grads = self._call_grads(name, call, layout, batch, out, len(calls) > 1)
@@ -68,10 +65,9 @@ class Rows:
                 continue
             total = [t if g is None else t.add_(g) for t, g in zip(total, grads, strict=True)]
         if total is None:  # the layer did not reach the loss
-            own = self.layers.own[name].values()
             total = [
                 p.new_zeros(batch, *p.shape) if o is None else o.zero_()
-                for p, o in zip(own, out, strict=True)
+                for p, o in zip(self.layers.own[name].values(), out, strict=True)
             ]
         return total
 

@@ -13,12 +13,7 @@ from torch.utils._pytree import tree_flatten
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.check.mean import relative, rows_gaps, worst_gap
 from grab_exp.per_sample.check.state import cuda_devices, saved_state
-from grab_exp.per_sample.check.tolerance import (
-    FLOOR,
-    OUTPUT_TOLERANCE,
-    TOLERANCE,
-    tolerance,
-)
+from grab_exp.per_sample.check.tolerance import FLOOR, OUTPUT_TOLERANCE, TOLERANCE, tolerance
 from grab_exp.per_sample.layout import Inputs, OutputLayout, take
 from grab_exp.per_sample.modules import UnsupportedModelError, advice, label
 
@@ -84,9 +79,8 @@ Pair = tuple[str, str, torch.Tensor, torch.Tensor]
 def mismatch(
     model: nn.Module, pairs: Iterable[Pair], method: str, tolerances: dict = TOLERANCE
 ) -> str | None:
-    """The identity's verdict over :data:`Pair` s (``got`` is overwritten): each difference
-    relative to its ``want``, or a floor share of the largest ``want`` (:func:`.mean.relative`;
-    one read)."""
+    """The identity's verdict over :data:`Pair` s (``got`` is overwritten): each difference relative
+    to its ``want``, or a floor share of the largest ``want`` (:func:`.mean.relative`; one read)."""
     pairs = list(pairs)
     if not pairs:
         return None
@@ -184,10 +178,9 @@ def _draws(run: Callable[[], Any]) -> bool:
 def _rows_of(out: Any, layout: OutputLayout, alone: bool = False) -> torch.Tensor:
     """The floating batched leaves of ``out`` as one ``(n, -1)`` matrix, a row per example
     (``alone``: one example's, each leaf one row: ``.squeeze()`` may have taken its batch)."""
-    leaves = tree_flatten(out)[0]
     rows = [
         t.reshape(1, -1) if alone else t.movedim(d, 0).reshape(t.shape[d], -1)
-        for t, d in zip(leaves, layout.dims, strict=True)
+        for t, d in zip(tree_flatten(out)[0], layout.dims, strict=True)
         if d is not None and isinstance(t, torch.Tensor) and t.is_floating_point()
     ]
     return torch.cat(rows, dim=1) if rows else torch.zeros(0)

@@ -10,7 +10,7 @@ from torch.utils._pytree import tree_flatten
 
 from grab_exp.devices import host_reads_allowed
 from grab_exp.per_sample.check.tolerance import LOSS_TOLERANCE, tolerance
-from grab_exp.per_sample.layout import OutputLayout, batch_size, take
+from grab_exp.per_sample.layout import OutputLayout, batch_size, moved, take
 from grab_exp.per_sample.modules import LossContractError
 
 #: the loss contract, in the words every loss refusal ends with
@@ -26,10 +26,9 @@ def loss_of(loss_fn: Any, out: Any, y: torch.Tensor) -> torch.Tensor:
     """``loss_fn(out, y)``, refused (:class:`.LossContractError`) unless a scalar that left
     ``out`` as it was (else the output's gradient and the checks read other numbers)."""
     tensors = [out] if isinstance(out, torch.Tensor) else tree_flatten(out)[0]  # usual: one
-    leaves = [t for t in tensors if isinstance(t, torch.Tensor)]
-    versions = [t._version for t in leaves]
+    versions = [(t, t._version) for t in tensors if isinstance(t, torch.Tensor)]
     loss = loss_fn(out, y)
-    if any(t._version != v for t, v in zip(leaves, versions, strict=True)):
+    if moved(versions):
         raise LossContractError(
             "loss_fn changed the model's output in place (an in-place clamp_, sub_ or mul_ on "
             "it): per-sample gradients need a loss that leaves its input as it is; use the "

@@ -134,8 +134,7 @@ class ModelState:
     """The model's modules and parameters, listed once (anew when :meth:`stale`)."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.modules = list(model.modules())
-        self.named = list(model.named_parameters())
+        self.modules, self.named = list(model.modules()), list(model.named_parameters())
         self.params = [p for _, p in self.named]
         self._seen = _REGISTRATIONS[0]
 
@@ -144,19 +143,16 @@ class ModelState:
         if _REGISTRATIONS[0] == self._seen:
             return False
         self._seen = _REGISTRATIONS[0]
-        return [id(m) for m in model.modules()] != [id(m) for m in self.modules] or [
-            id(p) for p in model.parameters()
-        ] != [id(p) for p in self.params]
+        modules = [id(m) for m in model.modules()] != [id(m) for m in self.modules]
+        return modules or [id(p) for p in model.parameters()] != [id(p) for p in self.params]
 
     def trainable(self) -> dict[str, nn.Parameter]:
         return {n: p for n, p in self.named if p.requires_grad}
 
     def key(self) -> tuple:
         """The trainable set and the modules' modes (a structure key)."""
-        return (
-            tuple([p.requires_grad for p in self.params]),
-            tuple([m.training for m in self.modules]),
-        )
+        trainable = tuple([p.requires_grad for p in self.params])
+        return trainable, tuple([m.training for m in self.modules])
 
 
 def cuda_devices(model: nn.Module) -> list[int]:

@@ -45,15 +45,11 @@ class LayerRule:
         return None
 
 
-#: the parameters a rule's layer has (a layer with others is not the one the rule knows)
-PLAIN_PARAMETERS = ("weight", "bias")
-
 #: Layer type -> its rule. Subclasses of a registered type use its rule too.
 RULES: dict[type[nn.Module], LayerRule] = {}
 
 
 def register_rule(*layer_types: type[nn.Module]) -> Callable[[type[LayerRule]], type[LayerRule]]:
-
     def decorator(cls: type[LayerRule]) -> type[LayerRule]:
         rule = cls()
         for layer_type in layer_types:
@@ -75,7 +71,7 @@ def rule_for(module: nn.Module) -> LayerRule | None:
             plain = (
                 type(module).forward is cls.forward
                 and "forward" not in vars(module)  # a forward replaced on the instance
-                and own <= set(PLAIN_PARAMETERS)
+                and own <= {"weight", "bias"}  # a layer with others is not the one it knows
                 and (not pre_hooks or isinstance(module, LazyModuleMixin))
                 and not parametrize.is_parametrized(module)
             )

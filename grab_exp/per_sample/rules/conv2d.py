@@ -49,6 +49,11 @@ def conv2d_grads(
     return grads
 
 
+def _geometry(layer: nn.Conv2d) -> dict:
+    """The layer's ``stride``, ``padding`` (:func:`explicit_padding`) and ``dilation``."""
+    return {"stride": layer.stride, "padding": explicit_padding(layer), "dilation": layer.dilation}
+
+
 def grouped_weight_grads(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """Per-sample weight grads ``(B, O, C, kh, kw)``: the weight gradient of one convolution
     whose groups are the examples (``a`` as one image of ``B*C`` channels, ``g`` of ``B*O``)."""
@@ -58,15 +63,9 @@ def grouped_weight_grads(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> 
     if a.device.type == "cpu" and a.shape[1] < CHANNELS_LAST_BELOW:
         images = images.contiguous(memory_format=torch.channels_last)
         out_grads = out_grads.contiguous(memory_format=torch.channels_last)
-    return torch.nn.grad.conv2d_weight(
-        images,
-        (batch * out_channels, *layer.weight.shape[1:]),  # (B*O, C, kh, kw)
-        out_grads,
-        stride=layer.stride,
-        padding=explicit_padding(layer),
-        dilation=layer.dilation,
-        groups=batch,
-    ).view(batch, out_channels, *layer.weight.shape[1:])
+    shape = (batch * out_channels, *layer.weight.shape[1:])  # (B*O, C, kh, kw)
+    weight = torch.nn.grad.conv2d_weight(images, shape, out_grads, groups=batch, **_geometry(layer))
+    return weight.view(batch, out_channels, *layer.weight.shape[1:])
 
 
 def unfold_weight_grads(
@@ -74,13 +73,7 @@ def unfold_weight_grads(
 ) -> torch.Tensor:
     """Per-sample weight grads ``(B, O, C, kh, kw)``: ``g (B, O, L)`` times the patches
     ``(B, C*kh*kw, L)`` transposed, one batched matmul (into ``out`` where given)."""
-    patches = F.unfold(
-        a,
-        layer.kernel_size,
-        dilation=layer.dilation,
-        padding=explicit_padding(layer),
-        stride=layer.stride,
-    )  # (B, C*kh*kw, L)
+    patches = F.unfold(a, layer.kernel_size, **_geometry(layer))  # (B, C*kh*kw, L)
     flat = None if out is None else out.view(*out.shape[:2], -1)  # (B, O, C*kh*kw)
     weight = torch.bmm(g.flatten(2), patches.transpose(1, 2), out=flat)  # (B, O, C*kh*kw)
     return weight.view(*g.shape[:2], *layer.weight.shape[1:])

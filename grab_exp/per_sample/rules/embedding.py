@@ -40,5 +40,4 @@ class EmbeddingRule(LayerRule):
     def supports(self, layer):
         return layer.max_norm is None and not layer.scale_grad_by_freq and not layer.sparse
 
-    per_sample = staticmethod(embedding_grads)
-    weighted_sum = staticmethod(embedding_sum)
+    per_sample, weighted_sum = staticmethod(embedding_grads), staticmethod(embedding_sum)

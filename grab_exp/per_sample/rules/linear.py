@@ -13,8 +13,7 @@ def linear_grads(
     layer: nn.Linear, a: torch.Tensor, g: torch.Tensor, out: Outs = (None, None)
 ) -> list[torch.Tensor]:
     """Per-sample ``[weight, bias]`` grads from ``a (B, *, in)`` and out-grad ``g (B, *, out)``."""
-    a3 = a.reshape(a.shape[0], -1, a.shape[-1])  # (B, T, in)
-    g3 = g.reshape(g.shape[0], -1, g.shape[-1])  # (B, T, out)
+    a3, g3 = (t.reshape(t.shape[0], -1, t.shape[-1]) for t in (a, g))  # (B, T, in / out)
     # T = 1 (the usual case): an outer product, as a broadcast multiply (faster than a bmm)
     product = torch.mul if a3.shape[1] == 1 else torch.bmm
     grads = [product(g3.transpose(1, 2), a3, out=out[0])]  # (B, out, in)
@@ -31,8 +30,7 @@ class LinearRule(LayerRule):
     has_factors = True
 
     def factors(self, layer, a, g):
-        a3 = a.reshape(a.shape[0], -1, a.shape[-1])  # (B, T, in)
-        g3 = g.reshape(g.shape[0], -1, g.shape[-1])  # (B, T, out)
+        a3, g3 = (t.reshape(t.shape[0], -1, t.shape[-1]) for t in (a, g))  # (B, T, in / out)
         if not factor_pays(a3.shape[1], a3.shape[2], g3.shape[2]):
             return None  # long sequences, narrow layer: the (B, out, in) blocks are cheaper
         factors = LinearFactors(a3, g3)
