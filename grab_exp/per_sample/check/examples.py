@@ -11,7 +11,7 @@ from torch.linalg import vector_norm
 from torch.utils._pytree import tree_flatten
 
 from grab_exp.grads import BatchGrads
-from grab_exp.per_sample.check.mean import relative, rows_gaps, worst_gap
+from grab_exp.per_sample.check.mean import rows_norms, worst_gap
 from grab_exp.per_sample.check.state import cuda_devices, saved_state
 from grab_exp.per_sample.check.tolerance import FLOOR, OUTPUT_TOLERANCE, TOLERANCE, tolerance
 from grab_exp.per_sample.layout import Inputs, OutputLayout, take
@@ -34,7 +34,7 @@ def identity_problem(
     """Whether ``sum_i c_i g_i`` of the rows ``grads`` (columns: ``params``) is autograd's
     gradient of ``sum_i c_i losses_i`` (``losses (B,)`` in the batch forward's graph)."""
     want = gradients(losses.mul(c).sum(), list(params.values()))
-    gap, worst = worst_gap(rows_gaps(grads, want, coef=c, floors=FLOOR))
+    gap, worst = worst_gap(rows_norms(grads, want, coef=c), FLOOR)
     if gap <= tolerance(TOLERANCE, grads.like.dtype):
         return None
     name = list(params)[worst]
@@ -55,7 +55,7 @@ def alone_problem(
             return None  # its gradient alone would be that of other random numbers
     want = gradients(alone[0], list(params.values()))
     one = torch.nn.functional.one_hot(torch.tensor(k), rows.rows).to(rows.like)  # (B,): row k
-    gap, worst = worst_gap(rows_gaps(rows, want, coef=one, out=out, floors=FLOOR))
+    gap, worst = worst_gap(rows_norms(rows, want, coef=one, out=out), FLOOR)
     if gap <= tolerance(TOLERANCE, rows.like.dtype):
         return None
     return (
@@ -80,15 +80,15 @@ def mismatch(
     model: nn.Module, pairs: Iterable[Pair], method: str, tolerances: dict = TOLERANCE
 ) -> str | None:
     """The identity's verdict over :data:`Pair` s (``got`` is overwritten): each difference relative
-    to its ``want``, or a floor share of the largest ``want`` (:func:`.mean.relative`; one read)."""
+    to its ``want``, or a floor share of the largest ``want`` (:func:`.mean.worst_gap`)."""
     pairs = list(pairs)
     if not pairs:
         return None
     dtype = pairs[-1][3].dtype
-    sizes = torch.stack([vector_norm(want) for *_, want in pairs])  # (P,)
-    differences = torch.stack([vector_norm(g.sub_(w.to(g.dtype))).to(dtype) for *_, g, w in pairs])
+    sizes = [vector_norm(want) for *_, want in pairs]
+    differences = [vector_norm(g.sub_(w.to(g.dtype))).to(dtype) for *_, g, w in pairs]
     # a NaN (a diverged row) is no difference, as the loss that is not finite stops training
-    gap, worst = worst_gap(relative(differences, sizes, FLOOR, dtype).nan_to_num(nan=0.0))
+    gap, worst = worst_gap(torch.stack(sizes + differences).view(2, -1), FLOOR, nan=0.0)
     if gap <= tolerance(tolerances, dtype):
         return None
     return verdict(model, *pairs[worst][:2], gap, method)

@@ -46,17 +46,15 @@ class GradSnapshot:
 
 
 @torch.no_grad()
-def rows_gaps(
+def rows_norms(
     rows: BatchGrads,
     grads: list[torch.Tensor | None],
     coef: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     sums: dict[str, Callable] | None = None,
-    floors: dict = MEAN_FLOOR,
 ) -> torch.Tensor:
-    """Per parameter, ``|sum_i coef_i g_i - grad|`` relative to ``|grad|`` (or to a ``floors``
-    share of the largest): a ``(P,)`` tensor (NaN: inf); 0 where ``grad`` (``None``: zero) is
-    not finite.
+    """Per parameter, ``|grad|`` and ``|grad - sum_i coef_i g_i|`` (``grad`` ``None``: zero), a
+    ``(2, P)`` tensor for :func:`worst_gap`.
     ``coef (B,)``: ``1/B`` each (the rows' mean) unless given; ``out``: a ``(d,)`` scratch;
     ``sums``: name -> ``(coef, acc)`` adding that parameter's ``sum_i coef_i g_i`` to ``acc``
     from a compact form (a rule's ``weighted_sum``), in place of a pass over its rows."""
@@ -74,10 +72,7 @@ def rows_gaps(
     for k, name in enumerate(rows.shapes):
         if name in sums:
             sums[name](shift, parts[k])
-    sizes, differences = torch.stack(torch._foreach_norm([*wants, *parts])).view(2, -1)  # (P,)
-    gaps = relative(differences, sizes, floors, acc.dtype)
-    # a gradient that is not finite (training diverged) is training's to stop on, not a refusal
-    return gaps.nan_to_num(nan=math.inf).where(sizes.isfinite(), 0.0)
+    return torch.stack(torch._foreach_norm([*wants, *parts])).view(2, -1)  # (2, P)
 
 
 def _parts(acc: torch.Tensor, shapes: tuple[torch.Size, ...]) -> tuple[torch.Tensor, ...]:
@@ -85,15 +80,28 @@ def _parts(acc: torch.Tensor, shapes: tuple[torch.Size, ...]) -> tuple[torch.Ten
     return tuple(p.view(s) for p, s in zip(acc.split(widths), shapes, strict=True))
 
 
-def relative(differences: torch.Tensor, sizes: torch.Tensor, floors: dict, dtype) -> torch.Tensor:
-    """``differences / sizes`` (``(P,)`` norms), a size at least a ``floors`` share of the max."""
-    floor = sizes.max() * floors.get(dtype, floors[None])
-    return differences / sizes.maximum(floor.clamp_min(torch.finfo(dtype).tiny))
+def worst_gap(norms: torch.Tensor, floors: dict, nan: float = math.inf) -> tuple[float, int]:
+    """The largest gap of ``norms (2, P)`` (sizes, differences) and its index, one read: each
+    difference over its size, a size at least a ``floors`` share of the largest finite one; a NaN
+    difference is ``nan``; 0 where the size is not finite (a gradient of a diverged step is
+    training's to stop on, not a refusal)."""
+    sizes, differences = norms.tolist()
+    largest = max((s for s in sizes if math.isfinite(s)), default=0.0)
+    floor = max(largest * floors.get(norms.dtype, floors[None]), torch.finfo(norms.dtype).tiny)
+    gaps = [
+        0.0 if not math.isfinite(s) else nan if math.isnan(d) else d / max(s, floor)
+        for s, d in zip(sizes, differences, strict=True)
+    ]
+    return max((gap, i) for i, gap in enumerate(gaps))
 
 
-def worst_gap(gaps: torch.Tensor) -> tuple[float, int]:
-    """The largest of ``gaps (P,)`` and its index (one read)."""
-    return max((gap, i) for i, gap in enumerate(gaps.tolist()))
+def device_gap(norms: torch.Tensor, floors: dict) -> torch.Tensor:
+    """:func:`worst_gap`'s gap as a ``()`` tensor on the device of ``norms`` (no host read)."""
+    sizes, differences = norms
+    finite = sizes.isfinite()
+    floor = sizes.where(finite, 0.0).max() * floors.get(norms.dtype, floors[None])
+    gaps = differences / sizes.maximum(floor.clamp_min(torch.finfo(norms.dtype).tiny))
+    return gaps.nan_to_num(nan=math.inf).where(finite, 0.0).max()
 
 
 def rows_problem(
@@ -111,12 +119,12 @@ def rows_problem(
     ``method=loop``'s rows are the definition: only the loss (or autocast's rounding) is named."""
     if not names or rows.rows == 0:
         return None
-    gaps = rows_gaps(rows, grads, out=out, sums=sums)
+    norms = rows_norms(rows, grads, out=out, sums=sums)  # (2, P)
     alone = method == "loop"  # each example's loss alone: a batch of one's rounding
     limit = tolerance(TOLERANCE if alone else MEAN_TOLERANCE, rows.like.dtype)
-    if not host_reads_allowed(gaps.device) and not alone:  # loop has no later check: reads now
-        return gaps.max() / limit
-    gap, worst = worst_gap(gaps)
+    if not host_reads_allowed(norms.device) and not alone:  # loop has no later check: reads now
+        return device_gap(norms, MEAN_FLOOR) / limit
+    gap, worst = worst_gap(norms, MEAN_FLOOR)
     if gap <= limit:
         return None
     name, layer = names[worst], names[worst].rpartition(".")[0]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from grab_exp.grads import BatchGrads
-from grab_exp.per_sample.check.mean import rows_gaps, worst_gap
-from grab_exp.per_sample.check.tolerance import TOLERANCE, tolerance
+from grab_exp.per_sample.check.mean import rows_norms, worst_gap
+from grab_exp.per_sample.check.tolerance import MEAN_FLOOR, TOLERANCE, tolerance
 from grab_exp.per_sample.layout import take
 
 #: resampled batches per check (a pair of swapped rows escapes them all with probability 1/64)
@@ -29,7 +29,7 @@ def resampled_problem(forward, loss_fn, x, y, rows: BatchGrads, params: dict, ch
         loss = loss_fn(forward(take(x, index)), take(y, index))
         grads = torch.autograd.grad(loss, tensors, allow_unused=True)
         coef = (k.to(rows.like.dtype) / k.sum()).to(rows.like.device)  # (B,)
-        gap, worst = worst_gap(rows_gaps(rows, list(grads), coef))
+        gap, worst = worst_gap(rows_norms(rows, list(grads), coef), MEAN_FLOOR)
         if gap > tolerance(TOLERANCE, rows.like.dtype):
             return (
                 f"the rows of {names[worst]}, weighted by how often a resampled batch takes "

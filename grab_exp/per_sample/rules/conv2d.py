@@ -37,7 +37,8 @@ def conv2d_grads(
     :func:`unfold_weight_grads` (patches no larger than the result)."""
     positions = g.shape[2] * g.shape[3]  # L
     if copies is not None and copies.shape[0] == g.shape[0] * g.shape[1]:  # of the mean loss
-        weight = torch.mul(copies.view(g.shape[0], *layer.weight.shape), g.shape[0], out=out[0])
+        weight = g.new_empty(g.shape[0], *layer.weight.shape) if out[0] is None else out[0]
+        weight = torch.mul(copies.view(weight.shape), g.shape[0], out=weight)  # row-major
     elif positions <= g.shape[1]:
         weight = unfold_weight_grads(layer, a, g, out[0])
     else:
