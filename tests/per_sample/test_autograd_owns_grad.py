@@ -420,3 +420,19 @@ def test_inputs_whose_batch_is_not_in_dimension_0_are_refused_before_any_work(me
     with pytest.raises(ValueError, match=r"inputs of 3 examples \(dimension 0\) and targets of 6"):
         psg(tokens_first, torch.randint(0, 4, (6,)))
     assert all(p.grad is None for p in model.parameters()), "refused but wrote p.grad"
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_device_judges_the_rows_norms_as_the_host_does(seed: int) -> None:
+    """CUDA judges the rows' mean on the device (no host read in a step): its worst gap is the
+    host's, sizes that are not finite and NaN differences included."""
+    from grab_exp.per_sample.check.mean import device_gap, worst_gap
+    from grab_exp.per_sample.check.tolerance import MEAN_FLOOR
+
+    g = torch.Generator().manual_seed(seed)
+    sizes, differences = torch.rand(2, 12, generator=g) * torch.logspace(-6, 2, 12)
+    sizes[seed % 12] = [float("inf"), float("nan"), 0.0, 1e-30][seed % 4]
+    differences[(seed + 5) % 12] = [float("nan"), 3.0, float("inf"), 0.0][seed // 2 % 4]
+    norms = torch.stack([sizes, differences])  # (2, P)
+    host, _ = worst_gap(norms, MEAN_FLOOR)
+    assert device_gap(norms, MEAN_FLOOR).item() == pytest.approx(host, rel=1e-6)

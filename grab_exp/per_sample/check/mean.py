@@ -101,7 +101,7 @@ def device_gap(norms: torch.Tensor, floors: dict) -> torch.Tensor:
     finite = sizes.isfinite()
     floor = sizes.where(finite, 0.0).max() * floors.get(norms.dtype, floors[None])
     gaps = differences / sizes.maximum(floor.clamp_min(torch.finfo(norms.dtype).tiny))
-    return gaps.nan_to_num(nan=math.inf).where(finite, 0.0).max()
+    return gaps.nan_to_num(nan=math.inf, posinf=math.inf).where(finite, 0.0).max()
 
 
 def rows_problem(
