@@ -173,8 +173,7 @@ class PerSampleGradients(ABC):
         finite, whole = bool(torch.isfinite(loss)), layout.unbatched(out)
         if finite and not whole:
             losses = example_losses(loss_fn, out, y, layout)  # (B,), in out's graph
-            problem = loss_problem(loss.detach(), losses.detach())
-            if problem is not None:
+            if (problem := loss_problem(loss.detach(), losses.detach())) is not None:
                 raise LossContractError(problem)
         problem = None
         with kept_state(self.model), self.quiet():

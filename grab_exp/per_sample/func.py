@@ -108,8 +108,7 @@ def repeated_module(model: nn.Module) -> str | None:
     for name, module in model.named_modules(remove_duplicate=False):
         if next(module.parameters(recurse=False), None) is None:
             continue
-        first = seen.setdefault(id(module), name)
-        if first != name:
+        if (first := seen.setdefault(id(module), name)) != name:
             return f"{first} and {name} ({type(module).__name__})"
     return None
 
@@ -146,8 +145,7 @@ class FuncPerSample(PerSampleGradients):
         compile_mode: str | None = None,
         check_every: int = CHECK_EVERY,
     ) -> None:
-        repeated = repeated_module(model)
-        if repeated is not None:
+        if (repeated := repeated_module(model)) is not None:
             raise UnsupportedModelError(
                 f"{repeated}: one module at two places of the model, whose parameters "
                 "torch.func.functional_call cannot swap (it would leave a stale weight behind); "
@@ -161,9 +159,8 @@ class FuncPerSample(PerSampleGradients):
         super().__init__(model, loss_fn, check_every)
         self._layout_key: tuple | None = None
         self._layout: OutputLayout | None = None
-        self._grad_fn = _make_grad_fn(model, loss_fn, chunk_size, randomness)
-        if compile_mode is not None:
-            self._grad_fn = compile_step(self._grad_fn, compile_mode)
+        grad_fn = _make_grad_fn(model, loss_fn, chunk_size, randomness)
+        self._grad_fn = grad_fn if compile_mode is None else compile_step(grad_fn, compile_mode)
 
     def check(self) -> None:
         if autocast_on():
@@ -186,7 +183,7 @@ class FuncPerSample(PerSampleGradients):
         self._found()  # the batch's own forward below runs on the attributes the call found
         rows, params = as_batch_grads(grads), self.state.trainable()
         if self.randomness is not None and random_modules(self.model):
-            return self._drawn(x, y, rows, grads, losses, out, layout, key, due)
+            return self._drawn(x, y, rows, grads, losses, out, layout, key, due, batch)
         with GradSnapshot(params.values()) as snapshot, torch.enable_grad():
             batch_out = call_model(self.model, x)  # the batch's own forward
             layout.check_batch(batch_out, batch)
@@ -202,10 +199,9 @@ class FuncPerSample(PerSampleGradients):
                 self.checker.passed(key, batch)
         return loss.detach(), rows
 
-    def _drawn(self, x, y, rows, grads, losses, out, layout, key, due):
+    def _drawn(self, x, y, rows, grads, losses, out, layout, key, due, batch):
         """Random layers active: no batch backward reproduces the examples' own masks, so
         ``param.grad`` is the rows' mean (a gradient hook, which that ignores, is refused)."""
-        batch = batch_size(y)
         refuse_gradient_hooks(
             self.state.trainable(),
             "and with random layers active method=func forms param.grad from the rows, which the "
@@ -218,8 +214,7 @@ class FuncPerSample(PerSampleGradients):
         else:
             self._settle_split(out, y, layout, losses, batch)
         for name, p in self.state.named:
-            g = grads.get(name)
-            if g is not None:
+            if (g := grads.get(name)) is not None:
                 mean = g.mean(dim=0).to(p.dtype)  # (*param.shape)
                 p.grad = mean if p.grad is None else p.grad.add_(mean)
         return losses.mean(), rows

@@ -47,8 +47,7 @@ def check_supported(model: nn.Module, ties: bool = True) -> None:
             )
         own = [p for p in module.parameters(recurse=False) if p.requires_grad]
         firsts = [owners.setdefault(id(p), (id(module), name)) for p in own]  # their first owners
-        tied = [n for owner, n in firsts if owner != id(module)]
-        if tied and ties:
+        if ties and (tied := [n for owner, n in firsts if owner != id(module)]):
             raise UnsupportedModelError(
                 f"{name or '<root>'} (shares a parameter with {tied[0]}): the hook path cannot "
                 "compute its per-sample gradients; use method=func"
@@ -190,9 +189,8 @@ class HookedPerSample(PerSampleGradients):
             inputs = [t for _, t, _, _ in outputs] + [p for _, _, p in params]
             want = gradients(losses.mul(c).sum(), inputs)
             at_outputs, at_params = want[: len(outputs)], want[len(outputs) :]
-            along = lambda g, d: c.view([-1 if i == d else 1 for i in range(g.dim())])  # noqa: E731
             weighted_outputs = (  # c along each output gradient's batch dimension
-                (name, "its output gradients", g * along(g, d) * batch, w)
+                (name, "its output gradients", g * c.view(-1, *[1] * (g.dim() - d - 1)) * batch, w)
                 for (name, _, g, d), w in zip(outputs, at_outputs, strict=True)
             )
             weighted_rows = (

@@ -20,7 +20,6 @@ Shapes = tuple[torch.Size | None, ...]
 
 
 def shape_of(leaves: list[Any]) -> Shapes:
-    """Each leaf's shape (``None`` for a non-tensor)."""
     return tuple(leaf.shape if isinstance(leaf, torch.Tensor) else None for leaf in leaves)
 
 

@@ -12,7 +12,7 @@ from torch import nn
 from grab_exp.grads import BatchGrads, as_batch_grads
 from grab_exp.per_sample.base import PerSampleGradients
 from grab_exp.per_sample.check.loss import loss_of
-from grab_exp.per_sample.check.mean import GradSnapshot, refuse_gradient_hooks
+from grab_exp.per_sample.check.mean import GradSnapshot, dense, refuse_gradient_hooks
 from grab_exp.per_sample.check.state import kept_state
 from grab_exp.per_sample.layout import Inputs, batch_size, call_model, take
 from grab_exp.per_sample.modules import UnsupportedModelError, label, random_modules
@@ -27,8 +27,7 @@ class LoopPerSample(PerSampleGradients):
     method = "loop"
 
     def check(self) -> None:
-        drawing = random_modules(self.model)
-        if drawing:
+        if drawing := random_modules(self.model):
             where = label(drawing[0], self.model.get_submodule(drawing[0]))
             raise UnsupportedModelError(
                 f"{where} draws random numbers in training mode: method=loop's forwards of one "
@@ -38,7 +37,6 @@ class LoopPerSample(PerSampleGradients):
         super().check()
 
     def _compute(self, x: Inputs, y) -> tuple[torch.Tensor, BatchGrads]:
-        """The rows, then the batch's ``loss.backward()`` and the rows' mean against it."""
         params = self.state.trainable()
         refuse_gradient_hooks(
             params,
@@ -65,10 +63,6 @@ class LoopPerSample(PerSampleGradients):
                 if loss.requires_grad:  # else no trainable parameter reached it
                     examples[i] = torch.autograd.grad(loss, tensors, allow_unused=True)
         return {  # a lazy parameter has its shape once an example ran
-            n: torch.stack([_dense(grads[k] if grads else None, p) for grads in examples])
+            n: torch.stack([dense(grads[k] if grads else None, p) for grads in examples])
             for k, (n, p) in enumerate(params.items())
         }
-
-
-def _dense(g: torch.Tensor | None, p: nn.Parameter) -> torch.Tensor:
-    return torch.zeros_like(p) if g is None else g.to_dense() if g.is_sparse else g

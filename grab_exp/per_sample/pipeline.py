@@ -37,10 +37,7 @@ class ClassicPipeline:
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, None]:
         """Add the batch's mean gradient to ``param.grad``; ``(detached loss, None)``."""
-        if self._forward_loss is not None:
-            loss = self._forward_loss(x, y)
-        else:
-            loss = self.loss_fn(self.model(x), y)
+        loss = self._forward_loss(x, y) if self._forward_loss else self.loss_fn(self.model(x), y)
         loss.backward()
         return loss.detach(), None
 
@@ -66,9 +63,8 @@ class PerSamplePipeline:
         check_every: int = CHECK_EVERY,
     ) -> None:
         options = {"compile_mode": compile_mode, "chunk_size": chunk_size, "factors": factors}
-        self.per_sample = make_per_sample(
-            model, loss_fn, method, reuse_buffer=reuse_buffer, check_every=check_every, **options
-        )
+        options |= {"reuse_buffer": reuse_buffer, "check_every": check_every}
+        self.per_sample = make_per_sample(model, loss_fn, method, **options)
 
     @property
     def method(self) -> str:
@@ -101,9 +97,7 @@ def resolve_method(
         return "func"
     if method != "auto":
         return method
-    if not hooks_supported(model):
-        return "func"
-    method = auto_hooks_method(model)
+    method = auto_hooks_method(model) if hooks_supported(model) else "func"
     return "hooks" if method == "factored" and not factors else method
 
 
@@ -155,9 +149,8 @@ def auto_hooks_method(model: nn.Module) -> str:
     for module in model.modules():
         params = module.parameters(recurse=False)  # a lazy one has no size yet: not counted
         count = sum(p.numel() for p in params if p.requires_grad and not is_lazy(p))
-        rule = rule_for(module)
         total += count
-        materialized += 0 if rule is not None and rule.has_factors else count
+        materialized += 0 if getattr(rule_for(module), "has_factors", False) else count
     return "factored" if materialized <= MATERIALIZED_SHARE * total else "hooks"
 
 

@@ -62,10 +62,8 @@ class Layers:
     def drop(self, name: str) -> None:
         for handle in self.handles.pop(name):
             handle.remove()
-        self.modules.pop(name)
-        self.rules.pop(name, None)
-        self.fallbacks.pop(name, None)
-        self.own.pop(name)
+        for table in (self.modules, self.rules, self.fallbacks, self.own):
+            table.pop(name, None)
 
     def remove(self) -> None:
         for name in list(self.handles):
@@ -107,8 +105,7 @@ class Planner:
             two, three, outputs, silent, used = self._probes(x, expanded)
             if silent:
                 layers.idle.update(n for n in silent if n not in used)
-                adopted = [n for n in silent if n in used]
-                if adopted:
+                if adopted := [n for n in silent if n in used]:
                     self._adopt(adopted[0])
                 continue
             running = [n for n in layers.modules if n not in layers.idle]
@@ -175,8 +172,7 @@ class Planner:
         calling ``name``: ``MultiheadAttention.out_proj``)."""
         layers = self.layers
         owner = name.rpartition(".")[0]  # "" for a top-level layer: the root
-        start = len(owner) + 1 if owner else 0
-        adopted = [n[start:] for n in layers.own[name]]
+        adopted = [n.removeprefix(f"{owner}.") for n in layers.own[name]]
         if owner in layers.modules:
             previous = layers.fallbacks[owner].adopted if owner in layers.fallbacks else []
             adopted = [*previous, *adopted]

@@ -25,10 +25,8 @@ class Recorder:
     each layer's ``calls``; the ``expanded`` layers' inputs get ``batch``."""
 
     def __init__(self, layers: Layers) -> None:
-        self.layers = layers
-        self.mode = "idle"
+        self.layers, self.mode, self.batch = layers, "idle", 0
         self.calls: dict[str, list[Call]] = {}
-        self.batch = 0
         self.expanded: set[str] = set()
         self.entry_versions: dict[str, list[list]] = {}  # replayed calls' (input, version)s
 
@@ -166,8 +164,7 @@ class Recorder:
             skip.setdefault(edge.node, []).extend(call.sources)
         reached = {id(n.variable) for n in _nodes([loss.grad_fn], skip) if hasattr(n, "variable")}
         for name, own in self.layers.own.items():
-            used = [n for n, p in own.items() if id(p) in reached]
-            if used:
+            if used := [n for n, p in own.items() if id(p) in reached]:
                 raise UnsupportedModelError(
                     f"{self.layers.label(name)}: the loss reaches {used[0]} other than "
                     "through this layer's forward (a weight penalty or a center loss in loss_fn, "

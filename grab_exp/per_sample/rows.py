@@ -60,10 +60,9 @@ class Rows:
             if all(g is None for g in call.grads):
                 continue  # this call's outputs did not reach the loss
             grads = self._call_grads(name, call, layout, batch, out, len(calls) > 1)
-            if total is None:
-                total, out = grads, [None] * len(out)
-                continue
-            total = [t if g is None else t.add_(g) for t, g in zip(total, grads, strict=True)]
+            if total is not None:
+                grads = [t if g is None else t.add_(g) for t, g in zip(total, grads, strict=True)]
+            total, out = grads, [None] * len(out)
         if total is None:  # the layer did not reach the loss
             total = [
                 p.new_zeros(batch, *p.shape) if o is None else o.zero_()
@@ -82,8 +81,7 @@ class Rows:
                     "a batch dimension although its input has one: it mixes the examples of a "
                     "batch; use method=func"
                 )
-        rule = self.layers.rules.get(name)
-        if rule is not None:
+        if (rule := self.layers.rules.get(name)) is not None:
             a, dtype = call.leaves[0].movedim(layout.inputs[0], 0), layer.weight.dtype  # (B, ...)
             g_sum = call.grads[0].movedim(layout.outputs[0], 0) * batch  # (B, ...), summed loss
             if any(t.dtype != dtype for t in (a, g_sum) if t.is_floating_point()):  # autocast

@@ -66,8 +66,7 @@ def loss_gap(loss_fn, out: Any, y: torch.Tensor, loss: torch.Tensor, layout: Out
 
 def relative_gap(got, want, size):
     """``|got - want| / size`` of ``()`` tensors or floats: a float where host reads are free (the
-    CPU), else a ``()`` tensor; nothing (``None``, or 0) when ``got``, the batch loss, is not
-    finite."""
+    CPU), else a ``()`` tensor; ``None`` (or 0) when ``got``, the batch loss, is not finite."""
     if isinstance(got, torch.Tensor) and not host_reads_allowed(got.device):
         gap = (got - want).abs() / size.clamp_min(1e-30)
         return torch.where(got.isfinite(), gap, torch.zeros_like(gap))

@@ -63,16 +63,18 @@ def rows_norms(
     shapes = tuple(rows.shapes.values())
     acc = like.new_empty(rows.width) if out is None else out  # (d,): grad, then grad - mean
     parts = kept_view(acc, shapes, lambda: _parts(acc, shapes))  # (*shape) views
-    wants = [
-        torch.zeros_like(part) if g is None else g.to_dense() if g.is_sparse else g
-        for g, part in zip(grads, parts, strict=True)
-    ]
+    wants = [dense(g, part) for g, part in zip(grads, parts, strict=True)]
     torch._foreach_copy_(parts, wants)
     rows.accumulate(acc, shift, frozenset(sums))  # one pass: acc = grad - sum_i coef_i g_i
     for k, name in enumerate(rows.shapes):
         if name in sums:
             sums[name](shift, parts[k])
     return torch.stack(torch._foreach_norm([*wants, *parts])).view(2, -1)  # (2, P)
+
+
+def dense(g: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """``g`` densified; zeros like ``like`` where ``g`` is ``None`` (nothing reached it)."""
+    return torch.zeros_like(like) if g is None else g.to_dense() if g.is_sparse else g
 
 
 def _parts(acc: torch.Tensor, shapes: tuple[torch.Size, ...]) -> tuple[torch.Tensor, ...]:
@@ -162,6 +164,5 @@ def known_cause(model: nn.Module, name: str, param: nn.Parameter) -> str | None:
 
 def refuse_gradient_hooks(params: dict[str, nn.Parameter], why: str) -> None:
     """Refuse the first of ``params`` with a gradient hook, ``why`` the path cannot follow it."""
-    hooked = [n for n, p in params.items() if p._backward_hooks]
-    if hooked:
+    if hooked := [n for n, p in params.items() if p._backward_hooks]:
         raise UnsupportedModelError(f"{hooked[0]} has a gradient hook (register_hook), {why}")

@@ -36,9 +36,8 @@ def saved_state(model: nn.Module, buffers: bool = True, modes: bool = False) -> 
 
 @contextlib.contextmanager
 def kept_state(model: nn.Module) -> Iterator[Callable[[], list[str]]]:
-    """Buffers and parameters (:func:`saved_buffers`), attributes, modes, ``param.grad`` and
-    random number generators put back after the block; yields a function that names the buffers
-    and parameters changed so far."""
+    """Buffers and parameters (:func:`saved_buffers`), attributes, modes, ``param.grad`` and RNGs
+    put back after the block; yields a function naming the buffers and parameters changed so far."""
     buffers, mode = saved_buffers(model), model.training
     attributes = saved_state(model, buffers=False, modes=True)
     grads = [(p, p.grad) for p in model.parameters()]

@@ -51,9 +51,7 @@ RULES: dict[type[nn.Module], LayerRule] = {}
 
 def register_rule(*layer_types: type[nn.Module]) -> Callable[[type[LayerRule]], type[LayerRule]]:
     def decorator(cls: type[LayerRule]) -> type[LayerRule]:
-        rule = cls()
-        for layer_type in layer_types:
-            RULES[layer_type] = rule
+        RULES.update(dict.fromkeys(layer_types, cls()))
         return cls
 
     return decorator
@@ -64,8 +62,7 @@ def rule_for(module: nn.Module) -> LayerRule | None:
     applies: an unsupported configuration (a grouped Conv2d), or not the plain layer it knows (a
     forward overridden, other parameters as LoRA's, a pre-hook as the older ``weight_norm``'s)."""
     for cls in type(module).__mro__:
-        rule = RULES.get(cls)
-        if rule is not None:
+        if (rule := RULES.get(cls)) is not None:
             own = {n for n, _ in module.named_parameters(recurse=False)}
             pre_hooks = [h for h in module._forward_pre_hooks.values() if not is_ours(h)]
             plain = (

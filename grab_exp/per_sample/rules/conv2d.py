@@ -35,11 +35,10 @@ def conv2d_grads(
     ``copies`` (:func:`copy_weight`'s gradient) where given, :func:`grouped_weight_grads` where
     the output positions ``L = H'W'`` outnumber the channels ``O`` (LeNet), else
     :func:`unfold_weight_grads` (patches no larger than the result)."""
-    positions = g.shape[2] * g.shape[3]  # L
     if copies is not None and copies.shape[0] == g.shape[0] * g.shape[1]:  # of the mean loss
         weight = g.new_empty(g.shape[0], *layer.weight.shape) if out[0] is None else out[0]
         weight = torch.mul(copies.view(weight.shape), g.shape[0], out=weight)  # row-major
-    elif positions <= g.shape[1]:
+    elif g.shape[2] * g.shape[3] <= g.shape[1]:  # the output positions L = H'W' <= O
         weight = unfold_weight_grads(layer, a, g, out[0])
     else:
         weight = grouped_weight_grads(layer, a, g)
@@ -97,8 +96,7 @@ def copy_weight(layer: nn.Conv2d, keep: Callable[[torch.Tensor], None]) -> Calla
         keep(weights)  # (B * O, C, kh, kw)
         images = x.reshape(1, -1, *x.shape[2:]).contiguous(memory_format=torch.channels_last)
         biases = None if bias is None else bias.expand(batch, -1).reshape(-1)  # (B * O,)
-        out = F.conv2d(images, weights, biases, layer.stride, explicit_padding(layer),
-                       layer.dilation, groups=batch)  # fmt: skip
+        out = F.conv2d(images, weights, biases, groups=batch, **_geometry(layer))
         return out.view(batch, out_channels, *out.shape[2:]).contiguous()  # (B, O, H', W')
 
     layer._conv_forward = grouped

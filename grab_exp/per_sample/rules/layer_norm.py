@@ -12,9 +12,8 @@ from grab_exp.per_sample.rules.base import LayerRule, Outs, register_rule
 def layer_norm_grads(
     layer: nn.LayerNorm, a: torch.Tensor, g: torch.Tensor, out: Outs = (None, None)
 ) -> list[torch.Tensor]:
-    """Per-sample ``[weight, bias]`` grads from ``a (B, *, *S)`` and ``g (B, *, *S)`` (``S``:
-    ``normalized_shape``): ``sum_* g * a_hat`` and ``sum_* g``, ``a_hat`` the input normalized
-    without the affine map."""
+    """Per-sample ``[weight, bias]`` grads from ``a, g (B, *, *S)`` (``S``: ``normalized_shape``):
+    ``sum_* g * a_hat`` and ``sum_* g``, ``a_hat`` the input normalized without the affine map."""
     a_hat = F.layer_norm(a, layer.normalized_shape, eps=layer.eps)  # (B, *, *S)
     lead = tuple(range(1, a.dim() - len(layer.normalized_shape)))  # the * dims
     grads = [_sum_lead(g * a_hat, lead, out[0])]  # (B, *S)
