@@ -98,6 +98,13 @@ MINIMAL: dict[str, tuple[int, tuple[str, ...]]] = {
     # capture); every extra forward deleted the flag, so the next one hooked the module again
     "setup_once": (0, ("family:vec", "attr:setup_once")),
     "setup_once_loop": (0, ("family:vec", "attr:setup_once", "method:loop")),
+    # wrong in the harness, not the engine (seed 2055 of OPEN until 862aedd): a scripted module's
+    # first run under autocast computes otherwise than its later ones, and the reference's step
+    # was its first run while every method runs the model before its batch step (oracle.warm_up)
+    "scripted_first_run_autocast": (
+        2055,
+        ("block:scripted", "param:ema", "input:tuple", "precision:autocast", "sched:unfreeze"),
+    ),
 }
 
 
@@ -105,13 +112,12 @@ MINIMAL: dict[str, tuple[int, tuple[str, ...]]] = {
 LATER_FEATURES = frozenset({"sched:sorted_checks", "bwd:coupled"})
 #: seeds the fuzzer found wrong that are not mended, and what is wrong (found in seeds
 #: 2000-5999 at 225fbb9, already wrong at 40bf286), all under bfloat16 autocast on the CPU; run
-#: as expected failures. In 2592, 4479 and 5722 p.grad is the plain autocast step's exactly and
-#: the rows' mean is 5.3-5.8 % of p.grad's largest entry from it, over the oracle's 5 % for
-#: autocast (AUTOCAST_TOLERANCE["mean"]; the engine's own check, relative to each parameter's
-#: norm, accepts it): bfloat16 rounding of the examples' own computations, or rows a little
-#: off, this harness cannot tell which; 2055 is not diagnosed
+#: as expected failures. In each, p.grad is the plain autocast step's exactly and the rows' mean
+#: is 5.3-5.8 % of p.grad's largest entry from it, over the oracle's 5 % for autocast
+#: (AUTOCAST_TOLERANCE["mean"]; the engine's own check, relative to each parameter's norm,
+#: accepts it): bfloat16 rounding of the examples' own computations, or rows a little off, this
+#: harness cannot tell which. (2055 was the harness's: "scripted_first_run_autocast" above.)
 OPEN: dict[int, str] = {
-    2055: "img auto, call 0: stem.conv.weight (block:scripted param:ema sched:unfreeze)",
     2592: "rnn auto, call 2: stem.rnn.weight_hh_l1 (rnn:two_layers loss:tuple)",
     4479: "lm auto, call 3: an encoder layer's out_proj.weight (buf:counter sched:fwd_hook)",
     5722: "tok loop, call 1: stem.emb.weight (attr:step block:parametrized sched:add_block)",
