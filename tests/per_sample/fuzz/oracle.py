@@ -189,10 +189,23 @@ def compare(model, loss, grads, ref: Reference, exact: Reference | None = None) 
     for name, p in model.named_parameters():
         problem = difference(dense_grad(p), ref.grads[name], tol["p.grad"])
         mean = None if exact is None or name not in rows else rows[name].mean(0)
-        problem = problem or (mean is not None and difference(mean, dense_grad(p), tol["mean"]))
+        limit = None if mean is None else mean_tolerance(ref, name, tol["mean"])
+        problem = problem or (mean is not None and difference(mean, dense_grad(p), limit))
         if problem:
             return f"p.grad of {name} {problem}" if mean is None else f"{name}: {problem}"
     return None
+
+
+def mean_tolerance(ref: Reference, name: str, floor: float) -> float:
+    """The rows' mean against ``p.grad`` under autocast: ``floor``, or twice as far as the
+    reference's own rows (each example alone under autocast) are from its plain step where that
+    is more (seeds 2592, 4479, 5722: loop's rows are those exactly, and their mean is 5.3-5.8 %
+    of the scale from the step, whose bfloat16 rounding is up to 7.5 % from float32's)."""
+    own, want = ref.rows[name].mean(0), ref.grads[name]
+    if want is None:  # the loss does not reach it: its rows are zeros
+        return floor
+    scale = want.abs().max().clamp_min(1e-30)
+    return max(floor, 2 * ((own - want).abs().max() / scale).item())
 
 
 def state_problem(model, ref_model) -> str | None:
