@@ -233,8 +233,9 @@ REINDEXING = {f"{op}Backward0" for op in ("Index", "IndexSelect", "MaskedSelect"
     "Take", "IndexPut", "MaskedScatter", "Scatter", "ScatterAdd", "ScatterReduce", "IndexAdd",
     "IndexCopy", "Sort", "Topk", "PackPaddedSequence")}  # fmt: skip
 REINDEXED = (
-    "the model re-indexes its batch (h[sel], index_select, gather, sort or packing, or h[j], "
-    "unbind or split along the batch) before a layer or its output: the batch axis the probe "
+    "the model re-indexes its batch (h[sel], index_select, gather, sort or packing; h[j], "
+    "unbind, split, flip or roll along the batch; a (B, B) matrix times it, F.embedding of its "
+    "rows) before a layer or its output: the batch axis the probe "
     "found may not hold, or the examples may come back in another order; use method=func or loop"
 )
 
@@ -261,8 +262,15 @@ def _reindexing(node: Any, batch: int) -> bool:
     if name in ("FlipBackward0", "RollBackward0"):  # along the axes of the items
         shape, dims = node._input_metadata[0].shape, node._saved_dims
         return batch > 1 and (not dims or any(shape[_signed(d)] == batch for d in dims))
-    if name == "MmBackward0":  # a (B, B) matrix times the batch (a permutation matrix)
-        return node._saved_self_sym_sizes == (batch, batch) and batch > 1
+    if name == "MmBackward0":  # a (B, B) matrix (a permutation's) on either side of the batch
+        sizes = (node._saved_self_sym_sizes, node._saved_mat2_sym_sizes)
+        return batch > 1 and (batch, batch) in sizes
+    if name == "BmmBackward0":  # the same batched (einsum's "ji,jc->ic" with a one-hot matrix)
+        operands = [t for t in (node._saved_self, node._saved_mat2) if t is not None]
+        return batch > 1 and any(t.shape[-2:] == (batch, batch) for t in operands)
+    if name == "EmbeddingBackward0":  # rows of an activation of B rows taken by index
+        weight = type(node.next_functions[0][0]).__name__
+        return node._saved_weight_sym_argsize_0 == batch > 1 and weight != "AccumulateGrad"
     if name in ("SelectBackward0", "SplitBackward0", "SliceBackward0"):
         whole = name == "SliceBackward0" and (node._saved_start, node._saved_step) == (0, 1)
         items = node._saved_self_sym_sizes[_signed(node._saved_dim)]

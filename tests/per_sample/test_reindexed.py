@@ -80,8 +80,10 @@ class TakenApart(nn.Module):
     """Sorts its batch by the first input feature, runs a layer, and puts the examples back in
     Python (``how``: ``select``, ``h[j]`` each and ``stack``; ``unbind``; ``split`` and ``cat``),
     or reorders them by the data with ``flip`` (under ``torch.where``), ``roll`` or a permutation
-    ``matrix`` and back (adversarial review 4): the graph is the same whatever the order, so a
-    call whose order differs from the checked ones' is no new kind of batch."""
+    ``matrix`` and back (adversarial review 4), or puts the output back with ``einsum`` and a
+    one-hot matrix, the matrix on the right (``(out.T @ P).T``) or ``F.embedding`` of the output
+    (adversarial review 5): the graph is the same whatever the order, so a call whose order
+    differs from the checked ones' is no new kind of batch."""
 
     def __init__(self, how: str) -> None:
         super().__init__()
@@ -99,6 +101,14 @@ class TakenApart(nn.Module):
             permutation = torch.eye(len(x), dtype=x.dtype)[x[:, 0].argsort()]  # (B, B)
             return self.b(permutation.T @ torch.tanh(self.a(permutation @ x)))
         order = x[:, 0].argsort()
+        if self.how in ("einsum", "matrix_right", "embedding"):  # back after the last layer
+            out = self.b(torch.tanh(self.a(x[order])))  # (B, 3), sorted
+            one_hot = F.one_hot(order, len(x)).to(x.dtype)  # (B, B)
+            if self.how == "einsum":
+                return torch.einsum("ji,jc->ic", one_hot, out)
+            if self.how == "matrix_right":
+                return (out.T @ one_hot).T
+            return F.embedding(order.argsort(), out)  # out's rows taken by index
         h = torch.tanh(self.a(x[order]))  # x needs no grad: no node for this re-indexing
         back = order.argsort().tolist()
         if self.how == "select":
@@ -112,7 +122,10 @@ class TakenApart(nn.Module):
         return self.b(h)
 
 
-@pytest.mark.parametrize("how", ["select", "unbind", "split", "flip", "roll", "matrix"])
+@pytest.mark.parametrize(
+    "how",
+    ["select", "unbind", "split", "flip", "roll", "matrix", "einsum", "matrix_right", "embedding"],
+)
 @pytest.mark.parametrize("method", ["hooks", "factored", "auto"])
 def test_a_batch_taken_apart_and_put_back_by_data_is_checked_every_call(how, method) -> None:
     """Batches already in order on the schedule's calls (1, 2 and 4), in reverse on call 3: the
