@@ -165,12 +165,13 @@ class Recorder:
         reached = {id(n.variable) for n in _nodes([loss.grad_fn], skip) if hasattr(n, "variable")}
         for name, own in self.layers.own.items():
             if used := [n for n, p in own.items() if id(p) in reached]:
+                kids = any(m.startswith(f"{name}.") if name else m for m in self.layers.modules)
                 raise UnsupportedModelError(
-                    f"{self.layers.label(name)}: the loss reaches {used[0]} other than "
-                    "through this layer's forward (a weight penalty or a center loss in loss_fn, "
-                    "a parent module that reads it): the hook path cannot split that part of its "
-                    "gradient between the examples; use method=func (auto does), or the "
-                    "optimizer's weight_decay for a plain penalty"
+                    f"{self.layers.label(name)}: the loss reaches {used[0]} other than through "
+                    f"this layer's forward ({READ_AROUND_CHILDREN * kids}a weight penalty or a "
+                    "center loss in loss_fn, a parent module that reads it): the hook path cannot "
+                    "split that part of its gradient between the examples; use method=func (auto "
+                    "does), or the optimizer's weight_decay for a plain penalty"
                 )
 
     def backward(self, loss: torch.Tensor, calls: dict[str, list[Call]], retain: bool) -> None:
@@ -228,6 +229,7 @@ def _nodes(stack: list, skip: dict | None = None) -> list[Any]:
     return found
 
 
+READ_AROUND_CHILDREN = "its forward reads it around its child layers (a CLS token, a position); "
 #: nodes of operations that can move items across a batch axis (docs/which-models-work.md)
 REINDEXING = {f"{op}Backward0" for op in ("Index", "IndexSelect", "MaskedSelect", "Gather",
     "Take", "IndexPut", "MaskedScatter", "Scatter", "ScatterAdd", "ScatterReduce", "IndexAdd",
