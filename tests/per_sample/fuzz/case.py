@@ -89,7 +89,8 @@ def draw_case(
     sort_neck = family != "lm" and draw.chance("sched:sorted_checks", 0.05)  # drawn last too
     if sort_neck:  # the neck reorders its batch by data: in order on the check's calls only
         data = sorted_on_checks(*data[0], calls)
-        sort_neck = draw.pick("sort:how", ["stack", "matrix", "roll"])
+        ways = ["stack", "matrix", "roll", "einsum", "matrix_right", "embedding"]
+        sort_neck = draw.pick("sort:how", ways)
     coupled = draw.chance("bwd:coupled", 0.03)  # drawn last too: a backward scaled by B
 
     def build() -> tuple[nn.Module, Callable, list[str]]:

@@ -12,6 +12,7 @@ import copy
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 from torch.nn.utils.rnn import pack_padded_sequence
 
 from .blocks import D, conv_block, token_block, vector_block
@@ -78,7 +79,8 @@ class Net(nn.Module):
     def in_order(self, h, x, back=False):
         """``sort_neck``: the examples in the order of ``x``'s first entry (``back``: that order
         undone), with no node that re-indexes: ``h[i]`` each and ``stack`` in Python, a
-        permutation ``matrix`` or a ``roll`` that starts at the smallest entry."""
+        permutation ``matrix`` (on the left, on the right, in an ``einsum``), ``F.embedding`` of
+        ``h``'s rows or a ``roll`` that starts at the smallest entry."""
         how, key = getattr(self, "sort_neck", False), x.flatten(1)[:, 0]
         if not how:
             return h
@@ -86,9 +88,15 @@ class Net(nn.Module):
             start = int(key.argmin())
             return torch.roll(h, start if back else -start, 0)
         order = key.argsort()
+        permutation = torch.eye(len(h), dtype=h.dtype)[order]  # (B, B): P @ h is h[order]
         if how == "matrix":
-            permutation = torch.eye(len(h), dtype=h.dtype)[order]  # (B, B)
             return (permutation.T if back else permutation) @ h
+        if how == "einsum":  # the matrix contracted with the batch axis (a bmm)
+            return torch.einsum("ji,jc->ic" if back else "ij,jc->ic", permutation, h)
+        if how == "matrix_right":  # (h.T @ P.T).T is P @ h
+            return (h.T @ (permutation if back else permutation.T)).T
+        if how == "embedding":  # h's rows taken by index
+            return F.embedding(order.argsort() if back else order, h)
         return torch.stack([h[i] for i in (order.argsort() if back else order).tolist()])
 
     def buffer_effects(self, h):

@@ -57,6 +57,21 @@ MINIMAL: dict[str, tuple[int, tuple[str, ...]]] = {
         1,
         ("family:vec", "sched:sorted_checks", "sort:how:matrix"),
     ),
+    # wrong (at 1de50c5; adversarial review 5, then drawn by the fuzzer: 5 of the 123 seeds of
+    # 0-5999 that draw these): the order undone by the matrix on the right, (h.T @ P).T, or by
+    # F.embedding of h's rows; and an einsum with the matrix, as the review wrote it
+    "reordered_by_matrix_right_between_checks": (
+        1,
+        ("family:vec", "sched:sorted_checks", "sort:how:matrix_right"),
+    ),
+    "reordered_by_embedding_between_checks": (
+        1,
+        ("family:vec", "sched:sorted_checks", "sort:how:embedding"),
+    ),
+    "reordered_by_einsum_between_checks": (
+        1,
+        ("family:vec", "sched:sorted_checks", "sort:how:einsum"),
+    ),
     # wrong on every call (at 0d5963e; review 4): an identity whose backward is scaled by the
     # batch size; every forward alone, the identity and the rows' mean pass
     "backward_scaled_by_batch": (0, ("family:vec", "bwd:coupled")),
