@@ -38,18 +38,19 @@ class FuncFallback:
         own, fixed = split_state(self.layer, self.names, copy_buffers=True)
         used = [k for k, g in enumerate(call.grads) if g is not None]
         grads_sum = [call.grads[k] * batch for k in used]  # of the summed loss
+        outs = dict(zip(self.names, out, strict=True))
         try:
-            grads = self._rows(own, fixed, call, layout, used, grads_sum, batch)
+            grads = self._rows(own, fixed, call, layout, used, grads_sum, batch, outs)
         except (RuntimeError, NotImplementedError):
             if self.batched_by == "loop":
                 raise
             self.batched_by = "loop"  # torch's vmap cannot batch this layer
-            grads = self._rows(own, fixed, call, layout, used, grads_sum, batch)
-        rows = [grads.get(n) for n in self.names]
-        return [g if g is None or o is None else o.copy_(g) for g, o in zip(rows, out, strict=True)]
+            grads = self._rows(own, fixed, call, layout, used, grads_sum, batch, outs)
+        pairs = zip((grads.get(n) for n in self.names), out, strict=True)
+        return [g if g is None or o is None or g is o else o.copy_(g) for g, o in pairs]
 
-    def _rows(self, own, fixed, call, layout, used, grads_sum, batch) -> dict[str, torch.Tensor]:
-        """``grad`` of one example's ``sum_k <g_k, out_k>``, by ``vmap`` or a loop."""
+    def _rows(self, own, fixed, call, layout, used, grads_sum, batch, outs) -> dict:
+        """``grad`` of one example's ``sum_k <g_k, out_k>``, by ``vmap`` or a loop (into outs)."""
         batched = [k for k, d in enumerate(layout.inputs) if d is not None]
         in_dims, out_dims = [layout.inputs[k] for k in batched], [layout.outputs[k] for k in used]
 
@@ -78,4 +79,4 @@ class FuncFallback:
                     grads = torch.autograd.grad(total, list(params.values()), allow_unused=True)
                 for (n, p), g in zip(params.items(), grads, strict=True):
                     rows[n].append(torch.zeros_like(p) if g is None else g)
-        return {n: torch.stack(r) for n, r in rows.items()}
+        return {n: torch.stack(r, out=outs.get(n)) for n, r in rows.items()}
