@@ -5,6 +5,7 @@ one line of a ``_target_`` that cannot be imported."""
 from __future__ import annotations
 
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -37,6 +38,14 @@ def raised_in_user_file(error: BaseException) -> bool:
         and not file.is_relative_to(PACKAGE_DIR)
         and not str(file).startswith(INSTALLED)
     )
+
+
+def raised_in(error: BaseException, function: Callable) -> bool:
+    """Whether ``error``'s traceback passed a frame of ``function`` (its code object)."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_frame.f_code is not function.__code__:
+        tb = tb.tb_next
+    return tb is not None
 
 
 def shown(path: str | Path) -> str:

@@ -30,6 +30,7 @@ from grab_exp.per_sample.layout import (
     take,
 )
 from grab_exp.per_sample.modules import CHECKPOINT_REFUSAL, UnsupportedModelError, random_modules
+from grab_exp.tracebacks import raised_in
 from grab_exp.validation import check_choice, check_int_at_least
 
 __all__ = ["RANDOMNESS_CHOICES", "FuncPerSample"]
@@ -99,7 +100,10 @@ class _ModelAndLoss(nn.Module):
 
     def forward(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, Any]:
         out = call_model(self.model, x)
-        return self.loss_fn(out, y), out
+        return self.loss(out, y), out
+
+    def loss(self, out: Any, y: torch.Tensor) -> torch.Tensor:  # a frame of its own
+        return self.loss_fn(out, y)
 
 
 def repeated_module(model: nn.Module) -> str | None:
@@ -120,8 +124,8 @@ def vmap_failure(model: nn.Module, error: RuntimeError) -> str:
     cause = str(error).strip().splitlines()[0]
     named = model.named_modules()
     unbatchable = [f"{n} ({type(m).__name__})" for n, m in named if isinstance(m, VMAP_FAILS)]
-    if not unbatchable:
-        return f"torch.func's vmap failed on this model ({cause})"
+    if (in_loss := raised_in(error, _ModelAndLoss.loss)) or not unbatchable:
+        return f"torch.func's vmap failed on {'loss_fn' if in_loss else 'this model'} ({cause})"
     return (
         f"torch.func's vmap failed at {', '.join(unbatchable)}, which it cannot batch here "
         f"({cause}); method=auto or hooks replays such layers one example at a time"
@@ -194,7 +198,8 @@ class FuncPerSample(PerSampleGradients):
                 self._settle_split(out, y, layout, losses, batch)
             full = partial(self.full_check, x, y, batch_out, layout, rows=rows, params=params)
             full = full if due else None
-            self.verify_and_check(rows, params, snapshot, full, self._identity(rows))
+            identity = partial(identity_problem, self.model, params, rows, method=self.method)
+            self.verify_and_check(rows, params, snapshot, full, identity)
             if due:
                 self.checker.passed(key, batch)
         return loss.detach(), rows
@@ -225,11 +230,6 @@ class FuncPerSample(PerSampleGradients):
         if self.checker.split(batch) is not None:
             gap = relative_gap(loss, losses.mean(), losses.abs().mean())
             self.checker.settle_gap(gap, losses.dtype)
-
-    def _identity(self, rows: BatchGrads):
-        return lambda losses, c: identity_problem(
-            self.model, self.state.trainable(), rows, losses, c, self.method
-        )
 
     def _output_layout(self, key: tuple, x: Inputs) -> OutputLayout:
         if self._layout_key != key:

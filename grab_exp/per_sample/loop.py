@@ -44,12 +44,11 @@ class LoopPerSample(PerSampleGradients):
             "per-sample rows under a gradient hook are refused on every method: remove the hook "
             "(mask the optimizer's update instead)",
         )
-        rows = self._rows(x, y, params, batch_size(x))  # {name: (B, *shape)}
+        grads = as_batch_grads(self._rows(x, y, params, batch_size(x)))  # {name: (B, *shape)}
         with GradSnapshot(params.values()) as snapshot, torch.enable_grad():
             loss = loss_of(self.loss_fn, call_model(self.model, x), y)  # the batch's own step
             if loss.requires_grad:
                 loss.backward()
-            grads = as_batch_grads(rows)
             self.verify_and_check(grads, params, snapshot, None, None)
         return loss.detach(), grads
 

@@ -324,7 +324,7 @@ def test_an_error_inside_a_method_is_one_line_naming_the_method(method: str) -> 
     model = built(AutoEncoder)
     psg = make_per_sample(model, F.cross_entropy, method=method)
     x, y = batch(5, seed=60)
-    named = r"^(method=\w+: .*Error: |torch\.func's vmap failed on this model \(index 9)"
+    named = r"^(method=\w+: .*Error: |torch\.func's vmap failed on loss_fn \(index 9)"
     with pytest.raises(UnsupportedModelError, match=named) as error:
         psg(x, torch.full_like(y, 9))  # 4 classes
     assert "\n" not in str(error.value)

@@ -273,3 +273,36 @@ def test_cuda_step_is_sync_free():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.isfinite(loss).item()
+
+
+class ItemNet(nn.Module):
+    """A Linear layer whose forward reads a value on the host (``.item()``), which vmap cannot."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * (2.0 if x.sum().item() > 0 else 1.0)
+
+
+def _gaussian_nll(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The mean Gaussian NLL of ``y`` under ``out[:, 0]`` and variance ``exp(out[:, 1])``
+    (torch checks the variance's sign on the host, which vmap cannot)."""
+    return F.gaussian_nll_loss(out[:, 0], y, out[:, 1].exp())
+
+
+@pytest.mark.parametrize(
+    ("model", "loss_fn", "y", "named"),
+    [
+        (lambda: nn.Linear(6, 2), _gaussian_nll, torch.randn(4), "loss_fn"),
+        (ItemNet, F.cross_entropy, torch.tensor([0, 1, 1, 0]), "this model"),
+    ],
+)
+def test_a_vmap_failure_names_the_loss_or_the_model_where_it_was_raised(model, loss_fn, y, named):
+    """A loss that vmap cannot run was refused as the model's failure: the refusal names
+    ``loss_fn`` when the error was raised inside it, the model otherwise, in one line."""
+    torch.manual_seed(0)
+    with pytest.raises(ValueError, match=rf"^torch\.func's vmap failed on {named} \(") as error:
+        FuncPerSample(model(), loss_fn)(torch.randn(4, 6), y)
+    assert "\n" not in str(error.value)
