@@ -50,10 +50,6 @@ class CallLayout:
             raise ValueError("takes or returns a different structure for two examples and three")
         return cls(tuple(map(batch_dim, one[0], two[0])), tuple(map(batch_dim, one[1], two[1])))
 
-    @property
-    def batched(self) -> bool:
-        return any(d is not None for d in self.inputs)
-
 
 def expand_over_batch(args: tuple[Any, ...], batch: int) -> tuple[Any, ...]:
     """``args`` with every tensor given the batch as dimension 0 (a leading 1 expanded, else one

@@ -110,7 +110,7 @@ class Planner:
                 continue
             running = [n for n in layers.modules if n not in layers.idle]
             layouts = {name: self._layouts(name, two, three) for name in running}
-            unbatched = {n for n, calls in layouts.items() if any(not c.batched for c in calls)}
+            unbatched = {n for n, cs in layouts.items() if any(set(c.inputs) <= {None} for c in cs)}
             if unbatched <= expanded:
                 output = OutputLayout.probed(*outputs, "; use method=func")
                 return Plan(layouts, set(expanded), output)

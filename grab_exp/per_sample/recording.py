@@ -229,6 +229,7 @@ def _nodes(stack: list, skip: dict | None = None) -> list[Any]:
     return found
 
 
+#: why a parameter its module's forward reads itself is not a hooked layer's (the refusal's cause)
 READ_AROUND_CHILDREN = "its forward reads it around its child layers (a CLS token, a position); "
 #: nodes of operations that can move items across a batch axis (docs/which-models-work.md)
 REINDEXING = {f"{op}Backward0" for op in ("Index", "IndexSelect", "MaskedSelect", "Gather",

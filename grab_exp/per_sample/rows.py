@@ -132,13 +132,11 @@ class GradBuffer:
 
     def views(self, batch: int, params: dict[str, nn.Parameter], kind: tuple) -> Grads:
         """Name -> ``(B, *shape)`` column blocks of the buffer of ``kind``, ``(dtype, device)``."""
-        dtype, device = kind
+        buffer, (dtype, device) = self.buffer, kind
         layout = [(n, id(p), p.shape) for n, p in params.items()]
         if layout != self._layout:  # first call, or parameters were (un)frozen or replaced
-            self._layout, self.buffer = layout, None
-        buffer = self.buffer
-        small = buffer is None or len(buffer) < batch
-        if small or buffer.dtype != dtype or buffer.device != device:
+            self._layout, buffer = layout, None
+        if buffer is None or len(buffer) < batch or (buffer.dtype, buffer.device) != kind:
             d = sum(shape.numel() for _, _, shape in layout)
             self.buffer = torch.empty(batch, d, dtype=dtype, device=device)  # (B, d)
             self._views = {}

@@ -54,15 +54,18 @@ def _geometry(layer: nn.Conv2d) -> dict:
     return {"stride": layer.stride, "padding": explicit_padding(layer), "dilation": layer.dilation}
 
 
+def one_image(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """``x (B, C, H, W)`` as one image of ``B*C`` channels, ``(1, B*C, H, W)``."""
+    image = x.reshape(1, -1, *x.shape[2:])
+    return image.contiguous(memory_format=torch.channels_last) if channels_last else image
+
+
 def grouped_weight_grads(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """Per-sample weight grads ``(B, O, C, kh, kw)``: the weight gradient of one convolution
     whose groups are the examples (``a`` as one image of ``B*C`` channels, ``g`` of ``B*O``)."""
     batch, out_channels = g.shape[:2]
-    images = a.reshape(1, -1, *a.shape[2:])  # (1, B*C, H, W)
-    out_grads = g.reshape(1, -1, *g.shape[2:])  # (1, B*O, H', W')
-    if a.device.type == "cpu" and a.shape[1] < CHANNELS_LAST_BELOW:
-        images = images.contiguous(memory_format=torch.channels_last)
-        out_grads = out_grads.contiguous(memory_format=torch.channels_last)
+    narrow = a.device.type == "cpu" and a.shape[1] < CHANNELS_LAST_BELOW
+    images, out_grads = one_image(a, narrow), one_image(g, narrow)  # (1, B*C | B*O, H, W)
     shape = (batch * out_channels, *layer.weight.shape[1:])  # (B*O, C, kh, kw)
     weight = torch.nn.grad.conv2d_weight(images, shape, out_grads, groups=batch, **_geometry(layer))
     return weight.view(batch, out_channels, *layer.weight.shape[1:])
@@ -94,7 +97,7 @@ def copy_weight(layer: nn.Conv2d, keep: Callable[[torch.Tensor], None]) -> Calla
         batch, out_channels = x.shape[0], weight.shape[0]  # x (B, C, H, W)
         weights = weight.expand(batch, *weight.shape).reshape(-1, *weight.shape[1:])
         keep(weights)  # (B * O, C, kh, kw)
-        images = x.reshape(1, -1, *x.shape[2:]).contiguous(memory_format=torch.channels_last)
+        images = one_image(x, channels_last=True)  # (1, B * C, H, W)
         biases = None if bias is None else bias.expand(batch, -1).reshape(-1)  # (B * O,)
         out = F.conv2d(images, weights, biases, groups=batch, **_geometry(layer))
         return out.view(batch, out_channels, *out.shape[2:]).contiguous()  # (B, O, H', W')
