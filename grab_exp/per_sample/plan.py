@@ -55,7 +55,8 @@ class Layers:
         (self.rules if rule else self.fallbacks)[name] = rule or FuncFallback(layer, adopted)
         self.modules[name] = layer
         prefix = f"{name}." if name else ""
-        own = [n for n, _ in layer.named_parameters(recurse=False)] + list(adopted)
+        own = [n for n, _ in layer.named_parameters(recurse=False)]  # a rule's rows: weight, bias
+        own = sorted(own, key=("weight", "bias").index) if rule else own + list(adopted)
         self.own[name] = {prefix + n: layer.get_parameter(n) for n in own}
         self.handles[name] = hook(name, layer, rule is None)
 

@@ -151,9 +151,10 @@ class Recorder:
                 )
 
     def forward_replaced(self) -> bool:
-        """Whether a rule layer's ``forward`` was replaced on the instance since it was hooked
-        (its rule no longer holds: build the layers again)."""
-        return any("forward" in self.layers.modules[n].__dict__ for n in self.layers.rules)
+        """Whether a rule layer's ``forward`` was set on the instance, or it left what its rule
+        supports (a ``padding_mode`` or ``_conv_forward`` set), since hooked: build them again."""
+        pairs = [(r, self.layers.modules[n]) for n, r in self.layers.rules.items()]
+        return any("forward" in vars(m) or not r.supports(m) for r, m in pairs)
 
     def refuse_direct_uses(self, loss: torch.Tensor, calls: dict[str, list[Call]]) -> None:
         """Refuse a parameter that ``loss`` reaches other than through its layer's calls (a walk

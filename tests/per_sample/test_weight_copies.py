@@ -6,6 +6,7 @@ batches; the layer's own forward is back after every call."""
 from __future__ import annotations
 
 import copy
+import types
 
 import pytest
 import torch
@@ -100,3 +101,98 @@ def test_the_layers_forward_is_back_after_a_call_that_raises() -> None:
     with pytest.raises((UnsupportedModelError, IndexError, RuntimeError)):
         psg(x, y)
     assert not any("_conv_forward" in vars(m) for m in model.modules())
+
+
+class ScaledConv(nn.Conv2d):
+    """A narrow convolution of its weight scaled: ``_conv_forward`` its own."""
+
+    def _conv_forward(self, x, weight, bias):
+        return super()._conv_forward(x, 1.5 * weight, bias)
+
+
+class SelfPaddedConv(nn.Conv2d):
+    """Pads its input itself (reflected) and convolves it unpadded, as timm's ``Conv2dSame``."""
+
+    def _conv_forward(self, x, weight, bias):
+        return super()._conv_forward(F.pad(x, (1, 1, 1, 1), mode="reflect"), weight, bias)
+
+
+def _shifted(self: nn.Conv2d, x, weight, bias):
+    return nn.Conv2d._conv_forward(self, 1.7 * x + 0.3, weight, bias)
+
+
+def _instance_patched() -> nn.Conv2d:
+    """A plain ``nn.Conv2d`` whose ``_conv_forward`` is set on the instance (a deepcopy binds it
+    to the copy)."""
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    conv._conv_forward = types.MethodType(_shifted, conv)
+    return conv
+
+
+class Head(nn.Module):
+    """A narrow convolution (3 input channels), then a head."""
+
+    def __init__(self, conv: nn.Conv2d) -> None:
+        super().__init__()
+        self.conv, self.head = conv, nn.Linear(4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 3, H, W) -> (B, 5)
+        return self.head(torch.tanh(self.conv(x)).mean((2, 3)))
+
+
+def _right_over_batches(model: nn.Module, method: str, change=None) -> None:
+    """The loss, the rows and ``p.grad`` of every call against a plain step and a per-example
+    loop on a copy; ``change(model)`` before call 3, which the schedule does not check."""
+    plain = copy.deepcopy(model)
+    psg = make_per_sample(model, F.cross_entropy, method)
+    generator = torch.Generator().manual_seed(1)
+    for call, batch in enumerate((1, 4, 1, 4, 1)):
+        if call == 2 and change is not None:
+            change(model)
+            change(plain)
+        x = torch.randn(batch, 3, 7, 7, generator=generator, dtype=torch.float64)
+        y = torch.randint(0, 5, (batch,), generator=generator)
+        model.zero_grad(set_to_none=True)
+        plain.zero_grad(set_to_none=True)
+        loss, grads = psg(x, y)
+        want = F.cross_entropy(plain(x), y)
+        want.backward()
+        torch.testing.assert_close(loss, want.detach(), rtol=1e-12, atol=0)
+        rows = reference(plain, x, y)
+        for name, got in grads.as_dict().items():
+            torch.testing.assert_close(got, rows[name], rtol=1e-9, atol=1e-12, msg=name)
+        for p, q in zip(model.parameters(), plain.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: ScaledConv(3, 4, 3), lambda: SelfPaddedConv(3, 4, 3), _instance_patched]
+)
+@pytest.mark.parametrize("method", ["hooks", "factored", "auto"])
+def test_a_convolution_of_its_own_is_not_replaced_by_the_copies(make, method: str) -> None:
+    """A narrow Conv2d whose ``_conv_forward`` is not ``nn.Conv2d``'s (a subclass's, one set on
+    the instance) was run as the weight copies' grouped convolution instead: loss, rows and
+    ``p.grad`` of another model, which the rows' mean could not see (wrong on batches of one).
+    Right now, over batches of 1 and 4; the instance's own ``_conv_forward`` stays."""
+    torch.manual_seed(0)
+    model = Head(make()).double()
+    own = vars(model.conv).get("_conv_forward")
+    _right_over_batches(model, method)
+    assert vars(model.conv).get("_conv_forward") is own
+
+
+def _patch_class(model: nn.Module) -> None:
+    type(model.conv)._conv_forward = _shifted
+
+
+@pytest.mark.parametrize(
+    "change", [lambda m: setattr(m.conv, "padding_mode", "reflect"), _patch_class]
+)
+@pytest.mark.parametrize("method", ["hooks", "factored", "auto"])
+def test_a_convolution_changed_after_construction_is_followed(change, method: str) -> None:
+    """A narrow Conv2d given ``padding_mode='reflect'``, or whose class's ``_conv_forward`` is
+    patched, between calls: the call after (3, not a checked one) was still the zero-padded
+    grouped convolution (loss, rows and ``p.grad`` wrong); now the layer leaves its rule."""
+    local = type("LocalConv", (nn.Conv2d,), {})  # patched in this test only
+    torch.manual_seed(0)
+    _right_over_batches(Head(local(3, 4, 3, padding=1)).double(), method, change)

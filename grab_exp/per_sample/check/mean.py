@@ -62,7 +62,8 @@ def rows_norms(
     shift = constant(-1 / batch, batch, like.dtype, like.device) if coef is None else -coef
     shapes = tuple(rows.shapes.values())
     acc = like.new_empty(rows.width) if out is None else out  # (d,): grad, then grad - mean
-    parts = kept_view(acc, shapes, lambda: _parts(acc, shapes))  # (*shape) views
+    split = lambda: acc.split([s.numel() for s in shapes])  # noqa: E731
+    parts = kept_view(acc, shapes, lambda: tuple(map(torch.Tensor.view, split(), shapes)))
     wants = [dense(g, part) for g, part in zip(grads, parts, strict=True)]
     torch._foreach_copy_(parts, wants)
     rows.accumulate(acc, shift, frozenset(sums))  # one pass: acc = grad - sum_i coef_i g_i
@@ -75,11 +76,6 @@ def rows_norms(
 def dense(g: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     """``g`` densified; zeros like ``like`` where ``g`` is ``None`` (nothing reached it)."""
     return torch.zeros_like(like) if g is None else g.to_dense() if g.is_sparse else g
-
-
-def _parts(acc: torch.Tensor, shapes: tuple[torch.Size, ...]) -> tuple[torch.Tensor, ...]:
-    widths = [shape.numel() for shape in shapes]
-    return tuple(p.view(s) for p, s in zip(acc.split(widths), shapes, strict=True))
 
 
 def worst_gap(norms: torch.Tensor, floors: dict, nan: float = math.inf) -> tuple[float, int]:

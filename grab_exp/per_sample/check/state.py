@@ -138,12 +138,13 @@ class ModelState:
         self._seen = _REGISTRATIONS[0]
 
     def stale(self, model: nn.Module) -> bool:
-        """Whether the model's modules or parameters are others than when listed."""
+        """Whether the model's modules or parameters (objects or names) are others than listed."""
         if _REGISTRATIONS[0] == self._seen:
             return False
         self._seen = _REGISTRATIONS[0]
         modules = [id(m) for m in model.modules()] != [id(m) for m in self.modules]
-        return modules or [id(p) for p in model.parameters()] != [id(p) for p in self.params]
+        named = [(n, id(p)) for n, p in model.named_parameters()]  # prune.remove renames one
+        return modules or named != [(n, id(p)) for n, p in self.named]
 
     def trainable(self) -> dict[str, nn.Parameter]:
         return {n: p for n, p in self.named if p.requires_grad}

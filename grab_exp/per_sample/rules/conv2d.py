@@ -108,10 +108,12 @@ def copy_weight(layer: nn.Conv2d, keep: Callable[[torch.Tensor], None]) -> Calla
 
 @register_rule(nn.Conv2d)
 class Conv2dRule(LayerRule):
-    """``nn.Conv2d``; grouped, non-zero-padded or asymmetric ``"same"`` ones get the fallback."""
+    """``nn.Conv2d``; grouped, non-zero-padded, asymmetric ``"same"`` ones and those whose
+    ``_conv_forward`` is not ``nn.Conv2d``'s (a subclass's, one set on the instance): fallback."""
 
     def supports(self, layer):
         zero_padded = layer.padding_mode == "zeros" and explicit_padding(layer) is not None
-        return layer.groups == 1 and zero_padded
+        own = vars(layer).get("_conv_forward", type(layer)._conv_forward) is nn.Conv2d._conv_forward
+        return layer.groups == 1 and zero_padded and own
 
     per_sample, copy_weight = staticmethod(conv2d_grads), staticmethod(copy_weight)

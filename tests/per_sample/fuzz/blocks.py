@@ -77,6 +77,14 @@ class Symmetric(nn.Module):
         return x.triu() + x.triu(1).transpose(-1, -2)
 
 
+class ShiftedConv2d(nn.Conv2d):
+    """A convolution of its input scaled and shifted: a ``_conv_forward`` of its own (as timm's
+    ``Conv2dSame``, which pads its input itself)."""
+
+    def _conv_forward(self, x, weight, bias):
+        return super()._conv_forward(1.5 * x + 0.25, weight, bias)
+
+
 class Wrap(nn.Module):
     """A block around a module that takes ``h`` only, plus an optional activation."""
 

@@ -16,11 +16,12 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
+from .blocks import ShiftedConv2d
 from .draw import Draw
 from .inputs import batches, sorted_on_checks
 from .losses import CLASS_LOSSES, TOKEN_LOSSES, class_loss, token_loss, with_extras
 from .models import CLASSES, FAMILIES, VOCAB, add_state, build_net, reinit
-from .schedule import Change, mix_on, param_hook, schedule, tie_after
+from .schedule import Change, change, mix_on, param_hook, schedule, tie_after
 
 METHODS = ["auto", "func", "hooks", "factored", "loop"]
 #: how often each is drawn: ``auto`` (the default) most, ``loop`` (the last resort, slow) least
@@ -92,6 +93,7 @@ def draw_case(
         ways = ["stack", "matrix", "roll", "einsum", "matrix_right", "embedding"]
         sort_neck = draw.pick("sort:how", ways)
     coupled = draw.chance("bwd:coupled", 0.03)  # drawn last too: a backward scaled by B
+    own_conv = _layer_changes(draw, family, changes)  # drawn last too
 
     def build() -> tuple[nn.Module, Callable, list[str]]:
         d = Draw(model_seed, off, only)
@@ -104,6 +106,8 @@ def draw_case(
             param_hook(net, d.generator())
         add_state(net, family, d)  # drawn last: a seed's other choices are what they were
         net.sort_neck, net.coupled = sort_neck, coupled
+        if own_conv:
+            net.stem.conv.__class__ = ShiftedConv2d
         base = token_loss(loss) if family == "lm" else class_loss(loss)
         return net, with_extras(base, net, net.aux, net.store), d.features
 
@@ -113,6 +117,17 @@ def draw_case(
         seed, off, only, family, features, method, check_every, reuse_buffer, data, changes,
         lambda: build()[:2], autocast,
     )  # fmt: skip
+
+
+def _layer_changes(draw: Draw, family: str, changes: list[list[Change]]) -> bool:
+    """Whether the image stem's narrow convolution has a ``_conv_forward`` of its own; its
+    ``padding_mode``, or the head's weight registered again after its bias, changed before a
+    call after the first (in ``changes``)."""
+    own_conv = family == "img" and draw.chance("conv:own_forward", 0.1)
+    for kind in ("padding_mode", "reregister"):
+        if (family == "img" or kind == "reregister") and draw.chance(f"sched:{kind}", 0.05):
+            changes[draw.int(1, len(changes) - 1)].append(change(kind, 0))
+    return own_conv
 
 
 def _single(value: Any) -> Any:

@@ -8,7 +8,9 @@ switch ``requires_grad``, ``sched:replace_head`` puts a larger head in, ``sched:
 appends a block, ``sched:step`` moves every parameter as an optimizer step would,
 ``sched:mode`` switches between training and eval mode, ``sched:mix_on`` turns mixup on;
 ``sched:sorted_checks`` (:func:`~fuzz.inputs.sorted_on_checks`) gives one batch in the order the
-model's neck sorts by on the scheduled checks' calls only.
+model's neck sorts by on the scheduled checks' calls only; ``sched:padding_mode`` makes the image
+stem's narrow convolution pad by reflection, ``sched:reregister`` registers the head's weight
+again after its bias (as ``prune.remove`` and ``remove_weight_norm`` do).
 """
 
 from __future__ import annotations
@@ -86,6 +88,17 @@ def mix_on(model: nn.Module) -> None:
     model.mix = True
 
 
+def padding_mode(model: nn.Module, g: torch.Generator) -> None:
+    model.stem.conv.padding_mode = "reflect"
+
+
+def reregister(model: nn.Module, g: torch.Generator) -> None:
+    head = model.head if isinstance(model.head, nn.Linear) else model.head[-1]
+    weight = head.weight
+    del head.weight
+    head.weight = weight  # now after the bias in named_parameters
+
+
 def step(model: nn.Module, g: torch.Generator) -> None:
     with torch.no_grad():
         for p in model.parameters():
@@ -102,6 +115,8 @@ _KIND = {
     "add_block": add_block,
     "step": step,
     "mode": mode,
+    "padding_mode": padding_mode,
+    "reregister": reregister,
 }
 
 
