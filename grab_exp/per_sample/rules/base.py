@@ -7,7 +7,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.utils import parametrize
 
 __all__ = ["RULES", "LayerRule", "Outs", "register_rule", "rule_for"]
@@ -60,16 +59,15 @@ def register_rule(*layer_types: type[nn.Module]) -> Callable[[type[LayerRule]], 
 def rule_for(module: nn.Module) -> LayerRule | None:
     """The rule of ``module``'s type (or nearest registered base class); ``None`` where none
     applies: an unsupported configuration (a grouped Conv2d), or not the plain layer it knows (a
-    forward overridden, other parameters as LoRA's, a pre-hook as the older ``weight_norm``'s)."""
+    forward overridden, other parameters as LoRA's or the older ``weight_norm``'s and ``prune``'s;
+    a forward pre-hook that changes the input is followed: the rule reads what the forward got)."""
     for cls in type(module).__mro__:
         if (rule := RULES.get(cls)) is not None:
             own = {n for n, _ in module.named_parameters(recurse=False)}
-            pre_hooks = [h for h in module._forward_pre_hooks.values() if not is_ours(h)]
             plain = (
                 type(module).forward is cls.forward
                 and "forward" not in vars(module)  # a forward replaced on the instance
                 and own <= {"weight", "bias"}  # a layer with others is not the one it knows
-                and (not pre_hooks or isinstance(module, LazyModuleMixin))
                 and not parametrize.is_parametrized(module)
             )
             return rule if plain and rule.supports(module) else None
