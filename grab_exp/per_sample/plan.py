@@ -129,8 +129,10 @@ class Planner:
                 names = ", ".join(self.layers.label(n) for n in sorted(expanded))
                 cause = str(error).strip().splitlines()[0]
                 raise UnsupportedModelError(
-                    f"{names}: its input has no batch dimension, and with that input expanded "
-                    f"over the batch the model's forward fails ({cause}); use method=func"
+                    f"{names}: its input has no batch dimension for copies of one example (a "
+                    "position embedding's; or a selection by value, as x[mask] or expert routing, "
+                    "that picked none), and with that input expanded over the batch the model's "
+                    f"forward fails ({cause}); use method=func or loop (auto tries them)"
                 ) from error
             silent = [n for n in self.layers.modules if n not in two and n not in self.layers.idle]
             used = self._used(silent, out2) if silent else set()

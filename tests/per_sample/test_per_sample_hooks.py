@@ -7,6 +7,8 @@ autograd's, as from ``loss.backward()``, also where outputs are changed in place
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -423,3 +425,46 @@ def test_a_forward_pre_hook_that_changes_the_input_is_followed(method: str) -> N
         for name, grad in plain.items():
             torch.testing.assert_close(rows[name], want[name], rtol=1e-9, atol=1e-12)
             torch.testing.assert_close(got[name], grad, rtol=1e-9, atol=1e-12)
+
+
+class Routed(nn.Module):
+    """Sparse top-1 routing: each example goes through the expert its gate picks (``x[mask]``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate, self.head = nn.Linear(4, 2), nn.Linear(4, 3)
+        self.experts = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 4) -> (B, 3)
+        p = self.gate(x).softmax(-1)
+        picked, h = p.argmax(-1), torch.zeros_like(x)
+        for k, expert in enumerate(self.experts):
+            chosen = (picked == k).nonzero(as_tuple=True)[0]
+            h = h.index_put((chosen,), expert(x[chosen]) * p[chosen, k : k + 1])
+        return self.head(torch.tanh(h))
+
+
+def test_routing_by_value_is_refused_naming_it_and_auto_is_right() -> None:
+    """The probe's copies of one example all take one expert, so the other's input is empty:
+    the hook path refuses naming a selection by value and advising func or loop (it advised func
+    alone, which vmap cannot run here); ``auto`` ends on loop, right over several batches."""
+    torch.manual_seed(0)
+    model = Routed().double()
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 4, generator=generator, dtype=torch.float64)
+    y = torch.randint(0, 3, (4,), generator=generator)
+    with pytest.raises(UnsupportedModelError, match=r"selection by value.*func or loop") as error:
+        HookedPerSample(model, F.cross_entropy)(x, y)
+    assert "\n" not in str(error.value)
+    psg = PerSamplePipeline(model, F.cross_entropy).per_sample
+    for batch in (1, 4, 3):
+        x = torch.randn(batch, 4, generator=generator, dtype=torch.float64)
+        y = torch.randint(0, 3, (batch,), generator=generator)
+        model.zero_grad(set_to_none=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # auto announces loop once
+            _, rows = call(psg, x, y)
+        want = per_example_loop(model, x, y)
+        for name, row in rows.items():
+            torch.testing.assert_close(row, want[name], rtol=1e-9, atol=1e-12)
+    assert psg.method == "loop"
