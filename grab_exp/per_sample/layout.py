@@ -115,11 +115,11 @@ def batch_size(x: Inputs) -> int:
 def check_batch(x: Inputs, y: Any) -> None:
     """Refuse inputs and targets that do not hold one batch in dimension 0 (before any work)."""
     examples, targets = batch_size(x), batch_size(y)
-    if examples != targets:
+    if examples != targets or examples == 0:
         raise ValueError(
             f"per-sample inputs of {examples} examples (dimension 0) and targets of {targets}; "
-            "allowed: the batch in dimension 0 of every tensor (a sequence-first (T, B) input: "
-            "move its batch first, e.g. x.transpose(0, 1) and batch_first=True)"
+            "allowed: a batch of one example or more in dimension 0 of every tensor (a "
+            "sequence-first (T, B) input: move its batch first, e.g. x.transpose(0, 1))"
         )
 
 

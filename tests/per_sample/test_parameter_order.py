@@ -1,8 +1,9 @@
-"""A layer's parameters in another order, or under another name, than its constructor gave them:
-``torch.nn.utils.prune.remove`` and ``remove_weight_norm`` register the weight again, after the
-bias. A rule's rows are ``[weight, bias]`` and a layer's parameters are taken in that order; the
-rows are keyed by the names the model has on each call (an adversarial review: hooks and factored
-refused with a raw shape error or a false cause, loop kept a name the model no longer had)."""
+"""A layer's parameters in another order, under another name, or fewer than its constructor gave
+it: ``torch.nn.utils.prune.remove`` and ``remove_weight_norm`` register the weight again, after
+the bias; a bias set to ``None``, a weight made a buffer. A rule's rows are ``[weight, bias]`` and
+a layer's parameters are taken in that order; the rows are keyed by the parameters the model has
+on each call (adversarial reviews 9 and 10: hooks and factored refused with a raw shape or
+``zip()`` error or a false cause; loop kept a name the model no longer had, with zero rows)."""
 
 from __future__ import annotations
 
@@ -77,3 +78,56 @@ def test_a_parameter_renamed_between_calls_is_named_anew(method):
             prune.remove(model[0], "weight")
         x = torch.randn(4, 6, generator=generator, dtype=torch.float64)
         _right(model, psg, x, torch.randint(0, 3, (4,), generator=generator), call)
+
+
+class Small(nn.Module):
+    """A Linear, a LayerNorm and a head: ``(B, 6) -> (B, 3)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.norm, self.head = nn.Linear(6, 5), nn.LayerNorm(5), nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.norm(self.a(x))))
+
+
+def _bias_none(model: Small, call: int) -> None:
+    if call == 2:
+        model.a.bias = None
+
+
+def _bias_none_then_again(model: Small, call: int) -> None:
+    if call == 1:
+        model.a.bias = None
+    if call == 2:
+        model.a.bias = nn.Parameter(torch.zeros(5, dtype=torch.float64))
+
+
+def _weight_made_a_buffer(model: Small, call: int) -> None:
+    if call == 2:
+        weight = model.norm.weight.detach().clone()
+        del model.norm.weight
+        model.norm.register_buffer("weight", weight)
+
+
+@pytest.mark.parametrize("change", [_bias_none, _bias_none_then_again, _weight_made_a_buffer])
+@pytest.mark.parametrize("method", METHODS)
+def test_a_parameter_removed_between_calls_is_gone_from_the_rows(change, method):
+    torch.manual_seed(0)
+    model = Small().double()
+    psg = make_per_sample(model, F.cross_entropy, method)
+    generator = torch.Generator().manual_seed(1)
+    for call in range(4):
+        change(model, call)
+        x = torch.randn(4, 6, generator=generator, dtype=torch.float64)
+        _right(model, psg, x, torch.randint(0, 3, (4,), generator=generator), call)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_an_empty_batch_is_refused_before_any_work(method):
+    model = Small().double()
+    psg = make_per_sample(model, F.cross_entropy, method)
+    x, y = torch.zeros(0, 6, dtype=torch.float64), torch.zeros(0, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"^per-sample inputs of 0 examples .*one example or more"):
+        psg(x, y)
+    assert all(p.grad is None for p in model.parameters())

@@ -135,12 +135,13 @@ class ModelState:
     def __init__(self, model: nn.Module) -> None:
         self.modules, self.named = list(model.modules()), list(model.named_parameters())
         self.params = [p for _, p in self.named]
+        self.owned = [(m, n, p) for m in self.modules for n, p in m._parameters.items()]
         self._seen = _REGISTRATIONS[0]
 
     def stale(self, model: nn.Module) -> bool:
-        """Whether the model's modules or parameters (objects or names) are others than listed."""
+        """Whether the model's modules or parameters changed: others, renamed, removed or None."""
         if _REGISTRATIONS[0] == self._seen:
-            return False
+            return any(getattr(m, n, None) is not p for m, n, p in self.owned)
         self._seen = _REGISTRATIONS[0]
         modules = [id(m) for m in model.modules()] != [id(m) for m in self.modules]
         named = [(n, id(p)) for n, p in model.named_parameters()]  # prune.remove renames one

@@ -59,15 +59,16 @@ def register_rule(*layer_types: type[nn.Module]) -> Callable[[type[LayerRule]], 
 def rule_for(module: nn.Module) -> LayerRule | None:
     """The rule of ``module``'s type (or nearest registered base class); ``None`` where none
     applies: an unsupported configuration (a grouped Conv2d), or not the plain layer it knows (a
-    forward overridden, other parameters as LoRA's or the older ``weight_norm``'s and ``prune``'s;
-    a forward pre-hook that changes the input is followed: the rule reads what the forward got)."""
+    forward overridden; parameters besides its weight and bias, as LoRA's, the older
+    ``weight_norm``'s or ``prune``'s; a weight or bias that is a buffer). A forward pre-hook that
+    changes the input is followed: the rule reads what the forward got."""
     for cls in type(module).__mro__:
         if (rule := RULES.get(cls)) is not None:
             own = {n for n, _ in module.named_parameters(recurse=False)}
             plain = (
                 type(module).forward is cls.forward
                 and "forward" not in vars(module)  # a forward replaced on the instance
-                and own <= {"weight", "bias"}  # a layer with others is not the one it knows
+                and own == {n for n in ("weight", "bias") if getattr(module, n, None) is not None}
                 and not parametrize.is_parametrized(module)
             )
             return rule if plain and rule.supports(module) else None

@@ -121,11 +121,11 @@ def draw_case(
 
 def _layer_changes(draw: Draw, family: str, changes: list[list[Change]]) -> bool:
     """Whether the image stem's narrow convolution has a ``_conv_forward`` of its own; its
-    ``padding_mode``, or the head's weight registered again after its bias, changed before a
-    call after the first (in ``changes``)."""
+    ``padding_mode``, the head's weight registered again after its bias, or the head's bias set
+    to ``None``, changed before a call after the first (in ``changes``)."""
     own_conv = family == "img" and draw.chance("conv:own_forward", 0.1)
-    for kind in ("padding_mode", "reregister"):
-        if (family == "img" or kind == "reregister") and draw.chance(f"sched:{kind}", 0.05):
+    for kind in ("padding_mode", "reregister", "bias_none"):
+        if (family == "img" or kind != "padding_mode") and draw.chance(f"sched:{kind}", 0.05):
             changes[draw.int(1, len(changes) - 1)].append(change(kind, 0))
     return own_conv
 

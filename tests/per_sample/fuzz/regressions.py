@@ -124,6 +124,11 @@ MINIMAL: dict[str, tuple[int, tuple[str, ...]]] = {
         1,
         ("family:img", "sched:padding_mode", "method:hooks"),
     ),
+    # wrong (at 50f9f13; adversarial review 10, then drawn by the fuzzer: 21 of the 115 seeds
+    # of 0-1999 that draw it): the head's bias set to None between calls kept its name with zero
+    # rows on loop (and on auto where it had taken loop, as for an LSTM)
+    "bias_removed_between_calls_loop": (0, ("family:vec", "sched:bias_none", "method:loop")),
+    "bias_removed_between_calls_rnn": (0, ("family:rnn", "sched:bias_none")),
     # wrong in the harness, not the engine (seed 2055 of OPEN until 862aedd): a scripted module's
     # first run under autocast computes otherwise than its later ones, and the reference's step
     # was its first run while every method runs the model before its batch step (oracle.warm_up)
@@ -144,7 +149,7 @@ MINIMAL: dict[str, tuple[int, tuple[str, ...]]] = {
 
 #: features drawn after the OPEN cases were found, off for them (their other draws unchanged)
 LATER_FEATURES = frozenset({"sched:sorted_checks", "bwd:coupled", "conv:own_forward"})
-LATER_FEATURES |= {"sched:padding_mode", "sched:reregister"}
+LATER_FEATURES |= {"sched:padding_mode", "sched:reregister", "sched:bias_none"}
 #: seeds the fuzzer found wrong that are not mended, and what is wrong, run as expected
 #: failures: none now (2055, 2592, 4479 and 5722 of seeds 2000-5999 were the harness's, see
 #: "scripted_first_run_autocast" and "autocast_loop_rows_mean" above)

@@ -10,7 +10,8 @@ appends a block, ``sched:step`` moves every parameter as an optimizer step would
 ``sched:sorted_checks`` (:func:`~fuzz.inputs.sorted_on_checks`) gives one batch in the order the
 model's neck sorts by on the scheduled checks' calls only; ``sched:padding_mode`` makes the image
 stem's narrow convolution pad by reflection, ``sched:reregister`` registers the head's weight
-again after its bias (as ``prune.remove`` and ``remove_weight_norm`` do).
+again after its bias (as ``prune.remove`` and ``remove_weight_norm`` do), ``sched:bias_none``
+sets the head's bias to ``None``.
 """
 
 from __future__ import annotations
@@ -99,6 +100,10 @@ def reregister(model: nn.Module, g: torch.Generator) -> None:
     head.weight = weight  # now after the bias in named_parameters
 
 
+def bias_none(model: nn.Module, g: torch.Generator) -> None:
+    (model.head if isinstance(model.head, nn.Linear) else model.head[-1]).bias = None
+
+
 def step(model: nn.Module, g: torch.Generator) -> None:
     with torch.no_grad():
         for p in model.parameters():
@@ -117,6 +122,7 @@ _KIND = {
     "mode": mode,
     "padding_mode": padding_mode,
     "reregister": reregister,
+    "bias_none": bias_none,
 }
 
 
