@@ -237,7 +237,7 @@ def test_loop_cannot_be_compiled():
         make_per_sample(nn.Linear(4, 3), F.cross_entropy, "loop", compile_mode="default")
 
 
-@pytest.mark.parametrize("name", ["packed_lstm", "sparse_embedding"])
+@pytest.mark.parametrize("name", ["packed_lstm"])
 def test_auto_falls_back_to_loop_with_one_warning(name):
     make, inputs, targets, loss_fn = CASES[name]
     model, g = build(make), torch.Generator().manual_seed(7)

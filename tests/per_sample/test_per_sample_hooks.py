@@ -468,3 +468,38 @@ def test_routing_by_value_is_refused_naming_it_and_auto_is_right() -> None:
         for name, row in rows.items():
             torch.testing.assert_close(row, want[name], rtol=1e-9, atol=1e-12)
     assert psg.method == "loop"
+
+
+class SparseBag(nn.Module):
+    """A sparse ``nn.Embedding``'s mean over the tokens, then a head: ``(B, T)`` ids -> 3."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.head = nn.Embedding(20, 5, sparse=True), nn.Linear(5, 3)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.emb(ids).mean(1))
+
+
+@pytest.mark.parametrize("method", ["hooks", "factored"])
+def test_a_sparse_embedding_keeps_its_rule(method: str) -> None:
+    """``Embedding(sparse=True)`` took the per-layer replay, which vmap cannot run on a sparse
+    gradient (refused with a raw "reshape is not implemented for sparse tensors"); its rows are
+    the dense rule's and ``param.grad`` autograd's sparse gradient, right over several batches."""
+    torch.manual_seed(0)
+    model = SparseBag().double()
+    psg = PerSamplePipeline(model, F.cross_entropy, method=method).per_sample
+    generator = torch.Generator().manual_seed(1)
+    for batch in (1, 4, 3):
+        ids = torch.randint(0, 20, (batch, 6), generator=generator)
+        y = torch.randint(0, 3, (batch,), generator=generator)
+        model.zero_grad(set_to_none=True)
+        _, rows = call(psg, ids, y)
+        assert model.emb.weight.grad.is_sparse
+        got = {n: p.grad.to_dense() for n, p in model.named_parameters()}
+        want = per_example_loop(model, ids, y)
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(ids), y).backward()
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(rows[name], want[name].to_dense(), rtol=1e-9, atol=1e-12)
+            torch.testing.assert_close(got[name], p.grad.to_dense(), rtol=1e-9, atol=1e-12)

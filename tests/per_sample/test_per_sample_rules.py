@@ -226,7 +226,7 @@ def test_rule_for_follows_subclasses_and_refuses_unsupported_configs():
     assert rule_for(nn.Conv2d(2, 4, 3, groups=2)) is None
     assert rule_for(nn.GroupNorm(2, 4)) is None
     assert rule_for(nn.Embedding(5, 2, max_norm=1.0)) is None
-    assert rule_for(nn.Embedding(5, 2, sparse=True)) is None
+    assert rule_for(nn.Embedding(5, 2, sparse=True)) is rule_for(nn.Embedding(5, 2))  # dense rows
 
 
 def test_auto_picks_hooks_with_fallback_layers_but_not_for_a_root_parameter():

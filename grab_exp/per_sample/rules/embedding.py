@@ -34,10 +34,10 @@ def embedding_sum(layer: nn.Embedding, a, g, coef: torch.Tensor, acc: torch.Tens
 
 @register_rule(nn.Embedding)
 class EmbeddingRule(LayerRule):
-    """``nn.Embedding`` without ``max_norm`` (it rewrites the weight in the forward),
-    ``scale_grad_by_freq`` or ``sparse``: those get the ``torch.func`` fallback."""
+    """``nn.Embedding`` without ``max_norm`` (it rewrites the weight in the forward) or
+    ``scale_grad_by_freq`` (those: the fallback); a ``sparse`` one's ``param.grad`` stays sparse."""
 
     def supports(self, layer):
-        return layer.max_norm is None and not layer.scale_grad_by_freq and not layer.sparse
+        return layer.max_norm is None and not layer.scale_grad_by_freq
 
     per_sample, weighted_sum = staticmethod(embedding_grads), staticmethod(embedding_sum)
