@@ -25,7 +25,7 @@ def label(name: str, module: nn.Module) -> str:
 
 
 def advice(method: str) -> str:
-    return "use method=func" if method != "func" else "use method=loop (auto takes it)"
+    return "use method=loop (auto takes it)" if method == "func" else "use method=func or loop"
 
 
 class UnsupportedModelError(ValueError):
