@@ -83,8 +83,7 @@ class PerSampleGradients(ABC):
 
     def check(self) -> None:
         for name, module in self._watched:
-            problem = module_problem(name, module, self.randomness, self.module_dropout)
-            if problem is not None:
+            if problem := module_problem(name, module, self.randomness, self.module_dropout):
                 raise ValueError(problem)
 
     def __call__(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
@@ -104,6 +103,8 @@ class PerSampleGradients(ABC):
                 state._seen, self.state = -1, state  # stale again: refused on every call
                 raise
         self.check()
+        if not any(p.requires_grad for p in self.state.params):  # all frozen (since the last call)
+            raise UnsupportedModelError("the model has no trainable parameter (requires_grad=True)")
         try:
             return self._compute(x, y)
         except UnsupportedModelError:

@@ -161,8 +161,7 @@ class FuncPerSample(PerSampleGradients):
             check_choice("randomness", randomness, RANDOMNESS_CHOICES)
         self.chunk_size, self.randomness, self.compile_mode = chunk_size, randomness, compile_mode
         super().__init__(model, loss_fn, check_every)
-        self._layout_key: tuple | None = None
-        self._layout: OutputLayout | None = None
+        self._layout_key, self._layout = None, None  # the output's layout, per kind of batch
         grad_fn = _make_grad_fn(model, loss_fn, chunk_size, randomness)
         self._grad_fn = grad_fn if compile_mode is None else compile_step(grad_fn, compile_mode)
 

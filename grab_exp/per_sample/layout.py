@@ -94,10 +94,10 @@ Inputs = Any
 
 
 def call_model(model: Any, x: Inputs) -> Any:
-    """``model(x)``, ``model(*x)`` for a tuple or list, ``model(**x)`` for a dict (HF style)."""
+    """``model(x)`` (a list too), ``model(*x)`` for a tuple, ``model(**x)`` for a dict (HF)."""
     if isinstance(x, dict):
         return model(**x)
-    return model(*x) if isinstance(x, tuple | list) else model(x)
+    return model(*x) if isinstance(x, tuple) else model(x)
 
 
 def batch_size(x: Inputs) -> int:

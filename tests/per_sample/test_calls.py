@@ -1,0 +1,79 @@
+"""How a user calls ``psg(x, y)``: inputs as a list, a model with nothing left to train
+(adversarial review 11: a list was spread into positional arguments, which the plain step does
+not do; a model with every parameter frozen was refused with an IndexError or "grads is an empty
+dict")."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fuzz.reference import reference
+from torch import nn
+from torch.nn import functional as F
+
+from grab_exp.per_sample import UnsupportedModelError, make_per_sample
+
+METHODS = ["auto", "hooks", "factored", "func", "loop"]
+
+
+class TwoInputs(nn.Module):
+    """``forward(xs)`` with ``xs`` a list of a ``(B, 5)`` and a ``(B, 2)`` tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(5, 3), nn.Linear(2, 3)
+
+    def forward(self, xs: list[torch.Tensor]) -> torch.Tensor:
+        return self.a(xs[0]) + torch.tanh(self.b(xs[1]))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_list_input_is_one_argument_as_in_a_plain_step(method: str) -> None:
+    torch.manual_seed(0)
+    model = TwoInputs().double()
+    psg = make_per_sample(model, F.cross_entropy, method)
+    generator = torch.Generator().manual_seed(1)
+    for batch in (4, 1, 3):
+        x = [torch.randn(batch, k, generator=generator, dtype=torch.float64) for k in (5, 2)]
+        y = torch.randint(0, 3, (batch,), generator=generator)
+        model.zero_grad(set_to_none=True)
+        _, grads = psg(x, y)
+        rows = {n: r.clone() for n, r in grads.as_dict().items()}
+        got = {n: p.grad.clone() for n, p in model.named_parameters()}
+        params = dict(model.named_parameters())
+        plain = torch.autograd.grad(F.cross_entropy(model(x), y), list(params.values()))
+        for k, (name, p) in enumerate(params.items()):
+            torch.testing.assert_close(got[name], plain[k], rtol=1e-9, atol=1e-12)
+            alone = [  # example i's gradient, its inputs sliced out of the list
+                torch.autograd.grad(
+                    F.cross_entropy(model([t[i : i + 1] for t in x]), y[i : i + 1]), p
+                )[0]
+                for i in range(batch)
+            ]
+            torch.testing.assert_close(rows[name], torch.stack(alone), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_model_with_nothing_trainable_is_refused_in_one_line(method: str) -> None:
+    """Frozen from the start or after a call: the call is refused before any work, ``p.grad``
+    as it was; unfrozen again, right (``auto`` on the last path it tried)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).double()
+    x, y = torch.randn(4, 5, dtype=torch.float64), torch.tensor([0, 1, 2, 1])
+    psg = make_per_sample(model.requires_grad_(False), F.cross_entropy, method)
+    with pytest.raises(UnsupportedModelError, match="no trainable parameter") as error:
+        psg(x, y)
+    assert "\n" not in str(error.value) and all(p.grad is None for p in model.parameters())
+    model.requires_grad_(True)
+    psg(x, y)
+    before = [p.grad.clone() for p in model.parameters()]
+    model.requires_grad_(False)
+    with pytest.raises(UnsupportedModelError, match="no trainable parameter"):
+        psg(x, y)
+    assert all(torch.equal(p.grad, b) for p, b in zip(model.parameters(), before, strict=True))
+    model.requires_grad_(True)
+    model.zero_grad(set_to_none=True)
+    _, grads = psg(x, y)
+    want = reference(model, F.cross_entropy, x, y)
+    for name, row in grads.as_dict().items():
+        torch.testing.assert_close(row, want.rows[name], rtol=1e-9, atol=1e-12)
