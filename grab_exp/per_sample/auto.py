@@ -75,9 +75,9 @@ class AutoPerSample(PerSampleGradients):
                 torch.set_rng_state(rng)
                 self.chosen._found()  # the attributes, buffers and frozen weights it found
                 self._left.append(_reason(self.chosen.method, error))
-                if hasattr(self.chosen, "remove"):
-                    self.chosen.remove()  # its hooks
-                self._next((RuntimeError, ValueError))
+                old = self.chosen
+                self._next((RuntimeError, ValueError))  # none left to build: the old path stays
+                getattr(old, "remove", lambda: None)()  # its hooks, once another path took over
 
     def _next(self, refused: type | tuple[type, ...]) -> None:
         """Build the next path; one whose construction raises ``refused`` is left as well."""

@@ -77,3 +77,41 @@ def test_a_model_with_nothing_trainable_is_refused_in_one_line(method: str) -> N
     want = reference(model, F.cross_entropy, x, y)
     for name, row in grads.as_dict().items():
         torch.testing.assert_close(row, want.rows[name], rtol=1e-9, atol=1e-12)
+
+
+class SharedWithDropout(nn.Module):
+    """One Linear registered at two places (func cannot swap its parameters) and active dropout
+    (loop's examples alone would draw other masks): ``auto`` has the hook path only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner, self.drop, self.head = nn.Linear(5, 5), nn.Dropout(0.3), nn.Linear(5, 3)
+        self.again = self.inner  # registered at a second place
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.drop(torch.tanh(self.again(torch.tanh(self.inner(x))))))
+
+
+def test_auto_keeps_its_path_when_no_other_can_be_built() -> None:
+    """A call the hook path refuses (a gradient hook on a parameter, then removed), where func
+    and loop cannot be built for this model: auto refused in one line but had removed the hook
+    path's hooks, so the next call, the hook gone, failed (a raw KeyError); now it is right."""
+    torch.manual_seed(0)
+    model = SharedWithDropout().double()
+    psg = make_per_sample(model, F.cross_entropy, "auto")
+    x, y = torch.randn(4, 5, dtype=torch.float64), torch.tensor([0, 1, 2, 1])
+    psg(x, y)
+    handle = model.head.weight.register_hook(lambda g: 2 * g)
+    with pytest.raises(
+        UnsupportedModelError, match=r"gradient hook.*\| method=func: .*\| method=loop"
+    ):
+        psg(x, y)
+    handle.remove()
+    model.zero_grad(set_to_none=True)
+    state = torch.get_rng_state()
+    _, grads = psg(x, y)
+    torch.set_rng_state(state)  # the plain step draws the call's dropout masks again
+    plain = torch.autograd.grad(F.cross_entropy(model(x), y), list(model.parameters()))
+    for (name, p), want in zip(model.named_parameters(), plain, strict=True):
+        torch.testing.assert_close(p.grad, want, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(grads.as_dict()[name].mean(0), want, rtol=1e-9, atol=1e-12)
