@@ -89,7 +89,7 @@ def moved(versions: list[tuple[torch.Tensor, int]]) -> bool:
     return any(t._version != v for t, v in versions)
 
 
-#: a batch's inputs: one tensor, or a tuple/list (positional) or dict (keyword) of tensors
+#: a batch's inputs: one tensor (or a list, one argument), a tuple (positional) or dict (keyword)
 Inputs = Any
 
 
@@ -100,13 +100,13 @@ def call_model(model: Any, x: Inputs) -> Any:
     return model(*x) if isinstance(x, tuple) else model(x)
 
 
-def batch_size(x: Inputs) -> int:
+def batch_size(x: Inputs, what: str = "inputs") -> int:
     if isinstance(x, torch.Tensor) and x.dim():  # the usual input: no pytree to walk
         return x.shape[0]
     sizes = {t.shape[0] for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor) and t.dim()}
     if len(sizes) != 1:
         raise ValueError(
-            f"per-sample inputs: got tensors with batch sizes {sorted(sizes)}; allowed: a tensor, "
+            f"per-sample {what}: got tensors with batch sizes {sorted(sizes)}; allowed: a tensor, "
             "or a tuple or dict of tensors, all with the batch in dimension 0"
         )
     return sizes.pop()
@@ -114,7 +114,7 @@ def batch_size(x: Inputs) -> int:
 
 def check_batch(x: Inputs, y: Any) -> None:
     """Refuse inputs and targets that do not hold one batch in dimension 0 (before any work)."""
-    examples, targets = batch_size(x), batch_size(y)
+    examples, targets = batch_size(x), batch_size(y, "targets")
     if examples != targets or examples == 0:
         raise ValueError(
             f"per-sample inputs of {examples} examples (dimension 0) and targets of {targets}; "

@@ -115,3 +115,11 @@ def test_auto_keeps_its_path_when_no_other_can_be_built() -> None:
     for (name, p), want in zip(model.named_parameters(), plain, strict=True):
         torch.testing.assert_close(p.grad, want, rtol=1e-9, atol=1e-12)
         torch.testing.assert_close(grads.as_dict()[name].mean(0), want, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_targets_without_a_batch_are_named_as_the_targets(method: str) -> None:
+    """Targets as a Python list hold no tensor: the refusal named the inputs."""
+    psg = make_per_sample(nn.Sequential(nn.Linear(5, 3)).double(), F.cross_entropy, method)
+    with pytest.raises(ValueError, match=r"^per-sample targets: got tensors with batch sizes \[\]"):
+        psg(torch.randn(4, 5, dtype=torch.float64), [0, 1, 2, 1])
