@@ -16,7 +16,7 @@ lazy (:class:`Combination`) and derive their dots and Gram matrix from the rows'
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
@@ -73,6 +73,12 @@ def kept_view(tensor: torch.Tensor, key: Hashable, make: Callable[[], Any]) -> A
         kept = tuple(keep_views(p) if isinstance(p, torch.Tensor) else p for p in parts)
         view = views[key] = kept if isinstance(made, tuple) else kept[0]
     return view
+
+
+def shaped_views(flat: torch.Tensor, shapes: Sequence[torch.Size]) -> tuple[torch.Tensor, ...]:
+    """``flat (d,)`` as consecutive views of ``shapes`` (one per parameter, in order)."""
+    parts = flat.split([shape.numel() for shape in shapes])
+    return tuple(part.view(shape) for part, shape in zip(parts, shapes, strict=True))
 
 
 def inverse_norms(norm_sq: torch.Tensor) -> torch.Tensor:

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from grab_exp.grads import BatchGrads, DenseRows, GradRows
+from grab_exp.grads.rows import shaped_views
 from grab_exp.optim.moments import column_moments, grad_blocks
 from grab_exp.optim.settings import check_gsnr_settings, resolve_groups
 
@@ -197,6 +198,5 @@ def gsnr_ratios(
         raise ValueError(f"gsnr_ratios: sizes add up to {sum(sizes)}, the matrix has d = {d}")
     mean, second = column_moments(blocks, d, k, dtype)  # (d,) ḡ, (d,) (1/k) Σ_d g_d²
     flat, clip_low, clip_high = _scaled_ratios(mean, second, tuple(sizes), gamma, eps)
-    chunks = list(flat.split(sizes))
-    ratios = chunks if shapes is None else [c.view(s) for c, s in zip(chunks, shapes, strict=True)]
+    ratios = list(flat.split(sizes) if shapes is None else shaped_views(flat, shapes))
     return GSNRStats(ratios, flat, names, clip_low, clip_high, d)

@@ -49,8 +49,9 @@ class Rows:
         return {n: rows[id(p)] for n, p in params.items()}
 
     def batch_grads(self, rows: dict[str, Any], params: dict[str, nn.Parameter]) -> BatchGrads:
-        shapes = {n: p.shape for n, p in params.items()}
-        return BatchGrads.from_parts(rows, shapes) if self.factored else as_batch_grads(rows)
+        if self.factored:
+            return BatchGrads.from_parts(rows, {n: p.shape for n, p in params.items()})
+        return as_batch_grads(rows)
 
     def _layer_grads(self, name: str, calls: list[Call], batch: int, out: list) -> list:
         """One layer's rows ``[(B, *p.shape)]`` (or factors); zeros if no call reached the loss."""

@@ -11,7 +11,7 @@ from torch import nn
 
 from grab_exp.devices import host_reads_allowed
 from grab_exp.grads import BatchGrads
-from grab_exp.grads.rows import constant, kept_view
+from grab_exp.grads.rows import constant, kept_view, shaped_views
 from grab_exp.per_sample.check.tolerance import (
     MEAN_FLOOR,
     MEAN_TOLERANCE,
@@ -62,8 +62,7 @@ def rows_norms(
     shift = constant(-1 / batch, batch, like.dtype, like.device) if coef is None else -coef
     shapes = tuple(rows.shapes.values())
     acc = like.new_empty(rows.width) if out is None else out  # (d,): grad, then grad - mean
-    split = lambda: acc.split([s.numel() for s in shapes])  # noqa: E731
-    parts = kept_view(acc, shapes, lambda: tuple(map(torch.Tensor.view, split(), shapes)))
+    parts = kept_view(acc, shapes, lambda: shaped_views(acc, shapes))  # (*shape) views
     wants = [dense(g, part) for g, part in zip(grads, parts, strict=True)]
     torch._foreach_copy_(parts, wants)
     rows.accumulate(acc, shift, frozenset(sums))  # one pass: acc = grad - sum_i coef_i g_i
