@@ -5,7 +5,7 @@ words comes from. GraB against random reshuffling.
 The encoder's attention dropout is drawn inside ``nn.MultiheadAttention``, where replaying one
 layer cannot reproduce it, so ``method="auto"`` takes ``func`` with a mask drawn per example
 (it prints the method after training); ``--attention-dropout 0`` keeps dropout in the encoder's own
-Dropout modules only, and the hook path.
+Dropout modules only, and the hook path (``factored``: the embeddings' rows kept compact).
 
     python examples/transformer_classifier.py --epochs 3
 """

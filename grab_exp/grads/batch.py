@@ -1,7 +1,7 @@
 """:class:`BatchGrads`, what every per-sample path returns and an ordering's ``step`` reads: the
 ``(B, d)`` gradients (``named_parameters`` order) as column blocks, each a ``GradRows``: a dense
-``(B, w)`` matrix or a Linear layer's factors. A user's dict from ``torch.func.vmap(grad(...))``
-or a ``(B, d)`` tensor becomes one through :func:`as_batch_grads`.
+``(B, w)`` matrix, a Linear layer's factors or an Embedding's compact rows. A user's dict from
+``torch.func.vmap(grad(...))`` or a ``(B, d)`` tensor becomes one through :func:`as_batch_grads`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from grab_exp.devices import same_device
 from grab_exp.grads.linear import FactorBias, LinearFactors
 from grab_exp.grads.rows import DenseRows, GradRows, kept_view
 
-#: what a per-sample path gives per parameter: ``(B, *shape)``, or a Linear layer's factors
-Part = torch.Tensor | LinearFactors | FactorBias
+#: what a per-sample path gives per parameter: ``(B, *shape)``, or a compact form (a Linear
+#: layer's factors, an Embedding's :class:`~grab_exp.grads.embedding.EmbeddingRows`)
+Part = torch.Tensor | GradRows | FactorBias
 #: dense blocks narrower than this are joined with their dense neighbours into one matrix
 JOIN_WIDTH = 1 << 16
 
@@ -62,7 +63,7 @@ class BatchGrads(GradRows):
             if isinstance(part, FactorBias) and last is not None and last is part.factors:
                 blocks[-1] = LinearFactors(part.factors.a, part.factors.delta, bias=True)
                 continue
-            if isinstance(part, LinearFactors):
+            if isinstance(part, GradRows):  # a compact block of its own
                 blocks += _joined(run)
                 blocks.append(part)
                 continue

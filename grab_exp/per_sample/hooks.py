@@ -178,10 +178,11 @@ class HookedPerSample(PerSampleGradients):
             for k, g in enumerate(call.grads)
             if g is not None
         ]
+        names = {id(p): n for n, p in self.state.named}  # a tied one: the rows' (first) name
         params = [
-            (name, n, p)
+            (name, names[id(p)], p)
             for name in at_params
-            for n, p in self.registry.own[name].items()
+            for p in self.registry.own[name].values()
             if p.requires_grad
         ]
 

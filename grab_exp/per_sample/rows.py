@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from grab_exp.grads import BatchGrads, as_batch_grads
+from grab_exp.grads import BatchGrads, FactorBias, as_batch_grads
 from grab_exp.per_sample.base import one_line
 from grab_exp.per_sample.layout import Call, CallLayout
 from grab_exp.per_sample.modules import UnsupportedModelError
@@ -41,10 +41,10 @@ class Rows:
             except Exception as error:  # a rule's or a replay's, named by its layer
                 message = f"{self.layers.label(name)}: {one_line(error)}"
                 raise UnsupportedModelError(message) from error
-            for (n, p), g in zip(own.items(), grads, strict=True):
+            for p, g in zip(own.values(), grads, strict=True):
                 if id(p) in rows:  # shared: the sum of no one layer's rows
                     self._sums.pop(id(p), None)
-                rows[id(p)] = g if id(p) not in rows else _added(rows[id(p)], g, n)
+                rows[id(p)] = g if id(p) not in rows else _added(rows[id(p)], g, p.shape)
         self.sums = {n: self._sums[id(p)] for n, p in params.items() if id(p) in self._sums}
         return {n: rows[id(p)] for n, p in params.items()}
 
@@ -87,9 +87,9 @@ class Rows:
             if any(t.dtype != dtype for t in (a, g_sum) if t.is_floating_point()):  # autocast
                 a, g_sum = (t.to(dtype) if t.is_floating_point() else t for t in (a, g_sum))
             factored = self.factored and not several and not call.in_place
-            if rule.weighted_sum is not None and not several:
-                self._sums[id(layer.weight)] = partial(rule.weighted_sum, layer, a, g_sum)
             factors = rule.factors(layer, a, g_sum) if factored else None
+            if rule.weighted_sum is not None and not several and not factors:
+                self._sums[id(layer.weight)] = partial(rule.weighted_sum, layer, a, g_sum)
             copies = call.weight_copies[:1] if layout.inputs[0] == 0 else []  # autograd's
             return factors or rule.per_sample(layer, a, g_sum, out, *copies)
         return self.layers.fallbacks[name].per_sample(call, layout, batch, out)  # hooks idle
@@ -108,16 +108,18 @@ class Rows:
         return self.grad_buffer.views(batch, params, kinds.pop()) if len(kinds) == 1 else {}
 
 
-def _added(rows: Any, more: Any, name: str) -> Any:
-    """The rows of a parameter that two layers share: their sum."""
+def _added(rows: Any, more: Any, shape: torch.Size) -> Any:
+    """The rows of a parameter that two layers share: their sum ``(B, *shape)`` (compact ones,
+    factors, materialized)."""
     if rows is None or more is None:
         return more if rows is None else rows
-    if not isinstance(rows, torch.Tensor) or not isinstance(more, torch.Tensor):
-        raise UnsupportedModelError(
-            f"{name} is shared by two layers, whose factored rows cannot be added; use "
-            "method=hooks or func"
-        )
-    return rows.add_(more)
+    first, second = (
+        p if isinstance(p, torch.Tensor)
+        else p.factors.bias_grads() if isinstance(p, FactorBias)  # (B, out)
+        else p.materialize().view(-1, *shape)
+        for p in (rows, more)
+    )  # fmt: skip
+    return first.add_(second)
 
 
 class GradBuffer:

@@ -2,8 +2,9 @@
 
 float64: the orders of 3 epochs are equal and the accumulators agree to 1e-10 relative, for every
 variant, both kernels, ``normalize`` on and off, and lenet / mlp / logreg / a Transformer-style
-model (Linear layers on (B, T, in) sequences). Both paths feed the same per-sample gradients of a
-fixed model (no training), so any difference comes from the representation.
+model (Linear layers on (B, T, in) sequences) / a token model (an Embedding's compact rows). Both
+paths feed the same per-sample gradients of a fixed model (no training), so any difference comes
+from the representation.
 """
 
 from __future__ import annotations
@@ -15,7 +16,14 @@ from test_balance_properties import discrepancy
 from torch import nn
 from torch.nn import functional as F
 
-from grab_exp.grads import BatchGrads, DenseRows, GradRows, LinearFactors, factor_pays
+from grab_exp.grads import (
+    BatchGrads,
+    DenseRows,
+    GradRows,
+    LinearFactors,
+    compact_pays,
+    factor_pays,
+)
 from grab_exp.models import MLP, LeNet, LogReg
 from grab_exp.per_sample import PerSamplePipeline, make_per_sample
 from grab_exp.sampler import GraBSampler
@@ -45,6 +53,21 @@ class TinyTransformer(nn.Module):
         return self.head(h.mean(dim=1))  # (B, classes)
 
 
+class TokenModel(nn.Module):
+    """Tokens (from the image's first values: a vocabulary of 11, T = 3, some repeated) through an
+    Embedding, mean pooled, then a Linear head."""
+
+    def __init__(self, vocab: int = 11, width: int = 4, classes: int = 5) -> None:
+        super().__init__()
+        self.vocab = vocab
+        self.embed = nn.Embedding(vocab, width)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = (x.reshape(x.shape[0], -1)[:, :3] * 1000).long() % self.vocab  # (B, 3)
+        return self.head(self.embed(tokens).mean(dim=1))
+
+
 def factored_blocks(grads: BatchGrads) -> dict[str, GradRows]:
     """The factored blocks by their first parameter's name (a Linear layer's weight)."""
     starts, start = {}, 0
@@ -60,6 +83,7 @@ MODELS = {
     "mlp": lambda: MLP(hidden=(32,)),
     "logreg": LogReg,
     "transformer": TinyTransformer,
+    "tokens": TokenModel,
 }
 
 
@@ -147,6 +171,14 @@ def test_sequence_gram_sums_over_step_pairs():
     torch.testing.assert_close(factors.gram(), flat @ flat.T, rtol=1e-12, atol=0)
     acc = torch.randn(6, 10, generator=g, dtype=torch.float64)  # (K, out * in)
     torch.testing.assert_close(factors.dots(acc), flat @ acc.T, rtol=1e-12, atol=0)
+
+
+def test_the_factored_path_keeps_an_embedding_compact_where_it_pays():
+    x, y = epoch_data("tokens", 0)
+    model = TokenModel().double()
+    _, grads = make_per_sample(model, F.cross_entropy, "factored")(x[:B], y[:B])
+    assert type(factored_blocks(grads)["embed.weight"]).__name__ == "EmbeddingRows"
+    assert compact_pays(3, 11) and not compact_pays(4, 15)  # T² <= V
 
 
 def test_cost_model_materializes_long_sequences_of_narrow_layers():

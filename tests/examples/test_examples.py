@@ -32,7 +32,7 @@ def run_example(script: str, *args: str) -> str:
     ("script", "args", "method"),
     [
         ("lstm_language_model.py", ["--examples", "32"], "hooks"),
-        ("transformer_classifier.py", ["--examples", "32", "--attention-dropout", "0"], "hooks"),
+        ("transformer_classifier.py", ["--examples", "32", "--attention-dropout", "0"], "factored"),
         ("transformer_classifier.py", ["--examples", "16", "--balance", "pair"], "func"),
     ],
 )

@@ -1,10 +1,13 @@
 """``BatchGrads`` (grab_exp.grads): every block's operations against the materialized matrix.
 
-A batch's gradients are column blocks, dense or a Linear layer's factors; each block answers the
+A batch's gradients are column blocks, dense, a Linear layer's factors or an Embedding's compact
+rows; each block answers the
 ``GradRows`` operations on its own columns. float64, so every comparison is to rounding.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 import torch
@@ -12,6 +15,7 @@ import torch
 from grab_exp.grads import (
     BatchGrads,
     DenseRows,
+    EmbeddingRows,
     FactorBias,
     LinearFactors,
     as_batch_grads,
@@ -23,8 +27,9 @@ F64 = torch.float64
 
 
 def mixed_grads() -> BatchGrads:
-    """A conv-like dense block, a Linear with bias (factors over T = 2), a dense one, a Linear
-    without bias: the parts a factored hook path returns."""
+    """A conv-like dense block, a Linear with bias (factors over T = 2), a dense one, an Embedding's
+    compact rows (a token twice in one example, a token of two examples), a Linear without bias:
+    the parts a factored hook path returns."""
     g = torch.Generator().manual_seed(0)
     linear = LinearFactors(
         torch.randn(B, 2, 4, generator=g, dtype=F64), torch.randn(B, 2, 3, generator=g, dtype=F64)
@@ -32,15 +37,18 @@ def mixed_grads() -> BatchGrads:
     last = LinearFactors(
         torch.randn(B, 1, 3, generator=g, dtype=F64), torch.randn(B, 1, 2, generator=g, dtype=F64)
     )
+    tokens = torch.randint(0, 5, (B, 3), generator=g)  # (B, T) of a vocabulary of 5
+    tokens[0, 2] = tokens[0, 0]
     parts = {
         "conv.weight": torch.randn(B, 2, 1, 2, generator=g, dtype=F64),
         "fc.weight": linear,
         "fc.bias": FactorBias(linear),
         "norm.weight": torch.randn(B, 3, generator=g, dtype=F64),
+        "emb.weight": EmbeddingRows(tokens, torch.randn(B, 3, 2, generator=g, dtype=F64), 5),
         "head.weight": last,
     }
     shapes = {"conv.weight": (2, 1, 2), "fc.weight": (3, 4), "fc.bias": (3,)}
-    shapes |= {"norm.weight": (3,), "head.weight": (2, 3)}
+    shapes |= {"norm.weight": (3,), "emb.weight": (5, 2), "head.weight": (2, 3)}
     return BatchGrads.from_parts(parts, {n: torch.Size(s) for n, s in shapes.items()})
 
 
@@ -52,9 +60,10 @@ def test_blocks_answer_like_the_materialized_matrix():
         "DenseRows",
         "LinearFactors",
         "DenseRows",
+        "EmbeddingRows",
         "LinearFactors",
     ]
-    assert grads.blocks[1].bias and grads.factored and grads.width == 4 + 15 + 3 + 6
+    assert grads.blocks[1].bias and grads.factored and grads.width == 4 + 15 + 3 + 10 + 6
     dense = DenseRows(grads.dense().matrix)  # (B, d)
     parts = grads.as_dict()
     assert list(parts) == list(grads.shapes)
@@ -62,16 +71,22 @@ def test_blocks_answer_like_the_materialized_matrix():
         torch.cat([p.reshape(B, -1) for p in parts.values()], 1), dense.matrix
     )
     torch.testing.assert_close(parts["fc.bias"], grads.blocks[1].delta.sum(1))
+    emb = grads.blocks[3]  # each example's token rows written out one by one
+    want = torch.zeros(B, 5, 2, dtype=F64)
+    for i, t in itertools.product(range(B), range(3)):
+        want[i, emb.tokens[i, t]] += emb.values[i, t]
+    torch.testing.assert_close(parts["emb.weight"], want, rtol=0, atol=0)
     g = torch.Generator().manual_seed(1)
     acc = torch.randn(3, grads.width, generator=g, dtype=F64)
     coef = torch.randn(B, 3, generator=g, dtype=F64)
     torch.testing.assert_close(grads.dots(acc), dense.dots(acc))
     torch.testing.assert_close(grads.dots(acc[0]), dense.dots(acc[0]))
     torch.testing.assert_close(grads.gram(), dense.gram())
-    got, want = acc.clone(), acc.clone()
-    grads.accumulate(got, coef)
-    dense.accumulate(want, coef)
-    torch.testing.assert_close(got, want)
+    for k in (slice(None), 0):  # (K, d) and (d,) accumulators
+        got, want = acc[k].clone(), acc[k].clone()
+        grads.accumulate(got, coef[:, k])
+        dense.accumulate(want, coef[:, k])
+        torch.testing.assert_close(got, want)
     for i in range(B):
         row = torch.empty_like(dense.matrix[i])
         grads.write_row(i, row)

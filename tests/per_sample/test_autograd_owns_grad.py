@@ -100,14 +100,14 @@ def test_weights_tied_after_construction_add_up(method: str) -> None:
 
 
 class TokenModel(nn.Module):
-    """Tokens ``(B, 3)`` -> an embedding, mean over tokens -> a ``(B, 5)`` head over the
+    """Tokens ``(B, 3)`` -> an embedding, mean over tokens -> a ``(B, vocab)`` head over the
     vocabulary (``decode``: the head tied to the embedding by ``tie``, or
     ``F.linear(h, emb.weight)``, the embedding's weight used outside its layer)."""
 
-    def __init__(self, decode: bool = False) -> None:
+    def __init__(self, decode: bool = False, vocab: int = 5) -> None:
         super().__init__()
-        self.emb = nn.Embedding(5, 4, padding_idx=0)
-        self.head = nn.Linear(4, 5, bias=False)
+        self.emb = nn.Embedding(vocab, 4, padding_idx=0)
+        self.head = nn.Linear(4, vocab, bias=False)
         self.decode = decode
 
     def tie(self) -> None:
@@ -123,12 +123,15 @@ def tokens(size: int, seed: int):
     return torch.randint(0, 5, (size, 3), generator=g), torch.randint(0, 5, (size,), generator=g)
 
 
-@pytest.mark.parametrize("method", ("auto", "hooks"))
-def test_an_embedding_tied_to_a_head_after_construction_adds_up(method: str) -> None:
+@pytest.mark.parametrize("vocab", (5, 9))
+@pytest.mark.parametrize("method", ("auto", "hooks", "factored"))
+def test_an_embedding_tied_to_a_head_after_construction_adds_up(method: str, vocab: int) -> None:
     """An embedding's rows' mean is compared from its tokens' gradients (a compact sum); once its
     weight is tied to a head's, the rows of both add up and the comparison reads them both
-    (the embedding's compact sum alone would refuse a right answer)."""
-    model = built(TokenModel)
+    (the embedding's compact sum alone would refuse a right answer). On the factored path the
+    head's factors and, with 9 tokens (T² <= V), the embedding's compact rows are materialized
+    to be added (they were refused before)."""
+    model = built(lambda: TokenModel(vocab=vocab))
     psg = make_per_sample(model, F.cross_entropy, method=method)
     for k, size in enumerate((5, 7, 4)):
         if k == 1:
@@ -137,7 +140,7 @@ def test_an_embedding_tied_to_a_head_after_construction_adds_up(method: str) -> 
         model.zero_grad(set_to_none=True)
         _, grads = psg(x, y)
         assert_right(model, grads, x, y, f"call {k + 1}")
-    assert psg.method == "hooks"  # not refused: auto stayed on the hook path
+    assert psg.method == ("factored" if method == "auto" else method)  # auto: not refused
 
 
 def test_an_embedding_weight_used_outside_its_layer_is_refused_naming_it() -> None:

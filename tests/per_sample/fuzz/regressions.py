@@ -144,6 +144,21 @@ MINIMAL: dict[str, tuple[int, tuple[str, ...]]] = {
         2592,
         ("check:every_call", "loss:tuple", "precision:autocast", "rnn:two_layers"),
     ),
+    # crash (a raw KeyError) once the factored path adds the rows of a weight tied after
+    # construction (it refused before): a full check compares a tied layer with an in-place output
+    # at its parameter under its own name, not the rows' (first) name
+    "tie_after_in_place_output_factored": (
+        809,
+        (
+            "family:vec",
+            "act:relu_",
+            "block:batchnorm",
+            "block:residual",
+            "method:factored",
+            "sched:freeze",
+            "sched:tie_after",
+        ),
+    ),
 }
 
 
