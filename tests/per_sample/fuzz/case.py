@@ -105,6 +105,8 @@ def draw_case(
         if d.chance("hook:param_before", 0.08):
             param_hook(net, d.generator())
         add_state(net, family, d)  # drawn last: a seed's other choices are what they were
+        if family in ("tok", "lm", "rnn") and d.chance("emb:wide", 0.3):  # drawn after it
+            widen(net.stem.emb, d.generator())
         net.sort_neck, net.coupled = sort_neck, coupled
         if own_conv:
             net.stem.conv.__class__ = ShiftedConv2d
@@ -128,6 +130,18 @@ def _layer_changes(draw: Draw, family: str, changes: list[list[Change]]) -> bool
         if (family == "img" or kind != "padding_mode") and draw.chance(f"sched:{kind}", 0.05):
             changes[draw.int(1, len(changes) - 1)].append(change(kind, 0))
     return own_conv
+
+
+#: ``emb:wide``'s vocabulary: an embedding with more rows than the ids use, ``T² <= V`` for
+#: every length drawn (3-7), so that the factored path keeps its rows compact (``EmbeddingRows``)
+WIDE = 64
+
+
+def widen(emb: nn.Embedding, g: torch.Generator) -> None:
+    """Rows up to :data:`WIDE` appended to ``emb`` (no id reaches them: their rows stay 0)."""
+    extra = torch.randn(WIDE - emb.num_embeddings, emb.embedding_dim, generator=g)
+    weight = torch.cat([emb.weight.detach(), extra.to(emb.weight.dtype)])
+    emb.weight, emb.num_embeddings = nn.Parameter(weight), WIDE
 
 
 def _single(value: Any) -> Any:
