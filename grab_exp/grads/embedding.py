@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from grab_exp.grads.rows import GradRows
 
@@ -36,16 +37,14 @@ class EmbeddingRows(GradRows):
     factored = True
 
     @classmethod
-    def of(
-        cls, indices: torch.Tensor, grads: torch.Tensor, vocab: int, padding_idx: int | None
-    ) -> EmbeddingRows:
-        """The rows of an Embedding's ``indices (B, *)`` and output gradients ``grads (B, *, D)``;
-        none at ``padding_idx`` (that row of the weight gets no gradient)."""
+    def of(cls, layer: nn.Embedding, indices: torch.Tensor, grads: torch.Tensor) -> EmbeddingRows:
+        """The rows of ``layer`` from its ``indices (B, *)`` and output gradients ``grads (B, *,
+        D)``; none at its ``padding_idx`` (that row of the weight gets no gradient)."""
         tokens = indices.reshape(indices.shape[0], -1)  # (B, T)
         values = grads.reshape(*tokens.shape, grads.shape[-1])  # (B, T, D)
-        if padding_idx is not None:
-            values = values * (tokens != padding_idx)[..., None]
-        return cls(tokens, values, vocab)
+        if layer.padding_idx is not None:
+            values = values * (tokens != layer.padding_idx)[..., None]
+        return cls(tokens, values, layer.weight.shape[0])
 
     @property
     def rows(self) -> int:

@@ -86,18 +86,22 @@ METHODS = (*PER_SAMPLE_CLASSES, "auto")
 
 
 def resolve_method(
-    model: nn.Module, method: str, compile_mode: str | None = None, factors: bool = True
+    model: nn.Module,
+    method: str,
+    compile_mode: str | None = None,
+    factors: bool = True,
+    reuse_buffer: bool = False,
 ) -> str:
-    """The method ``method`` means for ``model``, the one place ``auto`` is resolved (to the
-    first path it tries: ``func`` under compile or without the hook path, else ``factored`` or
-    ``hooks``). ``ValueError``: an unknown ``method``, or one that cannot be compiled."""
+    """What ``method`` means for ``model``, the one place ``auto`` is resolved (to its first path:
+    ``func`` under compile or without the hook path, else :func:`auto_hooks_method`'s);
+    ``ValueError``: an unknown ``method``, or one that cannot be compiled."""
     check_choice("pipeline.method", method, METHODS)
     if compile_mode is not None:
         check_compile_method(method)
         return "func"
     if method != "auto":
         return method
-    method = auto_hooks_method(model) if hooks_supported(model) else "func"
+    method = auto_hooks_method(model, reuse_buffer) if hooks_supported(model) else "func"
     return "hooks" if method == "factored" and not factors else method
 
 
@@ -118,7 +122,7 @@ def make_per_sample(
     and ``loop`` when a call refuses the model; under ``compile_mode``, ``func`` compiled);
     ``chunk_size`` and ``randomness`` are ``func``'s (``auto``: active dropout gets
     ``"different"``), ``reuse_buffer`` the hook path's."""
-    requested, method = method, resolve_method(model, method, compile_mode, factors)
+    requested, method = method, resolve_method(model, method, compile_mode, factors, reuse_buffer)
     if requested == "auto" and randomness is None and random_modules(model):
         randomness = "different"  # for func only: the hook path takes the batch's masks
 
@@ -139,19 +143,22 @@ def make_per_sample(
     return make_loop() if method == "loop" else make_hooked()
 
 
-#: ``auto`` factors when the layers without a factor form hold at most this share of the weights
+#: with a reused buffer, ``auto`` factors when the layers without a factor form hold at most this
+#: share of the weights (else the buffer's one matrix, which an ordering reads without a copy)
 MATERIALIZED_SHARE = 0.125
 
 
-def auto_hooks_method(model: nn.Module) -> str:
-    """``factored`` when layers without a factor rule hold few weights, else ``hooks``."""
+def auto_hooks_method(model: nn.Module, reuse_buffer: bool = False) -> str:
+    """``factored`` where a layer has a factor rule (its factors are kept only where they pay),
+    with ``reuse_buffer`` only where those hold most weights (:data:`MATERIALIZED_SHARE`)."""
     total = materialized = 0
     for module in model.modules():
         params = module.parameters(recurse=False)  # a lazy one has no size yet: not counted
         count = sum(p.numel() for p in params if p.requires_grad and not is_lazy(p))
         total += count
         materialized += 0 if getattr(rule_for(module), "has_factors", False) else count
-    return "factored" if materialized <= MATERIALIZED_SHARE * total else "hooks"
+    limit = MATERIALIZED_SHARE * total if reuse_buffer else total - 1
+    return "factored" if materialized <= limit else "hooks"
 
 
 def hooks_supported(model: nn.Module) -> bool:

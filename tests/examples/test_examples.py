@@ -31,7 +31,7 @@ def run_example(script: str, *args: str) -> str:
 @pytest.mark.parametrize(
     ("script", "args", "method"),
     [
-        ("lstm_language_model.py", ["--examples", "32"], "hooks"),
+        ("lstm_language_model.py", ["--examples", "32"], "factored"),
         ("transformer_classifier.py", ["--examples", "32", "--attention-dropout", "0"], "factored"),
         ("transformer_classifier.py", ["--examples", "16", "--balance", "pair"], "func"),
     ],
@@ -54,7 +54,7 @@ def test_the_resnet_example_trains_with_groupnorm(data):
     out = run_example(
         "resnet_groupnorm.py", "--epochs", "1", "--examples", "16", "--batch-size", "8", *source
     )
-    assert "per-sample gradients by method 'hooks'" in out
+    assert "per-sample gradients by method 'factored'" in out
     assert len(EPOCH_LINE.findall(out)) == 1
 
 

@@ -23,6 +23,7 @@ from grab_exp.per_sample import (
     PerSamplePipeline,
     UnsupportedModelError,
     check_supported,
+    make_per_sample,
 )
 
 
@@ -129,9 +130,14 @@ def test_auto_picks_a_path_by_structure_and_parameters_used_by_a_parent_are_adop
 
 
 def test_auto_materializes_when_layers_without_factors_hold_many_weights():
-    # the convolution holds 896 of 1,922 weights (> 1/8): per-sample blocks, no factors
+    # the convolution holds 896 of 1,922 weights (> 1/8): the reused buffer's one matrix
     model = nn.Sequential(nn.Conv2d(3, 32, 3, stride=8), nn.Flatten(), nn.Linear(512, 2))
     assert PerSamplePipeline(model, F.cross_entropy, method="auto").method == "hooks"
+    # without a reused buffer the Linear keeps its factors: hooks would write its block anew
+    assert make_per_sample(model, F.cross_entropy).method == "factored"
+    assert make_per_sample(model, F.cross_entropy, reuse_buffer=True).method == "hooks"
+    no_factors = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.LayerNorm(3600))
+    assert make_per_sample(no_factors, F.cross_entropy).method == "hooks"
 
 
 def test_batchnorm_in_training_mode_is_refused_by_name():
