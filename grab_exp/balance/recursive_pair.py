@@ -95,7 +95,10 @@ class RecursivePairBalance(GradientOrdering):
             signs = weighted = signs_from(dots, self._thresholds(len(dots)))  # (b/2,)
         else:  # normalize: v / |v| with |v|^2 from the Gram matrix
             norm_sq = gram[first, first] + gram[second, second] - 2 * gram[first, second]
-            weight = inverse_norms(norm_sq)  # (b/2,)
+            sizes = (
+                gram[first, first].clamp_min(0).sqrt() + gram[second, second].clamp_min(0).sqrt()
+            )
+            weight = inverse_norms(norm_sq, sizes)  # (b/2,)
             signs = signs_from(dots * weight, self._thresholds(len(dots)))  # (b/2,)
             weighted = signs * weight
         return _split(torch, coef, (first, second, node), signs, weighted, level)
@@ -117,7 +120,10 @@ class RecursivePairBalance(GradientOrdering):
                 signs = weighted = numpy.where(dots < limits, 1.0, -1.0).astype(dots.dtype)
             else:
                 norm_sq = grams[first, first] + grams[second, second] - 2 * grams[first, second]
-                weight = inverse_norms(torch.from_numpy(norm_sq)).numpy()  # (b/2,)
+                sizes = numpy.sqrt(grams[first, first].clip(0)) + numpy.sqrt(
+                    grams[second, second].clip(0)
+                )
+                weight = inverse_norms(*map(torch.from_numpy, (norm_sq, sizes))).numpy()  # (b/2,)
                 signs = numpy.where(dots * weight < limits, 1.0, -1.0).astype(dots.dtype)
                 weighted = signs * weight
             members = (first, second, node)

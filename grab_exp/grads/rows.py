@@ -5,8 +5,9 @@ batch and signed sums into an accumulator. Three kinds of rows provide them:
 
 * :class:`DenseRows`: a materialized ``(B, w)`` matrix;
 * :class:`~grab_exp.grads.linear.LinearFactors`: a Linear layer's ``g_i = sum_t delta_it a_itᵀ``;
+* :class:`~grab_exp.grads.embedding.EmbeddingRows`: an Embedding's token rows, compact;
 * :class:`~grab_exp.grads.batch.BatchGrads`: a batch's gradients, a concatenation of column
-  blocks of the first two kinds.
+  blocks of the other kinds.
 
 The vectors a variant balances (centered gradients, pair differences, unit-norm rows) are linear
 combinations of the rows. The dense matrix forms them in a scratch buffer; the others keep them
@@ -16,6 +17,7 @@ lazy (:class:`Combination`) and derive their dots and Gram matrix from the rows'
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -23,6 +25,9 @@ import torch
 
 #: ``rows -> (rows, d)`` reusable buffer, asked for only by representations that fill one
 Scratch = Callable[[int], torch.Tensor]
+#: a norm from a Gram matrix below ``RESOLUTION * sqrt(eps)`` of its parts' is their rounding
+#: (:func:`inverse_norms`)
+RESOLUTION = 8.0
 _VIEWS = "_grab_views"  # the attribute that holds a kept tensor's views
 
 
@@ -81,10 +86,17 @@ def shaped_views(flat: torch.Tensor, shapes: Sequence[torch.Size]) -> tuple[torc
     return tuple(part.view(shape) for part, shape in zip(parts, shapes, strict=True))
 
 
-def inverse_norms(norm_sq: torch.Tensor) -> torch.Tensor:
+def inverse_norms(norm_sq: torch.Tensor, sizes: torch.Tensor | None = None) -> torch.Tensor:
     """``1 / |v|`` from squared norms ``(P,)`` (rounding below 0 read as 0; a zero vector's scale
-    is ``1 / tiny``, so it stays 0)."""
-    return norm_sq.clamp_min(0).sqrt_().clamp_min_(torch.finfo(norm_sq.dtype).tiny).reciprocal_()
+    is ``1 / tiny``, so it stays 0). ``sizes (P,)``: the norms of the parts ``|v|²`` was formed
+    from (a Gram matrix's entries), summed; where ``|v|`` is below ``RESOLUTION * sqrt(eps)`` of
+    them, ``|v|²`` is their rounding and the scale 0 (two equal examples' difference stays zero, as
+    materialized, not its rounding scaled by ``1 / tiny``)."""
+    scale = norm_sq.clamp_min(0).sqrt_().clamp_min_(torch.finfo(norm_sq.dtype).tiny).reciprocal_()
+    if sizes is None:
+        return scale
+    floor = RESOLUTION * math.sqrt(torch.finfo(norm_sq.dtype).eps) * sizes
+    return scale.masked_fill_(norm_sq <= floor.square(), 0.0)
 
 
 def normalize_rows(vectors: torch.Tensor) -> torch.Tensor:
@@ -231,10 +243,9 @@ class DenseRows(GradRows):
         return DenseRows(torch.sub(firsts, seconds, out=scratch(pairs)))
 
     def normalized(self):
-        if self._gram is None:
-            return DenseRows(normalize_rows(self.matrix))
-        scale = inverse_norms(self._gram.diagonal())  # (B,)
-        return DenseRows(self.matrix.mul_(scale[:, None]), self._gram * torch.outer(scale, scale))
+        # from the rows themselves, not a Gram matrix their factors gave: that one cannot tell a
+        # row at rounding level (an example equal to the mean it is centered on) from zero
+        return DenseRows(normalize_rows(self.matrix))
 
 
 class Combination(GradRows):
@@ -256,6 +267,7 @@ class Combination(GradRows):
         self.grads, self.weights, self.shift, self.base = grads, weights, shift, base
         self.rows, self.like = shift.shape[0], grads.like
         self._gram: torch.Tensor | None = None
+        self._sizes: torch.Tensor | None = None  # (P,) sum_j |W_pj| |g_j| + |shift_p| |base|
         self._base_dots: torch.Tensor | None = None  # (P,) W <G, base>, once computed
 
     def _mix(self, values: torch.Tensor) -> torch.Tensor:
@@ -282,7 +294,12 @@ class Combination(GradRows):
 
     def gram(self):
         if self._gram is None:
-            gram = self._mix(self._mix(self.grads.gram()).T)  # (P, P): W G Gᵀ Wᵀ, symmetric
+            inner = self.grads.gram()  # (B, B)
+            lengths = inner.diagonal().clamp_min(0).sqrt()  # (B,) |g_j|
+            self._sizes = lengths if self.weights is None else self.weights.abs() @ lengths
+            if self.base is not None:
+                self._sizes = self._sizes + self.shift.abs() * self.base.norm()
+            gram = self._mix(self._mix(inner).T)  # (P, P): W G Gᵀ Wᵀ, symmetric
             if self.base is not None:
                 c = self._base_dots
                 c = self._mix(self.grads.dots(self.base)) if c is None else c  # (P,)
@@ -321,8 +338,8 @@ class Combination(GradRows):
 
     def normalized(self):
         gram = self.gram()
-        scale = inverse_norms(gram.diagonal())  # (P,)
+        scale = inverse_norms(gram.diagonal(), self._sizes)  # (P,)
         weights = torch.diag(scale) if self.weights is None else self.weights * scale[:, None]
         scaled = Combination(self.grads, weights, self.shift * scale, self.base)
-        scaled._gram = gram * torch.outer(scale, scale)
+        scaled._gram, scaled._sizes = gram * torch.outer(scale, scale), self._sizes * scale
         return scaled

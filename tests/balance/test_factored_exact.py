@@ -173,6 +173,40 @@ def test_sequence_gram_sums_over_step_pairs():
     torch.testing.assert_close(factors.dots(acc), flat @ acc.T, rtol=1e-12, atol=0)
 
 
+@pytest.mark.parametrize("equal", ["pairs", "all"])
+@pytest.mark.parametrize("model_name", ["tokens", "mlp"])
+@pytest.mark.parametrize("name", BALANCES)
+def test_normalized_equal_examples_stay_bounded_on_factors(name, model_name, equal):
+    """Equal examples (same input and label: in pairs, or all), ``normalize=True``: a pair's
+    difference and, from the second epoch, an example equal to its centering mean are zero up to
+    rounding. From a Gram matrix their norm was rounding, and their rounding scaled by
+    ``1 / tiny`` filled the accumulator (~1e291, or NaN)."""
+    torch.manual_seed(0)
+    model = MODELS[model_name]().double()
+    x, y = epoch_data(model_name, 0)
+    if equal == "pairs":
+        x[1::2], y[1::2] = x[0::2], y[0::2]  # (N, ...): examples 2k and 2k + 1 equal
+    else:
+        x[:], y[:] = x[0], y[0]
+    d = sum(p.numel() for p in model.parameters())
+    accs = []
+    for factored in (True, False):
+        psg = make_per_sample(model, F.cross_entropy, "factored" if factored else "hooks")
+        options = {"dtype": torch.float64, "normalize": True, "first_epoch": "identity"}
+        bal = make(name, N, d, batch_size=B, depth=4, **options)  # equal pairs side by side
+        for epoch in range(EPOCHS):
+            for start in range(0, N, B):
+                idx = bal.order[start : start + B]
+                _, grads = psg(x[idx], y[idx])
+                assert grads.factored == factored
+                bal.step(grads, idx)
+            model.zero_grad()
+            accs.append(bal.state_dict()["acc"])
+            bal.set_epoch(epoch + 1)
+    for acc in accs:
+        assert torch.isfinite(acc).all() and acc.abs().max() < 10 * EPOCHS * N
+
+
 def test_the_factored_path_keeps_an_embedding_compact_where_it_pays():
     x, y = epoch_data("tokens", 0)
     model = TokenModel().double()

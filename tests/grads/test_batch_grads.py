@@ -174,3 +174,20 @@ def test_a_factored_parameter_cannot_be_skipped():
         grads.accumulate(
             torch.zeros(grads.width, dtype=F64), torch.ones(B, dtype=F64), frozenset({"fc.weight"})
         )
+
+
+def test_a_difference_of_equal_rows_normalizes_to_zero_not_to_its_rounding():
+    """Rows 0 and 1 equal: their difference's norm from the Gram matrix is rounding of the rows'
+    (or 0), and normalized it stays zero; the other pairs get unit norm."""
+    grads = mixed_grads()
+    for block in grads.blocks:  # row 1 := row 0 in every block
+        for part in ("matrix", "a", "delta", "values"):
+            if hasattr(block, part):
+                getattr(block, part)[1] = getattr(block, part)[0]
+        if hasattr(block, "tokens"):
+            block.tokens[1] = block.tokens[0]
+    unit = grads.pair_diffs(None, None).normalized()
+    torch.testing.assert_close(unit.gram().diagonal(), torch.tensor([0.0, 1.0, 1.0], dtype=F64))
+    acc = torch.zeros(grads.width, dtype=F64)
+    unit.accumulate(acc, torch.tensor([1.0, 0.0, 0.0], dtype=F64))
+    assert acc.abs().max() == 0
