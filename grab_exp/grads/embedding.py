@@ -21,8 +21,9 @@ from grab_exp.grads.rows import GradRows
 
 def compact_pays(steps: int, vocab: int) -> bool:
     """Whether an Embedding's rows are cheaper compact: ``T² <= V`` (the compact Gram matrix
-    costs ``(BT)² D``, the materialized one ``B² V D``, plus writing ``B V D`` values)."""
-    return steps * steps <= vocab
+    costs ``(BT)² D``, the materialized one ``B² V D``, plus writing ``B V D`` values; ``T >= 1``:
+    an empty sequence's rows are zeros, read as a matrix)."""
+    return 0 < steps * steps <= vocab
 
 
 @dataclass(frozen=True, eq=False)

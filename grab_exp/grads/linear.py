@@ -22,12 +22,13 @@ from grab_exp.grads.rows import DenseRows, GradRows, kept_view
 
 
 def factor_pays(steps: int, fan_in: int, fan_out: int) -> bool:
-    """Whether a Linear layer is cheaper factored: ``T² (in + out) <= in · out``.
+    """Whether a Linear layer is cheaper factored: ``T² (in + out) <= in · out`` (``T >= 1``: an
+    empty sequence's rows are zeros, which every consumer reads as a matrix).
 
     The factored Gram matrix costs ``(BT)² (in + out)``, the materialized one ``B² in out``
     (plus writing ``B T in out`` values); their dots and sums cost the same order.
     """
-    return steps * steps * (fan_in + fan_out) <= fan_in * fan_out
+    return 0 < steps * steps * (fan_in + fan_out) <= fan_in * fan_out
 
 
 @dataclass(frozen=True, eq=False)

@@ -121,6 +121,8 @@ def check_batch(x: Inputs, y: Any) -> None:
             "allowed: a batch of one example or more in dimension 0 of every tensor (a "
             "sequence-first (T, B) input: move its batch first, e.g. x.transpose(0, 1))"
         )
+    if torch.is_inference_mode_enabled():  # its tensors can never get a gradient
+        raise ValueError("per-sample gradients under torch.inference_mode(): call outside it")
 
 
 def take(x: Inputs, index: torch.Tensor | list[int] | slice) -> Inputs:

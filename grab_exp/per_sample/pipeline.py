@@ -125,7 +125,6 @@ def make_per_sample(
     requested, method = method, resolve_method(model, method, compile_mode, factors, reuse_buffer)
     if requested == "auto" and randomness is None and random_modules(model):
         randomness = "different"  # for func only: the hook path takes the batch's masks
-
     options = {"chunk_size": chunk_size, "randomness": randomness, "check_every": check_every}
     make_func = partial(FuncPerSample, model, loss_fn, compile_mode=compile_mode, **options)
     make_loop = partial(LoopPerSample, model, loss_fn, check_every=check_every)

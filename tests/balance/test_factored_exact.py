@@ -25,6 +25,7 @@ from grab_exp.grads import (
     factor_pays,
 )
 from grab_exp.models import MLP, LeNet, LogReg
+from grab_exp.optim import VRSGD
 from grab_exp.per_sample import PerSamplePipeline, make_per_sample
 from grab_exp.sampler import GraBSampler
 
@@ -219,6 +220,36 @@ def test_cost_model_materializes_long_sequences_of_narrow_layers():
     assert factor_pays(1, 400, 120)
     assert factor_pays(8, 512, 512)
     assert not factor_pays(64, 16, 16)
+    assert not factor_pays(0, 400, 120) and not compact_pays(0, 11)  # an empty sequence
+
+
+class SumPool(nn.Module):
+    """A Linear over ``(B, T, 8)`` summed over ``T`` (``T = 0``: no step), then a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner, self.head = nn.Linear(8, 8), nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.inner(x)).sum(1))
+
+
+@pytest.mark.parametrize("name", BALANCES)
+def test_a_layer_on_an_empty_sequence_gives_rows_every_consumer_reads(name):
+    """A call whose sequence is empty (``T = 0``): the inner Linear's rows are zeros, materialized
+    (its factors, of no step, made the mean ordering's reshape and the GSNR pass fail)."""
+    torch.manual_seed(0)
+    model = SumPool().double()
+    x, y = torch.randn(B, 0, 8, dtype=torch.float64), torch.arange(B) % 5
+    _, grads = make_per_sample(model, F.cross_entropy, "factored")(x, y)
+    assert [type(b).__name__ for b in grads.blocks] == ["DenseRows", "LinearFactors"]
+    assert grads.as_dict()["inner.weight"].abs().max() == 0
+    d = grads.width
+    for feed in (grads, grads.dense().matrix):
+        bal = make(name, N, d, batch_size=B, dtype=torch.float64, normalize=name != "recursive")
+        bal.step(feed, bal.order[:B])
+    vr_sgd = VRSGD(model.parameters(), lr=0.1)
+    vr_sgd.observe(grads)  # the GSNR pass reads every block
 
 
 def test_transformer_factors_sequence_layers_and_materializes_narrow_ones():

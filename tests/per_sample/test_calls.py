@@ -123,3 +123,32 @@ def test_targets_without_a_batch_are_named_as_the_targets(method: str) -> None:
     psg = make_per_sample(nn.Sequential(nn.Linear(5, 3)).double(), F.cross_entropy, method)
     with pytest.raises(ValueError, match=r"^per-sample targets: got tensors with batch sizes \[\]"):
         psg(torch.randn(4, 5, dtype=torch.float64), [0, 1, 2, 1])
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_call_under_inference_mode_is_refused_before_any_work(method: str) -> None:
+    """Under ``torch.inference_mode()`` autograd records nothing: refused in one line before any
+    work, ``p.grad`` as it was (auto's loop step had turned it into inference tensors, which the
+    next call and even a plain ``backward()`` then failed to add to); the next call is right."""
+    torch.manual_seed(0)
+    model = TwoInputs().double()
+    psg = make_per_sample(model, F.cross_entropy, method)
+    generator = torch.Generator().manual_seed(1)
+    x = [torch.randn(4, k, generator=generator, dtype=torch.float64) for k in (5, 2)]
+    y = torch.randint(0, 3, (4,), generator=generator)
+    psg(x, y)
+    before = [p.grad.clone() for p in model.parameters()]
+    with torch.inference_mode(), pytest.raises(ValueError, match=r"inference_mode\(\)") as error:
+        psg(x, y)
+    assert len(str(error.value).splitlines()) == 1
+    for p, grad in zip(model.parameters(), before, strict=True):
+        assert not p.grad.is_inference() and torch.equal(p.grad, grad)
+    model.zero_grad(set_to_none=True)
+    _, grads = psg(x, y)
+    for name, p in model.named_parameters():
+        alone = [
+            torch.autograd.grad(F.cross_entropy(model([t[i : i + 1] for t in x]), y[i : i + 1]), p)
+            for i in range(4)
+        ]
+        want = torch.stack([g for (g,) in alone])
+        torch.testing.assert_close(grads.as_dict()[name], want, rtol=1e-9, atol=1e-12)
