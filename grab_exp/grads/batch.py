@@ -67,8 +67,7 @@ class BatchGrads(GradRows):
                 blocks += _joined(run)
                 blocks.append(part)
                 continue
-            dense = part.factors.bias_grads() if isinstance(part, FactorBias) else part
-            dense = dense.reshape(dense.shape[0], -1)  # (B, w)
+            dense = part_rows(part)  # (B, w)
             if run and max(dense.shape[1], run[-1].shape[1]) >= JOIN_WIDTH:
                 blocks += _joined(run)
             run.append(dense)
@@ -162,6 +161,16 @@ class BatchGrads(GradRows):
 
 
 @functools.cache
+def part_rows(part: Part) -> torch.Tensor:
+    """A part's rows as a ``(B, w)`` matrix: a tensor's own (a view where it can be), a
+    :class:`~grab_exp.grads.linear.FactorBias`'s bias rows, a compact block materialized."""
+    if isinstance(part, FactorBias):
+        part = part.factors.bias_grads()  # (B, out)
+    elif isinstance(part, GradRows):
+        part = part.materialize()  # (B, w)
+    return part.reshape(part.shape[0], -1)
+
+
 def _column_slices(widths: tuple[int, ...]) -> tuple[slice, ...]:
     """The columns of consecutive blocks of these widths (one layout per model: made once)."""
     starts = list(accumulate(widths, initial=0))

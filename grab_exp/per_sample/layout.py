@@ -113,7 +113,8 @@ def batch_size(x: Inputs, what: str = "inputs") -> int:
 
 
 def check_batch(x: Inputs, y: Any) -> None:
-    """Refuse inputs and targets that do not hold one batch in dimension 0 (before any work)."""
+    """Refuse, before any work, inputs and targets without one batch in dimension 0, and a call
+    under ``torch.inference_mode()``."""
     examples, targets = batch_size(x), batch_size(y, "targets")
     if examples != targets or examples == 0:
         raise ValueError(

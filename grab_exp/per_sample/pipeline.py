@@ -156,8 +156,8 @@ def auto_hooks_method(model: nn.Module, reuse_buffer: bool = False) -> str:
         count = sum(p.numel() for p in params if p.requires_grad and not is_lazy(p))
         total += count
         materialized += 0 if getattr(rule_for(module), "has_factors", False) else count
-    limit = MATERIALIZED_SHARE * total if reuse_buffer else total - 1
-    return "factored" if materialized <= limit else "hooks"
+    factors = materialized <= MATERIALIZED_SHARE * total if reuse_buffer else materialized < total
+    return "factored" if factors else "hooks"
 
 
 def hooks_supported(model: nn.Module) -> bool:

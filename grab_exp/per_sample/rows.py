@@ -8,7 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from grab_exp.grads import BatchGrads, FactorBias, as_batch_grads
+from grab_exp.grads import BatchGrads, as_batch_grads
+from grab_exp.grads.batch import part_rows
 from grab_exp.per_sample.base import one_line
 from grab_exp.per_sample.layout import Call, CallLayout
 from grab_exp.per_sample.modules import UnsupportedModelError
@@ -109,17 +110,11 @@ class Rows:
 
 
 def _added(rows: Any, more: Any, shape: torch.Size) -> Any:
-    """The rows of a parameter that two layers share: their sum ``(B, *shape)`` (compact ones,
-    factors, materialized)."""
+    """The rows of a parameter that two layers share: their sum ``(B, *shape)`` (compact ones
+    materialized)."""
     if rows is None or more is None:
         return more if rows is None else rows
-    first, second = (
-        p if isinstance(p, torch.Tensor)
-        else p.factors.bias_grads() if isinstance(p, FactorBias)  # (B, out)
-        else p.materialize().view(-1, *shape)
-        for p in (rows, more)
-    )  # fmt: skip
-    return first.add_(second)
+    return part_rows(rows).view(-1, *shape).add_(part_rows(more).view(-1, *shape))
 
 
 class GradBuffer:

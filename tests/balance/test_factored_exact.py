@@ -94,8 +94,9 @@ def epoch_data(model_name: str, epoch: int) -> tuple[torch.Tensor, torch.Tensor]
     return x, torch.randint(0, 5, (N,), generator=g)
 
 
-def run(name, model_name, factored, **kwargs):
-    """Orders of EPOCHS epochs and each epoch's last state, fed by one path's gradients."""
+def run(name, model_name, factored, data=None, **kwargs):
+    """Orders of EPOCHS epochs and each epoch's last state, fed by one path's gradients of the
+    examples ``data(epoch)`` (default :func:`epoch_data`)."""
     torch.manual_seed(0)
     model = MODELS[model_name]().double()
     psg = make_per_sample(model, F.cross_entropy, "factored" if factored else "hooks")
@@ -105,7 +106,7 @@ def run(name, model_name, factored, **kwargs):
     batch = B if name == "recursive_pair" else 5  # 5: pairs straddle steps, a short last step
     orders, states = [], []
     for epoch in range(EPOCHS):
-        x, y = epoch_data(model_name, epoch)
+        x, y = epoch_data(model_name, epoch) if data is None else data(epoch)
         for start in range(0, N, batch):
             idx = bal.order[start : start + batch]
             _, grads = psg(x[idx], y[idx])
@@ -182,30 +183,17 @@ def test_normalized_equal_examples_stay_bounded_on_factors(name, model_name, equ
     difference and, from the second epoch, an example equal to its centering mean are zero up to
     rounding. From a Gram matrix their norm was rounding, and their rounding scaled by
     ``1 / tiny`` filled the accumulator (~1e291, or NaN)."""
-    torch.manual_seed(0)
-    model = MODELS[model_name]().double()
     x, y = epoch_data(model_name, 0)
     if equal == "pairs":
         x[1::2], y[1::2] = x[0::2], y[0::2]  # (N, ...): examples 2k and 2k + 1 equal
     else:
         x[:], y[:] = x[0], y[0]
-    d = sum(p.numel() for p in model.parameters())
-    accs = []
+    options = {"normalize": True, "first_epoch": "identity"}  # equal pairs side by side
     for factored in (True, False):
-        psg = make_per_sample(model, F.cross_entropy, "factored" if factored else "hooks")
-        options = {"dtype": torch.float64, "normalize": True, "first_epoch": "identity"}
-        bal = make(name, N, d, batch_size=B, depth=4, **options)  # equal pairs side by side
-        for epoch in range(EPOCHS):
-            for start in range(0, N, B):
-                idx = bal.order[start : start + B]
-                _, grads = psg(x[idx], y[idx])
-                assert grads.factored == factored
-                bal.step(grads, idx)
-            model.zero_grad()
-            accs.append(bal.state_dict()["acc"])
-            bal.set_epoch(epoch + 1)
-    for acc in accs:
-        assert torch.isfinite(acc).all() and acc.abs().max() < 10 * EPOCHS * N
+        _, states = run(name, model_name, factored, lambda epoch: (x, y), **options)
+        for state in states:
+            acc = state["acc"]
+            assert torch.isfinite(acc).all() and acc.abs().max() < 10 * EPOCHS * N
 
 
 def test_the_factored_path_keeps_an_embedding_compact_where_it_pays():
