@@ -51,17 +51,16 @@ class CallLayout:
         return cls(tuple(map(batch_dim, one[0], two[0])), tuple(map(batch_dim, one[1], two[1])))
 
 
-def expand_over_batch(args: tuple[Any, ...], batch: int) -> tuple[Any, ...]:
-    """``args`` with every tensor given the batch as dimension 0 (a leading 1 expanded, else one
-    prepended): a position embedding then returns one copy, and output gradient, per example."""
+def expand_over_batch(args: Any, batch: int) -> Any:
+    """``args`` (a pytree) with every tensor given the batch as dimension 0 (a leading 1 expanded,
+    else one prepended): a position embedding then returns one copy, and output gradient, per
+    example."""
 
     def expanded(arg: Any) -> Any:
-        if not isinstance(arg, torch.Tensor):
-            return arg
         one = arg if arg.dim() > 0 and arg.shape[0] == 1 else arg.unsqueeze(0)  # (1, ...)
         return one.expand(batch, *one.shape[1:])
 
-    return tuple(expanded(arg) for arg in args)
+    return tree_map(lambda t: expanded(t) if isinstance(t, torch.Tensor) else t, args)
 
 
 @dataclass

@@ -110,6 +110,8 @@ class Planner:
                     self._adopt(adopted[0])
                 continue
             running = [n for n in layers.modules if n not in layers.idle]
+            if expanded:
+                self._refuse_spread(outputs, two, three, expanded)
             layouts = {name: self._layouts(name, two, three) for name in running}
             unbatched = {n for n, cs in layouts.items() if any(set(c.inputs) <= {None} for c in cs)}
             if unbatched <= expanded:
@@ -144,6 +146,7 @@ class Planner:
         with recorder.in_mode("probe"), torch.enable_grad():  # as in training: no inference paths
             out = call_model(self.model, take(x, [0] * copies))
         calls, recorder.calls = recorder.calls, {}
+        self.probed = calls  # the last probe's (3 copies): for _refuse_spread
         shapes = {
             n: [(shape_of(c.leaves), shape_of(c.outputs)) for c in cs] for n, cs in calls.items()
         }
@@ -157,6 +160,34 @@ class Planner:
         total = sum(t.float().sum() for t in leaves)
         grads = torch.autograd.grad(total, [p for _, p in params], allow_unused=True)
         return {n for (n, _), g in zip(params, grads, strict=True) if g is not None}
+
+    def _refuse_spread(self, outputs: tuple, two: dict, three: dict, expanded: set) -> None:
+        """Refuse an expanded layer whose output reaches another copy's model output in the probe
+        of 3 copies: broadcast along an axis not the batch's (``(T, D)`` onto ``(B, T, D)``)."""
+        leaves = tree_flatten(outputs[1])[0]
+        try:  # else the copies along dimension 0, as a spread output (3, 3, V) has them
+            dims = OutputLayout.probed(*outputs).dims
+        except UnsupportedModelError:
+            dims = [0 if torch.is_tensor(t) and t.shape[:1] == (3,) else None for t in leaves]
+        pairs = zip(leaves, dims, strict=True)
+        first = [t.narrow(d, 0, 1).sum() for t, d in pairs if d is not None and t.requires_grad]
+        outs = [
+            (name, t, d)
+            for name in expanded & set(two) & set(self.probed)
+            for call, layout in zip(self.probed[name], self._layouts(name, two, three), strict=True)
+            for t, d in zip(call.outputs, layout.outputs, strict=True)
+            if torch.is_tensor(t) and t.requires_grad and d is not None
+        ]
+        if not first or not outs:
+            return
+        grads = torch.autograd.grad(sum(first), [t for _, t, _ in outs], allow_unused=True)
+        if spread := [n for (n, _, d), g in zip(outs, grads, strict=True) if _spread(g, d)]:
+            raise UnsupportedModelError(
+                f"{self.layers.label(spread[0])}: its input has no batch dimension (a position "
+                "embedding's on arange(T)), so the hook path gives it one, and each example's "
+                "output reaches the others' (broadcast along another axis, (T, D) onto (B, T, D) "
+                "at T = 1): its rows cannot be split; use method=func (auto does)"
+            )
 
     def _layouts(self, name: str, two: dict, three: dict) -> list[CallLayout]:
         if len(two[name]) != len(three.get(name, [])):
@@ -213,3 +244,8 @@ class Planner:
                     "mode) that replaying the layer for its per-sample gradients cannot reproduce;"
                     " set that dropout to 0, or use method=func with randomness='different'"
                 )
+
+
+def _spread(grad: torch.Tensor | None, dim: int) -> bool:
+    """Whether a gradient from the first copy's output reaches another copy (along ``dim``)."""
+    return grad is not None and bool(grad.movedim(dim, 0)[1:].any())

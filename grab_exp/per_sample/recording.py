@@ -66,13 +66,13 @@ class Recorder:
             if self.mode == "idle":
                 return None
             changed = name in self.expanded
-            if changed:
-                args = expand_over_batch(args, self.batch)
+            if changed:  # keyword arguments too: pos(input=torch.arange(T))
+                args, kwargs = expand_over_batch((args, kwargs), self.batch)
             if self.mode == "record" and replayed:  # its replay reads its inputs
                 leaves = tree_flatten((list(args), kwargs))[0]
                 versions = [(t, t._version) for t in leaves if isinstance(t, torch.Tensor)]
                 self.entry_versions.setdefault(name, []).append(versions)
-            return (args, kwargs) if changed else None
+            return (tuple(args), kwargs) if changed else None
 
         return hook
 

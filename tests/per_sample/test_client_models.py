@@ -304,3 +304,42 @@ def test_a_user_forward_outside_the_path_is_a_plain_forward():
     psg(x, y)
     assert model(x[:1]).shape == (1, 3)
     assert isinstance(psg, HookedPerSample) and not isinstance(psg, FuncPerSample)
+
+
+class PositionAndClass(nn.Module):
+    """:class:`PositionModel` (the position embedding called by keyword or not), a class token
+    ``Embedding(1, D)`` of ``tensor([0])`` expanded over the batch (its dimension 0 is the
+    batch's: right on the hook path at every ``T``)."""
+
+    def __init__(self, keyword: bool, seq: int = 6) -> None:
+        super().__init__()
+        self.tok, self.pos, self.cls = nn.Embedding(9, 6), nn.Embedding(seq, 6), nn.Embedding(1, 6)
+        self.head, self.keyword = nn.Linear(6, 4), keyword
+
+    def forward(self, tokens):
+        positions = torch.arange(tokens.shape[1])  # (T,)
+        h = self.tok(tokens) + (self.pos(input=positions) if self.keyword else self.pos(positions))
+        cls = self.cls(torch.tensor([0])).expand(len(tokens), -1)  # (B, 6)
+        return self.head(torch.tanh(h).mean(1) + cls)
+
+
+@pytest.mark.parametrize("keyword", [False, True], ids=["positional", "keyword"])
+@pytest.mark.parametrize("method", ["hooks", "factored", "auto"])
+def test_a_position_embedding_broadcast_at_one_token_is_refused_on_the_hook_path(method, keyword):
+    """At ``T = 1`` the position input ``(1,)`` expanded over the batch gives ``(B, D)``, which
+    ``(B, 1, D) + (B, D)`` broadcasts to ``(B, B, D)``: every example's output reads every
+    example's position row. Even with the check off the probe refuses it, naming ``pos``; at
+    ``T >= 2`` (keyword call included) the hook path is right, and ``auto`` is right at every T."""
+    torch.manual_seed(0)
+    model = PositionAndClass(keyword).double()
+    psg = make_per_sample(model, F.cross_entropy, method, check_every=0)
+    for batch, seq in [(5, 4), (3, 1), (4, 3), (1, 1), (6, 1)]:
+        x, y = torch.randint(0, 9, (batch, seq)), torch.randint(0, 4, (batch,))
+        if seq == 1 and method != "auto":
+            with pytest.raises(UnsupportedModelError, match=r"^pos \(Embedding\): .*broadcast"):
+                psg(x, y)
+            continue
+        expected = per_example_loop(model, x, y)
+        assert_matches(psg(x, y)[1], expected)
+        model.zero_grad(set_to_none=True)
+    assert method != "auto" or psg.method == "func"

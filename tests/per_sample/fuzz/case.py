@@ -94,6 +94,7 @@ def draw_case(
         sort_neck = draw.pick("sort:how", ways)
     coupled = draw.chance("bwd:coupled", 0.03)  # drawn last too: a backward scaled by B
     own_conv = _layer_changes(draw, family, changes)  # drawn last too
+    _one_token(draw, family, data)  # drawn last too
 
     def build() -> tuple[nn.Module, Callable, list[str]]:
         d = Draw(model_seed, off, only)
@@ -142,6 +143,20 @@ def widen(emb: nn.Embedding, g: torch.Generator) -> None:
     extra = torch.randn(WIDE - emb.num_embeddings, emb.embedding_dim, generator=g)
     weight = torch.cat([emb.weight.detach(), extra.to(emb.weight.dtype)])
     emb.weight, emb.num_embeddings = nn.Parameter(weight), WIDE
+
+
+def _one_token(draw: Draw, family: str, data: list[tuple[Any, Any]]) -> None:
+    """``seq:one``: a token family's call after the first gets its sequences cut to their first
+    token (``T = 1``, where a position embedding's ``(T, D)`` broadcasts over ``(B, T, D)``)."""
+    if family in ("tok", "lm", "rnn") and draw.chance("seq:one", 0.15):
+        k = draw.int(1, len(data) - 1)
+        data[k] = tree_map(_first_token, data[k])
+
+
+def _first_token(value: Any) -> Any:
+    """A ``(B, T, ...)`` tensor of ids or a mask (integer or bool) as ``(B, 1, ...)``."""
+    cut = isinstance(value, torch.Tensor) and value.dim() >= 2 and not value.is_floating_point()
+    return value[:, :1] if cut else value
 
 
 def _single(value: Any) -> Any:
