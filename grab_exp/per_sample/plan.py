@@ -103,7 +103,7 @@ class Planner:
         layers.idle.clear()
         expanded = self.recorder.expanded = set()
         for _ in range(2 * len(self.modules) + 1):
-            two, three, outputs, silent, used = self._probes(x, expanded)
+            two, three, outputs, calls, silent, used = self._probes(x, expanded)
             if silent:
                 layers.idle.update(n for n in silent if n not in used)
                 if adopted := [n for n in silent if n in used]:
@@ -111,7 +111,7 @@ class Planner:
                 continue
             running = [n for n in layers.modules if n not in layers.idle]
             if expanded:
-                self._refuse_spread(outputs, two, three, expanded)
+                self._refuse_spread(outputs, calls, two, three, expanded)
             layouts = {name: self._layouts(name, two, three) for name in running}
             unbatched = {n for n, cs in layouts.items() if any(set(c.inputs) <= {None} for c in cs)}
             if unbatched <= expanded:
@@ -120,11 +120,12 @@ class Planner:
             expanded |= unbatched
         raise AssertionError("unreachable: every round adopts or expands one more layer")
 
-    def _probes(self, x: Inputs, expanded: set[str]) -> tuple[dict, dict, tuple, list, set]:
-        """:meth:`_probe` of 2 and 3 copies of an example; silent layers, those the output uses."""
+    def _probes(self, x: Inputs, expanded: set[str]) -> tuple[dict, dict, tuple, dict, list, set]:
+        """:meth:`_probe` of 2 and 3 copies of an example (the calls of 3); silent layers, those
+        the output uses."""
         with kept_state(self.model):
             try:
-                (two, out2), (three, out3) = self._probe(x, 2), self._probe(x, 3)
+                (two, out2, _), (three, out3, calls) = self._probe(x, 2), self._probe(x, 3)
             except RuntimeError as error:
                 if not expanded:
                     raise
@@ -138,19 +139,18 @@ class Planner:
                 ) from error
             silent = [n for n in self.layers.modules if n not in two and n not in self.layers.idle]
             used = self._used(silent, out2) if silent else set()
-        return two, three, (out2, out3), silent, used
+        return two, three, (out2, out3), calls, silent, used
 
-    def _probe(self, x: Inputs, copies: int) -> tuple[dict[str, list[tuple]], Any]:
+    def _probe(self, x: Inputs, copies: int) -> tuple[dict[str, list[tuple]], Any, dict]:
         recorder = self.recorder
         recorder.calls, recorder.batch = {}, copies
         with recorder.in_mode("probe"), torch.enable_grad():  # as in training: no inference paths
             out = call_model(self.model, take(x, [0] * copies))
         calls, recorder.calls = recorder.calls, {}
-        self.probed = calls  # the last probe's (3 copies): for _refuse_spread
         shapes = {
             n: [(shape_of(c.leaves), shape_of(c.outputs)) for c in cs] for n, cs in calls.items()
         }
-        return shapes, out
+        return shapes, out, calls
 
     def _used(self, silent: list[str], out: Any) -> set[str]:
         leaves = [t for t in tree_flatten(out)[0] if torch.is_tensor(t) and t.requires_grad]
@@ -161,9 +161,10 @@ class Planner:
         grads = torch.autograd.grad(total, [p for _, p in params], allow_unused=True)
         return {n for (n, _), g in zip(params, grads, strict=True) if g is not None}
 
-    def _refuse_spread(self, outputs: tuple, two: dict, three: dict, expanded: set) -> None:
+    def _refuse_spread(self, outputs: tuple, calls: dict, two: dict, three: dict, expanded: set):
         """Refuse an expanded layer whose output reaches another copy's model output in the probe
-        of 3 copies: broadcast along an axis not the batch's (``(T, D)`` onto ``(B, T, D)``)."""
+        of 3 copies (its ``calls``): broadcast along an axis not the batch's (``(T, D)`` onto
+        ``(B, T, D)``)."""
         leaves = tree_flatten(outputs[1])[0]
         try:  # else the copies along dimension 0, as a spread output (3, 3, V) has them
             dims = OutputLayout.probed(*outputs).dims
@@ -173,8 +174,8 @@ class Planner:
         first = [t.narrow(d, 0, 1).sum() for t, d in pairs if d is not None and t.requires_grad]
         outs = [
             (name, t, d)
-            for name in expanded & set(two) & set(self.probed)
-            for call, layout in zip(self.probed[name], self._layouts(name, two, three), strict=True)
+            for name in expanded & set(two) & set(calls)
+            for call, layout in zip(calls[name], self._layouts(name, two, three), strict=True)
             for t, d in zip(call.outputs, layout.outputs, strict=True)
             if torch.is_tensor(t) and t.requires_grad and d is not None
         ]

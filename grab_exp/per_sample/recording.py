@@ -72,7 +72,7 @@ class Recorder:
                 leaves = tree_flatten((list(args), kwargs))[0]
                 versions = [(t, t._version) for t in leaves if isinstance(t, torch.Tensor)]
                 self.entry_versions.setdefault(name, []).append(versions)
-            return (tuple(args), kwargs) if changed else None
+            return (args, kwargs) if changed else None
 
         return hook
 
