@@ -147,9 +147,9 @@ class PerSampleGradients(ABC):
         ``full(None)`` first (its loss and mixing checks name a cause, the identity would not)."""
         problem = None
         if self.checker.on:
-            names, tensors, grads = list(params), list(params.values()), snapshot.grads()
-            out = self.checker.scratch(rows.width, rows.like)
-            problem = rows_problem(rows, names, grads, tensors, self.model, self.method, out, sums)
+            names, tensors, out = list(params), list(params.values()), self.checker.scratch
+            args = (self.model, self.method, out(rows.width, rows.like), sums)
+            problem = rows_problem(rows, names, snapshot, tensors, *args)
         if isinstance(problem, torch.Tensor):  # CUDA: judged at the next full check
             self.checker.defer_rows(problem)
         elif problem is not None:

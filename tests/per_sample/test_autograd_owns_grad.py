@@ -233,6 +233,48 @@ def test_accumulated_grads_are_taken_out_of_each_check(method: str) -> None:
         torch.testing.assert_close(p.grad, q.grad, msg=n)
 
 
+def held_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor, ratio: float) -> dict:
+    """``name -> (*shape)``: noise ``ratio`` times the root mean square of each parameter's own
+    gradient on ``x, y`` (a ``p.grad`` that earlier steps left far above a call's own)."""
+    g = torch.Generator().manual_seed(5)
+    return {
+        n: torch.randn(w.shape, generator=g).to(w.dtype) * ratio * w.pow(2).mean().sqrt()
+        for n, w in plain_grads(model, x, y).items()
+    }
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_float32_grads_held_far_above_the_calls_own_leave_it_its_rounding(method: str) -> None:
+    """In float32, ``p.grad`` holding 1e5 times a call's own gradient: the call's own is ``p.grad``
+    after less before, whose rounding (``eps |p.grad|`` per entry, ~6e-3 of it here) the check
+    allows, up to a tenth (a wrong row, off by order 1, still shows): every call is right, and
+    ``p.grad`` is the plain backward's sum (refused at the commit before, "differs by 0.006").
+    At 1e7 the rounding is as large as the call's gradient: refused naming ``param.grad``, which
+    is left as it was."""
+    model = built(AutoEncoder).float()
+    reference = copy.deepcopy(model)
+    x, y = batch(6, seed=30)
+    x = x.float()
+    for ratio, right in ((1e5, True), (1e7, False)):
+        held = held_grads(model, x, y, ratio)
+        for (n, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+            p.grad, q.grad = held[n].clone(), held[n].clone()
+        psg = make_per_sample(model, F.cross_entropy, method=method, check_every=1)
+        if not right:
+            with pytest.raises(UnsupportedModelError, match=r"param\.grad held a gradient"):
+                psg(x, y)
+            for n, p in model.named_parameters():
+                assert torch.equal(p.grad, held[n]), n
+            continue
+        for k in range(3):
+            _, grads = psg(x[k:], y[k:])
+            F.cross_entropy(reference(x[k:]), y[k:]).backward()
+            for n, want in example_rows(reference, x[k:], y[k:]).items():
+                torch.testing.assert_close(grads.as_dict()[n], want, msg=f"call {k + 1}: {n}")
+        for (n, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, msg=n)
+
+
 @pytest.mark.parametrize("method", ("hooks", "func"))
 def test_post_accumulate_hooks_fire_once_per_call(method: str) -> None:
     """``register_post_accumulate_grad_hook`` (an optimizer step in the backward) fires as in a

@@ -13,8 +13,10 @@ from grab_exp.devices import host_reads_allowed
 from grab_exp.grads import BatchGrads
 from grab_exp.grads.rows import constant, kept_view, shaped_views
 from grab_exp.per_sample.check.tolerance import (
+    HELD_ROUNDING,
     MEAN_FLOOR,
     MEAN_TOLERANCE,
+    RESOLVABLE,
     TOLERANCE,
     autocast_on,
     tolerance,
@@ -43,6 +45,17 @@ class GradSnapshot:
             p.grad if s is None or p.grad is None else p.grad - s
             for p, s in zip(self.params, self.saved, strict=True)
         ]
+
+    def rounding(self) -> torch.Tensor | None:
+        """Per parameter ``(P,)``, a bound of :meth:`grads`' rounding (``param.grad``, which
+        autograd added the call's own to, less what it held): ``HELD_ROUNDING eps |param.grad|``,
+        0 where it held none; ``None`` where none held one (a step after ``zero_grad()``)."""
+        if all(s is None for s in self.saved):
+            return None
+        pairs = zip(self.params, self.saved, strict=True)
+        held = [p.new_zeros(()) if s is None else dense(p.grad, p) for p, s in pairs]
+        eps = torch.finfo(held[0].dtype).eps
+        return torch.stack(torch._foreach_norm(held)) * (HELD_ROUNDING * eps)
 
 
 @torch.no_grad()
@@ -95,16 +108,20 @@ def worst_gap(norms: torch.Tensor, floors: dict, nan: float = math.inf) -> tuple
 def device_gap(norms: torch.Tensor, floors: dict) -> torch.Tensor:
     """:func:`worst_gap`'s gap as a ``()`` tensor on the device of ``norms`` (no host read)."""
     sizes, differences = norms
-    finite = sizes.isfinite()
-    floor = sizes.where(finite, 0.0).max() * floors.get(norms.dtype, floors[None])
-    gaps = differences / sizes.maximum(floor.clamp_min(torch.finfo(norms.dtype).tiny))
-    return gaps.nan_to_num(nan=math.inf, posinf=math.inf).where(finite, 0.0).max()
+    gaps = differences / floored(sizes, floors)
+    return gaps.nan_to_num(nan=math.inf, posinf=math.inf).where(sizes.isfinite(), 0.0).max()
+
+
+def floored(sizes: torch.Tensor, floors: dict) -> torch.Tensor:
+    """``sizes (P,)``, each at least a ``floors`` share of the largest finite one (and ``tiny``)."""
+    floor = sizes.where(sizes.isfinite(), 0.0).max() * floors.get(sizes.dtype, floors[None])
+    return sizes.maximum(floor.clamp_min(torch.finfo(sizes.dtype).tiny))
 
 
 def rows_problem(
     rows: BatchGrads,
     names: list[str],
-    grads: list[torch.Tensor | None],
+    snapshot: GradSnapshot,
     params: list[nn.Parameter],
     model: nn.Module,
     method: str,
@@ -113,10 +130,16 @@ def rows_problem(
 ) -> str | torch.Tensor | None:
     """The one-line refusal when the rows' mean is not autograd's gradient (``None``: it is);
     on CUDA (no host reads in a step), the ``()`` worst gap over the tolerance, judged later.
-    ``method=loop``'s rows are the definition: only the loss (or autocast's rounding) is named."""
+    ``method=loop``'s rows are the definition: only the loss (or autocast's rounding) is named.
+    Where ``param.grad`` held a gradient, its rounding (:meth:`GradSnapshot.rounding`) is allowed
+    up to :data:`RESOLVABLE` of a size, past it the parameter is ``lost`` (named if refused)."""
     if not names or rows.rows == 0:
         return None
-    norms = rows_norms(rows, grads, out=out, sums=sums)  # (2, P)
+    norms, lost = rows_norms(rows, snapshot.grads(), out=out, sums=sums), None  # (2, P)
+    if (rounding := snapshot.rounding()) is not None:
+        lost = rounding > RESOLVABLE * floored(norms[0], MEAN_FLOOR)  # (P,)
+        less = norms[1].sub(rounding).clamp_min(0).where(~lost, norms[1])
+        norms = torch.stack([norms[0], less])
     alone = method == "loop"  # each example's loss alone: a batch of one's rounding
     limit = tolerance(TOLERANCE if alone else MEAN_TOLERANCE, rows.like.dtype)
     if not host_reads_allowed(norms.device) and not alone:  # loop has no later check: reads now
@@ -127,6 +150,12 @@ def rows_problem(
     name, layer = names[worst], names[worst].rpartition(".")[0]
     where = label(layer, model.get_submodule(layer))
     found = f"the rows' mean differs from autograd's gradient at {name} of {where} by {gap:.2g}"
+    if lost is not None and bool(lost[worst]):  # no other method checks it better
+        return (
+            f"{found} (relative); {name}'s param.grad held a gradient before the call so much "
+            "larger than the call's own that the rounding of their difference can be as large, so "
+            "the rows cannot be checked; clear param.grad before the call (optimizer.zero_grad())"
+        )
     if alone:
         rounding = "under torch.autocast each example alone rounds otherwise, or " * autocast_on()
         return f"{found} (relative): {rounding}{NOT_A_MEAN}"
