@@ -266,9 +266,10 @@ def _reindexing(node: Any, batch: int) -> bool:
     if name in ("FlipBackward0", "RollBackward0"):  # along the axes of the items
         shape, dims = node._input_metadata[0].shape, node._saved_dims
         return batch > 1 and (not dims or any(shape[_signed(d)] == batch for d in dims))
-    if name == "MmBackward0":  # a (B, B) matrix (a permutation's) on either side of the batch
-        sizes = (node._saved_self_sym_sizes, node._saved_mat2_sym_sizes)
-        return batch > 1 and (batch, batch) in sizes
+    if name == "MmBackward0":  # a (B, B) matrix (a permutation's) on either side of the batch,
+        sizes = (node._saved_self_sym_sizes, node._saved_mat2_sym_sizes)  # not a layer's weight
+        weight = any(_parameter(fn) for fn, _ in node.next_functions)  # F.linear: x @ W.t()
+        return batch > 1 and (batch, batch) in sizes and not weight
     if name == "BmmBackward0":  # the same batched (einsum's "ji,jc->ic" with a one-hot matrix)
         operands = [t for t in (node._saved_self, node._saved_mat2) if t is not None]
         return batch > 1 and any(t.shape[-2:] == (batch, batch) for t in operands)
@@ -280,6 +281,13 @@ def _reindexing(node: Any, batch: int) -> bool:
         items = node._saved_self_sym_sizes[_signed(node._saved_dim)]
         return items == batch > 1 and not (whole and node._saved_end >= items)
     return name in REINDEXING
+
+
+def _parameter(node: Any) -> bool:
+    """Whether an autograd node is a parameter's, through a transpose or a view."""
+    while type(node).__name__ in ("TBackward0", "TransposeBackward0", "ViewBackward0"):
+        node = node.next_functions[0][0]
+    return type(node).__name__ == "AccumulateGrad"
 
 
 def _signed(dim: int) -> int:

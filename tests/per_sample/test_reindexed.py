@@ -200,3 +200,23 @@ def test_negative_axes_are_not_the_batch() -> None:
         for n, rows in grads.as_dict().items():
             torch.testing.assert_close(rows, want[n], msg=n)
     assert not psg.planner.plan.reindexes
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_square_weight_as_wide_as_the_batch_is_not_a_permutation(bias: bool) -> None:
+    """``F.linear`` of a ``(B, B)`` input with a ``(B, B)`` weight: without a bias one matrix
+    product with a ``(B, B)`` operand on each side, one of them a parameter's (a layer's weight,
+    not a permutation built from the data): no full check on every call (before: one on every
+    call, and the re-indexing named beside any refusal)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(B, B, bias=bias), nn.Tanh(), nn.Linear(B, 3)).double()
+    psg = make_per_sample(model, F.cross_entropy, "hooks")
+    g = torch.Generator().manual_seed(0)
+    for _ in range(6):
+        x, y = torch.randn(B, B, generator=g, dtype=F64), torch.randint(0, 3, (B,), generator=g)
+        _, grads = psg(x, y)
+        want = example_rows(model, x, y)
+        for n, rows in grads.as_dict().items():
+            torch.testing.assert_close(rows, want[n], msg=n)
+    assert not psg.planner.plan.reindexes
+    assert psg.checker.checks < 6  # calls 1, 2 and 4
