@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
+from torch.nn.utils import parametrize
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from grab_exp.grads import BatchGrads, as_batch_grads
@@ -237,10 +238,12 @@ class FuncPerSample(PerSampleGradients):
                 updated = changed()
             if updated:
                 kind = "buffer" if updated[0] in dict(self.model.named_buffers()) else "parameter"
+                hooks = not any(map(parametrize.is_parametrized, self.model.modules()))
                 raise UnsupportedModelError(
                     f"{kind} {updated[0]}: the model's forward changes it in place (running "
-                    "statistics, a counter, a momentum encoder), and torch.func's functional call "
-                    "cannot carry the change out; use method=hooks or loop (auto takes them)"
+                    "statistics, a counter, a momentum encoder, spectral_norm's vector), and "
+                    "torch.func's functional call cannot carry the change out; use method="
+                    f"{'hooks or loop (auto takes them)' if hooks else 'loop (auto takes it)'}"
                 )
             self._layout, self._layout_key = OutputLayout.probed(two, three), key
         return self._layout

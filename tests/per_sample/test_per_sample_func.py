@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils.parametrizations import spectral_norm
 
 from grab_exp.grads import flatten_grads
-from grab_exp.per_sample import FuncPerSample
+from grab_exp.per_sample import FuncPerSample, UnsupportedModelError, make_per_sample
 
 ATOL = 1e-10
 
@@ -306,3 +309,33 @@ def test_a_vmap_failure_names_the_loss_or_the_model_where_it_was_raised(model, l
     with pytest.raises(ValueError, match=rf"^torch\.func's vmap failed on {named} \(") as error:
         FuncPerSample(model(), loss_fn)(torch.randn(4, 6), y)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("parametrized", [False, True])
+def test_a_buffer_the_forward_updates_names_the_methods_that_take_the_model(parametrized):
+    """A forward that updates a buffer in place is refused by ``func``, naming the methods that
+    take the model: ``hooks`` or ``loop`` for a counter, ``loop`` alone for spectral_norm's
+    power-iteration vector (the hook path refuses parametrized layers), which ``auto`` takes."""
+    torch.manual_seed(0)
+    first = spectral_norm(nn.Linear(4, 4)) if parametrized else Counted()
+    model = nn.Sequential(first, nn.Tanh(), nn.Linear(4, 3)).double()
+    x, y = torch.randn(5, 4, dtype=torch.float64), torch.randint(0, 3, (5,))
+    takes = r"loop \(auto takes it\)" if parametrized else r"hooks or loop \(auto takes them\)"
+    with pytest.raises(UnsupportedModelError, match=rf"in place .*; use method={takes}$"):
+        make_per_sample(model, F.cross_entropy, "func")(x, y)
+    with pytest.warns(UserWarning, match="method=loop") if parametrized else nullcontext():
+        psg = make_per_sample(model, F.cross_entropy, "auto")
+        psg(x, y)
+    assert psg.method == ("loop" if parametrized else "factored")
+
+
+class Counted(nn.Linear):
+    """A Linear that counts its calls in a buffer."""
+
+    def __init__(self) -> None:
+        super().__init__(4, 4)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls += 1
+        return super().forward(x)
