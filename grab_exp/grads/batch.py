@@ -335,4 +335,8 @@ def _joint_matrix(parts: list[torch.Tensor]) -> torch.Tensor | None:
 
 def _check_width(width: int, d: int) -> None:
     if width != d:
-        raise ValueError(f"step: got {width} gradient values per example; expected d={d}")
+        raise ValueError(
+            f"step: got {width} gradient values per example; expected d={d}, the trainable "
+            "values the ordering was built for (a parameter frozen, unfrozen or replaced since "
+            "changes them: build the sampler or ordering again)"
+        )
