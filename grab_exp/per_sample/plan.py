@@ -114,6 +114,13 @@ class Planner:
                 self._refuse_spread(outputs, calls, two, three, expanded)
             layouts = {name: self._layouts(name, two, three) for name in running}
             unbatched = {n for n, cs in layouts.items() if any(set(c.inputs) <= {None} for c in cs)}
+            if mixed := [n for n in unbatched if any(set(c.inputs) - {None} for c in layouts[n])]:
+                raise UnsupportedModelError(
+                    f"{self.layers.label(mixed[0])} is called on inputs with a batch dimension "
+                    "and on inputs without one in one forward (the examples' activations and a "
+                    "table of positions): the hook path gives a layer's inputs the batch on all "
+                    "its calls or none; use method=func (auto does)"
+                )
             if unbatched <= expanded:
                 output = OutputLayout.probed(*outputs, "; use method=func")
                 return Plan(layouts, set(expanded), output)

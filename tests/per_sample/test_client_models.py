@@ -343,3 +343,37 @@ def test_a_position_embedding_broadcast_at_one_token_is_refused_on_the_hook_path
         assert_matches(psg(x, y)[1], expected)
         model.zero_grad(set_to_none=True)
     assert method != "auto" or psg.method == "func"
+
+
+class SharedWithPositions(nn.Module):
+    """One Linear on the examples' activations ``(B, T, 6)`` and on the position table ``(T, 6)``
+    alone (round 14's case 31)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(9, 6), nn.Embedding(8, 6)
+        self.mix, self.head = nn.Linear(6, 6), nn.Linear(6, 4)
+
+    def forward(self, tokens):
+        positions = self.pos(torch.arange(tokens.shape[1]))  # (T, 6)
+        h = self.mix(self.tok(tokens) + positions) + self.mix(positions)  # (B, T, 6)
+        return self.head(torch.tanh(h).mean(1))
+
+
+@pytest.mark.parametrize("method", ["hooks", "factored", "auto"])
+def test_a_layer_called_with_and_without_the_batch_is_refused_naming_both_calls(method):
+    """The hook path gives a layer's inputs the batch on all its calls or none: a layer called on
+    both kinds in one forward is refused naming that (before: a layout message about a tensor of
+    shape ``(2, 2, T, 6)``); ``auto`` takes ``func`` and is right."""
+    torch.manual_seed(0)
+    model = SharedWithPositions().double()
+    psg = make_per_sample(model, F.cross_entropy, method)
+    for batch, seq in [(4, 3), (2, 1), (3, 4)]:
+        x, y = torch.randint(0, 9, (batch, seq)), torch.randint(0, 4, (batch,))
+        if method != "auto":
+            with pytest.raises(UnsupportedModelError, match=r"^mix \(Linear\) is called on "):
+                psg(x, y)
+            continue
+        assert_matches(psg(x, y)[1], per_example_loop(model, x, y))
+        model.zero_grad(set_to_none=True)
+    assert method != "auto" or psg.method == "func"
