@@ -147,9 +147,8 @@ class PerSampleGradients(ABC):
         ``full(None)`` first (its loss and mixing checks name a cause, the identity would not)."""
         problem = None
         if self.checker.on:
-            names, tensors, out = list(params), list(params.values()), self.checker.scratch
-            args = (self.model, self.method, out(rows.width, rows.like), sums)
-            problem = rows_problem(rows, names, snapshot, tensors, *args)
+            args = (self.model, self.method, self.checker.scratch(rows.width, rows.like), sums)
+            problem = rows_problem(rows, params, snapshot, *args)
         if isinstance(problem, torch.Tensor):  # CUDA: judged at the next full check
             self.checker.defer_rows(problem)
         elif problem is not None:

@@ -13,7 +13,6 @@ from grab_exp.validation import check_choice
 
 #: torch.compile's modes; ``reduce-overhead`` and ``max-autotune`` add CUDA graphs on CUDA.
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-_CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 #: ``pipeline.method`` values allowed with ``trainer.compile=true``.
 COMPILABLE_METHODS = ("auto", "func")
 
@@ -33,7 +32,7 @@ def compile_step(fn: Callable[..., Any], mode: str) -> Callable[..., Any]:
     overwritten). ``ValueError`` naming ``trainer.compile_mode`` for an unknown ``mode``."""
     check_choice("trainer.compile_mode", mode, COMPILE_MODES)
     compiled = torch.compile(fn, mode=mode, dynamic=False)
-    if mode not in _CUDA_GRAPH_MODES:
+    if mode not in ("reduce-overhead", "max-autotune"):
         return compiled
 
     def step(*args: Any) -> Any:

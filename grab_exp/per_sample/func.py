@@ -66,10 +66,10 @@ def _make_grad_fn(
     model_and_loss = _ModelAndLoss(model, loss_fn)
 
     def batched(trainable: Grads, fixed: Grads, x: Inputs, y: torch.Tensor):
-        dims = (_batch_dims(x), _batch_dims(y))
+        dims = tree_map(lambda t: 0 if isinstance(t, torch.Tensor) and t.dim() else None, (x, y))
 
         def one_example(trainable: Grads, fixed: Grads, xi: Inputs, yi: torch.Tensor):
-            one, y1 = (tree_map(_unsqueezed, v, d) for v, d in zip((xi, yi), dims, strict=True))
+            one, y1 = tree_map(lambda t, d: t if d is None else t.unsqueeze(0), (xi, yi), dims)
             state = [{f"model.{n}": t for n, t in part.items()} for part in (trainable, fixed)]
             loss, out = functional_call(model_and_loss, tuple(state), (one, y1))
             check_scalar(loss)
@@ -81,14 +81,6 @@ def _make_grad_fn(
         return per_example(trainable, fixed, x, y)
 
     return batched
-
-
-def _batch_dims(value: Any) -> Any:
-    return tree_map(lambda t: 0 if isinstance(t, torch.Tensor) and t.dim() else None, value)
-
-
-def _unsqueezed(leaf: Any, dim: int | None) -> Any:
-    return leaf if dim is None else leaf.unsqueeze(0)
 
 
 class _ModelAndLoss(nn.Module):
@@ -197,9 +189,8 @@ class FuncPerSample(PerSampleGradients):
             if not due:  # a full check reads every example's loss
                 self._settle_split(out, y, layout, losses, batch)
             full = partial(self.full_check, x, y, batch_out, layout, rows=rows, params=params)
-            full = full if due else None
             identity = partial(identity_problem, self.model, params, rows, method=self.method)
-            self.verify_and_check(rows, params, snapshot, full, identity)
+            self.verify_and_check(rows, params, snapshot, full if due else None, identity)
             if due:
                 self.checker.passed(key, batch)
         return loss.detach(), rows

@@ -165,11 +165,9 @@ class HookedPerSample(PerSampleGradients):
         """The identity (:mod:`~grab_exp.per_sample.check`) at the rule layers' outputs and the
         other layers' parameters, and at those of a rule layer whose output changed in place
         since (a ReLU(inplace=True): by now another tensor)."""
-        at_params = [
-            name
-            for name in self.registry.modules
-            if name not in self.registry.rules or any(c.in_place for c in calls.get(name, []))
-        ]
+        in_place = {name for name, cs in calls.items() if any(c.in_place for c in cs)}
+        rule_outputs = self.registry.rules.keys() - in_place
+        at_params = [name for name in self.registry.modules if name not in rule_outputs]
         outputs = [
             (name, call.outputs[k], g, layout.outputs[k])
             for name in self.registry.rules

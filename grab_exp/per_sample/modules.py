@@ -15,8 +15,7 @@ WATCHED = (*BATCHNORM, *DROPOUT, nn.Embedding)
 #: reentrant activation checkpointing cannot give gradients at chosen tensors, nor run under vmap
 CHECKPOINT_REFUSAL = (
     "torch.utils.checkpoint with use_reentrant=True supports only loss.backward(), not the "
-    "gradients at chosen tensors or the vmap that per-sample gradients need; use "
-    "use_reentrant=False"
+    "gradients at chosen tensors or the vmap per-sample gradients need; use use_reentrant=False"
 )
 
 
@@ -64,9 +63,8 @@ def module_problem(
             "the examples of a batch; use eval mode with running statistics (fine-tuning), or "
             "grab_exp.per_sample.batchnorm_to_groupnorm(model) to train with GroupNorm"
         )
-    if module_dropout:
-        return None
-    if isinstance(module, DROPOUT) and module.training and randomness is None and module.p > 0:
+    dropout = isinstance(module, DROPOUT) and module.training and module.p > 0
+    if dropout and randomness is None and not module_dropout:
         return (
             f"{where} with p={module.p} in training mode needs an explicit randomness setting: "
             "method=func with randomness='different' (independent masks per example) or "

@@ -117,9 +117,8 @@ class Planner:
             if mixed := [n for n in unbatched if any(set(c.inputs) - {None} for c in layouts[n])]:
                 raise UnsupportedModelError(
                     f"{self.layers.label(mixed[0])} is called on inputs with a batch dimension "
-                    "and on inputs without one in one forward (the examples' activations and a "
-                    "table of positions): the hook path gives a layer's inputs the batch on all "
-                    "its calls or none; use method=func (auto does)"
+                    "and on inputs without one (a position table) in one forward, and the hook "
+                    "path batches a layer's calls all or none; use method=func (auto does)"
                 )
             if unbatched <= expanded:
                 output = OutputLayout.probed(*outputs, "; use method=func")
@@ -191,10 +190,9 @@ class Planner:
         grads = torch.autograd.grad(sum(first), [t for _, t, _ in outs], allow_unused=True)
         if spread := [n for (n, _, d), g in zip(outs, grads, strict=True) if _spread(g, d)]:
             raise UnsupportedModelError(
-                f"{self.layers.label(spread[0])}: its input has no batch dimension (a position "
-                "embedding's on arange(T)), so the hook path gives it one, and each example's "
-                "output reaches the others' (broadcast along another axis, (T, D) onto (B, T, D) "
-                "at T = 1): its rows cannot be split; use method=func (auto does)"
+                f"{self.layers.label(spread[0])}: its input has no batch dimension (arange(T)), "
+                "and given one its output reaches the other examples' (broadcast along another "
+                "axis, as (T, D) onto (B, T, D) at T = 1); use method=func (auto does)"
             )
 
     def _layouts(self, name: str, two: dict, three: dict) -> list[CallLayout]:

@@ -110,8 +110,7 @@ class Rows:
 
 
 def _added(rows: Any, more: Any, shape: torch.Size) -> Any:
-    """The rows of a parameter that two layers share: their sum ``(B, *shape)`` (compact ones
-    materialized)."""
+    """The sum ``(B, *shape)`` of the rows of a parameter two layers share (compact ones dense)."""
     if rows is None or more is None:
         return more if rows is None else rows
     return part_rows(rows).view(-1, *shape).add_(part_rows(more).view(-1, *shape))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterable
 
@@ -24,16 +25,13 @@ from grab_exp.per_sample.check.tolerance import (
 from grab_exp.per_sample.modules import UnsupportedModelError, advice, label
 
 
-class GradSnapshot:
+class GradSnapshot(contextlib.AbstractContextManager):
     """``param.grad`` of ``params`` (the rows' columns) before a call: the call's own gradient
     after its backward, and the old ``param.grad`` put back when the block raises."""
 
     def __init__(self, params: Iterable[nn.Parameter]) -> None:
         self.params = list(params)
         self.saved = [None if p.grad is None else p.grad.detach().clone() for p in self.params]
-
-    def __enter__(self) -> GradSnapshot:
-        return self
 
     def __exit__(self, kind, error, trace) -> None:
         if kind is not None:
@@ -120,9 +118,8 @@ def floored(sizes: torch.Tensor, floors: dict) -> torch.Tensor:
 
 def rows_problem(
     rows: BatchGrads,
-    names: list[str],
+    params: dict[str, nn.Parameter],
     snapshot: GradSnapshot,
-    params: list[nn.Parameter],
     model: nn.Module,
     method: str,
     out: torch.Tensor | None = None,
@@ -133,7 +130,7 @@ def rows_problem(
     ``method=loop``'s rows are the definition: only the loss (or autocast's rounding) is named.
     Where ``param.grad`` held a gradient, its rounding (:meth:`GradSnapshot.rounding`) is allowed
     up to :data:`RESOLVABLE` of a size, past it the parameter is ``lost`` (named if refused)."""
-    if not names or rows.rows == 0:
+    if not params or rows.rows == 0:
         return None
     norms, lost = rows_norms(rows, snapshot.grads(), out=out, sums=sums), None  # (2, P)
     if (rounding := snapshot.rounding()) is not None:
@@ -147,7 +144,8 @@ def rows_problem(
     gap, worst = worst_gap(norms, MEAN_FLOOR)
     if gap <= limit:
         return None
-    name, layer = names[worst], names[worst].rpartition(".")[0]
+    name = list(params)[worst]
+    layer = name.rpartition(".")[0]
     where = label(layer, model.get_submodule(layer))
     found = f"the rows' mean differs from autograd's gradient at {name} of {where} by {gap:.2g}"
     if lost is not None and bool(lost[worst]):  # no other method checks it better
@@ -159,7 +157,7 @@ def rows_problem(
     if alone:
         rounding = "under torch.autocast each example alone rounds otherwise, or " * autocast_on()
         return f"{found} (relative): {rounding}{NOT_A_MEAN}"
-    cause = known_cause(model, name, params[worst])  # only where one is known
+    cause = known_cause(model, name, params[name])  # only where one is known
     return f"{found} (relative){f'; {cause}' if cause else ''}; {advice(method)}"
 
 
