@@ -168,16 +168,16 @@ class Planner:
         return {n for (n, _), g in zip(params, grads, strict=True) if g is not None}
 
     def _refuse_spread(self, outputs: tuple, calls: dict, two: dict, three: dict, expanded: set):
-        """Refuse an expanded layer whose output reaches another copy's model output in the probe
-        of 3 copies (its ``calls``): broadcast along an axis not the batch's (``(T, D)`` onto
-        ``(B, T, D)``)."""
+        """Refuse an expanded layer where, in the probe of 3 copies (its ``calls``), a copy's model
+        output reaches a copy of the layer's output other than its own: one broadcast along an
+        axis not the batch's (``(T, D)`` onto ``(B, T, D)`` at T = 1) or one copy read for all."""
         leaves = tree_flatten(outputs[1])[0]
         try:  # else the copies along dimension 0, as a spread output (3, 3, V) has them
             dims = OutputLayout.probed(*outputs).dims
         except UnsupportedModelError:
             dims = [0 if torch.is_tensor(t) and t.shape[:1] == (3,) else None for t in leaves]
         pairs = zip(leaves, dims, strict=True)
-        first = [t.narrow(d, 0, 1).sum() for t, d in pairs if d is not None and t.requires_grad]
+        ends = [(t, d) for t, d in pairs if d is not None and t.requires_grad]  # copies along d
         outs = [
             (name, t, d)
             for name in expanded & set(two) & set(calls)
@@ -185,15 +185,17 @@ class Planner:
             for t, d in zip(call.outputs, layout.outputs, strict=True)
             if torch.is_tensor(t) and t.requires_grad and d is not None
         ]
-        if not first or not outs:
-            return
-        grads = torch.autograd.grad(sum(first), [t for _, t, _ in outs], allow_unused=True)
-        if spread := [n for (n, _, d), g in zip(outs, grads, strict=True) if _spread(g, d)]:
-            raise UnsupportedModelError(
-                f"{self.layers.label(spread[0])}: its input has no batch dimension (arange(T)), "
-                "and given one its output reaches the other examples' (broadcast along another "
-                "axis, as (T, D) onto (B, T, D) at T = 1); use method=func (auto does)"
-            )
+        for k in range(3 if ends and outs else 0):  # each copy's output, back to the layer's
+            total = sum(t.narrow(d, k, 1).sum() for t, d in ends)
+            tensors = [t for _, t, _ in outs]
+            grads = torch.autograd.grad(total, tensors, retain_graph=True, allow_unused=True)
+            if spread := [n for (n, _, d), g in zip(outs, grads, strict=True) if _spread(g, d, k)]:
+                raise UnsupportedModelError(
+                    f"{self.layers.label(spread[0])}: its input has no batch dimension "
+                    "(arange(T)), and given one its output reaches the other examples' (broadcast "
+                    "along another axis, as (T, D) onto (B, T, D) at T = 1, or one copy read for "
+                    "all); use method=func (auto does)"
+                )
 
     def _layouts(self, name: str, two: dict, three: dict) -> list[CallLayout]:
         if len(two[name]) != len(three.get(name, [])):
@@ -252,6 +254,7 @@ class Planner:
                 )
 
 
-def _spread(grad: torch.Tensor | None, dim: int) -> bool:
-    """Whether a gradient from the first copy's output reaches another copy (along ``dim``)."""
-    return grad is not None and bool(grad.movedim(dim, 0)[1:].any())
+def _spread(grad: torch.Tensor | None, dim: int, k: int) -> bool:
+    """Whether a gradient from copy ``k``'s output reaches another copy (along ``dim``)."""
+    moved = grad.movedim(dim, 0) if grad is not None else None
+    return moved is not None and bool(moved[:k].any() or moved[k + 1 :].any())

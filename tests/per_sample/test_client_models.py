@@ -345,6 +345,42 @@ def test_a_position_embedding_broadcast_at_one_token_is_refused_on_the_hook_path
     assert method != "auto" or psg.method == "func"
 
 
+class QueryPool(nn.Module):
+    """Attention pooling with one learned query ``Embedding(1, D)`` of ``zeros(1)``: given the
+    batch, its ``(B, D)`` output times the keys ``(B, D, T)`` broadcasts to ``(B, B, T)`` and
+    ``[:, 0]`` reads copy 0's query for every example (round 15)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok, self.query = nn.Embedding(9, 6), nn.Embedding(1, 6)
+        self.key, self.head = nn.Linear(6, 6), nn.Linear(6, 4)
+
+    def forward(self, tokens):
+        h = self.tok(tokens)  # (B, T, 6)
+        q = self.query(torch.zeros(1, dtype=torch.long))  # (1, 6)
+        weights = torch.softmax(q @ self.key(h).transpose(1, 2), -1)  # (B, 1, T)
+        return self.head((weights @ h)[:, 0])
+
+
+@pytest.mark.parametrize("method", ["hooks", "factored", "auto"])
+def test_one_expanded_copy_read_for_every_example_is_refused_on_the_hook_path(method):
+    """Every example's output reads the first copy of the expanded query: its rows went to
+    example 0 alone, silently with the check off (the probe asked only whether the first copy's
+    output reached the others'). Refused naming ``query`` with ``check_every=0``; ``auto`` right."""
+    torch.manual_seed(0)
+    model = QueryPool().double()
+    psg = make_per_sample(model, F.cross_entropy, method, check_every=0)
+    for batch, seq in [(3, 4), (5, 2)]:
+        x, y = torch.randint(0, 9, (batch, seq)), torch.randint(0, 4, (batch,))
+        if method != "auto":
+            with pytest.raises(UnsupportedModelError, match=r"^query \(Embedding\): .* one copy"):
+                psg(x, y)
+            continue
+        assert_matches(psg(x, y)[1], per_example_loop(model, x, y))
+        model.zero_grad(set_to_none=True)
+    assert method != "auto" or psg.method == "func"
+
+
 class SharedWithPositions(nn.Module):
     """One Linear on the examples' activations ``(B, T, 6)`` and on the position table ``(T, 6)``
     alone (round 14's case 31)."""
