@@ -17,7 +17,6 @@ from grab_exp.per_sample.check.tolerance import (
     HELD_ROUNDING,
     MEAN_FLOOR,
     MEAN_TOLERANCE,
-    RESOLVABLE,
     TOLERANCE,
     autocast_on,
     tolerance,
@@ -129,16 +128,16 @@ def rows_problem(
     on CUDA (no host reads in a step), the ``()`` worst gap over the tolerance, judged later.
     ``method=loop``'s rows are the definition: only the loss (or autocast's rounding) is named.
     Where ``param.grad`` held a gradient, its rounding (:meth:`GradSnapshot.rounding`) is allowed
-    up to :data:`RESOLVABLE` of a size, past it the parameter is ``lost`` (named if refused)."""
+    up to the tolerance; past it the parameter is ``lost`` (named if refused, no other cause)."""
     if not params or rows.rows == 0:
         return None
-    norms, lost = rows_norms(rows, snapshot.grads(), out=out, sums=sums), None  # (2, P)
-    if (rounding := snapshot.rounding()) is not None:
-        lost = rounding > RESOLVABLE * floored(norms[0], MEAN_FLOOR)  # (P,)
-        less = norms[1].sub(rounding).clamp_min(0).where(~lost, norms[1])
-        norms = torch.stack([norms[0], less])
     alone = method == "loop"  # each example's loss alone: a batch of one's rounding
     limit = tolerance(TOLERANCE if alone else MEAN_TOLERANCE, rows.like.dtype)
+    norms, lost = rows_norms(rows, snapshot.grads(), out=out, sums=sums), None  # (2, P)
+    if (rounding := snapshot.rounding()) is not None:
+        lost = rounding > limit * floored(norms[0], MEAN_FLOOR)  # (P,)
+        less = norms[1].sub(rounding).clamp_min(0).where(~lost, norms[1])
+        norms = torch.stack([norms[0], less])
     if not host_reads_allowed(norms.device) and not alone:  # loop has no later check: reads now
         return device_gap(norms, MEAN_FLOOR) / limit
     gap, worst = worst_gap(norms, MEAN_FLOOR)
@@ -148,16 +147,17 @@ def rows_problem(
     layer = name.rpartition(".")[0]
     where = label(layer, model.get_submodule(layer))
     found = f"the rows' mean differs from autograd's gradient at {name} of {where} by {gap:.2g}"
-    if lost is not None and bool(lost[worst]):  # no other method checks it better
+    cause = None if alone else known_cause(model, name, params[name])  # only where one is known
+    if cause is None and lost is not None and bool(lost[worst]):  # no other method checks better
         return (
             f"{found} (relative); {name}'s param.grad held a gradient before the call so much "
-            "larger than the call's own that the rounding of their difference can be as large, so "
-            "the rows cannot be checked; clear param.grad before the call (optimizer.zero_grad())"
+            "larger than the call's own that the rounding of their difference passes the "
+            "tolerance, so the rows cannot be checked; clear param.grad before the call "
+            "(optimizer.zero_grad())"
         )
     if alone:
         rounding = "under torch.autocast each example alone rounds otherwise, or " * autocast_on()
         return f"{found} (relative): {rounding}{NOT_A_MEAN}"
-    cause = known_cause(model, name, params[name])  # only where one is known
     return f"{found} (relative){f'; {cause}' if cause else ''}; {advice(method)}"
 
 

@@ -24,12 +24,9 @@ LOSS_TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-4}
 #: bias before a distance or an InstanceNorm, is rounding of the largest gradient's order)
 MEAN_TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3}
 MEAN_FLOOR = {torch.float64: 1e-5, torch.float32: 1e-3, None: 1e-2}
-#: the rounding of ``param.grad`` less what it held before a call, in ``eps |param.grad|``
-#: (autograd's sum of the two, and each further accumulation in the call, rounds once)
-HELD_ROUNDING = 4
-#: the largest share of a parameter's gradient that rounding may take with a wrong row (off by
-#: order 1) still showing
-RESOLVABLE = 0.1
+#: the rounding of ``param.grad`` less what it held before a call, in ``eps |param.grad|`` (a
+#: norm's bound: autograd's one addition rounds each entry by at most half a unit in its last place)
+HELD_ROUNDING = 0.5
 
 
 def tolerance(table: dict, dtype: torch.dtype) -> float:
