@@ -323,6 +323,22 @@ class PositionAndClass(nn.Module):
         return self.head(torch.tanh(h).mean(1) + cls)
 
 
+def refused_on_the_hook_path(model, method, shapes, refused, pattern, check_every=0) -> None:
+    """Calls of token batches ``(batch, T)`` in ``shapes`` on one ``psg``: on the hook path
+    those where ``refused(T)`` raise ``pattern``, every other call equals the per-example loop;
+    ``auto`` is right on each, and ends on ``func``."""
+    psg = make_per_sample(model, F.cross_entropy, method, check_every=check_every)
+    for batch, seq in shapes:
+        x, y = torch.randint(0, 9, (batch, seq)), torch.randint(0, 4, (batch,))
+        if refused(seq) and method != "auto":
+            with pytest.raises(UnsupportedModelError, match=pattern):
+                psg(x, y)
+            continue
+        assert_matches(psg(x, y)[1], per_example_loop(model, x, y))
+        model.zero_grad(set_to_none=True)
+    assert method != "auto" or psg.method == "func"
+
+
 @pytest.mark.parametrize("keyword", [False, True], ids=["positional", "keyword"])
 @pytest.mark.parametrize("method", ["hooks", "factored", "auto"])
 def test_a_position_embedding_broadcast_at_one_token_is_refused_on_the_hook_path(method, keyword):
@@ -331,18 +347,9 @@ def test_a_position_embedding_broadcast_at_one_token_is_refused_on_the_hook_path
     example's position row. Even with the check off the probe refuses it, naming ``pos``; at
     ``T >= 2`` (keyword call included) the hook path is right, and ``auto`` is right at every T."""
     torch.manual_seed(0)
-    model = PositionAndClass(keyword).double()
-    psg = make_per_sample(model, F.cross_entropy, method, check_every=0)
-    for batch, seq in [(5, 4), (3, 1), (4, 3), (1, 1), (6, 1)]:
-        x, y = torch.randint(0, 9, (batch, seq)), torch.randint(0, 4, (batch,))
-        if seq == 1 and method != "auto":
-            with pytest.raises(UnsupportedModelError, match=r"^pos \(Embedding\): .*broadcast"):
-                psg(x, y)
-            continue
-        expected = per_example_loop(model, x, y)
-        assert_matches(psg(x, y)[1], expected)
-        model.zero_grad(set_to_none=True)
-    assert method != "auto" or psg.method == "func"
+    model, shapes = PositionAndClass(keyword).double(), [(5, 4), (3, 1), (4, 3), (1, 1), (6, 1)]
+    pattern = r"^pos \(Embedding\): .*broadcast"
+    refused_on_the_hook_path(model, method, shapes, lambda seq: seq == 1, pattern)
 
 
 class QueryPool(nn.Module):
@@ -368,17 +375,8 @@ def test_one_expanded_copy_read_for_every_example_is_refused_on_the_hook_path(me
     example 0 alone, silently with the check off (the probe asked only whether the first copy's
     output reached the others'). Refused naming ``query`` with ``check_every=0``; ``auto`` right."""
     torch.manual_seed(0)
-    model = QueryPool().double()
-    psg = make_per_sample(model, F.cross_entropy, method, check_every=0)
-    for batch, seq in [(3, 4), (5, 2)]:
-        x, y = torch.randint(0, 9, (batch, seq)), torch.randint(0, 4, (batch,))
-        if method != "auto":
-            with pytest.raises(UnsupportedModelError, match=r"^query \(Embedding\): .* one copy"):
-                psg(x, y)
-            continue
-        assert_matches(psg(x, y)[1], per_example_loop(model, x, y))
-        model.zero_grad(set_to_none=True)
-    assert method != "auto" or psg.method == "func"
+    model, pattern = QueryPool().double(), r"^query \(Embedding\): .* one copy"
+    refused_on_the_hook_path(model, method, [(3, 4), (5, 2)], lambda seq: True, pattern)
 
 
 class SharedWithPositions(nn.Module):
@@ -402,14 +400,6 @@ def test_a_layer_called_with_and_without_the_batch_is_refused_naming_both_calls(
     both kinds in one forward is refused naming that (before: a layout message about a tensor of
     shape ``(2, 2, T, 6)``); ``auto`` takes ``func`` and is right."""
     torch.manual_seed(0)
-    model = SharedWithPositions().double()
-    psg = make_per_sample(model, F.cross_entropy, method)
-    for batch, seq in [(4, 3), (2, 1), (3, 4)]:
-        x, y = torch.randint(0, 9, (batch, seq)), torch.randint(0, 4, (batch,))
-        if method != "auto":
-            with pytest.raises(UnsupportedModelError, match=r"^mix \(Linear\) is called on "):
-                psg(x, y)
-            continue
-        assert_matches(psg(x, y)[1], per_example_loop(model, x, y))
-        model.zero_grad(set_to_none=True)
-    assert method != "auto" or psg.method == "func"
+    model, pattern = SharedWithPositions().double(), r"^mix \(Linear\) is called on "
+    shapes = [(4, 3), (2, 1), (3, 4)]
+    refused_on_the_hook_path(model, method, shapes, lambda seq: True, pattern, check_every=128)
