@@ -127,17 +127,14 @@ def rows_problem(
     """The one-line refusal when the rows' mean is not autograd's gradient (``None``: it is);
     on CUDA (no host reads in a step), the ``()`` worst gap over the tolerance, judged later.
     ``method=loop``'s rows are the definition: only the loss (or autocast's rounding) is named.
-    Where ``param.grad`` held a gradient, its rounding (:meth:`GradSnapshot.rounding`) is allowed
-    up to the tolerance; past it the parameter is ``lost`` (named if refused, no other cause)."""
+    Nothing is allowed for ``param.grad``'s rounding where it held a gradient before the call
+    (:meth:`GradSnapshot.rounding`); where that rounding is at least half the difference, the
+    refusal names it, unless a known cause is there."""
     if not params or rows.rows == 0:
         return None
+    norms = rows_norms(rows, snapshot.grads(), out=out, sums=sums)  # (2, P)
     alone = method == "loop"  # each example's loss alone: a batch of one's rounding
     limit = tolerance(TOLERANCE if alone else MEAN_TOLERANCE, rows.like.dtype)
-    norms, lost = rows_norms(rows, snapshot.grads(), out=out, sums=sums), None  # (2, P)
-    if (rounding := snapshot.rounding()) is not None:
-        lost = rounding > limit * floored(norms[0], MEAN_FLOOR)  # (P,)
-        less = norms[1].sub(rounding).clamp_min(0).where(~lost, norms[1])
-        norms = torch.stack([norms[0], less])
     if not host_reads_allowed(norms.device) and not alone:  # loop has no later check: reads now
         return device_gap(norms, MEAN_FLOOR) / limit
     gap, worst = worst_gap(norms, MEAN_FLOOR)
@@ -148,13 +145,15 @@ def rows_problem(
     where = label(layer, model.get_submodule(layer))
     found = f"the rows' mean differs from autograd's gradient at {name} of {where} by {gap:.2g}"
     cause = None if alone else known_cause(model, name, params[name])  # only where one is known
-    if cause is None and lost is not None and bool(lost[worst]):  # no other method checks better
-        return (
-            f"{found} (relative); {name}'s param.grad held a gradient before the call so much "
-            "larger than the call's own that the rounding of their difference passes the "
-            "tolerance, so the rows cannot be checked; clear param.grad before the call "
-            "(optimizer.zero_grad())"
-        )
+    if cause is None and (rounding := snapshot.rounding()) is not None:
+        share = float(rounding[worst] / floored(norms[0], MEAN_FLOOR)[worst])
+        if share >= gap / 2:  # no other method checks it better
+            return (
+                f"{found} (relative); {name}'s param.grad held a gradient before the call so much "
+                f"larger than the call's own that their difference is rounded by up to {share:.2g}"
+                " of it, which can account for this; clear param.grad before the call "
+                "(optimizer.zero_grad())"
+            )
     if alone:
         rounding = "under torch.autocast each example alone rounds otherwise, or " * autocast_on()
         return f"{found} (relative): {rounding}{NOT_A_MEAN}"
