@@ -169,15 +169,23 @@ class Planner:
 
     def _refuse_spread(self, outputs: tuple, calls: dict, two: dict, three: dict, expanded: set):
         """Refuse an expanded layer where, in the probe of 3 copies (its ``calls``), a copy's model
-        output reaches a copy of the layer's output other than its own: one broadcast along an
-        axis not the batch's (``(T, D)`` onto ``(B, T, D)`` at T = 1) or one copy read for all."""
-        leaves = tree_flatten(outputs[1])[0]
-        try:  # else the copies along dimension 0, as a spread output (3, 3, V) has them
+        output reaches a copy of the layer's output other than its own (one broadcast along an
+        axis not the batch's, ``(T, D)`` onto ``(B, T, D)`` at T = 1, or one copy read for all),
+        or an output without the batch that the copies change reaches it (a penalty on it, now
+        over the copies)."""
+        leaves, twos = (tree_flatten(out)[0] for out in (outputs[1], outputs[0]))
+        try:
             dims = OutputLayout.probed(*outputs).dims
-        except UnsupportedModelError:
+        except UnsupportedModelError:  # the copies along dimension 0, as (3, 3, V) has them
             dims = [0 if torch.is_tensor(t) and t.shape[:1] == (3,) else None for t in leaves]
-        pairs = zip(leaves, dims, strict=True)
-        ends = [(t, d) for t, d in pairs if d is not None and t.requires_grad]  # copies along d
+            twos = leaves  # and no output without the batch compared
+        graded = [  # an output without the batch only where the copies change its value
+            (t, d)
+            for t, d, of_two in zip(leaves, dims, twos, strict=True)
+            if torch.is_tensor(t)
+            and t.requires_grad
+            and (d is not None or not torch.allclose(t.detach(), of_two.detach()))
+        ]
         outs = [
             (name, t, d)
             for name in expanded & set(two) & set(calls)
@@ -185,16 +193,22 @@ class Planner:
             for t, d in zip(call.outputs, layout.outputs, strict=True)
             if torch.is_tensor(t) and t.requires_grad and d is not None
         ]
-        for k in range(3 if ends and outs else 0):  # each copy's output, back to the layer's
-            total = sum(t.narrow(d, k, 1).sum() for t, d in ends)
+        for k in (0, 1, 2, None) if outs else ():  # each copy's output, then those of the batch
+            ends = [
+                t.sum() if k is None else t.narrow(d, k, 1).sum()
+                for t, d in graded
+                if (d is None) == (k is None)
+            ]
+            if not ends:
+                continue
             tensors = [t for _, t, _ in outs]
-            grads = torch.autograd.grad(total, tensors, retain_graph=True, allow_unused=True)
+            grads = torch.autograd.grad(sum(ends), tensors, retain_graph=True, allow_unused=True)
             if spread := [n for (n, _, d), g in zip(outs, grads, strict=True) if _spread(g, d, k)]:
                 raise UnsupportedModelError(
-                    f"{self.layers.label(spread[0])}: its input has no batch dimension "
-                    "(arange(T)), and given one its output reaches the other examples' (broadcast "
+                    f"{self.layers.label(spread[0])}: its input has no batch dimension (as "
+                    "arange(T)), and given one its output reaches the other examples' (broadcast "
                     "along another axis, as (T, D) onto (B, T, D) at T = 1, or one copy read for "
-                    "all); use method=func (auto does)"
+                    "all) or an output of the whole batch; use method=func (auto does)"
                 )
 
     def _layouts(self, name: str, two: dict, three: dict) -> list[CallLayout]:
@@ -254,7 +268,10 @@ class Planner:
                 )
 
 
-def _spread(grad: torch.Tensor | None, dim: int, k: int) -> bool:
-    """Whether a gradient from copy ``k``'s output reaches another copy (along ``dim``)."""
-    moved = grad.movedim(dim, 0) if grad is not None else None
-    return moved is not None and bool(moved[:k].any() or moved[k + 1 :].any())
+def _spread(grad: torch.Tensor | None, dim: int, k: int | None) -> bool:
+    """Whether a gradient from copy ``k``'s output reaches another copy (along ``dim``); from an
+    output without the batch (``k`` None), whether it reaches any."""
+    if grad is None or k is None:
+        return grad is not None and bool(grad.any())
+    moved = grad.movedim(dim, 0)
+    return bool(moved[:k].any() or moved[k + 1 :].any())

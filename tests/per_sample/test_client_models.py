@@ -403,3 +403,55 @@ def test_a_layer_called_with_and_without_the_batch_is_refused_naming_both_calls(
     model, pattern = SharedWithPositions().double(), r"^mix \(Linear\) is called on "
     shapes = [(4, 3), (2, 1), (3, 4)]
     refused_on_the_hook_path(model, method, shapes, lambda seq: True, pattern, check_every=128)
+
+
+class PenaltyBeside(nn.Module):
+    """Logits and a scalar beside them: a penalty on a class token ``Embedding(1, 6)`` of
+    ``tensor([0])`` (the same for every batch), or the batch mean of the activations, which a
+    position embedding of ``arange(T)`` reaches (round 16)."""
+
+    def __init__(self, penalty: bool) -> None:
+        super().__init__()
+        self.tok, self.pos, self.cls = nn.Embedding(9, 6), nn.Embedding(8, 6), nn.Embedding(1, 6)
+        self.head, self.penalty = nn.Linear(6, 4), penalty
+
+    def forward(self, tokens):
+        h = torch.tanh(self.tok(tokens) + self.pos(torch.arange(tokens.shape[1])))  # (B, T, 6)
+        cls = self.cls(torch.tensor([0]))  # (1, 6)
+        aux = cls.pow(2).sum() if self.penalty else h.pow(2).mean() + 0 * cls.sum()
+        return self.head(h.mean(1) + cls), aux
+
+
+def with_penalty(out, y):
+    return F.cross_entropy(out[0], y) + out[1]
+
+
+@pytest.mark.parametrize("penalty", [True, False], ids=["penalty", "batch_mean"])
+@pytest.mark.parametrize("method", ["hooks", "factored", "auto"])
+def test_an_output_without_the_batch_that_copies_change_is_refused_on_the_hook_path(
+    method, penalty
+):
+    """A penalty on the class token, given the batch, became a sum over its copies: the loss,
+    the rows and ``p.grad`` were off with ``check_every=0``, and with the check on the refusal
+    blamed the loss. Now the probe refuses it naming ``cls``; a batch mean beside the logits,
+    which the copies do not change, stays right on the hook path; ``auto`` is right on both."""
+    torch.manual_seed(0)
+    model = PenaltyBeside(penalty).double()
+    psg = make_per_sample(model, with_penalty, method, check_every=0)
+    for batch, seq in [(4, 3), (3, 2)]:
+        x, y = torch.randint(0, 9, (batch, seq)), torch.randint(0, 4, (batch,))
+        if penalty and method != "auto":
+            with pytest.raises(UnsupportedModelError, match=r"^cls \(Embedding\): .* whole batch"):
+                psg(x, y)
+            continue
+        loss, grads = psg(x, y)
+        torch.testing.assert_close(loss, with_penalty(model(x), y).detach())
+        named = list(model.named_parameters())
+        for i in range(batch):
+            alone = with_penalty(model(x[i : i + 1]), y[i : i + 1])
+            want = torch.autograd.grad(alone, [p for _, p in named], allow_unused=True)
+            for (n, p), g in zip(named, want, strict=True):
+                g = torch.zeros_like(p) if g is None else g
+                torch.testing.assert_close(grads.as_dict()[n][i], g, msg=f"{n}, example {i}")
+        model.zero_grad(set_to_none=True)
+    assert not (penalty and method == "auto") or psg.method == "func"
