@@ -266,9 +266,10 @@ def _reindexing(node: Any, batch: int) -> bool:
     if name in ("FlipBackward0", "RollBackward0"):  # along the axes of the items
         shape, dims = node._input_metadata[0].shape, node._saved_dims
         return batch > 1 and (not dims or any(shape[_signed(d)] == batch for d in dims))
-    if name == "MmBackward0":  # a (B, B) matrix (a permutation's) on either side of the batch,
-        sizes = (node._saved_self_sym_sizes, node._saved_mat2_sym_sizes)  # not a layer's weight
-        weight = any(_parameter(fn) for fn, _ in node.next_functions)  # F.linear: x @ W.t()
+    if name in ("MmBackward0", "AddmmBackward0"):  # a (B, B) matrix (a permutation's) on either
+        first = "self" if name == "MmBackward0" else "mat1"  # side of the batch, not a weight
+        sizes = (getattr(node, f"_saved_{first}_sym_sizes"), node._saved_mat2_sym_sizes)
+        weight = any(_parameter(fn) for fn, _ in node.next_functions[-2:])  # x @ W.t()
         return batch > 1 and (batch, batch) in sizes and not weight
     if name == "BmmBackward0":  # the same batched (einsum's "ji,jc->ic" with a one-hot matrix)
         operands = [t for t in (node._saved_self, node._saved_mat2) if t is not None]

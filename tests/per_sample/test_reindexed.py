@@ -80,7 +80,8 @@ class TakenApart(nn.Module):
     """Sorts its batch by the first input feature, runs a layer, and puts the examples back in
     Python (``how``: ``select``, ``h[j]`` each and ``stack``; ``unbind``; ``split`` and ``cat``),
     or reorders them by the data with ``flip`` (under ``torch.where``), ``roll`` or a permutation
-    ``matrix`` and back (adversarial review 4), or puts the output back with ``einsum`` and a
+    ``matrix`` and back (adversarial review 4), the permutation put back by
+    ``addmm`` (round 16), or puts the output back with ``einsum`` and a
     one-hot matrix, the matrix on the right (``(out.T @ P).T``) or ``F.embedding`` of the output
     (adversarial review 5): the graph is the same whatever the order, so a call whose order
     differs from the checked ones' is no new kind of batch."""
@@ -97,9 +98,12 @@ class TakenApart(nn.Module):
         if self.how == "roll":
             k = int(x[:, 0].argmin())
             return self.b(torch.roll(torch.tanh(self.a(torch.roll(x, -k, 0))), k, 0))
-        if self.how == "matrix":
+        if self.how in ("matrix", "addmm"):
             permutation = torch.eye(len(x), dtype=x.dtype)[x[:, 0].argsort()]  # (B, B)
-            return self.b(permutation.T @ torch.tanh(self.a(permutation @ x)))
+            h = torch.tanh(self.a(permutation @ x))  # (B, 8), sorted
+            if self.how == "addmm":  # back with a (B, 8) term added: one addmm node, not mm
+                return self.b(torch.addmm(torch.zeros_like(h), permutation.T, h))
+            return self.b(permutation.T @ h)
         order = x[:, 0].argsort()
         if self.how in ("einsum", "matrix_right", "embedding"):  # back after the last layer
             out = self.b(torch.tanh(self.a(x[order])))  # (B, 3), sorted
@@ -124,7 +128,18 @@ class TakenApart(nn.Module):
 
 @pytest.mark.parametrize(
     "how",
-    ["select", "unbind", "split", "flip", "roll", "matrix", "einsum", "matrix_right", "embedding"],
+    [
+        "select",
+        "unbind",
+        "split",
+        "flip",
+        "roll",
+        "matrix",
+        "addmm",
+        "einsum",
+        "matrix_right",
+        "embedding",
+    ],
 )
 @pytest.mark.parametrize("method", ["hooks", "factored", "auto"])
 def test_a_batch_taken_apart_and_put_back_by_data_is_checked_every_call(how, method) -> None:
