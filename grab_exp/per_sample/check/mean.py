@@ -88,18 +88,22 @@ def dense(g: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
 
 
 def worst_gap(norms: torch.Tensor, floors: dict, nan: float = math.inf) -> tuple[float, int]:
-    """The largest gap of ``norms (2, P)`` (sizes, differences) and its index, one read: each
-    difference over its size, a size at least a ``floors`` share of the largest finite one; a NaN
-    difference is ``nan``; 0 where the size is not finite (a gradient of a diverged step is
-    training's to stop on, not a refusal)."""
+    """The largest of :func:`gaps` and its index."""
+    return max((gap, i) for i, gap in enumerate(gaps(norms, floors, nan)))
+
+
+def gaps(norms: torch.Tensor, floors: dict, nan: float = math.inf) -> list[float]:
+    """The gaps of ``norms (2, P)`` (sizes, differences), one read: each difference over its size,
+    a size at least a ``floors`` share of the largest finite one; a NaN difference is ``nan``; 0
+    where the size is not finite (a gradient of a diverged step is training's to stop on, not a
+    refusal)."""
     sizes, differences = norms.tolist()
     largest = max((s for s in sizes if math.isfinite(s)), default=0.0)
     floor = max(largest * floors.get(norms.dtype, floors[None]), torch.finfo(norms.dtype).tiny)
-    gaps = [
+    return [
         0.0 if not math.isfinite(s) else nan if math.isnan(d) else d / max(s, floor)
         for s, d in zip(sizes, differences, strict=True)
     ]
-    return max((gap, i) for i, gap in enumerate(gaps))
 
 
 def device_gap(norms: torch.Tensor, floors: dict) -> torch.Tensor:
@@ -137,14 +141,18 @@ def rows_problem(
     limit = tolerance(TOLERANCE if alone else MEAN_TOLERANCE, rows.like.dtype)
     if not host_reads_allowed(norms.device) and not alone:  # loop has no later check: reads now
         return device_gap(norms, MEAN_FLOOR) / limit
-    gap, worst = worst_gap(norms, MEAN_FLOOR)
-    if gap <= limit:
+    each = gaps(norms, MEAN_FLOOR)
+    if max(each) <= limit:
         return None
-    name = list(params)[worst]
+    names, causes = list(params), {}  # a parameter off with a known cause first, else the worst
+    for i in [] if alone else [i for i, gap in enumerate(each) if gap > limit]:
+        if cause := known_cause(model, names[i], params[names[i]]):
+            causes[i] = cause
+    gap, worst = max((gap, i) for i, gap in enumerate(each) if i in causes or not causes)
+    name, cause = names[worst], causes.get(worst)
     layer = name.rpartition(".")[0]
     where = label(layer, model.get_submodule(layer))
     found = f"the rows' mean differs from autograd's gradient at {name} of {where} by {gap:.2g}"
-    cause = None if alone else known_cause(model, name, params[name])  # only where one is known
     if cause is None and (rounding := snapshot.rounding()) is not None:
         share = float(rounding[worst] / floored(norms[0], MEAN_FLOOR)[worst])
         if share >= gap / 2:  # no other method checks it better
