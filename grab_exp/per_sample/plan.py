@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from grab_exp.per_sample.check.state import kept_state
+from grab_exp.per_sample.check.tolerance import OUTPUT_TOLERANCE, tolerance
 from grab_exp.per_sample.fallback import FuncFallback
 from grab_exp.per_sample.layout import (
     Call,
@@ -179,12 +180,12 @@ class Planner:
         except UnsupportedModelError:  # the copies along dimension 0, as (3, 3, V) has them
             dims = [0 if torch.is_tensor(t) and t.shape[:1] == (3,) else None for t in leaves]
             twos = leaves  # and no output without the batch compared
-        graded = [  # an output without the batch only where the copies change its value
+        graded = [  # an output without the batch where the copies change its value past rounding
             (t, d)
             for t, d, of_two in zip(leaves, dims, twos, strict=True)
             if torch.is_tensor(t)
             and t.requires_grad
-            and (d is not None or not torch.allclose(t.detach(), of_two.detach()))
+            and (d is not None or not _same(t.detach(), of_two.detach()))
         ]
         outs = [
             (name, t, d)
@@ -193,6 +194,7 @@ class Planner:
             for t, d in zip(call.outputs, layout.outputs, strict=True)
             if torch.is_tensor(t) and t.requires_grad and d is not None
         ]
+        tensors = [t for _, t, _ in outs]
         for k in (0, 1, 2, None) if outs else ():  # each copy's output, then those of the batch
             ends = [
                 t.sum() if k is None else t.narrow(d, k, 1).sum()
@@ -201,7 +203,6 @@ class Planner:
             ]
             if not ends:
                 continue
-            tensors = [t for _, t, _ in outs]
             grads = torch.autograd.grad(sum(ends), tensors, retain_graph=True, allow_unused=True)
             if spread := [n for (n, _, d), g in zip(outs, grads, strict=True) if _spread(g, d, k)]:
                 raise UnsupportedModelError(
@@ -275,3 +276,8 @@ def _spread(grad: torch.Tensor | None, dim: int, k: int | None) -> bool:
         return grad is not None and bool(grad.any())
     moved = grad.movedim(dim, 0)
     return bool(moved[:k].any() or moved[k + 1 :].any())
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether an output's values for 2 and 3 copies agree up to the rounding of its dtype."""
+    return torch.allclose(a, b, rtol=tolerance(OUTPUT_TOLERANCE, a.dtype), atol=0.0)
