@@ -103,8 +103,10 @@ class Planner:
         layers = self.layers
         layers.idle.clear()
         expanded = self.recorder.expanded = set()
+        plain = None
         for _ in range(2 * len(self.modules) + 1):
             two, three, outputs, calls, silent, used = self._probes(x, expanded)
+            plain = plain if expanded else outputs[1]  # 3 copies' outputs, no input expanded
             if silent:
                 layers.idle.update(n for n in silent if n not in used)
                 if adopted := [n for n in silent if n in used]:
@@ -112,7 +114,7 @@ class Planner:
                 continue
             running = [n for n in layers.modules if n not in layers.idle]
             if expanded:
-                self._refuse_spread(outputs, calls, two, three, expanded)
+                self._refuse_spread(outputs, plain, calls, (two, three), expanded)
             layouts = {name: self._layouts(name, two, three) for name in running}
             unbatched = {n for n, cs in layouts.items() if any(set(c.inputs) <= {None} for c in cs)}
             if mixed := [n for n in unbatched if any(set(c.inputs) - {None} for c in layouts[n])]:
@@ -168,49 +170,47 @@ class Planner:
         grads = torch.autograd.grad(total, [p for _, p in params], allow_unused=True)
         return {n for (n, _), g in zip(params, grads, strict=True) if g is not None}
 
-    def _refuse_spread(self, outputs: tuple, calls: dict, two: dict, three: dict, expanded: set):
-        """Refuse an expanded layer where, in the probe of 3 copies (its ``calls``), a copy's model
-        output reaches a copy of the layer's output other than its own (one broadcast along an
-        axis not the batch's, ``(T, D)`` onto ``(B, T, D)`` at T = 1, or one copy read for all),
-        or an output without the batch that the copies change reaches it (a penalty on it, now
-        over the copies)."""
-        leaves, twos = (tree_flatten(out)[0] for out in (outputs[1], outputs[0]))
+    def _refuse_spread(self, outputs: tuple, plain: Any, calls: dict, probes: tuple, expanded):
+        """Refuse expanded layers unless, in the probe of 3 copies (their ``calls``), each copy
+        serves its own example alone: the model's outputs are ``plain``'s (none expanded: no
+        statistic over the copies, detached or not), each copy's output reaches its own copy of
+        the layers' outputs alone (not ``(T, D)`` broadcast onto ``(B, T, D)`` at T = 1), and all
+        outputs together reach every copy alike (not one copy read for all, ``c[0]``, a max)."""
+        leaves = tree_flatten(outputs[1])[0]
         try:
             dims = OutputLayout.probed(*outputs).dims
         except UnsupportedModelError:  # the copies along dimension 0, as (3, 3, V) has them
             dims = [0 if torch.is_tensor(t) and t.shape[:1] == (3,) else None for t in leaves]
-            twos = leaves  # and no output without the batch compared
-        graded = [  # an output without the batch where the copies change its value past rounding
-            (t, d)
-            for t, d, of_two in zip(leaves, dims, twos, strict=True)
-            if torch.is_tensor(t)
-            and t.requires_grad
-            and (d is not None or not _same(t.detach(), of_two.detach()))
-        ]
+        graded = [(t, d) for t, d in zip(leaves, dims, strict=True) if torch.is_tensor(t)]
+        graded = [(t, d) for t, d in graded if t.requires_grad]
         outs = [
             (name, t, d)
-            for name in expanded & set(two) & set(calls)
-            for call, layout in zip(calls[name], self._layouts(name, two, three), strict=True)
+            for name in expanded & set(probes[0]) & set(calls)
+            for call, layout in zip(calls[name], self._layouts(name, *probes), strict=True)
             for t, d in zip(call.outputs, layout.outputs, strict=True)
             if torch.is_tensor(t) and t.requires_grad and d is not None
         ]
+        random = any(map(draws_random, self.model.modules()))  # masks per copy: no likeness
+        spread = [] if random or _same(plain, outputs[1]) else sorted(expanded)
         tensors = [t for _, t, _ in outs]
-        for k in (0, 1, 2, None) if outs else ():  # each copy's output, then those of the batch
+        copies = (0, 1, 2) if random else (0, 1, 2, None)  # None: all outputs, copies alike
+        for k in copies if outs and graded and not spread else ():
             ends = [
-                t.sum() if k is None else t.narrow(d, k, 1).sum()
+                (t if k is None else t.narrow(d, k, 1)).sum()
                 for t, d in graded
-                if (d is None) == (k is None)
+                if k is None or d is not None
             ]
-            if not ends:
-                continue
             grads = torch.autograd.grad(sum(ends), tensors, retain_graph=True, allow_unused=True)
-            if spread := [n for (n, _, d), g in zip(outs, grads, strict=True) if _spread(g, d, k)]:
-                raise UnsupportedModelError(
-                    f"{self.layers.label(spread[0])}: its input has no batch dimension (as "
-                    "arange(T)), and given one its output reaches the other examples' (broadcast "
-                    "along another axis, as (T, D) onto (B, T, D) at T = 1, or one copy read for "
-                    "all) or an output of the whole batch; use method=func (auto does)"
-                )
+            spread = [n for (n, _, d), g in zip(outs, grads, strict=True) if _spread(g, d, k)]
+            if spread:
+                break
+        if spread:
+            raise UnsupportedModelError(
+                f"{self.layers.label(spread[0])}: its input has no batch dimension (as "
+                "arange(T)), and given one the examples do not each read their own copy of its "
+                "output alone (broadcast along another axis, as (T, D) onto (B, T, D) at T = 1; "
+                "one copy read for all; a value over the copies); use method=func (auto does)"
+            )
 
     def _layouts(self, name: str, two: dict, three: dict) -> list[CallLayout]:
         if len(two[name]) != len(three.get(name, [])):
@@ -270,14 +270,32 @@ class Planner:
 
 
 def _spread(grad: torch.Tensor | None, dim: int, k: int | None) -> bool:
-    """Whether a gradient from copy ``k``'s output reaches another copy (along ``dim``); from an
-    output without the batch (``k`` None), whether it reaches any."""
-    if grad is None or k is None:
-        return grad is not None and bool(grad.any())
+    """Whether a gradient from copy ``k``'s output reaches another copy (along ``dim``); from all
+    outputs (``k`` None), whether the copies' gradients differ past rounding."""
+    if grad is None:
+        return False
     moved = grad.movedim(dim, 0)
+    if k is None:
+        return not _same(moved, moved[:1].expand_as(moved), moved.abs().max())
     return bool(moved[:k].any() or moved[k + 1 :].any())
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether an output's values for 2 and 3 copies agree up to the rounding of its dtype."""
-    return torch.allclose(a, b, rtol=tolerance(OUTPUT_TOLERANCE, a.dtype), atol=0.0)
+def _same(a: Any, b: Any, scale: torch.Tensor | None = None) -> bool:
+    """Whether two outputs (pytrees) agree up to their dtype's rounding (relative, or to
+    ``scale``): the same structure, shapes and values."""
+    (left, spec), (right, other) = tree_flatten(a), tree_flatten(b)
+    if spec != other:
+        return False
+    for x, y in zip(left, right, strict=True):
+        if not torch.is_tensor(x):
+            continue
+        if not x.is_floating_point():  # integers, masks
+            if x.shape != y.shape or not torch.equal(x, y):
+                return False
+            continue
+        rtol = tolerance(OUTPUT_TOLERANCE, x.dtype)
+        if x.shape != y.shape or not torch.allclose(
+            x.detach(), y.detach(), rtol=rtol, atol=0.0 if scale is None else rtol * float(scale)
+        ):
+            return False
+    return True

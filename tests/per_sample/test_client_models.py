@@ -406,19 +406,27 @@ def test_a_layer_called_with_and_without_the_batch_is_refused_naming_both_calls(
 
 
 class PenaltyBeside(nn.Module):
-    """Logits and a scalar beside them: a penalty on a class token ``Embedding(1, 6)`` of
-    ``tensor([0])`` (the same for every batch), or the batch mean of the activations, which a
-    position embedding of ``arange(T)`` reaches (round 16)."""
+    """Logits and a scalar beside them, from a class token ``Embedding(1, 6)`` of ``tensor([0])``
+    and a position embedding of ``arange(T)`` (rounds 16 and 17), as ``kind``: ``penalty`` on the
+    class token (given the batch, a sum over its copies); ``first``, its first row (one copy
+    read for all); ``normed``, positions scaled by a detached norm (over the copies, given the
+    batch); ``batch_mean`` of the activations (right on the hook path)."""
 
-    def __init__(self, penalty: bool) -> None:
+    def __init__(self, kind: str) -> None:
         super().__init__()
         self.tok, self.pos, self.cls = nn.Embedding(9, 6), nn.Embedding(8, 6), nn.Embedding(1, 6)
-        self.head, self.penalty = nn.Linear(6, 4), penalty
+        self.head, self.kind = nn.Linear(6, 4), kind
 
     def forward(self, tokens):
-        h = torch.tanh(self.tok(tokens) + self.pos(torch.arange(tokens.shape[1])))  # (B, T, 6)
+        positions = self.pos(torch.arange(tokens.shape[1]))  # (T, 6)
+        if self.kind == "normed":
+            positions = positions / positions.detach().norm()
+        h = torch.tanh(self.tok(tokens) + positions)  # (B, T, 6)
         cls = self.cls(torch.tensor([0]))  # (1, 6)
-        aux = cls.pow(2).sum() if self.penalty else h.pow(2).mean() + 0 * cls.sum()
+        aux = {
+            "penalty": lambda: cls.pow(2).sum(),
+            "first": lambda: cls[0].pow(2).sum(),
+        }.get(self.kind, lambda: h.pow(2).mean() + 0 * cls.sum())()
         return self.head(h.mean(1) + cls), aux
 
 
@@ -426,22 +434,22 @@ def with_penalty(out, y):
     return F.cross_entropy(out[0], y) + out[1]
 
 
-@pytest.mark.parametrize("penalty", [True, False], ids=["penalty", "batch_mean"])
+@pytest.mark.parametrize("kind", ["penalty", "first", "normed", "batch_mean"])
 @pytest.mark.parametrize("method", ["hooks", "factored", "auto"])
-def test_an_output_without_the_batch_that_copies_change_is_refused_on_the_hook_path(
-    method, penalty
-):
-    """A penalty on the class token, given the batch, became a sum over its copies: the loss,
-    the rows and ``p.grad`` were off with ``check_every=0``, and with the check on the refusal
-    blamed the loss. Now the probe refuses it naming ``cls``; a batch mean beside the logits,
-    which the copies do not change, stays right on the hook path; ``auto`` is right on both."""
+def test_an_output_without_the_batch_that_copies_change_is_refused_on_the_hook_path(method, kind):
+    """Given the batch, a penalty on the class token became a sum over its copies, its first row
+    sent the penalty's gradient to example 0 alone, and a detached norm of the positions was
+    taken over the copies: the loss (the norm's too), the rows or ``p.grad`` were off with
+    ``check_every=0``, and with the check on the refusal blamed the loss or the mixing. Now the
+    probe refuses each naming the layer; a batch mean beside the logits, which every copy
+    reaches alike, stays right on the hook path; ``auto`` is right on all."""
     torch.manual_seed(0)
-    model = PenaltyBeside(penalty).double()
+    model, refused = PenaltyBeside(kind).double(), kind != "batch_mean"
     psg = make_per_sample(model, with_penalty, method, check_every=0)
     for batch, seq in [(4, 3), (3, 2)]:
         x, y = torch.randint(0, 9, (batch, seq)), torch.randint(0, 4, (batch,))
-        if penalty and method != "auto":
-            with pytest.raises(UnsupportedModelError, match=r"^cls \(Embedding\): .* whole batch"):
+        if refused and method != "auto":
+            with pytest.raises(UnsupportedModelError, match=r"^(cls|pos) \(Embedding\): its "):
                 psg(x, y)
             continue
         loss, grads = psg(x, y)
@@ -454,4 +462,4 @@ def test_an_output_without_the_batch_that_copies_change_is_refused_on_the_hook_p
                 g = torch.zeros_like(p) if g is None else g
                 torch.testing.assert_close(grads.as_dict()[n][i], g, msg=f"{n}, example {i}")
         model.zero_grad(set_to_none=True)
-    assert not (penalty and method == "auto") or psg.method == "func"
+    assert not (refused and method == "auto") or psg.method == "func"
