@@ -133,7 +133,7 @@ def rows_problem(
     ``method=loop``'s rows are the definition: only the loss (or autocast's rounding) is named.
     Nothing is allowed for ``param.grad``'s rounding where it held a gradient before the call
     (:meth:`GradSnapshot.rounding`); where that rounding is at least half the difference, the
-    refusal names it, unless a known cause is there."""
+    refusal names it, and a known cause beside it (a hook that only logs is harmless)."""
     if not params or rows.rows == 0:
         return None
     norms = rows_norms(rows, snapshot.grads(), out=out, sums=sums)  # (2, P)
@@ -153,14 +153,14 @@ def rows_problem(
     layer = name.rpartition(".")[0]
     where = label(layer, model.get_submodule(layer))
     found = f"the rows' mean differs from autograd's gradient at {name} of {where} by {gap:.2g}"
-    if cause is None and (rounding := snapshot.rounding()) is not None:
+    if (rounding := snapshot.rounding()) is not None:
         share = float(rounding[worst] / floored(norms[0], MEAN_FLOOR)[worst])
-        if share >= gap / 2:  # no other method checks it better
+        if share >= gap / 2:  # no other method checks it better; a known cause may be harmless
             return (
                 f"{found} (relative); {name}'s param.grad held a gradient before the call so much "
                 f"larger than the call's own that their difference is rounded by up to {share:.2g}"
-                " of it, which can account for this; clear param.grad before the call "
-                "(optimizer.zero_grad())"
+                f" of it, which can account for this{f' (or: {cause})' if cause else ''}; clear "
+                "param.grad before the call (optimizer.zero_grad())"
             )
     if alone:
         rounding = "under torch.autocast each example alone rounds otherwise, or " * autocast_on()
