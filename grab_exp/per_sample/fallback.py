@@ -36,6 +36,7 @@ class FuncFallback:
     ) -> list[torch.Tensor | None]:
         """``[(B, *p.shape)]`` of ``call`` per name (``None``: frozen), into ``out`` if given."""
         own, fixed = split_state(self.layer, self.names, copy_buffers=True)
+        fixed.update((n, b.clone()) for n, b in call.buffers.items())  # as the call found them
         used = [k for k, g in enumerate(call.grads) if g is not None]
         grads_sum = [call.grads[k] * batch for k in used]  # of the summed loss
         outs = dict(zip(self.names, out, strict=True))
@@ -71,6 +72,8 @@ class FuncFallback:
                 return per_example(own, inputs, grads_sum)
             rows: dict[str, list[torch.Tensor]] = {n: [] for n in own}
             for b in range(batch):  # plain autograd: a checkpoint inside the layer runs too
+                for n, buffer in call.buffers.items():  # each example from the call's buffers
+                    fixed[n].copy_(buffer)
                 params = {n: p.detach().requires_grad_(True) for n, p in own.items()}
                 with torch.enable_grad():
                     inputs_b = [t.select(d, b) for t, d in zip(inputs, in_dims, strict=True)]

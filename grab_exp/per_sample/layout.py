@@ -69,7 +69,8 @@ class Call:
     and their ``spec``, the output's leaves as returned and their ``grads``, ``versions`` and
     ``edges``, the nodes that made its inputs (``sources``), a replayed call's inputs and their
     versions as it entered (``input_versions``), whether an output changed ``in_place``; a
-    rule's weight copied per example (``weight_copies``: its gradient, then its edge)."""
+    rule's weight copied per example (``weight_copies``: its gradient, then its edge); a replayed
+    call's buffers as it entered, by name, where its forward changes them (``buffers``)."""
 
     leaves: list[Any]
     spec: Any
@@ -81,6 +82,7 @@ class Call:
     input_versions: list[tuple[torch.Tensor, int]] = field(default_factory=list)
     in_place: bool = False
     weight_copies: list[Any] = field(default_factory=list)
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def moved(versions: list[tuple[torch.Tensor, int]]) -> bool:

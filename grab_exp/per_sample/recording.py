@@ -29,10 +29,12 @@ class Recorder:
         self.calls: dict[str, list[Call]] = {}
         self.expanded: set[str] = set()
         self.entry_versions: dict[str, list[list]] = {}  # replayed calls' (input, version)s
+        self.entry_buffers: dict[str, list[tuple]] = {}  # their buffers' versions, kept values
+        self.updating: set[str] = set()  # replayed layers whose forward a probe saw change them
 
     @contextlib.contextmanager
     def in_mode(self, mode: str) -> Iterator[None]:
-        before, self.mode, self.copies = self.mode, mode, {}
+        before, self.mode, self.copies, self.entry_buffers = self.mode, mode, {}, {}
         undo = [] if mode != "record" or autocast_on() else self._copy_weights()
         try:
             yield
@@ -54,12 +56,28 @@ class Recorder:
     def hook(self, name: str, layer: nn.Module, replayed: bool) -> list[Any]:
         """Hook ``layer`` (``replayed``: a fallback's, whose replay reads its inputs)."""
         forward, pre = self._forward_hook(name, replayed), self._pre_hook(name, replayed)
-        for own in (forward, pre):
+        entry = self._entry_hook(name)
+        for own in (forward, pre, entry):
             setattr(own, OURS, True)
         return [
             layer.register_forward_hook(forward, with_kwargs=True),
             layer.register_forward_pre_hook(pre, with_kwargs=True),
-        ]
+        ] + [layer.register_forward_pre_hook(entry, prepend=True)] * replayed
+
+    def _entry_hook(self, name: str):
+        """A replayed layer's buffers as its call enters, before any pre-hook of the layer (the
+        old ``spectral_norm``'s power iteration): their versions, and their values where a probe
+        saw its forward change them (its replay starts from those)."""
+
+        def hook(module: nn.Module, args: tuple) -> None:
+            if self.mode != "idle":
+                named = list(module.named_buffers())
+                kept = self.mode == "record" and name in self.updating
+                values = {n: b.clone() for n, b in named} if kept else {}
+                entry = ([(n, b, b._version) for n, b in named], values)
+                self.entry_buffers.setdefault(name, []).append(entry)
+
+        return hook
 
     def _pre_hook(self, name: str, replayed: bool):
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> Any:
@@ -104,10 +122,29 @@ class Recorder:
                     call.weight_copies = [None, _edge(copies)]
                 if replayed:
                     call.input_versions = self.entry_versions[name].pop()
+            if replayed:
+                call.buffers = self._entry_buffers(name)
             self.calls.setdefault(name, []).append(call)
             return tree_unflatten(outputs, output_spec) if alias else None
 
         return hook
+
+    def _entry_buffers(self, name: str) -> dict[str, torch.Tensor]:
+        """The buffers a replayed layer's call changed, as it found them (a probe learns which
+        layers change theirs); refused where a recorded call changes one the probe saw unchanged."""
+        versions, values = self.entry_buffers[name].pop()
+        if not (changed := [n for n, b, version in versions if b._version != version]):
+            return {}
+        if self.mode == "probe":
+            self.updating.add(name)
+        elif not values:
+            raise UnsupportedModelError(
+                f"{self.layers.label(name)}: its forward changed its buffer {changed[0]} in place "
+                "on this batch, which the probe of its kind of batch did not see (on some calls "
+                "only?): the hook path replays the layer from the buffers its call found only "
+                "where the probe saw them change; use method=loop (auto takes it)"
+            )
+        return values
 
     def read_in_place(self, calls: dict[str, list[Call]]) -> bool:
         """Note each call's in-place change; whether any output changed. Refused: an output view
