@@ -133,6 +133,8 @@ class Planner:
         """:meth:`_probe` of 2 and 3 copies of an example (the calls of 3); silent layers, those
         the output uses."""
         with kept_state(self.model):
+            for module in filter(draws_random, self.model.modules()):  # masks alike in each probe
+                module.training = False
             try:
                 (two, out2, _), (three, out3, calls) = self._probe(x, 2), self._probe(x, 3)
             except RuntimeError as error:
@@ -190,11 +192,9 @@ class Planner:
             for t, d in zip(call.outputs, layout.outputs, strict=True)
             if torch.is_tensor(t) and t.requires_grad and d is not None
         ]
-        random = any(map(draws_random, self.model.modules()))  # masks per copy: no likeness
-        spread = [] if random or _same(plain, outputs[1]) else sorted(expanded)
+        spread = [] if _same(plain, outputs[1]) else sorted(expanded)
         tensors = [t for _, t, _ in outs]
-        copies = (0, 1, 2) if random else (0, 1, 2, None)  # None: all outputs, copies alike
-        for k in copies if outs and graded and not spread else ():
+        for k in (0, 1, 2, None) if outs and graded and not spread else ():  # None: all, alike
             ends = [
                 (t if k is None else t.narrow(d, k, 1)).sum()
                 for t, d in graded

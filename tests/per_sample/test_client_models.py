@@ -410,18 +410,19 @@ class PenaltyBeside(nn.Module):
     and a position embedding of ``arange(T)`` (rounds 16 and 17), as ``kind``: ``penalty`` on the
     class token (given the batch, a sum over its copies); ``first``, its first row (one copy
     read for all); ``normed``, positions scaled by a detached norm (over the copies, given the
-    batch); ``batch_mean`` of the activations (right on the hook path)."""
+    batch); ``batch_mean`` of the activations (right on the hook path). ``dropout`` on the tokens'
+    embeddings (round 18)."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, dropout: float = 0.0) -> None:
         super().__init__()
         self.tok, self.pos, self.cls = nn.Embedding(9, 6), nn.Embedding(8, 6), nn.Embedding(1, 6)
-        self.head, self.kind = nn.Linear(6, 4), kind
+        self.head, self.kind, self.drop = nn.Linear(6, 4), kind, nn.Dropout(dropout)
 
     def forward(self, tokens):
         positions = self.pos(torch.arange(tokens.shape[1]))  # (T, 6)
         if self.kind == "normed":
             positions = positions / positions.detach().norm()
-        h = torch.tanh(self.tok(tokens) + positions)  # (B, T, 6)
+        h = torch.tanh(self.drop(self.tok(tokens)) + positions)  # (B, T, 6)
         cls = self.cls(torch.tensor([0]))  # (1, 6)
         aux = {
             "penalty": lambda: cls.pow(2).sum(),
@@ -463,3 +464,35 @@ def test_an_output_without_the_batch_that_copies_change_is_refused_on_the_hook_p
                 torch.testing.assert_close(grads.as_dict()[n][i], g, msg=f"{n}, example {i}")
         model.zero_grad(set_to_none=True)
     assert not (refused and method == "auto") or psg.method == "func"
+
+
+@pytest.mark.parametrize("kind", ["penalty", "first", "normed", "batch_mean"])
+@pytest.mark.parametrize("method", ["hooks", "factored"])
+def test_the_probe_of_an_expanded_layer_asks_the_same_of_a_model_with_dropout(method, kind):
+    """The probe's tests that the copies serve their own examples alike were skipped for a model
+    with an active Dropout (the copies' masks differ): the class token's first row sent its
+    penalty to example 0 alone again (rows 3.5-4.6 off) and a detached norm over the copies
+    changed the loss and ``p.grad``, silently with ``check_every=0`` (round 18). The probes now
+    run with the modules that draw random numbers in eval mode: each is refused naming the layer,
+    the batch mean is not, and its ``p.grad`` is a plain backward's with the same masks."""
+    torch.manual_seed(0)
+    model, refused = PenaltyBeside(kind, dropout=0.3).double(), kind != "batch_mean"
+    psg = make_per_sample(model, with_penalty, method, check_every=0)
+    for batch, seq in [(4, 3), (3, 2)]:
+        x, y = torch.randint(0, 9, (batch, seq)), torch.randint(0, 4, (batch,))
+        if refused:
+            with pytest.raises(UnsupportedModelError, match=r"^(cls|pos) \(Embedding\): its "):
+                psg(x, y)
+            continue
+        torch.manual_seed(batch)
+        loss, _ = psg(x, y)
+        got = {n: p.grad for n, p in model.named_parameters()}
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(batch)  # the masks of psg's forward: its probes draw on their own
+        plain = with_penalty(model(x), y)
+        plain.backward()
+        torch.testing.assert_close(loss, plain.detach())
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(got[n], p.grad, msg=n)
+        model.zero_grad(set_to_none=True)
+    assert model.drop.training
