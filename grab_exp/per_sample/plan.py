@@ -137,7 +137,7 @@ class Planner:
                 module.training = False
             try:
                 (two, out2, _), (three, out3, calls) = self._probe(x, 2), self._probe(x, 3)
-            except RuntimeError as error:
+            except Exception as error:  # torch's shape checks raise AssertionError too (MHA)
                 if not expanded:
                     raise
                 names = ", ".join(self.layers.label(n) for n in sorted(expanded))

@@ -496,3 +496,32 @@ def test_the_probe_of_an_expanded_layer_asks_the_same_of_a_model_with_dropout(me
             torch.testing.assert_close(got[n], p.grad, msg=n)
         model.zero_grad(set_to_none=True)
     assert model.drop.training
+
+
+class PositionsMaxIntoAttention(nn.Module):
+    """Positions plus their largest entries, ``(1, T, 6)``, added to the tokens before attention:
+    given the batch, the positions' table is ``(B, T, 6)`` and attention a 4-D query."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(9, 6), nn.Embedding(8, 6)
+        self.att, self.head = nn.MultiheadAttention(6, 2, batch_first=True), nn.Linear(6, 4)
+
+    def forward(self, tokens):
+        positions = self.pos(torch.arange(tokens.shape[1]))  # (T, 6)
+        h = self.tok(tokens) + (positions + positions.amax(0))[None]  # (1, B, T, 6) given B
+        return self.head(self.att(h, h, h)[0].mean(1))
+
+
+def test_a_probe_forward_that_fails_an_assertion_given_the_batch_names_the_layer():
+    """torch's attention checks its input's shape by ``assert``: the probe took only a
+    RuntimeError for the expanded input's failure, so the refusal was the raw AssertionError
+    (the fuzzer's ``pos:over``). Now it names the layer; ``auto`` takes ``func``."""
+    torch.manual_seed(0)
+    model = PositionsMaxIntoAttention().double()
+    x, y = torch.randint(0, 9, (4, 3)), torch.randint(0, 4, (4,))
+    with pytest.raises(UnsupportedModelError, match=r"^pos \(Embedding\): its input has no batch"):
+        make_per_sample(model, F.cross_entropy, "hooks")(x, y)
+    auto = make_per_sample(model, F.cross_entropy, "auto")
+    auto(x, y)
+    assert auto.method == "func"
