@@ -2,14 +2,15 @@
 losses, inputs and batch schedules, each case ONE ``psg`` over several batches against a float64
 per-example loop (rows) and a plain ``loss.backward()`` (``p.grad``); see :mod:`fuzz`.
 
-A ``wrong`` result (rows, ``p.grad`` or the loss differ, or a refusal left ``p.grad``), a
-``crash`` (a raw or multi-line exception) and an ``invalid`` case fail. ``right`` and ``refused``
-(a one-line refusal that the case allows: a feature refused by design,
-:data:`fuzz.oracle.BY_DESIGN`, or the hook path asked for by name) pass. A ``false_refusal`` (a
-one-line refusal of a case that should be right: a known gap of the engine, never a wrong number)
-is an expected failure showing its message, and their share of the module's cases must stay at
-most :data:`FALSE_REFUSALS` (checked by the last test). The summary table of outcome classes is
-printed at the end of the module.
+A ``wrong`` result (rows, ``p.grad`` or the loss differ, or a refusal left ``p.grad``), a ``crash``
+(a raw or multi-line exception) and an ``invalid`` case fail. ``right``, ``refused`` (a one-line
+refusal that the case allows: a feature refused by design, :data:`fuzz.oracle.BY_DESIGN`, or the
+hook path asked for by name) and ``unchecked`` (wrong with ``check_every=0``, ``check:off``, on a
+case that breaks the contract by design) pass. A ``false_refusal`` (a one-line refusal of a case
+that should be right: a known gap of the engine, never a wrong number) is an expected failure
+showing its message, and their share of the module's cases must stay at most :data:`FALSE_REFUSALS`
+(checked by the last test). The summary table of outcome classes is printed at the end of the
+module.
 
 Sizes: ``GRAB_FUZZ_CASES`` cases (default 400: their references take about 20 s of one core,
 the code under test a few times that) from seed ``GRAB_FUZZ_START`` (default 0). Thousands:

@@ -20,7 +20,7 @@ from .blocks import ShiftedConv2d
 from .draw import Draw
 from .inputs import batches, sorted_on_checks
 from .losses import CLASS_LOSSES, TOKEN_LOSSES, class_loss, token_loss, with_extras
-from .models import CLASSES, FAMILIES, VOCAB, add_state, build_net, reinit
+from .models import CLASSES, FAMILIES, VOCAB, BufferedReplay, add_state, build_net, reinit
 from .schedule import Change, change, mix_on, param_hook, schedule, tie_after
 
 METHODS = ["auto", "func", "hooks", "factored", "loop"]
@@ -95,6 +95,7 @@ def draw_case(
     coupled = draw.chance("bwd:coupled", 0.03)  # drawn last too: a backward scaled by B
     own_conv = _layer_changes(draw, family, changes)  # drawn last too
     _one_token(draw, family, data)  # drawn last too
+    check_every = _checks_off(draw, check_every)  # drawn last too
 
     def build() -> tuple[nn.Module, Callable, list[str]]:
         d = Draw(model_seed, off, only)
@@ -109,6 +110,7 @@ def draw_case(
         if family in ("tok", "lm", "rnn") and d.chance("emb:wide", 0.3):  # drawn after it
             widen(net.stem.emb, d.generator())
         net.sort_neck, net.coupled = sort_neck, coupled
+        _model_drawn_last(d, net)
         if own_conv:
             net.stem.conv.__class__ = ShiftedConv2d
         base = token_loss(loss) if family == "lm" else class_loss(loss)
@@ -120,6 +122,22 @@ def draw_case(
         seed, off, only, family, features, method, check_every, reuse_buffer, data, changes,
         lambda: build()[:2], autocast,
     )  # fmt: skip
+
+
+def _checks_off(draw: Draw, check_every: int | None) -> int | None:
+    """``check:off``: ``check_every=0`` where the checks' period is the default."""
+    return 0 if check_every is None and draw.chance("check:off", 0.1) else check_every
+
+
+def _model_drawn_last(d: Draw, net: nn.Module) -> None:
+    """The model's features drawn after all others (a seed's other choices stay what they were):
+    ``replay:buffers`` (a neck block replayed per example whose forward changes its buffers) and
+    ``pos:over`` (a statistic over the positions)."""
+    if d.chance("replay:buffers", 0.06):
+        kind = d.pick("replay", ["counter", "spectral_norm"])
+        net.neck.append(BufferedReplay(kind, d.generator(), net.head.weight.dtype))
+    if getattr(net.stem, "pos_use", None) in ("call", "keyword") and d.chance("pos:over", 0.3):
+        net.stem.pos_over = d.pick("over", ["normed", "max"])
 
 
 def _layer_changes(draw: Draw, family: str, changes: list[list[Change]]) -> bool:

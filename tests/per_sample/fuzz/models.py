@@ -209,12 +209,21 @@ class TokenStem(nn.Module):
         ctx["lengths"] = (x != PAD).sum(1)
         h = self.emb(x)
         if self.pos_use == "call":
-            h = h + self.pos(torch.arange(t))[None]
+            h = h + self.over(self.pos(torch.arange(t)))[None]
         elif self.pos_use == "keyword":
-            h = h + self.pos(input=torch.arange(t))
+            h = h + self.over(self.pos(input=torch.arange(t)))
         elif self.pos_use == "weight":
             h = h + self.pos.weight[:t][None]
         return h
+
+    def over(self, p: torch.Tensor) -> torch.Tensor:
+        """``pos:over``: the positions ``(T, D)`` after a statistic over them, ``normed`` (by
+        their detached norm) or ``max`` (plus their largest entries): a value over the copies
+        where the hook path gives them the batch."""
+        kind = getattr(self, "pos_over", None)
+        if kind == "normed":
+            return p / p.detach().norm()
+        return p + p.amax(0) if kind == "max" else p
 
 
 class RnnStem(nn.Module):
@@ -311,6 +320,41 @@ def add_state(net: Net, family: str, draw) -> None:
                 p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=dtype))
     if family in ("vec", "img", "seq", "rnn") and draw.chance("buf:read_then_update", 0.05):
         net.register_buffer("center", 0.1 * torch.randn(D, generator=g, dtype=dtype))
+
+
+class BufferedReplay(nn.Module):
+    """``replay:<kind>``: a neck block around a layer without a rule (replayed per example on the
+    hook path) whose forward changes its buffers in place: a ``counter`` of its calls scaling its
+    output, or the older ``torch.nn.utils.spectral_norm``'s power iteration (training mode)."""
+
+    def __init__(self, kind: str, g: torch.Generator, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.kind = kind
+        if kind == "spectral_norm":
+            self.inner = nn.utils.spectral_norm(nn.Linear(D, D, dtype=dtype))
+        else:
+            self.inner = CountedLinear(dtype)
+        with torch.no_grad():  # drawn from the case's generator, buffers too (u and v: unit)
+            for t in (*self.inner.parameters(), *self.inner.buffers()):
+                if t.is_floating_point() and t.dim():
+                    t.copy_(torch.randn(t.shape, generator=g, dtype=t.dtype))
+                    t.div_(t.norm() if t.dim() == 1 else 1.0)
+
+    def forward(self, h, ctx):
+        return torch.tanh(self.inner(h))
+
+
+class CountedLinear(nn.Module):
+    """A layer without a rule whose output scales with a count of its calls kept in a buffer."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(D, D, dtype=dtype))
+        self.register_buffer("calls", torch.zeros((), dtype=dtype))
+
+    def forward(self, h):
+        self.calls += 1
+        return (h @ self.weight) * (1 + 0.1 * self.calls)
 
 
 def reinit(model: nn.Module, g: torch.Generator) -> None:

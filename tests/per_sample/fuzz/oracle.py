@@ -4,10 +4,12 @@ outcome.
 Outcomes (:data:`OUTCOMES`): ``right`` (every call's loss, rows and ``p.grad`` equal the
 references), ``refused`` (a one-line ``ValueError``, e.g. ``UnsupportedModelError``, that the
 case allows: a feature refused by design, :data:`BY_DESIGN`, or any refusal of the hook path
-asked for by name), ``false_refusal`` (a one-line refusal of a case that must be right),
-``crash`` (any other exception, or a refusal over several lines), ``wrong`` (a call returned and
-its rows, ``p.grad`` or loss differ, or it raised and left a ``p.grad``) and ``invalid`` (the
-reference itself failed: a fault of the generator). Only ``right`` and ``refused`` pass.
+asked for by name), ``unchecked`` (wrong with the checks off, ``check_every=0``, on a case
+that breaks the contract by design: what the checks are for), ``false_refusal`` (a one-line
+refusal of a case that must be right), ``crash`` (any other exception, or a refusal over several
+lines), ``wrong`` (a call returned and its rows, ``p.grad`` or loss differ, or it raised and left
+a ``p.grad``) and ``invalid`` (the reference itself failed: a fault of the generator). Only
+``right``, ``refused`` and ``unchecked`` pass.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from .case import Case, draw_case
 from .inputs import size
 from .reference import Reference, buffers, dense_grad, load, reference, state
 
-OUTCOMES = ("right", "refused", "false_refusal", "crash", "wrong", "invalid")
-PASSING = ("right", "refused")
+OUTCOMES = ("right", "refused", "unchecked", "false_refusal", "crash", "wrong", "invalid")
+PASSING = ("right", "refused", "unchecked")
 #: features whose refusal is by design (docs/which-models-work.md: the loss contract and
 #: "Refused, and what to do"; torch.func cannot transform an old-style autograd.Function)
 BY_DESIGN = {
@@ -61,6 +63,8 @@ BY_DESIGN_FUNC = {
 }
 #: features refused by design on ``func`` and ``loop``, which run each example alone
 BY_DESIGN_ALONE = {"precision:autocast": "torch.autocast (each example alone rounds otherwise)"}
+#: features refused by design on the hook path: with :data:`BY_DESIGN_ALONE`'s, on ``auto`` too
+BY_DESIGN_HOOKS = {"pos:over": "a statistic over the positions (over their copies, batched)"}
 HOOK_PATH = ("hooks", "factored")
 LIBRARY = str(Path(grab_exp.__file__).parent)
 TOLERANCE = 1e-8  #: float64: relative to the largest reference entry
@@ -100,16 +104,23 @@ class Outcome:
 
 def allowed_refusal(case: Case) -> bool:
     """Whether ``case`` may be refused: a by-design feature, or the hook path by name."""
+    return case.method in HOOK_PATH or by_design(case)
+
+
+def by_design(case: Case) -> bool:
+    """Whether ``case``'s model or loss breaks the contract by design (:data:`BY_DESIGN`): the
+    checks refuse it, and with them off (``check:off``) its results may be wrong."""
     design = set(BY_DESIGN) | (set(BY_DESIGN_FUNC) if case.method == "func" else set())
     design |= set(BY_DESIGN_ALONE) if case.method in ("func", "loop") else set()
+    if case.method == "auto" and set(BY_DESIGN_HOOKS) & set(case.features):
+        design |= set(BY_DESIGN_ALONE)  # no method is left for it
     # the momentum encoder made trainable: its forward changes a trainable weight in place
     ema_trained = {"param:ema", "sched:unfreeze"} <= set(case.features)
     # a BatchNorm (drawn in eval mode) switched to training mode: its statistics mix the examples
     trained_norm = "sched:mode" in case.features and bool(
         {"block:batchnorm", "conv_block:batchnorm"} & set(case.features)
     )
-    design_refused = bool(design & set(case.features))
-    return case.method in HOOK_PATH or ema_trained or trained_norm or design_refused
+    return ema_trained or trained_norm or bool(design & set(case.features))
 
 
 def classify(error: Exception, case: Case, call: int) -> Outcome:
@@ -269,7 +280,8 @@ def _run(case: Case) -> Outcome:
             return written_on_refusal(model, k) or classify(error, case, k)
         problem = compare(model, loss, grads, ref, exact) or state_problem(model, ref_model)
         if problem is not None:
-            return Outcome("wrong", k, f"B={size(y)}: {problem}")
+            unchecked = case.check_every == 0 and by_design(case)  # the user's to keep
+            return Outcome("unchecked" if unchecked else "wrong", k, f"B={size(y)}: {problem}")
     return Outcome("right")
 
 

@@ -76,6 +76,19 @@ MINIMAL: dict[str, tuple[int, tuple[str, ...]]] = {
     # batch size; every forward alone, the identity and the rows' mean pass
     "backward_scaled_by_batch": (0, ("family:vec", "bwd:coupled")),
     "backward_scaled_by_batch_hooks": (0, ("family:vec", "bwd:coupled", "method:hooks")),
+    # wrong with check_every=0 (at 090c960; adversarial round 17, then drawn with check:off):
+    # positions over their detached norm, a norm over their copies on the hook path
+    "positions_over_a_detached_norm_unchecked": (
+        0,
+        ("family:tok", "pos:keyword", "pos:over", "check:off"),
+    ),
+    # wrong with check_every=0 (at b48ea7a; round 18, then drawn): a replayed layer whose forward
+    # changes its buffers, replayed from them as changed (spectral_norm's power iteration, a count)
+    "replayed_spectral_norm_unchecked": (
+        0,
+        ("family:vec", "replay:buffers", "replay:spectral_norm", "check:off"),
+    ),
+    "replayed_counter_unchecked": (0, ("family:vec", "replay:buffers", "check:off")),
     # crash (at 31df988, counted a refusal until the oracle named engine bugs): a replayed layer
     # whose dict argument its forward changes (a key added): entry versions misaligned
     "dict_argument_changed_by_forward_hooks": (

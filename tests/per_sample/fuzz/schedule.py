@@ -30,8 +30,10 @@ KINDS += ["add_block", "step", "mode"]
 
 
 def linears(model: nn.Module) -> list[nn.Linear]:
-    """The model's plain ``(D, D)`` Linear layers, in module order."""
-    return [m for m in model.modules() if type(m) is nn.Linear and m.weight.shape == (D, D)]
+    """The model's plain ``(D, D)`` Linear layers, in module order (not a spectral_norm's, whose
+    ``weight`` its pre-hook computes)."""
+    plain = [m for m in model.modules() if type(m) is nn.Linear and m.weight.shape == (D, D)]
+    return [m for m in plain if isinstance(m.weight, nn.Parameter)]
 
 
 def tie_after(model: nn.Module, g: torch.Generator) -> None:
