@@ -175,6 +175,10 @@ class PerSampleGradients(ABC):
             losses = example_losses(loss_fn, out, y, layout)  # (B,), in out's graph
             if (problem := loss_problem(loss.detach(), losses.detach())) is not None:
                 raise LossContractError(problem)
+        # the identity on the batch's graph first: a forward below may change in place what it
+        # saved (a momentum encoder's frozen weights); named after the checks that name a cause
+        compared = identity is not None and finite and not whole
+        identified = identity(losses, checker.weights(batch, losses)) if compared else None
         problem = None
         with kept_state(self.model), self.quiet():
             # each extra forward on the attributes the call found (_found() returns None)
@@ -183,10 +187,8 @@ class PerSampleGradients(ABC):
                 problem = mixing_problem(forward, x, out, layout, checker.groups(batch), self.model)
             if problem is None and batch >= 2 and whole and finite and rows is not None:
                 problem = resampled_problem(forward, loss_fn, x, y, rows, params, checker.checks)
-            compared = problem is None and identity is not None
-            if compared and finite and not whole:
-                problem = identity(losses, checker.weights(batch, losses))
-            if compared and problem is None and batch >= 2 and self.one_backward:  # in turn
+            problem = problem or identified
+            if identity is not None and problem is None and batch >= 2 and self.one_backward:
                 problem = alone_problem(forward, loss_fn, x, y, rows, params, checker, self.method)
         if problem is not None:
             raise UnsupportedModelError(problem)

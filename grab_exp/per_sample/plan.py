@@ -149,7 +149,7 @@ class Planner:
                     f"forward fails ({cause}); use method=func or loop (auto tries them)"
                 ) from error
             silent = [n for n in self.layers.modules if n not in two and n not in self.layers.idle]
-            used = self._used(silent, out2) if silent else set()
+            used = self._used(silent, out3) if silent else set()  # out2: its graph may be stale
         return two, three, (out2, out3), calls, silent, used
 
     def _probe(self, x: Inputs, copies: int) -> tuple[dict[str, list[tuple]], Any, dict]:

@@ -494,6 +494,60 @@ def test_a_replayed_layer_that_changes_its_buffers_unseen_by_the_probe_is_refuse
     assert auto.method not in ("hooks", "factored")
 
 
+class MomentumHead(nn.Module):
+    """Attention (whose ``out_proj`` runs inside it: a silent layer the probe follows), then a
+    head plus a tenth of its momentum copy, a frozen Linear moved halfway to the head in place by
+    every training forward (as MoCo's key encoder)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.att, self.head = nn.MultiheadAttention(6, 2, batch_first=True), nn.Linear(6, 3)
+        self.ema = nn.Linear(6, 3).requires_grad_(False)
+
+    def forward(self, x):  # (B, T, 6) -> (B, 3)
+        h = self.att(x, x, x)[0].mean(1)
+        if self.training:
+            with torch.no_grad():
+                for e, p in zip(self.ema.parameters(), self.head.parameters(), strict=True):
+                    e.mul_(0.5).add_(0.5 * p)
+        return self.head(h) + 0.1 * self.ema(h)
+
+
+@pytest.mark.parametrize("method", ["hooks", "factored", "auto"])
+def test_a_forward_that_moves_frozen_weights_leaves_the_probe_and_the_check_their_graphs(method):
+    """A momentum copy moved in place by every forward: the probe's 3 copies moved it after the
+    probe of 2, whose graph the probe then differentiated to follow attention's out_proj, and a
+    full check's forwards moved it before the identity's backward through the batch's graph:
+    both raised torch's "modified by an inplace operation" (the fuzzer's param:ema with a dropout,
+    seeds 121 and 1167, where no other method is left). Each now reads a graph no forward has
+    changed since, and the hook path is right."""
+    torch.manual_seed(0)
+    model = MomentumHead().double()
+    psg = make_per_sample(model, F.cross_entropy, method)
+    generator = torch.Generator().manual_seed(1)
+    for batch in (3, 1, 4, 4):
+        x = torch.randn(batch, 2, 6, generator=generator, dtype=torch.float64)
+        y = torch.randint(0, 3, (batch,), generator=generator)
+        found = {n: t.clone() for n, t in model.state_dict().items()}
+        model.zero_grad(set_to_none=True)
+        _, rows = call(psg, x, y)
+        got = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+        after = {n: t.clone() for n, t in model.state_dict().items()}
+        want = {n: [] for n in got}
+        for i in [*range(batch), None]:  # each example alone, then the batch, from the call's
+            model.load_state_dict(found)
+            model.zero_grad(set_to_none=True)
+            part = slice(i, i + 1) if i is not None else slice(None)
+            F.cross_entropy(model(x[part]), y[part]).backward()
+            for n in got:
+                want[n].append(model.get_parameter(n).grad.clone())
+        for n, g in got.items():
+            torch.testing.assert_close(rows[n], torch.stack(want[n][:-1]), msg=n)
+            torch.testing.assert_close(g, want[n][-1], msg=n)
+        model.load_state_dict(after)
+    assert psg.method in ("hooks", "factored")
+
+
 def _scaled_input(module: nn.Module, args: tuple) -> tuple:
     return (1.7 * args[0] + 0.3,)
 
