@@ -15,7 +15,7 @@ from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.check.examples import alone_problem, mixing_problem
 from grab_exp.per_sample.check.loss import example_losses, loss_of, loss_problem
 from grab_exp.per_sample.check.mean import GradSnapshot, rows_problem
-from grab_exp.per_sample.check.resampled import resampled_problem
+from grab_exp.per_sample.check.resampled import resampled_problem, resampled_values_problem
 from grab_exp.per_sample.check.schedule import CHECK_EVERY, Check
 from grab_exp.per_sample.check.state import ModelState, kept_state, saved_state
 from grab_exp.per_sample.layout import Inputs, batch_size, call_model, check_batch
@@ -24,6 +24,7 @@ from grab_exp.per_sample.modules import (
     LossContractError,
     UnsupportedModelError,
     UserCodeError,
+    draws_random,
     module_problem,
 )
 from grab_exp.tracebacks import raised_in_user_file
@@ -185,8 +186,11 @@ class PerSampleGradients(ABC):
             forward = lambda inputs: self._found() or call_model(self.model, inputs)  # noqa: E731
             if batch >= 2:
                 problem = mixing_problem(forward, x, out, layout, checker.groups(batch), self.model)
-            if problem is None and batch >= 2 and whole and finite and rows is not None:
-                problem = resampled_problem(forward, loss_fn, x, y, rows, params, checker.checks)
+            if problem is None and batch >= 2 and whole and finite:  # masks differ: values
+                random = rows is None or any(map(draws_random, self.model.modules()))
+                data = (batch, self.model) if random else (rows, params)
+                check = resampled_values_problem if random else resampled_problem
+                problem = check(forward, loss_fn, x, y, *data, checker.checks)
             problem = problem or identified
             if identity is not None and problem is None and batch >= 2 and self.one_backward:
                 problem = alone_problem(forward, loss_fn, x, y, rows, params, checker, self.method)

@@ -248,8 +248,8 @@ def _batched(out: Any, layout: OutputLayout) -> Any:
     for t, d in zip(leaves, layout.dims, strict=True):
         if not isinstance(t, torch.Tensor):
             merged.append(t)
-        elif d is None:  # the same for every example (a term of the parameters alone)
-            merged.append(t[0])
+        elif d is None:  # as the batch's if it is the examples' mean (a term of the parameters
+            merged.append(t.mean(0) if t.is_floating_point() else t[0])  # alone: the same)
         elif t.dim() > d + 1 and t.shape[d + 1] == 1:
             merged.append(t.squeeze(d + 1).movedim(0, d))
         else:  # an example's output without the batch dimension (squeezed): stacked as is

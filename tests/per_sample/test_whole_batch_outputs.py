@@ -244,3 +244,94 @@ def test_an_output_whose_structure_differs_from_its_probe_is_refused_in_one_line
     with pytest.raises(UnsupportedModelError, match=r"output has 2 leaves for this batch and 1"):
         psg(x, y)
     assert all(p.grad is None for p in model.parameters())
+
+
+class DroppedVAE(VAE):
+    """The VAE with a dropout on its encoder's output (``p``; 0: none)."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(p)
+
+    def forward(self, x: torch.Tensor, eps: torch.Tensor):
+        mu, logvar = self.drop(self.enc(x)).chunk(2, dim=1)  # (B, 3) each
+        z = mu + eps * (0.5 * logvar).exp()
+        kl = 0.5 * (mu**2 + logvar.exp() - 1 - logvar).sum(1)  # (B,)
+        return self.dec(z), kl.mean()
+
+
+@pytest.mark.parametrize("method", ["auto", "hooks", "factored", "func"])
+def test_a_kl_mean_is_right_over_steps_of_one_shape(method: str) -> None:
+    """Between the checks' calls, func split the loss of its examples' outputs stacked as the
+    batch's, where a value without a batch dimension was example 0's, not their mean: a VAE's
+    kl.mean() was refused on the 3rd, 5th, 6th and 7th calls of one shape (as a training loop's
+    steps) as a loss that is no mean."""
+    torch.manual_seed(0)
+    model, g = DroppedVAE(0.0).double(), torch.Generator().manual_seed(1)
+    psg = make_per_sample(model, vae_loss, method)
+    for _ in range(7):
+        x, y = vae_batch(4, g)
+        want_rows, want_grads = reference(model, vae_loss, x, y)
+        model.zero_grad(set_to_none=True)
+        _, grads = psg(x, y)
+        for n, rows in grads.as_dict().items():
+            torch.testing.assert_close(rows, want_rows[n], msg=f"rows of {n}")
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(p.grad, want_grads[n], msg=f"p.grad of {n}")
+    assert psg.method != "loop"
+
+
+@pytest.mark.parametrize("method", ["auto", "hooks", "factored"])
+def test_a_kl_mean_with_dropout_is_right_on_the_hook_path(method: str) -> None:
+    """The resampled batches' forwards drew other masks than the batch's, so the check of an
+    output without a batch dimension refused a VAE with dropout as a loss that is no mean. With
+    random layers active it compares the losses' values, those layers in eval mode; the rows are
+    the batch's own masks', ``p.grad`` a plain backward's under them."""
+    torch.manual_seed(0)
+    model, g = DroppedVAE(0.3).double(), torch.Generator().manual_seed(1)
+    psg = make_per_sample(model, vae_loss, method)
+    for step, size in enumerate((4, 4, 1, 5, 4)):
+        x, y = vae_batch(size, g)
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(step)
+        loss, _ = psg(x, y)
+        got = {n: p.grad for n, p in model.named_parameters()}
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(step)  # the masks of psg's forward: its checks draw on their own
+        plain = vae_loss(call(model, x), y)
+        plain.backward()
+        torch.testing.assert_close(loss, plain.detach())
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(got[n], p.grad, msg=n)
+    assert psg.method in ("hooks", "factored") and model.drop.training
+
+
+class DroppedSoftMoE(SwitchMoE):
+    """A soft mixture with a dropout on its hidden features and an importance term over the batch
+    (the gates' batch mean squared, as Shazeer et al.'s): no mean of per-example terms."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(0.2)
+
+    def forward(self, x: torch.Tensor):
+        h = self.drop(torch.tanh(self.inp(x)))
+        p = self.gate(h).softmax(-1)  # (B, 3)
+        return self.out(h * p.sum(-1, keepdim=True)), 3 * (p.mean(0) ** 2).sum()
+
+
+@pytest.mark.parametrize("method", ["auto", "hooks", "func"])
+def test_a_term_of_the_whole_batch_with_dropout_is_refused_at_its_first_call(method: str) -> None:
+    """With dropout active, func (auto's, and by name with randomness set) forms param.grad from
+    its rows, and its full check skipped the resampled batches for want of the rows' graph: an
+    importance term over the batch returned the examples' mean loss and its gradient, both
+    wrong, on the checks' calls. The values of resampled batches' losses now refuse it, naming
+    the cause, with param.grad as it was."""
+    torch.manual_seed(0)
+    model, g = DroppedSoftMoE().double(), torch.Generator().manual_seed(1)
+    options = {"randomness": "different"} if method == "func" else {}
+    psg = make_per_sample(model, switch_loss, method, **options)
+    x, y = class_batch(5, g)
+    with pytest.raises(UnsupportedModelError, match="not the mean of the examples' own losses"):
+        psg(x, y)
+    assert all(p.grad is None for p in model.parameters())
