@@ -18,14 +18,25 @@ from torch.utils._pytree import tree_map
 
 from .blocks import ShiftedConv2d
 from .draw import Draw
-from .inputs import batches, sorted_on_checks
+from .inputs import batches, same_shape, sorted_on_checks
 from .losses import CLASS_LOSSES, TOKEN_LOSSES, class_loss, token_loss, with_extras
-from .models import CLASSES, FAMILIES, VOCAB, BufferedReplay, add_state, build_net, reinit
+from .models import (
+    CLASSES,
+    FAMILIES,
+    VOCAB,
+    BufferedReplay,
+    MaskDropout,
+    add_state,
+    build_net,
+    reinit,
+)
 from .schedule import Change, change, mix_on, param_hook, schedule, tie_after
 
 METHODS = ["auto", "func", "hooks", "factored", "loop"]
 #: how often each is drawn: ``auto`` (the default) most, ``loop`` (the last resort, slow) least
 METHOD_WEIGHTS = [0.5, 0.15, 0.15, 0.15, 0.05]
+#: calls of a case of one shape (``batch:same_shape``)
+STEPS = 7
 #: the class losses' weights: the right ones more often than those refused by design
 CLASS_LOSS_WEIGHTS = [4, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]
 
@@ -81,9 +92,8 @@ def draw_case(
     data = batches(draw, family, loss, calls)
     changes = schedule(draw, calls, family == "lm")
     # drawn last, so that every other choice of a seed is what it was before this feature
+    # precision:autocast: a float32 model and inputs, every call under torch.autocast(bfloat16)
     autocast = draw.chance("precision:autocast", 0.1)
-    if autocast:  # a float32 model and inputs, every call under torch.autocast(bfloat16)
-        data = [(tree_map(_single, x), tree_map(_single, y)) for x, y in data]
     if draw.chance("sched:mix_on", 0.05):  # drawn last too: mixup switched on by the loop on
         changes[draw.int(1, calls - 1)].append(mix_on)  # one kind of batch (calls 3 and 5 are
         data = [data[0]] * calls  # not the check's: 1, 2, 4, ...)
@@ -96,6 +106,9 @@ def draw_case(
     own_conv = _layer_changes(draw, family, changes)  # drawn last too
     _one_token(draw, family, data)  # drawn last too
     check_every = _checks_off(draw, check_every)  # drawn last too
+    data = _steps(draw, family, loss, data, changes)  # drawn last too
+    if autocast:  # float32 inputs
+        data = [(tree_map(_single, x), tree_map(_single, y)) for x, y in data]
 
     def build() -> tuple[nn.Module, Callable, list[str]]:
         d = Draw(model_seed, off, only)
@@ -110,7 +123,7 @@ def draw_case(
         if family in ("tok", "lm", "rnn") and d.chance("emb:wide", 0.3):  # drawn after it
             widen(net.stem.emb, d.generator())
         net.sort_neck, net.coupled = sort_neck, coupled
-        _model_drawn_last(d, net)
+        _model_drawn_last(d, net, autocast)
         if own_conv:
             net.stem.conv.__class__ = ShiftedConv2d
         base = token_loss(loss) if family == "lm" else class_loss(loss)
@@ -124,20 +137,33 @@ def draw_case(
     )  # fmt: skip
 
 
+def _steps(draw: Draw, family: str, loss: str, data: list, changes: list[list[Change]]) -> list:
+    """``batch:same_shape``: 7 calls of one shape (the checks' calls 1, 2 and 4; the others only
+    split the loss and compare the rows' mean), where no other feature fixes the batches."""
+    fixed = {"seq:one", "sched:mix_on", "sched:sorted_checks"} & set(draw.features)
+    if fixed or not draw.chance("batch:same_shape", 0.4):
+        return data
+    changes += [[] for _ in range(STEPS - len(changes))]
+    return same_shape(draw, family, loss, data, STEPS)
+
+
 def _checks_off(draw: Draw, check_every: int | None) -> int | None:
     """``check:off``: ``check_every=0`` where the checks' period is the default."""
     return 0 if check_every is None and draw.chance("check:off", 0.1) else check_every
 
 
-def _model_drawn_last(d: Draw, net: nn.Module) -> None:
+def _model_drawn_last(d: Draw, net: nn.Module, autocast: bool) -> None:
     """The model's features drawn after all others (a seed's other choices stay what they were):
-    ``replay:buffers`` (a neck block replayed per example whose forward changes its buffers) and
-    ``pos:over`` (a statistic over the positions)."""
+    ``replay:buffers`` (a neck block replayed per example whose forward changes its buffers),
+    ``pos:over`` (a statistic over the positions) and ``drop:masked`` (a dropout after the stem,
+    not under autocast, whose rounding would change its masks)."""
     if d.chance("replay:buffers", 0.06):
         kind = d.pick("replay", ["counter", "spectral_norm"])
         net.neck.append(BufferedReplay(kind, d.generator(), net.head.weight.dtype))
     if getattr(net.stem, "pos_use", None) in ("call", "keyword") and d.chance("pos:over", 0.3):
         net.stem.pos_over = d.pick("over", ["normed", "max"])
+    if not autocast and d.chance("drop:masked", 0.15):
+        net.drop = MaskDropout(0.3)
 
 
 def _layer_changes(draw: Draw, family: str, changes: list[list[Change]]) -> bool:

@@ -81,6 +81,22 @@ def batches(draw, family: str, loss: str, calls: int) -> list[tuple[Any, Any]]:
     return out
 
 
+def same_shape(draw, family: str, loss: str, data: list[tuple[Any, Any]], calls: int) -> list:
+    """``calls`` batches of the shape and packing of ``data``'s first (new examples each), as a
+    training loop's steps: the calls between the check's schedule (1, 2, 4, ...) are of a kind of
+    batch already checked."""
+    x0 = data[0][0]
+    packing = "dict" if isinstance(x0, dict) else "tuple" if isinstance(x0, tuple) else "tensor"
+    first = x0["x"] if packing == "dict" else x0[0] if packing == "tuple" else x0
+    b, t = first.shape[0], first.shape[-1] if first.dim() > 1 else 1
+    g = draw.generator()
+    out = []
+    for _ in range(calls):
+        x = raw_input(draw, family, b, t, g)
+        out.append((pack(draw, packing, x, family), targets(draw, loss, x, b, g)))
+    return out
+
+
 def example(x: Any, i: int) -> Any:
     """Example ``i`` of a batch (inputs or targets), as a batch of one: every tensor sliced,
     Python values kept."""

@@ -55,6 +55,8 @@ class Net(nn.Module):
         ctx = {"mask": mask, "flag": flag}
         self._captured = []  # what this forward's capture hooks see (attr:setup_once)
         h = self.state_effects(self.stem(x, ctx) * scale)
+        if hasattr(self, "drop"):
+            h = self.drop(h)
         if getattr(self, "coupled", False):  # the identity, its backward scaled by the batch size
             h = ScaledByBatchSize.apply(h)
         for block in self.body:
@@ -342,6 +344,18 @@ class BufferedReplay(nn.Module):
 
     def forward(self, h, ctx):
         return torch.tanh(self.inner(h))
+
+
+class MaskDropout(nn.Dropout):
+    """``drop:masked``: a Dropout (training mode) whose mask is a function of its input's values,
+    elementwise, so that the batch and each example alone get the same masks (the references need
+    no record of them); every path takes it for a module that draws random numbers."""
+
+    def forward(self, h):
+        if not self.training:
+            return h
+        keep = torch.frac(h.detach() * 997.0).abs() >= self.p
+        return h * keep / (1 - self.p)
 
 
 class CountedLinear(nn.Module):

@@ -62,9 +62,21 @@ BY_DESIGN_FUNC = {
     "sched:sorted_checks": "a forward that reads its input's values in Python (.tolist())",
 }
 #: features refused by design on ``func`` and ``loop``, which run each example alone
-BY_DESIGN_ALONE = {"precision:autocast": "torch.autocast (each example alone rounds otherwise)"}
-#: features refused by design on the hook path: with :data:`BY_DESIGN_ALONE`'s, on ``auto`` too
-BY_DESIGN_HOOKS = {"pos:over": "a statistic over the positions (over their copies, batched)"}
+BY_DESIGN_ALONE = {
+    "precision:autocast": "torch.autocast (each example alone rounds otherwise)",
+    "drop:masked": "dropout in training mode without randomness= (alone: other masks)",
+}
+#: features the hook path refuses by design (``auto`` takes ``func``, then ``loop``), as it does
+#: the ``rnn`` family's packed sequences: with one of :data:`BY_DESIGN_ALONE`'s, which ``func``
+#: and ``loop`` refuse, no method is left on ``auto``
+BY_DESIGN_HOOKS = {
+    "pos:over": "a statistic over the positions (over their copies, batched)",
+    "block:scripted": "a torch.jit.script submodule",
+    "block:parametrized": "a parametrized layer (torch.nn.utils.parametrize)",
+    "block:fwd_hook": "a forward hook of the user's on a hooked layer",
+    "sched:fwd_hook": "a forward hook of the user's on a hooked layer",
+    "out:stored": "a loss reading an activation kept on the model (the identity's split)",
+}
 HOOK_PATH = ("hooks", "factored")
 LIBRARY = str(Path(grab_exp.__file__).parent)
 TOLERANCE = 1e-8  #: float64: relative to the largest reference entry
@@ -112,7 +124,8 @@ def by_design(case: Case) -> bool:
     checks refuse it, and with them off (``check:off``) its results may be wrong."""
     design = set(BY_DESIGN) | (set(BY_DESIGN_FUNC) if case.method == "func" else set())
     design |= set(BY_DESIGN_ALONE) if case.method in ("func", "loop") else set()
-    if case.method == "auto" and set(BY_DESIGN_HOOKS) & set(case.features):
+    hooks_refuse = case.family == "rnn" or bool(set(BY_DESIGN_HOOKS) & set(case.features))
+    if case.method == "auto" and hooks_refuse:
         design |= set(BY_DESIGN_ALONE)  # no method is left for it
     # the momentum encoder made trainable: its forward changes a trainable weight in place
     ema_trained = {"param:ema", "sched:unfreeze"} <= set(case.features)
