@@ -114,6 +114,7 @@ class Planner:
                 continue
             running = [n for n in layers.modules if n not in layers.idle]
             if expanded:
+                self._refuse_other_draws(x, expanded)  # first: other draws change the outputs
                 self._refuse_spread(outputs, plain, calls, (two, three), expanded)
             layouts = {name: self._layouts(name, two, three) for name in running}
             unbatched = {n for n, cs in layouts.items() if any(set(c.inputs) <= {None} for c in cs)}
@@ -212,6 +213,29 @@ class Planner:
                 "one copy read for all; a value over the copies); use method=func (auto does)"
             )
 
+    def _refuse_other_draws(self, x: Inputs, expanded: set[str]) -> None:
+        """Refuse expanded layers where, given the batch, the model draws other random numbers
+        than without it, from one state of the generators (a dropout on a position table draws
+        a mask per example where the model draws one for all: another forward, other numbers)."""
+        copies, recorder, drawn = take(x, [0] * 3), self.recorder, []
+        with kept_state(self.model), torch.enable_grad():  # the generators forked
+            start = _generators()
+            for mode in ("idle", "probe"):  # the model's own forward, then with the expansion
+                _set_generators(start)
+                recorder.calls, recorder.batch = {}, 3
+                with recorder.in_mode(mode):
+                    call_model(self.model, copies)
+                drawn.append(_generators())
+            recorder.calls = {}
+        if not all(map(torch.equal, *drawn)):
+            names = ", ".join(self.layers.label(n) for n in sorted(expanded))
+            raise UnsupportedModelError(
+                f"{names}: its input has no batch dimension (as arange(T)), and given one the "
+                "model draws other random numbers than its own forward (a dropout or noise on "
+                "its output draws a mask per example where the model draws one for the batch); "
+                "use method=func (auto does)"
+            )
+
     def _layouts(self, name: str, two: dict, three: dict) -> list[CallLayout]:
         if len(two[name]) != len(three.get(name, [])):
             raise UnsupportedModelError(
@@ -267,6 +291,18 @@ class Planner:
                     "mode) that replaying the layer for its per-sample gradients cannot reproduce;"
                     " set that dropout to 0, or use method=func with randomness='different'"
                 )
+
+
+def _generators() -> list[torch.Tensor]:
+    """The states of the default CPU generator and of the CUDA ones in use."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
+    return [torch.get_rng_state(), *cuda]
+
+
+def _set_generators(states: list[torch.Tensor]) -> None:
+    torch.set_rng_state(states[0])
+    if len(states) > 1:
+        torch.cuda.set_rng_state_all(states[1:])
 
 
 def _spread(grad: torch.Tensor | None, dim: int, k: int | None) -> bool:

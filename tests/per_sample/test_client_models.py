@@ -4,6 +4,7 @@ layer. None is silently wrong: the T == B layouts, whose shapes fit a wrong rule
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 
 import pytest
@@ -525,3 +526,45 @@ def test_a_probe_forward_that_fails_an_assertion_given_the_batch_names_the_layer
     auto = make_per_sample(model, F.cross_entropy, "auto")
     auto(x, y)
     assert auto.method == "func"
+
+
+class DroppedPositions(nn.Module):
+    """Token embeddings plus a dropout on the position table ``(T, 6)`` (``noise``: Gaussian
+    noise drawn like it, in place of the dropout): one mask for every example of the batch."""
+
+    def __init__(self, noise: bool = False) -> None:
+        super().__init__()
+        self.tok, self.pos, self.head = nn.Embedding(9, 6), nn.Embedding(8, 6), nn.Linear(6, 4)
+        self.drop, self.noise = nn.Dropout(0.3), noise
+
+    def forward(self, tokens):
+        positions = self.pos(torch.arange(tokens.shape[1]))  # (T, 6)
+        if self.noise:
+            positions = positions + 0.3 * torch.randn_like(positions)
+        else:
+            positions = self.drop(positions)
+        return self.head(torch.tanh(self.tok(tokens) + positions).mean(1))
+
+
+@pytest.mark.parametrize("noise", [False, True], ids=["dropout", "noise"])
+@pytest.mark.parametrize("check_every", [0, 128])
+@pytest.mark.parametrize("method", ["hooks", "factored", "auto"])
+def test_random_numbers_drawn_on_an_expanded_layers_output_are_refused(method, check_every, noise):
+    """A dropout (or noise) on a position table drew one mask per example once the hook path
+    gave the table the batch, where the model draws one for all: the loss and p.grad were those
+    of another forward than a plain step's with the same generator (p.grad up to 134 % off), with
+    the check on too (round 19, F3). The probe runs the model's forward and the expanded one from
+    one state of the generators and refuses where they draw differently, naming the layer;
+    ``auto`` leaves the hook path saying so (``func`` draws per example, by design)."""
+    torch.manual_seed(0)
+    model = DroppedPositions(noise).double()
+    psg = make_per_sample(model, F.cross_entropy, method, check_every=check_every)
+    x, y = torch.randint(0, 9, (4, 3)), torch.randint(0, 4, (4,))
+    if method == "auto":
+        with contextlib.suppress(UnsupportedModelError):  # func's check: noise of no module's
+            psg(x, y)
+        assert psg.method != "factored" and "factored: pos (Embedding): " in psg.reason
+        return
+    with pytest.raises(UnsupportedModelError, match=r"^pos \(Embedding\): .* draws other random"):
+        psg(x, y)
+    assert all(p.grad is None for p in model.parameters()) and model.drop.training
