@@ -70,7 +70,8 @@ class Call:
     ``edges``, the nodes that made its inputs (``sources``), a replayed call's inputs and their
     versions as it entered (``input_versions``), whether an output changed ``in_place``; a
     rule's weight copied per example (``weight_copies``: its gradient, then its edge); a replayed
-    call's buffers as it entered, by name, where its forward changes them (``buffers``)."""
+    call's buffers as it entered (``entry_buffers``: name, tensor, version) and their values,
+    where they changed since (``buffers``, by name)."""
 
     leaves: list[Any]
     spec: Any
@@ -83,6 +84,7 @@ class Call:
     in_place: bool = False
     weight_copies: list[Any] = field(default_factory=list)
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    entry_buffers: list[tuple[str, torch.Tensor, int]] = field(default_factory=list)
 
 
 def moved(versions: list[tuple[torch.Tensor, int]]) -> bool:

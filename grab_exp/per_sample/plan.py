@@ -158,6 +158,7 @@ class Planner:
         recorder.calls, recorder.batch = {}, copies
         with recorder.in_mode("probe"), torch.enable_grad():  # as in training: no inference paths
             out = call_model(self.model, take(x, [0] * copies))
+            recorder.settle_buffers(recorder.calls)
         calls, recorder.calls = recorder.calls, {}
         shapes = {
             n: [(shape_of(c.leaves), shape_of(c.outputs)) for c in cs] for n, cs in calls.items()

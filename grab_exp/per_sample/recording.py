@@ -29,8 +29,8 @@ class Recorder:
         self.calls: dict[str, list[Call]] = {}
         self.expanded: set[str] = set()
         self.entry_versions: dict[str, list[list]] = {}  # replayed calls' (input, version)s
-        self.entry_buffers: dict[str, list[tuple]] = {}  # their buffers' versions, kept values
-        self.updating: set[str] = set()  # replayed layers whose forward a probe saw change them
+        self.entry_buffers: dict[str, list[tuple]] = {}  # their buffers at entry, kept values
+        self.updating: set[str] = set()  # replayed layers whose buffers a probe saw change
 
     @contextlib.contextmanager
     def in_mode(self, mode: str) -> Iterator[None]:
@@ -62,20 +62,21 @@ class Recorder:
         return [
             layer.register_forward_hook(forward, with_kwargs=True),
             layer.register_forward_pre_hook(pre, with_kwargs=True),
-        ] + [layer.register_forward_pre_hook(entry, prepend=True)] * replayed
+        ] + [layer.register_forward_pre_hook(entry, prepend=True, with_kwargs=True)] * replayed
 
     def _entry_hook(self, name: str):
-        """A replayed layer's buffers as its call enters, before any pre-hook of the layer (the
-        old ``spectral_norm``'s power iteration): their versions, and their values where a probe
-        saw its forward change them (its replay starts from those)."""
+        """A replayed layer's call as it enters, before any pre-hook of the layer (the old
+        ``spectral_norm``'s power iteration): its buffers, their versions and their values where
+        a probe saw them change during or after a call (its replay starts there), and its input
+        tensors (a pre-hook of the user's that changes them would run again in the replay)."""
 
-        def hook(module: nn.Module, args: tuple) -> None:
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
             if self.mode != "idle":
                 named = list(module.named_buffers())
                 kept = self.mode == "record" and name in self.updating
                 values = {n: b.clone() for n, b in named} if kept else {}
-                entry = ([(n, b, b._version) for n, b in named], values)
-                self.entry_buffers.setdefault(name, []).append(entry)
+                versions = [(n, b, b._version) for n, b in named]
+                self.entry_buffers.setdefault(name, []).append([versions, values, (args, kwargs)])
 
         return hook
 
@@ -83,9 +84,13 @@ class Recorder:
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> Any:
             if self.mode == "idle":
                 return None
+            if replayed:  # the user's pre-hooks before this one left the inputs as they entered
+                self._same_inputs(name, args, kwargs)
             changed = name in self.expanded
             if changed:  # keyword arguments too: pos(input=torch.arange(T))
                 args, kwargs = expand_over_batch((args, kwargs), self.batch)
+            if replayed:  # and those after it (registered after make_per_sample) as it passes them
+                self.entry_buffers[name][-1][2] = (args, kwargs)
             if self.mode == "record" and replayed:  # its replay reads its inputs
                 leaves = tree_flatten((list(args), kwargs))[0]
                 versions = [(t, t._version) for t in leaves if isinstance(t, torch.Tensor)]
@@ -123,33 +128,50 @@ class Recorder:
                 if replayed:
                     call.input_versions = self.entry_versions[name].pop()
             if replayed:
-                call.buffers = self._entry_buffers(name)
+                self._same_inputs(name, args, kwargs)
+                call.entry_buffers, call.buffers, _ = self.entry_buffers[name].pop()
             self.calls.setdefault(name, []).append(call)
             return tree_unflatten(outputs, output_spec) if alias else None
 
         return hook
 
-    def _entry_buffers(self, name: str) -> dict[str, torch.Tensor]:
-        """The buffers a replayed layer's call changed, as it found them (a probe learns which
-        layers change theirs); refused where a recorded call changes one the probe saw unchanged."""
-        versions, values = self.entry_buffers[name].pop()
-        if not (changed := [n for n, b, version in versions if b._version != version]):
-            return {}
-        if self.mode == "probe":
-            self.updating.add(name)
-        elif not values:
+    def _same_inputs(self, name: str, args: tuple, kwargs: dict) -> None:
+        """Refuse a replayed layer whose arguments are not those last noted for its call (a
+        pre-hook that returns new ones: torch passes the same tuple and dict on otherwise)."""
+        noted = self.entry_buffers[name][-1][2]
+        if args is not noted[0] or kwargs is not noted[1]:
             raise UnsupportedModelError(
-                f"{self.layers.label(name)}: its forward changed its buffer {changed[0]} in place "
-                "on this batch, which the probe of its kind of batch did not see (on some calls "
-                "only?): the hook path replays the layer from the buffers its call found only "
-                "where the probe saw them change; use method=loop (auto takes it)"
+                f"{self.layers.label(name)}: a forward pre-hook of the user's changes its input, "
+                "and the per-layer replay of the layer (it has no rule) would run the hook again "
+                "on the changed input; use method=func (auto does)"
             )
-        return values
+
+    def settle_buffers(self, calls: dict[str, list[Call]]) -> None:
+        """After a forward: the replayed calls whose buffers changed since they entered (in place
+        or set anew; by the layer, its parent or another layer) keep the values they found, which
+        a probe learns to keep; refused where a recorded call's changed unkept."""
+        for name, layer_calls in calls.items():
+            layer = self.layers.modules[name]
+            for call in layer_calls:
+                if not (changed := [n for n, b, v in call.entry_buffers if _moved(layer, n, b, v)]):
+                    call.buffers = {}  # the replay reads them as they are
+                elif self.mode == "probe":
+                    self.updating.add(name)
+                elif not call.buffers:
+                    raise UnsupportedModelError(
+                        f"{self.layers.label(name)}: its buffer {changed[0]} changed during or "
+                        "after its call (in place or set anew; by its forward, its parent or "
+                        "another layer) on this batch, which the probe of its kind of batch did "
+                        "not see: the hook path replays the layer from the buffers its call "
+                        "found only where the probe saw them change; use method=loop (auto "
+                        "takes it)"
+                    )
 
     def read_in_place(self, calls: dict[str, list[Call]]) -> bool:
         """Note each call's in-place change; whether any output changed. Refused: an output view
         changed in place, a replayed layer's input changed in place during or after its call."""
         changed = False
+        self.settle_buffers(calls)
         for name, layer_calls in calls.items():
             for call in layer_calls:
                 if moved(call.input_versions):  # as it entered
@@ -185,6 +207,13 @@ class Recorder:
                 raise UnsupportedModelError(
                     f"{self.layers.label(name)}: a forward hook of its own can change its output, "
                     "which the hook path cannot follow; use method=func (auto does)"
+                )
+            first = next(iter(layer._forward_pre_hooks.values()), None)  # replayed: the entry's
+            if name in self.layers.fallbacks and not is_ours(first):
+                raise UnsupportedModelError(
+                    f"{self.layers.label(name)}: a forward pre-hook registered ahead of the hook "
+                    "path's own (prepend=True), which the per-layer replay of the layer would run "
+                    "again and whose changes the path does not see; use method=func (auto does)"
                 )
 
     def forward_replaced(self) -> bool:
@@ -240,6 +269,14 @@ class Recorder:
 @functools.cache
 def _args_spec(count: int) -> Any:
     return tree_flatten(([0] * count, {}))[1]
+
+
+def _moved(layer: nn.Module, name: str, entered: torch.Tensor, version: int) -> bool:
+    """Whether ``layer``'s buffer ``name`` is not the tensor it was at a call's entry, or moved."""
+    try:
+        return layer.get_buffer(name) is not entered or entered._version != version
+    except AttributeError:  # deleted since
+        return True
 
 
 def _capture(slots: list, k: int, output_nr: int):

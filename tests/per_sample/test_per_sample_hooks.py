@@ -418,10 +418,37 @@ class CountedGRU(nn.GRU):
         return super().forward(x.unsqueeze(1).expand(-1, 3, -1))[0][:, -1] * (1 + 0.1 * self.calls)
 
 
+class SetAnew(nn.Module):
+    """A layer without a rule whose forward sets its count anew (``self.n = self.n + 1``), or whose
+    parent halves its shift in place after it ran (``by_parent``)."""
+
+    def __init__(self, by_parent: bool = False) -> None:
+        super().__init__()
+        self.weight, self.by_parent = nn.Parameter(torch.randn(6, 6)), by_parent
+        self.register_buffer("n", torch.ones(()))
+
+    def forward(self, x):
+        if not self.by_parent:
+            self.n = self.n + 1
+        return torch.tanh(x @ self.weight + self.n)
+
+
+class HalvedAfter(nn.Sequential):
+    """A Sequential whose forward halves its second layer's buffer in place after the layers."""
+
+    def forward(self, x):
+        out = super().forward(x)
+        with torch.no_grad():
+            self[1].n.mul_(0.5)
+        return out
+
+
 BUFFER_UPDATES = {
     "spectral_norm": lambda: nn.utils.spectral_norm(nn.Linear(6, 6)),  # its pre-hook's u and v
     "counter": CountedTanh,
     "counter_loop": CountedGRU,
+    "set_anew": SetAnew,
+    "by_parent": lambda: SetAnew(by_parent=True),
 }
 
 
@@ -434,10 +461,12 @@ def test_a_replayed_layer_whose_forward_changes_its_buffers_replays_from_the_cal
     """The per-layer replay copied a layer's buffers after the batch's forward had changed them:
     torch.nn.utils.spectral_norm's pre-hook took one more power iteration (rows 4-14 % off, B = 1
     too) and a counter counted again, silently with ``check_every=0`` (round 18); one example at
-    a time, each counted on from the last. The replay now starts every example from the buffers
-    the call found, as a per-example loop does from the same state."""
+    a time, each counted on from the last; a count set anew, or a buffer the parent changed after
+    the layer ran, read at its end-of-forward value (rows 4-44 % off; round 19). The replay now
+    starts every example from the buffers the call found, as a per-example loop does."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 6), BUFFER_UPDATES[layer](), nn.Linear(6, 3)).double()
+    layers = (nn.Linear(4, 6), BUFFER_UPDATES[layer](), nn.Linear(6, 3))
+    model = (nn.Sequential(*layers) if layer != "by_parent" else HalvedAfter(*layers)).double()
     psg = make_per_sample(model, F.cross_entropy, method, check_every=check_every)
     generator = torch.Generator().manual_seed(1)
     for batch in (3, 1, 5, 2):
@@ -475,7 +504,7 @@ def test_a_replayed_layer_that_changes_its_buffers_unseen_by_the_probe_is_refuse
     for psg in (hooked, auto):
         call(psg, x, y)
     model[1].counting = True
-    with pytest.raises(UnsupportedModelError, match=r"^1 \(CountedTanh\): its forward changed "):
+    with pytest.raises(UnsupportedModelError, match=r"^1 \(CountedTanh\): its buffer calls "):
         call(hooked, x, y)
     found = {n: b.clone() for n, b in model.named_buffers()}
     model.zero_grad(set_to_none=True)
@@ -546,6 +575,31 @@ def test_a_forward_that_moves_frozen_weights_leaves_the_probe_and_the_check_thei
             torch.testing.assert_close(g, want[n][-1], msg=n)
         model.load_state_dict(after)
     assert psg.method in ("hooks", "factored")
+
+
+@pytest.mark.parametrize("after", [None, False, True], ids=["before", "after", "prepended"])
+@pytest.mark.parametrize("method", ["hooks", "factored"])
+def test_a_pre_hook_that_changes_a_replayed_layers_input_is_refused(method, after):
+    """A forward pre-hook of the user's on a layer without a rule ran again in the per-layer
+    replay, on the input it had already changed: rows 76-118 % off, silently with
+    ``check_every=0`` (round 19, F2). The hook path notes the inputs as the call enters and as
+    its own pre-hook passes them on, and refuses the layer where a pre-hook changed them (before
+    or after make_per_sample's), and one registered after it ahead of its own (``prepend=True``);
+    ``auto`` takes ``func``, which runs the hook once per example."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), CountedTanh(), nn.Linear(6, 3)).double()
+    model[1].counting = False
+    shift = lambda module, args: (2 * args[0] + 1,)  # noqa: E731
+    handle = None if after is not None else model[1].register_forward_pre_hook(shift)
+    psg = make_per_sample(model, F.cross_entropy, method, check_every=0)
+    handle = handle or model[1].register_forward_pre_hook(shift, prepend=bool(after))
+    x, y = torch.randn(4, 4, dtype=torch.float64), torch.tensor([0, 1, 2, 0])
+    with pytest.raises(UnsupportedModelError, match=r"^1 \(CountedTanh\): a forward pre-hook"):
+        call(psg, x, y)
+    auto = make_per_sample(model, F.cross_entropy, "auto")
+    _, rows = call(auto, x, y)
+    torch.testing.assert_close(rows["1.weight"], per_example_loop(model, x, y)["1.weight"])
+    assert auto.method == "func"
 
 
 def _scaled_input(module: nn.Module, args: tuple) -> tuple:
