@@ -14,6 +14,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from grab_exp.per_sample.func import split_state
 from grab_exp.per_sample.layout import Call, CallLayout
+from grab_exp.per_sample.modules import UnsupportedModelError
 from grab_exp.per_sample.rules.base import Outs
 
 __all__ = ["FuncFallback"]
@@ -21,10 +22,11 @@ __all__ = ["FuncFallback"]
 
 class FuncFallback:
     """Per-sample gradients of ``layer``'s own parameters, then the ``adopted`` ones (of
-    submodules its forward uses without calling them), as ``names``, by ``vmap`` or a loop."""
+    submodules its forward uses without calling them), as ``names``, by ``vmap`` or a loop;
+    ``label``: the layer's, for a refusal."""
 
-    def __init__(self, layer: nn.Module, adopted: Iterable[str] = ()) -> None:
-        self.layer, self.adopted = layer, list(adopted)
+    def __init__(self, layer: nn.Module, adopted: Iterable[str] = (), label: str = "") -> None:
+        self.layer, self.adopted, self.label = layer, list(adopted), label
         self.names = [n for n, _ in layer.named_parameters(recurse=False)] + self.adopted
         # torch's vmap has no batching rule for the fused RNN kernels: it runs them one example
         # at a time through its slow fallback, or fails (nn.GRU), so a plain loop it is
@@ -42,7 +44,13 @@ class FuncFallback:
         outs = dict(zip(self.names, out, strict=True))
         try:
             grads = self._rows(own, fixed, call, layout, used, grads_sum, batch, outs)
-        except (RuntimeError, NotImplementedError):
+        except (RuntimeError, NotImplementedError) as error:
+            if "randomness" in str(error):  # vmap's, or the loop's: a replay draws anew
+                raise UnsupportedModelError(
+                    f"{self.label}: its forward draws random numbers itself (torch.randn_like, "
+                    "F.dropout: no Dropout module), which a replay per example cannot draw as "
+                    "the batch did; use method=func with randomness='different' (auto does)"
+                ) from error
             if self.batched_by == "loop":
                 raise
             self.batched_by = "loop"  # torch's vmap cannot batch this layer
@@ -71,6 +79,7 @@ class FuncFallback:
                 per_example = vmap(grad(one_example), (None, in_dims, out_dims), randomness="error")
                 return per_example(own, inputs, grads_sum)
             rows: dict[str, list[torch.Tensor]] = {n: [] for n in own}
+            drawn = torch.get_rng_state()  # the replays may draw nothing (forked by the caller)
             for b in range(batch):  # plain autograd: a checkpoint inside the layer runs too
                 for n, buffer in call.buffers.items():  # each example from the call's buffers
                     fixed[n].copy_(buffer)
@@ -82,4 +91,6 @@ class FuncFallback:
                     grads = torch.autograd.grad(total, list(params.values()), allow_unused=True)
                 for (n, p), g in zip(params.items(), grads, strict=True):
                     rows[n].append(torch.zeros_like(p) if g is None else g)
+            if not torch.equal(drawn, torch.get_rng_state()):
+                raise RuntimeError("the layer's replay draws random numbers (randomness)")
         return {n: torch.stack(r, out=outs.get(n)) for n, r in rows.items()}

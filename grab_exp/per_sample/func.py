@@ -19,7 +19,7 @@ from grab_exp.per_sample.check.examples import identity_problem
 from grab_exp.per_sample.check.loss import check_scalar, loss_of, relative_gap
 from grab_exp.per_sample.check.mean import GradSnapshot, refuse_gradient_hooks
 from grab_exp.per_sample.check.schedule import CHECK_EVERY
-from grab_exp.per_sample.check.state import kept_state
+from grab_exp.per_sample.check.state import generator_states, kept_state
 from grab_exp.per_sample.check.tolerance import autocast_on
 from grab_exp.per_sample.compiled import compile_step
 from grab_exp.per_sample.layout import (
@@ -172,13 +172,15 @@ class FuncPerSample(PerSampleGradients):
         layout = self._output_layout(key, x)
         due = self.checker.due(key, batch)
         trainable, fixed = split_state(self.model)
+        start = generator_states()
         try:
             grads, (losses, out) = self._grad_fn(trainable, fixed, x, y)  # {name: (B, ...)}
         except RuntimeError as error:
             raise UnsupportedModelError(vmap_failure(self.model, error)) from error
         self._found()  # the batch's own forward below runs on the attributes the call found
         rows, params = as_batch_grads(grads), self.state.trainable()
-        if self.randomness is not None and random_modules(self.model):
+        drew = not all(map(torch.equal, start, generator_states()))  # F.dropout, randn_like too
+        if self.randomness is not None and (drew or random_modules(self.model)):
             return self._drawn(x, y, rows, grads, losses, out, layout, key, due, batch)
         with GradSnapshot(params.values()) as snapshot, torch.enable_grad():
             batch_out = call_model(self.model, x)  # the batch's own forward

@@ -13,7 +13,7 @@ from grab_exp.grads import BatchGrads, as_batch_grads
 from grab_exp.per_sample.base import PerSampleGradients
 from grab_exp.per_sample.check.loss import loss_of
 from grab_exp.per_sample.check.mean import GradSnapshot, dense, refuse_gradient_hooks
-from grab_exp.per_sample.check.state import kept_state
+from grab_exp.per_sample.check.state import generator_states, kept_state
 from grab_exp.per_sample.layout import Inputs, batch_size, call_model, take
 from grab_exp.per_sample.modules import UnsupportedModelError, label, random_modules
 
@@ -46,7 +46,15 @@ class LoopPerSample(PerSampleGradients):
         )
         grads = as_batch_grads(self._rows(x, y, params, batch_size(x)))  # {name: (B, *shape)}
         with GradSnapshot(params.values()) as snapshot, torch.enable_grad():
+            start = generator_states()
             loss = loss_of(self.loss_fn, call_model(self.model, x), y)  # the batch's own step
+            if not all(map(torch.equal, start, generator_states())):
+                raise UnsupportedModelError(
+                    "the model draws random numbers in its forward outside Dropout modules "
+                    "(torch.randn_like, F.dropout): method=loop's forwards of one example would "
+                    "draw other numbers than the batch's; use method=hooks (the batch's own "
+                    "draws) or func with randomness='different'"
+                )
             if loss.requires_grad:
                 loss.backward()
             self.verify_and_check(grads, params, snapshot, None, None)

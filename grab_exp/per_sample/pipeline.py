@@ -18,7 +18,7 @@ from grab_exp.per_sample.compiled import check_compile_method, compile_step
 from grab_exp.per_sample.func import FuncPerSample
 from grab_exp.per_sample.hooks import FactoredPerSample, HookedPerSample, check_supported
 from grab_exp.per_sample.loop import LoopPerSample
-from grab_exp.per_sample.modules import UnsupportedModelError, random_modules
+from grab_exp.per_sample.modules import UnsupportedModelError
 from grab_exp.per_sample.rules import rule_for
 from grab_exp.validation import check_choice
 
@@ -120,11 +120,11 @@ def make_per_sample(
     """Per-sample gradients of ``model`` by ``method`` name (like opacus's ``wrap_model``):
     ``func``, ``hooks``, ``factored``, ``loop`` or ``auto`` (:func:`resolve_method`, then ``func``
     and ``loop`` when a call refuses the model; under ``compile_mode``, ``func`` compiled);
-    ``chunk_size`` and ``randomness`` are ``func``'s (``auto``: active dropout gets
-    ``"different"``), ``reuse_buffer`` the hook path's."""
+    ``chunk_size`` and ``randomness`` are ``func``'s (``auto``: ``"different"``, for a model
+    that draws random numbers), ``reuse_buffer`` the hook path's."""
     requested, method = method, resolve_method(model, method, compile_mode, factors, reuse_buffer)
-    if requested == "auto" and randomness is None and random_modules(model):
-        randomness = "different"  # for func only: the hook path takes the batch's masks
+    if requested == "auto" and randomness is None:
+        randomness = "different"  # for func only: the hook path takes the batch's own draws
     options = {"chunk_size": chunk_size, "randomness": randomness, "check_every": check_every}
     make_func = partial(FuncPerSample, model, loss_fn, compile_mode=compile_mode, **options)
     make_loop = partial(LoopPerSample, model, loss_fn, check_every=check_every)

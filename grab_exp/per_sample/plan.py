@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from grab_exp.per_sample.check.state import kept_state
+from grab_exp.per_sample.check.state import generator_states, kept_state, set_generator_states
 from grab_exp.per_sample.check.tolerance import OUTPUT_TOLERANCE, tolerance
 from grab_exp.per_sample.fallback import FuncFallback
 from grab_exp.per_sample.layout import (
@@ -53,7 +53,9 @@ class Layers:
 
     def add(self, name: str, layer: nn.Module, hook, adopted: tuple[str, ...] = ()) -> None:
         rule = None if adopted else rule_for(layer)
-        (self.rules if rule else self.fallbacks)[name] = rule or FuncFallback(layer, adopted)
+        (self.rules if rule else self.fallbacks)[name] = rule or FuncFallback(
+            layer, adopted, label(name, layer)
+        )
         self.modules[name] = layer
         prefix = f"{name}." if name else ""
         own = [n for n, _ in layer.named_parameters(recurse=False)]  # a rule's rows: weight, bias
@@ -100,7 +102,7 @@ class Planner:
         """Probe until nothing changes: a layer that did not run gives its parameters to its
         parent module (idle if the output does not use them: for this kind of batch only), one
         whose input has no batch dimension gets it expanded."""
-        layers = self.layers
+        layers, self._start = self.layers, generator_states()  # every probe draws from there
         layers.idle.clear()
         expanded = self.recorder.expanded = set()
         plain = None
@@ -156,9 +158,11 @@ class Planner:
     def _probe(self, x: Inputs, copies: int) -> tuple[dict[str, list[tuple]], Any, dict]:
         recorder = self.recorder
         recorder.calls, recorder.batch = {}, copies
+        set_generator_states(self._start)  # the caller's kept_state forks the generators
         with recorder.in_mode("probe"), torch.enable_grad():  # as in training: no inference paths
             out = call_model(self.model, take(x, [0] * copies))
             recorder.settle_buffers(recorder.calls)
+        self.drew = not all(map(torch.equal, self._start, generator_states()))
         calls, recorder.calls = recorder.calls, {}
         shapes = {
             n: [(shape_of(c.leaves), shape_of(c.outputs)) for c in cs] for n, cs in calls.items()
@@ -196,7 +200,8 @@ class Planner:
         ]
         spread = [] if _same(plain, outputs[1]) else sorted(expanded)
         tensors = [t for _, t, _ in outs]
-        for k in (0, 1, 2, None) if outs and graded and not spread else ():  # None: all, alike
+        copies = (0, 1, 2) if self.drew else (0, 1, 2, None)  # None: all outputs, copies alike
+        for k in copies if outs and graded and not spread else ():  # (each copy, its own draws)
             ends = [
                 (t if k is None else t.narrow(d, k, 1)).sum()
                 for t, d in graded
@@ -220,13 +225,13 @@ class Planner:
         a mask per example where the model draws one for all: another forward, other numbers)."""
         copies, recorder, drawn = take(x, [0] * 3), self.recorder, []
         with kept_state(self.model), torch.enable_grad():  # the generators forked
-            start = _generators()
+            start = generator_states()
             for mode in ("idle", "probe"):  # the model's own forward, then with the expansion
-                _set_generators(start)
+                set_generator_states(start)
                 recorder.calls, recorder.batch = {}, 3
                 with recorder.in_mode(mode):
                     call_model(self.model, copies)
-                drawn.append(_generators())
+                drawn.append(generator_states())
             recorder.calls = {}
         if not all(map(torch.equal, *drawn)):
             names = ", ".join(self.layers.label(n) for n in sorted(expanded))
@@ -292,18 +297,6 @@ class Planner:
                     "mode) that replaying the layer for its per-sample gradients cannot reproduce;"
                     " set that dropout to 0, or use method=func with randomness='different'"
                 )
-
-
-def _generators() -> list[torch.Tensor]:
-    """The states of the default CPU generator and of the CUDA ones in use."""
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
-    return [torch.get_rng_state(), *cuda]
-
-
-def _set_generators(states: list[torch.Tensor]) -> None:
-    torch.set_rng_state(states[0])
-    if len(states) > 1:
-        torch.cuda.set_rng_state_all(states[1:])
 
 
 def _spread(grad: torch.Tensor | None, dim: int, k: int | None) -> bool:

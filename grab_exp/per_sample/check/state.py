@@ -158,3 +158,16 @@ class ModelState:
 
 def cuda_devices(model: nn.Module) -> list[int]:
     return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+
+
+def generator_states() -> list[torch.Tensor]:
+    """The states of the default CPU generator and of the CUDA ones in use (a forward that
+    draws random numbers moves one)."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
+    return [torch.get_rng_state(), *cuda]
+
+
+def set_generator_states(states: list[torch.Tensor]) -> None:
+    torch.set_rng_state(states[0])
+    if len(states) > 1:
+        torch.cuda.set_rng_state_all(states[1:])
