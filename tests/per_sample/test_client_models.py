@@ -18,6 +18,7 @@ from support.client_models import (
     sequence_case,
     tiny_bert,
 )
+from support.plain_step import assert_a_plain_step_from_one_seed
 from torch import nn
 from torch.nn import functional as F
 
@@ -485,17 +486,7 @@ def test_the_probe_of_an_expanded_layer_asks_the_same_of_a_model_with_dropout(me
             with pytest.raises(UnsupportedModelError, match=r"^(cls|pos) \(Embedding\): its "):
                 psg(x, y)
             continue
-        torch.manual_seed(batch)
-        loss, _ = psg(x, y)
-        got = {n: p.grad for n, p in model.named_parameters()}
-        model.zero_grad(set_to_none=True)
-        torch.manual_seed(batch)  # the masks of psg's forward: its probes draw on their own
-        plain = with_penalty(model(x), y)
-        plain.backward()
-        torch.testing.assert_close(loss, plain.detach())
-        for n, p in model.named_parameters():
-            torch.testing.assert_close(got[n], p.grad, msg=n)
-        model.zero_grad(set_to_none=True)
+        assert_a_plain_step_from_one_seed(psg, model, with_penalty, x, y, batch)
     assert model.drop.training
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from support.plain_step import assert_a_plain_step_from_one_seed
 from torch import nn
 
 from grab_exp.per_sample import UnsupportedModelError, make_per_sample
@@ -81,18 +82,7 @@ def test_random_numbers_between_layers_are_the_batchs_own_on_the_hook_path(metho
     model, g = NoisyBetween(dropout).double(), torch.Generator().manual_seed(1)
     psg = make_per_sample(model, F.cross_entropy, method)
     for step, batch in enumerate((4, 4, 1, 5, 4)):
-        x, y = tokens(g, batch)
-        model.zero_grad(set_to_none=True)
-        torch.manual_seed(step)
-        loss, _ = psg(x, y)
-        got = {n: p.grad for n, p in model.named_parameters()}
-        model.zero_grad(set_to_none=True)
-        torch.manual_seed(step)  # the draws of psg's forward: its probes and checks draw forked
-        plain = F.cross_entropy(model(x), y)
-        plain.backward()
-        torch.testing.assert_close(loss, plain.detach())
-        for n, p in model.named_parameters():
-            torch.testing.assert_close(got[n], p.grad, msg=n)
+        assert_a_plain_step_from_one_seed(psg, model, F.cross_entropy, *tokens(g, batch), step)
     assert psg.method == method
 
 

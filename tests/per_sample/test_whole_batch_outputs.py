@@ -11,6 +11,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from support.plain_step import assert_a_plain_step_from_one_seed
 from torch import nn
 
 from grab_exp.per_sample import UnsupportedModelError, make_per_sample
@@ -291,18 +292,7 @@ def test_a_kl_mean_with_dropout_is_right_on_the_hook_path(method: str) -> None:
     model, g = DroppedVAE(0.3).double(), torch.Generator().manual_seed(1)
     psg = make_per_sample(model, vae_loss, method)
     for step, size in enumerate((4, 4, 1, 5, 4)):
-        x, y = vae_batch(size, g)
-        model.zero_grad(set_to_none=True)
-        torch.manual_seed(step)
-        loss, _ = psg(x, y)
-        got = {n: p.grad for n, p in model.named_parameters()}
-        model.zero_grad(set_to_none=True)
-        torch.manual_seed(step)  # the masks of psg's forward: its checks draw on their own
-        plain = vae_loss(call(model, x), y)
-        plain.backward()
-        torch.testing.assert_close(loss, plain.detach())
-        for n, p in model.named_parameters():
-            torch.testing.assert_close(got[n], p.grad, msg=n)
+        assert_a_plain_step_from_one_seed(psg, model, vae_loss, *vae_batch(size, g), step)
     assert psg.method in ("hooks", "factored") and model.drop.training
 
 
