@@ -76,7 +76,8 @@ class Recorder:
                 kept = self.mode == "record" and name in self.updating
                 values = {n: b.clone() for n, b in named} if kept else {}
                 versions = [(n, b, b._version) for n, b in named]
-                self.entry_buffers.setdefault(name, []).append([versions, values, (args, kwargs)])
+                inputs = [(t, t._version) for t in _tensors(args, kwargs)]
+                self.entry_buffers.setdefault(name, []).append([versions, values, inputs])
 
         return hook
 
@@ -89,8 +90,6 @@ class Recorder:
             changed = name in self.expanded
             if changed:  # keyword arguments too: pos(input=torch.arange(T))
                 args, kwargs = expand_over_batch((args, kwargs), self.batch)
-            if replayed:  # and those after it (registered after make_per_sample) as it passes them
-                self.entry_buffers[name][-1][2] = (args, kwargs)
             if self.mode == "record" and replayed:  # its replay reads its inputs
                 leaves = tree_flatten((list(args), kwargs))[0]
                 versions = [(t, t._version) for t in leaves if isinstance(t, torch.Tensor)]
@@ -128,7 +127,6 @@ class Recorder:
                 if replayed:
                     call.input_versions = self.entry_versions[name].pop()
             if replayed:
-                self._same_inputs(name, args, kwargs)
                 call.entry_buffers, call.buffers, _ = self.entry_buffers[name].pop()
             self.calls.setdefault(name, []).append(call)
             return tree_unflatten(outputs, output_spec) if alias else None
@@ -136,10 +134,12 @@ class Recorder:
         return hook
 
     def _same_inputs(self, name: str, args: tuple, kwargs: dict) -> None:
-        """Refuse a replayed layer whose arguments are not those last noted for its call (a
-        pre-hook that returns new ones: torch passes the same tuple and dict on otherwise)."""
-        noted = self.entry_buffers[name][-1][2]
-        if args is not noted[0] or kwargs is not noted[1]:
+        """Refuse a replayed layer whose input tensors are not those its call entered with, as
+        they were (a pre-hook of the user's, which runs between, returned or changed them)."""
+        noted, now = self.entry_buffers[name][-1][2], _tensors(args, kwargs)
+        if len(now) != len(noted) or any(
+            t is not n or moved([(n, v)]) for t, (n, v) in zip(now, noted, strict=False)
+        ):
             raise UnsupportedModelError(
                 f"{self.layers.label(name)}: a forward pre-hook of the user's changes its input, "
                 "and the per-layer replay of the layer (it has no rule) would run the hook again "
@@ -208,7 +208,10 @@ class Recorder:
                     f"{self.layers.label(name)}: a forward hook of its own can change its output, "
                     "which the hook path cannot follow; use method=func (auto does)"
                 )
-            first = next(iter(layer._forward_pre_hooks.values()), None)  # replayed: the entry's
+            pre = layer._forward_pre_hooks  # replayed: the entry hook first, the path's own last
+            if name in self.layers.fallbacks and (last := self.layers.handles[name][1].id) in pre:
+                pre.move_to_end(last)  # a user's pre-hook registered since runs before it
+            first = next(iter(pre.values()), None)
             if name in self.layers.fallbacks and not is_ours(first):
                 raise UnsupportedModelError(
                     f"{self.layers.label(name)}: a forward pre-hook registered ahead of the hook "
@@ -269,6 +272,10 @@ class Recorder:
 @functools.cache
 def _args_spec(count: int) -> Any:
     return tree_flatten(([0] * count, {}))[1]
+
+
+def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    return [t for t in tree_flatten((list(args), kwargs))[0] if isinstance(t, torch.Tensor)]
 
 
 def _moved(layer: nn.Module, name: str, entered: torch.Tensor, version: int) -> bool:

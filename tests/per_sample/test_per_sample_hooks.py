@@ -577,29 +577,48 @@ def test_a_forward_that_moves_frozen_weights_leaves_the_probe_and_the_check_thei
     assert psg.method in ("hooks", "factored")
 
 
-@pytest.mark.parametrize("after", [None, False, True], ids=["before", "after", "prepended"])
+def _doubled_in_place(module: nn.Module, args: tuple) -> None:
+    args[0].mul_(2)
+
+
+#: a pre-hook of the user's: new arguments (refused), the same tensor in a new tuple (a device
+#: placement's: right), the input changed in place (refused)
+PRE_HOOKS = {
+    "new": lambda module, args: (2 * args[0] + 1,),
+    "same": lambda module, args: (args[0],),
+    "in_place": _doubled_in_place,
+}
+
+
+@pytest.mark.parametrize("when", [None, False, True], ids=["before", "after", "prepended"])
+@pytest.mark.parametrize("kind", list(PRE_HOOKS))
 @pytest.mark.parametrize("method", ["hooks", "factored"])
-def test_a_pre_hook_that_changes_a_replayed_layers_input_is_refused(method, after):
+def test_a_pre_hook_that_changes_a_replayed_layers_input_is_refused(method, kind, when):
     """A forward pre-hook of the user's on a layer without a rule ran again in the per-layer
     replay, on the input it had already changed: rows 76-118 % off, silently with
-    ``check_every=0`` (round 19, F2). The hook path notes the inputs as the call enters and as
-    its own pre-hook passes them on, and refuses the layer where a pre-hook changed them (before
-    or after make_per_sample's), and one registered after it ahead of its own (``prepend=True``);
-    ``auto`` takes ``func``, which runs the hook once per example."""
+    ``check_every=0`` (round 19, F2), and one that changed it in place too (40-95 %, round 20,
+    F3). The hook path notes the input tensors and their versions as the call enters, keeps its
+    own pre-hook the last, and refuses the layer where a pre-hook gave other tensors or changed
+    them (registered before or after make_per_sample), or was registered ahead of the entry's
+    (``prepend=True``); one that returns the same tensor in a new tuple is right (round 20, F4:
+    refused as a change). ``auto`` takes ``func``, which runs the hook once per example."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 6), CountedTanh(), nn.Linear(6, 3)).double()
-    model[1].counting = False
-    shift = lambda module, args: (2 * args[0] + 1,)  # noqa: E731
-    handle = None if after is not None else model[1].register_forward_pre_hook(shift)
+    model[1].counting, hook = False, PRE_HOOKS[kind]
+    handle = None if when is not None else model[1].register_forward_pre_hook(hook)
     psg = make_per_sample(model, F.cross_entropy, method, check_every=0)
-    handle = handle or model[1].register_forward_pre_hook(shift, prepend=bool(after))
+    handle = handle or model[1].register_forward_pre_hook(hook, prepend=bool(when))
     x, y = torch.randn(4, 4, dtype=torch.float64), torch.tensor([0, 1, 2, 0])
+    if kind == "same" and not when:
+        _, rows = call(psg, x, y)
+        torch.testing.assert_close(rows["1.weight"], per_example_loop(model, x, y)["1.weight"])
+        return
     with pytest.raises(UnsupportedModelError, match=r"^1 \(CountedTanh\): a forward pre-hook"):
         call(psg, x, y)
-    auto = make_per_sample(model, F.cross_entropy, "auto")
-    _, rows = call(auto, x, y)
+    auto = make_per_sample(model, F.cross_entropy, "auto")  # its entry hook ahead again
+    _, rows = call(auto, x.clone(), y)
     torch.testing.assert_close(rows["1.weight"], per_example_loop(model, x, y)["1.weight"])
-    assert auto.method == "func"
+    assert auto.method == ("factored" if kind == "same" else "func")
 
 
 def _scaled_input(module: nn.Module, args: tuple) -> tuple:
