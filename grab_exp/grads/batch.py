@@ -160,7 +160,6 @@ class BatchGrads(GradRows):
             block.write_row(i, _columns(out, columns))
 
 
-@functools.cache
 def part_rows(part: Part) -> torch.Tensor:
     """A part's rows as a ``(B, w)`` matrix: a tensor's own (a view where it can be), a
     :class:`~grab_exp.grads.linear.FactorBias`'s bias rows, a compact block materialized."""
@@ -171,6 +170,7 @@ def part_rows(part: Part) -> torch.Tensor:
     return part.reshape(part.shape[0], -1)
 
 
+@functools.cache
 def _column_slices(widths: tuple[int, ...]) -> tuple[slice, ...]:
     """The columns of consecutive blocks of these widths (one layout per model: made once)."""
     starts = list(accumulate(widths, initial=0))
