@@ -59,10 +59,13 @@ class Recorder:
         entry = self._entry_hook(name)
         for own in (forward, pre, entry):
             setattr(own, OURS, True)
-        return [
+        handles = [
             layer.register_forward_hook(forward, with_kwargs=True),
             layer.register_forward_pre_hook(pre, with_kwargs=True),
-        ] + [layer.register_forward_pre_hook(entry, prepend=True, with_kwargs=True)] * replayed
+        ]
+        if replayed:  # a rule reads the call's own inputs and outputs: no entry to note
+            handles.append(layer.register_forward_pre_hook(entry, prepend=True, with_kwargs=True))
+        return handles
 
     def _entry_hook(self, name: str):
         """A replayed layer's call as it enters, before any pre-hook of the layer (the old
