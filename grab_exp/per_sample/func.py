@@ -13,13 +13,14 @@ from torch.func import functional_call, grad, vmap
 from torch.nn.utils import parametrize
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
+from grab_exp.devices import in_graph_safe
 from grab_exp.grads import BatchGrads, as_batch_grads
 from grab_exp.per_sample.base import LossFn, PerSampleGradients
 from grab_exp.per_sample.check.examples import identity_problem
 from grab_exp.per_sample.check.loss import check_scalar, loss_of, relative_gap
 from grab_exp.per_sample.check.mean import GradSnapshot, refuse_gradient_hooks
 from grab_exp.per_sample.check.schedule import CHECK_EVERY
-from grab_exp.per_sample.check.state import generator_states, kept_state
+from grab_exp.per_sample.check.state import drew_since, generator_states, kept_state
 from grab_exp.per_sample.check.tolerance import autocast_on
 from grab_exp.per_sample.compiled import compile_step
 from grab_exp.per_sample.layout import (
@@ -179,7 +180,7 @@ class FuncPerSample(PerSampleGradients):
             raise UnsupportedModelError(vmap_failure(self.model, error)) from error
         self._found()  # the batch's own forward below runs on the attributes the call found
         rows, params = as_batch_grads(grads), self.state.trainable()
-        drew = not all(map(torch.equal, start, generator_states()))  # F.dropout, randn_like too
+        drew = not in_graph_safe() and drew_since(start)  # F.dropout, randn_like too
         if self.randomness is not None and (drew or random_modules(self.model)):
             return self._drawn(x, y, rows, grads, losses, out, layout, key, due, batch)
         with GradSnapshot(params.values()) as snapshot, torch.enable_grad():

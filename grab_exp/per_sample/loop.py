@@ -13,7 +13,7 @@ from grab_exp.grads import BatchGrads, as_batch_grads
 from grab_exp.per_sample.base import PerSampleGradients
 from grab_exp.per_sample.check.loss import loss_of
 from grab_exp.per_sample.check.mean import GradSnapshot, dense, refuse_gradient_hooks
-from grab_exp.per_sample.check.state import generator_states, kept_state
+from grab_exp.per_sample.check.state import drew_since, generator_states, kept_state
 from grab_exp.per_sample.layout import Inputs, batch_size, call_model, take
 from grab_exp.per_sample.modules import UnsupportedModelError, label, random_modules
 
@@ -48,7 +48,7 @@ class LoopPerSample(PerSampleGradients):
         with GradSnapshot(params.values()) as snapshot, torch.enable_grad():
             start = generator_states()
             loss = loss_of(self.loss_fn, call_model(self.model, x), y)  # the batch's own step
-            if not all(map(torch.equal, start, generator_states())):
+            if drew_since(start):
                 raise UnsupportedModelError(
                     "the model draws random numbers in its forward outside Dropout modules "
                     "(torch.randn_like, F.dropout): method=loop's forwards of one example would "

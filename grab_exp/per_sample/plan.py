@@ -10,7 +10,12 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from grab_exp.per_sample.check.state import generator_states, kept_state, set_generator_states
+from grab_exp.per_sample.check.state import (
+    drew_since,
+    generator_states,
+    kept_state,
+    set_generator_states,
+)
 from grab_exp.per_sample.check.tolerance import OUTPUT_TOLERANCE, tolerance
 from grab_exp.per_sample.fallback import FuncFallback
 from grab_exp.per_sample.layout import (
@@ -162,7 +167,7 @@ class Planner:
         with recorder.in_mode("probe"), torch.enable_grad():  # as in training: no inference paths
             out = call_model(self.model, take(x, [0] * copies))
             recorder.settle_buffers(recorder.calls)
-        self.drew = not all(map(torch.equal, self._start, generator_states()))
+        self.drew = drew_since(self._start)
         calls, recorder.calls = recorder.calls, {}
         shapes = {
             n: [(shape_of(c.leaves), shape_of(c.outputs)) for c in cs] for n, cs in calls.items()
@@ -232,8 +237,9 @@ class Planner:
                 with recorder.in_mode(mode):
                     call_model(self.model, copies)
                 drawn.append(generator_states())
+            other = drew_since(drawn[0])  # the expanded forward's end against the model's
             recorder.calls = {}
-        if not all(map(torch.equal, *drawn)):
+        if other:
             names = ", ".join(self.layers.label(n) for n in sorted(expanded))
             raise UnsupportedModelError(
                 f"{names}: its input has no batch dimension (as arange(T)), and given one the "

@@ -171,3 +171,10 @@ def set_generator_states(states: list[torch.Tensor]) -> None:
     torch.set_rng_state(states[0])
     if len(states) > 1:
         torch.cuda.set_rng_state_all(states[1:])
+
+
+def drew_since(states: list[torch.Tensor]) -> bool:
+    """Whether a generator moved since :func:`generator_states` gave ``states``: compared as
+    bytes on the host, no tensor operation (a captured step may run none that reads a value)."""
+    now = generator_states()
+    return any(a.numpy().tobytes() != b.numpy().tobytes() for a, b in zip(states, now, strict=True))
