@@ -115,7 +115,7 @@ class HookedPerSample(PerSampleGradients):
         self.recorder.refuse_foreign_hooks()
         shapes = self.planner.use_plan(x, modes)
         plan, recorder = self.planner.plan, self.recorder
-        recorder.calls, recorder.batch, recorder.entry_versions = {}, batch, {}
+        recorder.calls, recorder.batch = {}, batch
         with recorder.in_mode("record"):
             out = call_model(self.model, x)
         plan.output.check_batch(out, batch)

@@ -28,8 +28,7 @@ class Recorder:
         self.layers, self.mode, self.batch = layers, "idle", 0
         self.calls: dict[str, list[Call]] = {}
         self.expanded: set[str] = set()
-        self.entry_versions: dict[str, list[list]] = {}  # replayed calls' (input, version)s
-        self.entry_buffers: dict[str, list[tuple]] = {}  # their buffers at entry, kept values
+        self.entry_buffers: dict[str, list[list]] = {}  # replayed calls' entries (_entry_hook)
         self.updating: set[str] = set()  # replayed layers whose buffers a probe saw change
 
     @contextlib.contextmanager
@@ -93,10 +92,6 @@ class Recorder:
             changed = name in self.expanded
             if changed:  # keyword arguments too: pos(input=torch.arange(T))
                 args, kwargs = expand_over_batch((args, kwargs), self.batch)
-            if self.mode == "record" and replayed:  # its replay reads its inputs
-                leaves = tree_flatten((list(args), kwargs))[0]
-                versions = [(t, t._version) for t in leaves if isinstance(t, torch.Tensor)]
-                self.entry_versions.setdefault(name, []).append(versions)
             return (args, kwargs) if changed else None
 
         return hook
@@ -127,10 +122,9 @@ class Recorder:
                 copies = self.copies.pop(name, None)
                 if copies is not None and copies.grad_fn is not None:
                     call.weight_copies = [None, _edge(copies)]
-                if replayed:
-                    call.input_versions = self.entry_versions[name].pop()
-            if replayed:
-                call.entry_buffers, call.buffers, _ = self.entry_buffers[name].pop()
+            if replayed:  # its replay reads its inputs: as they entered (_same_inputs)
+                entry = self.entry_buffers[name].pop()
+                call.entry_buffers, call.buffers, call.input_versions = entry
             self.calls.setdefault(name, []).append(call)
             return tree_unflatten(outputs, output_spec) if alias else None
 
