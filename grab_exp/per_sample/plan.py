@@ -46,11 +46,13 @@ class Plan:
 
 @dataclass
 class Layers:
-    """The hooked layers by name: its parameters by qualified name (``own``), its rule or
-    fallback, its hooks; ``idle``: those silent in a probe whose parameters the output skips."""
+    """The hooked layers by name: its parameters by qualified name (``own``) and where each is
+    registered (``slots``: module, name, parameter), its rule or fallback, its hooks; ``idle``:
+    those silent in a probe whose parameters the output skips."""
 
     modules: dict[str, nn.Module] = field(default_factory=dict)
     own: dict[str, dict[str, nn.Parameter]] = field(default_factory=dict)
+    slots: dict[str, list[tuple[nn.Module, str, nn.Parameter]]] = field(default_factory=dict)
     rules: dict[str, LayerRule] = field(default_factory=dict)
     fallbacks: dict[str, FuncFallback] = field(default_factory=dict)
     idle: set[str] = field(default_factory=set)
@@ -66,12 +68,14 @@ class Layers:
         own = [n for n, _ in layer.named_parameters(recurse=False)]  # a rule's rows: weight, bias
         own = sorted(own, key=("weight", "bias").index) if rule else own + list(adopted)
         self.own[name] = {prefix + n: layer.get_parameter(n) for n in own}
+        places = [(layer.get_submodule(n.rpartition(".")[0]), n.rpartition(".")[2]) for n in own]
+        self.slots[name] = [(m, n, m._parameters[n]) for m, n in places]
         self.handles[name] = hook(name, layer, rule is None)
 
     def drop(self, name: str) -> None:
         for handle in self.handles.pop(name):
             handle.remove()
-        for table in (self.modules, self.rules, self.fallbacks, self.own):
+        for table in (self.modules, self.rules, self.fallbacks, self.own, self.slots):
             table.pop(name, None)
 
     def remove(self) -> None:

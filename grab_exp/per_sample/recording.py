@@ -100,6 +100,7 @@ class Recorder:
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
             if self.mode == "idle":
                 return None
+            self._refuse_swapped(name)
             plain = not kwargs and isinstance(output, torch.Tensor)
             if plain and all(isinstance(a, torch.Tensor) for a in args):
                 leaves, spec = list(args), _args_spec(len(args))  # the usual call: no pytree
@@ -129,6 +130,18 @@ class Recorder:
             return tree_unflatten(outputs, output_spec) if alias else None
 
         return hook
+
+    def _refuse_swapped(self, name: str) -> None:
+        """Refuse a call that read another tensor than a parameter of the layer's (its rows would
+        be that tensor's gradient, filed under the parameter)."""
+        swapped = [n for m, n, p in self.layers.slots[name] if m._parameters.get(n) is not p]
+        if swapped:
+            raise UnsupportedModelError(
+                f"{self.layers.label(name)}: its {swapped[0]} was not its registered Parameter "
+                "during its call (torch.func.functional_call or another swap of the module's "
+                "tensors): the hook path's rows would be the gradient of the tensor it read, "
+                "filed under the parameter; use method=func (auto does)"
+            )
 
     def _same_inputs(self, name: str, args: tuple, kwargs: dict) -> None:
         """Refuse a replayed layer whose input tensors are not those its call entered with, as
@@ -225,10 +238,7 @@ class Recorder:
     def refuse_direct_uses(self, loss: torch.Tensor, calls: dict[str, list[Call]]) -> None:
         """Refuse a parameter that ``loss`` reaches other than through its layer's calls (a walk
         of the graph stepping over every recorded call: a penalty weighted 0 is found)."""
-        skip: dict[Any, list] = {}  # two calls may return one tensor (a layer returns its input)
-        edges = [(e, c) for cs in calls.values() for c in cs for e in c.edges if e is not None]
-        for edge, call in edges:
-            skip.setdefault(edge.node, []).extend(call.sources)
+        skip = _outer_sources(calls)  # stepped over: each call, from its output to its inputs
         reached = {id(n.variable) for n in _nodes([loss.grad_fn], skip) if hasattr(n, "variable")}
         for name, own in self.layers.own.items():
             if used := [n for n, p in own.items() if id(p) in reached]:
@@ -281,6 +291,28 @@ def _moved(layer: nn.Module, name: str, entered: torch.Tensor, version: int) -> 
         return layer.get_buffer(name) is not entered or entered._version != version
     except AttributeError:  # deleted since
         return True
+
+
+def _outer_sources(calls: dict[str, list[Call]]) -> dict[Any, list]:
+    """Each recorded output's node -> the sources of the calls that returned it, but of the
+    outermost only where a layer returns its child's output (the child's sources lie inside the
+    parent's forward, which the parent's replay covers); two calls apart (a layer that returns its
+    input) both step on."""
+    found: dict[Any, list[tuple[str, Call]]] = {}
+    for name, layer_calls in calls.items():
+        for call in layer_calls:
+            for edge in call.edges:
+                if edge is not None:
+                    found.setdefault(edge.node, []).append((name, call))
+    return {
+        node: [s for name, call in named if not _within(name, named) for s in call.sources]
+        for node, named in found.items()
+    }
+
+
+def _within(name: str, named: list[tuple[str, Call]]) -> bool:
+    """Whether ``name`` is a layer inside another of ``named``'s (the root holds every layer)."""
+    return any(o != name and (not o or name.startswith(f"{o}.")) for o, _ in named)
 
 
 def _capture(slots: list, k: int, output_nr: int):
