@@ -20,7 +20,13 @@ from grab_exp.per_sample.check.examples import identity_problem
 from grab_exp.per_sample.check.loss import check_scalar, loss_of, relative_gap
 from grab_exp.per_sample.check.mean import GradSnapshot, refuse_gradient_hooks
 from grab_exp.per_sample.check.schedule import CHECK_EVERY
-from grab_exp.per_sample.check.state import drew_since, generator_states, kept_state
+from grab_exp.per_sample.check.state import (
+    cuda_devices,
+    drew_since,
+    generator_states,
+    kept_state,
+    saved_state,
+)
 from grab_exp.per_sample.check.tolerance import autocast_on
 from grab_exp.per_sample.compiled import compile_step
 from grab_exp.per_sample.layout import (
@@ -68,8 +74,11 @@ def _make_grad_fn(
 
     def batched(trainable: Grads, fixed: Grads, x: Inputs, y: torch.Tensor):
         dims = tree_map(lambda t: 0 if isinstance(t, torch.Tensor) and t.dim() else None, (x, y))
+        found = saved_state(model, buffers=False) if chunk_size is not None else None
 
         def one_example(trainable: Grads, fixed: Grads, xi: Inputs, yi: torch.Tensor):
+            if found is not None:  # vmap runs it once per chunk: each from the call's attributes
+                found()
             one, y1 = tree_map(lambda t, d: t if d is None else t.unsqueeze(0), (xi, yi), dims)
             state = [{f"model.{n}": t for n, t in part.items()} for part in (trainable, fixed)]
             loss, out = functional_call(model_and_loss, tuple(state), (one, y1))
@@ -178,11 +187,16 @@ class FuncPerSample(PerSampleGradients):
             grads, (losses, out) = self._grad_fn(trainable, fixed, x, y)  # {name: (B, ...)}
         except RuntimeError as error:
             raise UnsupportedModelError(vmap_failure(self.model, error)) from error
+        moved = self._found.moved()  # by the examples' forward: a step count, an activation
         self._found()  # the batch's own forward below runs on the attributes the call found
         rows, params = as_batch_grads(grads), self.state.trainable()
         drew = not in_graph_safe() and drew_since(start)  # F.dropout, randn_like too
         if self.randomness is not None and (drew or random_modules(self.model)):
-            return self._drawn(x, y, rows, grads, losses, out, layout, key, due, batch)
+            result = self._drawn(x, y, rows, grads, losses, out, layout, key, due, batch)
+            if moved:  # no batch forward ran: one, for the attributes a plain step leaves
+                with torch.no_grad(), torch.random.fork_rng(cuda_devices(self.model)):
+                    call_model(self.model, x)
+            return result
         with GradSnapshot(params.values()) as snapshot, torch.enable_grad():
             batch_out = call_model(self.model, x)  # the batch's own forward
             layout.check_batch(batch_out, batch)

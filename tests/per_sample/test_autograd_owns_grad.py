@@ -8,6 +8,7 @@ References are written here: a per-example loop of ``backward()`` calls (rows) a
 from __future__ import annotations
 
 import copy
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -608,3 +609,46 @@ def test_a_layer_called_with_swapped_parameters_is_refused_naming_it(method, oth
         _, grads = psg(x, y)
         assert_right(model, grads, x, y, f"call {call}")
     assert method != "auto" or psg.method == "func"
+
+
+class SwappedThenAveraged(nn.Module):
+    """A Linear called with its weight doubled (the hook path refuses it in the middle of the
+    forward), then a frozen copy of the head moved towards it in the forward (func refuses it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.out = nn.Linear(6, 6).double(), nn.Linear(6, 4).double()
+        self.ema = nn.Linear(6, 4).double().requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 6) -> (B, 4)
+        swap = {"weight": self.a.weight * 2}
+        h = torch.tanh(torch.func.functional_call(self.a, swap, (x,)))
+        with torch.no_grad():
+            for e, p in zip(self.ema.parameters(), self.out.parameters(), strict=True):
+                e.mul_(0.5).add_(0.5 * p)
+        return self.out(h) + 0.1 * self.ema(h)
+
+
+def test_a_forward_stopped_half_way_teaches_nothing_of_what_it_changes() -> None:
+    """The hook path refused in the middle of the first forward, before the average moved; the
+    frozen weights were then taken for ones no forward changes and ``loop``, the only path left,
+    did not copy them: refused ("cannot undo"; fuzzing, round 21: seed 59). ``auto`` is now right
+    from the first call: the loss and param.grad of a plain step, the average moved once."""
+    torch.manual_seed(0)
+    model = SwappedThenAveraged()
+    twin = copy.deepcopy(model)
+    psg = make_per_sample(model, F.cross_entropy, "auto")
+    for call, size in enumerate((3, 5, 2)):
+        x, y = batch(size, seed=call)
+        model.zero_grad(set_to_none=True)
+        twin.zero_grad(set_to_none=True)
+        with pytest.warns(UserWarning, match="method=loop") if call == 0 else nullcontext():
+            loss, _ = psg(x, y)
+        plain = F.cross_entropy(twin(x), y)
+        plain.backward()
+        torch.testing.assert_close(loss, plain.detach())
+        for n, p in twin.named_parameters():  # the average's weights themselves, the others' grads
+            got = model.get_parameter(n)
+            want, got = (p, got) if p.grad is None else (p.grad, got.grad)
+            torch.testing.assert_close(got, want, msg=n)
+    assert psg.method == "loop"

@@ -6,6 +6,8 @@ gives ``func`` ``randomness="different"``: a draw per example."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -95,3 +97,73 @@ def test_loop_refuses_a_model_that_draws_random_numbers_itself():
     with pytest.raises(UnsupportedModelError, match=r"^the model draws random numbers in its "):
         psg(*tokens(g, 4))
     assert all(p.grad is None for p in model.parameters())
+
+
+class KeptDropout(nn.Dropout):
+    """A Dropout (training mode) whose mask is a function of its input's values: it draws no
+    random numbers, so each example alone and the batch get the same masks."""
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        keep = torch.frac(h.detach() * 997.0).abs() >= self.p
+        return h * keep / (1 - self.p)
+
+
+class Scheduled(nn.Module):
+    """A step count kept in a plain ``int`` attribute, advanced by each forward; a dropout."""
+
+    def __init__(self, dropout: bool = True) -> None:
+        super().__init__()
+        self.a, self.out = nn.Linear(6, 6), nn.Linear(6, 4)
+        self.drop = KeptDropout(0.3) if dropout else nn.Identity()
+        self.step = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 6) -> (B, 4)
+        self.step += 1
+        return self.out(self.drop(torch.tanh(self.a(x))) * (1 + 0.1 * self.step))
+
+
+@pytest.mark.parametrize("chunk_size", [None, 2])
+def test_func_with_random_layers_leaves_the_attributes_a_plain_step_leaves(chunk_size):
+    """``func`` with a random layer active runs no batch forward of its own; it put back the
+    attributes the call found, so a step count stayed behind a plain step's and every later loss
+    was off (adversarial fuzzing, round 21: seed 613). Over several batches, the loss, param.grad
+    and the count are a plain step's."""
+    torch.manual_seed(0)
+    model = Scheduled().double()
+    twin = copy.deepcopy(model)
+    options = {"randomness": "different", "chunk_size": chunk_size}
+    psg = make_per_sample(model, F.cross_entropy, "func", **options)
+    g = torch.Generator().manual_seed(0)
+    for call, size in enumerate((3, 5, 1, 4)):
+        x, y = torch.randn(size, 6, generator=g, dtype=torch.float64), torch.randint(0, 4, (size,))
+        model.zero_grad(set_to_none=True)
+        twin.zero_grad(set_to_none=True)
+        loss, _ = psg(x, y)
+        plain = F.cross_entropy(twin(x), y)
+        plain.backward()
+        assert model.step == twin.step == call + 1
+        torch.testing.assert_close(loss, plain.detach())
+        for (n, p), q in zip(model.named_parameters(), twin.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, msg=n)
+
+
+def test_func_in_chunks_runs_each_chunk_from_the_attributes_the_call_found():
+    """``vmap`` with a ``chunk_size`` runs the forward once per chunk: a step count advanced by
+    each, so a later chunk's examples saw another count (rows 0.01-0.1 % off, silently with
+    ``check_every=0``). Each example's row is now that of its own loss at the batch's count."""
+    torch.manual_seed(0)
+    model = Scheduled(dropout=False).double()
+    twin = copy.deepcopy(model)
+    psg = make_per_sample(model, F.cross_entropy, "func", chunk_size=2, check_every=0)
+    g = torch.Generator().manual_seed(0)
+    for call, size in enumerate((5, 3)):
+        x, y = torch.randn(size, 6, generator=g, dtype=torch.float64), torch.randint(0, 4, (size,))
+        rows = psg(x, y)[1].as_dict()
+        for i in range(size):
+            twin.step = call  # each example alone, from the count the batch's forward found
+            alone = F.cross_entropy(twin(x[i : i + 1]), y[i : i + 1])
+            names = [n for n, _ in twin.named_parameters()]
+            wants = torch.autograd.grad(alone, list(twin.parameters()))
+            for n, want in zip(names, wants, strict=True):
+                torch.testing.assert_close(rows[n][i], want, msg=f"{n}, example {i}")
+        assert model.step == call + 1

@@ -31,6 +31,10 @@ def saved_state(model: nn.Module, buffers: bool = True, modes: bool = False) -> 
             vars(m).update((n, v) for n, v in saved.items() if modes or n != "training")
         put_back(kept)
 
+    def moved() -> bool:  # whether an attribute is another object now (a count advanced)
+        return any(vars(m).get(n) is not v for m, saved in attributes for n, v in saved.items())
+
+    restore.moved = moved
     return restore
 
 
@@ -50,10 +54,12 @@ def kept_state(model: nn.Module) -> Iterator[Callable[[], list[str]]]:
         ]
 
     with torch.random.fork_rng(devices=cuda_devices(model)):
+        done = False
         try:
             yield changed
-        finally:
-            put_back(buffers, mode)  # a block of forwards: what they change is learned
+            done = True
+        finally:  # what a block of forwards changes is learned, where none stopped half-way
+            put_back(buffers, mode if done else None)
             attributes()
             for p, g in grads:
                 p.grad = g

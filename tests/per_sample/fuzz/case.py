@@ -25,7 +25,9 @@ from .models import (
     FAMILIES,
     VOCAB,
     BufferedReplay,
+    ChildOutput,
     MaskDropout,
+    SwappedCall,
     add_state,
     build_net,
     reinit,
@@ -155,8 +157,9 @@ def _checks_off(draw: Draw, check_every: int | None) -> int | None:
 def _model_drawn_last(d: Draw, net: nn.Module, autocast: bool) -> None:
     """The model's features drawn after all others (a seed's other choices stay what they were):
     ``replay:buffers`` (a neck block replayed per example whose forward changes its buffers),
-    ``pos:over`` (a statistic over the positions) and ``drop:masked`` (a dropout after the stem,
-    not under autocast, whose rounding would change its masks)."""
+    ``pos:over`` (a statistic over the positions), ``drop:masked`` (a dropout after the stem,
+    not under autocast, whose rounding would change its masks), ``neck:child_output`` and
+    ``neck:swapped`` (:class:`ChildOutput`, :class:`SwappedCall`)."""
     if d.chance("replay:buffers", 0.06):
         kind = d.pick("replay", ["counter", "spectral_norm"])
         net.neck.append(BufferedReplay(kind, d.generator(), net.head.weight.dtype))
@@ -164,6 +167,11 @@ def _model_drawn_last(d: Draw, net: nn.Module, autocast: bool) -> None:
         net.stem.pos_over = d.pick("over", ["normed", "max"])
     if not autocast and d.chance("drop:masked", 0.15):
         net.drop = MaskDropout(0.3)
+    dtype = net.head.weight.dtype
+    if d.chance("neck:child_output", 0.08):
+        net.neck.append(ChildOutput(d.generator(), dtype))
+    if d.chance("neck:swapped", 0.04):
+        net.neck.append(SwappedCall(d.generator(), dtype))
 
 
 def _layer_changes(draw: Draw, family: str, changes: list[list[Change]]) -> bool:

@@ -346,6 +346,40 @@ class BufferedReplay(nn.Module):
         return torch.tanh(self.inner(h))
 
 
+class ChildOutput(nn.Module):
+    """``neck:child_output``: a block with a parameter of its own (replayed per example on the
+    hook path) that returns its child Linear's output as it is (torchvision's ViT does so)."""
+
+    def __init__(self, g: torch.Generator, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(1 + 0.3 * torch.randn(D, generator=g, dtype=dtype))
+        self.inner = drawn(nn.Linear(D, D, dtype=dtype), g)
+
+    def forward(self, h, ctx):
+        return self.inner(torch.tanh(h * self.scale))
+
+
+class SwappedCall(nn.Module):
+    """``neck:swapped``: its Linear called through ``torch.func.functional_call`` with the
+    weight doubled (the call reads another tensor than the parameter)."""
+
+    def __init__(self, g: torch.Generator, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.inner = drawn(nn.Linear(D, D, dtype=dtype), g)
+
+    def forward(self, h, ctx):
+        swap = {"weight": self.inner.weight * 2}
+        return torch.tanh(torch.func.functional_call(self.inner, swap, (h,)))
+
+
+def drawn(layer: nn.Module, g: torch.Generator) -> nn.Module:
+    """``layer`` with its parameters drawn from ``g`` (a model built again is the same)."""
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(0.5 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return layer
+
+
 class MaskDropout(nn.Dropout):
     """``drop:masked``: a Dropout (training mode) whose mask is a function of its input's values,
     elementwise, so that the batch and each example alone get the same masks (the references need

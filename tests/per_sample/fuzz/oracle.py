@@ -76,6 +76,7 @@ BY_DESIGN_HOOKS = {
     "block:fwd_hook": "a forward hook of the user's on a hooked layer",
     "sched:fwd_hook": "a forward hook of the user's on a hooked layer",
     "out:stored": "a loss reading an activation kept on the model (the identity's split)",
+    "neck:swapped": "a layer called with other tensors than its parameters (functional_call)",
 }
 HOOK_PATH = ("hooks", "factored")
 LIBRARY = str(Path(grab_exp.__file__).parent)
