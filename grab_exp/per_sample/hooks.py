@@ -15,12 +15,14 @@ from torch.nn.utils import parametrize
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.base import LossFn, PerSampleGradients
 from grab_exp.per_sample.check.examples import gradients, mismatch
-from grab_exp.per_sample.check.loss import loss_gap, loss_of
+from grab_exp.per_sample.check.loss import forwards_gap, loss_gap, loss_of
 from grab_exp.per_sample.check.mean import GradSnapshot
+from grab_exp.per_sample.check.resampled import counted_problem
 from grab_exp.per_sample.check.schedule import CHECK_EVERY
+from grab_exp.per_sample.check.state import drew_since, generator_states, kept_state
 from grab_exp.per_sample.check.tolerance import OUTPUT_TOLERANCE
 from grab_exp.per_sample.layout import Call, Inputs, batch_size, call_model
-from grab_exp.per_sample.modules import UnsupportedModelError, label
+from grab_exp.per_sample.modules import UnsupportedModelError, draws_random, label
 from grab_exp.per_sample.plan import Layers, Planner
 from grab_exp.per_sample.recording import REINDEXED, Recorder, operations, reindexes
 from grab_exp.per_sample.rows import GradBuffer, Rows
@@ -126,12 +128,14 @@ class HookedPerSample(PerSampleGradients):
         counts = tuple(len(calls.get(n, ())) for n in self.registry.modules)
         graph = operations(loss) if self.checker.on else None  # a walk only a check reads
         key = (shapes, modes, counts, changed, graph)  # an in-place output: a new kind
+        later = False
         due = self.checker.due(key, batch) or (plan.reindexes and self.checker.on)
         if due:
             recorder.refuse_direct_uses(loss, calls)
             plan.reindexes |= reindexes(calls, out, batch)
         elif (k := self.checker.split(batch)) is not None:  # a full check reads every loss
-            gap = loss_gap(self.loss_fn, out, y, loss, plan.output, k)
+            later = plan.output.unbatched(out)  # a value of the batch: parts forwarded, later
+            gap = None if later else loss_gap(self.loss_fn, out, y, plan.output, k)
             self.checker.settle_gap(gap, loss.dtype)  # before the backward: nothing written yet
         params = self.state.trainable()  # read once per call: the rows' columns
         with GradSnapshot(params.values()) as snapshot:  # a refusal puts param.grad back
@@ -139,12 +143,32 @@ class HookedPerSample(PerSampleGradients):
             with torch.autocast(loss.device.type, enabled=False):  # rows in the weights' dtype
                 rows = self.rows.form(calls, batch, params)
             grads = self.rows.batch_grads(rows, params)
+            if later:
+                self._split_forwarded(x, y, loss, k, grads, params)
             full = partial(self.full_check, x, y, out, plan.output, rows=grads, params=params)
             identity = self._identity(calls, rows, batch) if due else None
             self._verify(grads, params, snapshot, calls, full if due else None, identity)
             if due:
                 self.checker.passed(key, batch)
         return loss.detach(), grads
+
+    def _split_forwarded(self, x, y, loss, k: int, grads: BatchGrads, params) -> None:
+        """The loss split of an output with a value of the whole batch (HuggingFace's ``loss``
+        from ``labels`` in the inputs, which every slice of the output repeats): the rows of the
+        first ``k`` examples against a forward and backward of theirs; where modules draw random
+        numbers (masks no forward repeats), the losses' values in eval mode; nothing where the
+        forward drew otherwise (noise)."""
+        with kept_state(self.model), self.quiet():  # each forward on the attributes found
+            forward = lambda inputs: self._found() or call_model(self.model, inputs)  # noqa: E731
+            if any(map(draws_random, self.model.modules())):
+                gap = forwards_gap(forward, self.loss_fn, x, y, loss, k, self.model)
+                return self.checker.settle_gap(gap, loss.dtype)
+            start, counts = generator_states(), torch.arange(batch_size(y)) < k  # (B,)
+            problem = counted_problem(
+                forward, self.loss_fn, x, y, grads, params, counts, list(range(k))
+            )
+            if problem is not None and not drew_since(start):
+                raise UnsupportedModelError(problem)
 
     def _verify(self, grads, params, snapshot, calls, full, identity) -> None:
         """:meth:`verify_and_check`, naming a layer autograd did not record as the cause."""

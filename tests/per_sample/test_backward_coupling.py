@@ -61,7 +61,7 @@ def test_a_backward_that_couples_the_examples_is_refused(how: str, method: str) 
     message = str(error.value)
     assert "\n" not in message
     if method in ("hooks", "factored"):
-        assert "gradient of its loss computed alone" in message
+        assert "gradient of their losses computed alone" in message
     assert all(p.grad is None for p in model.parameters())
 
 

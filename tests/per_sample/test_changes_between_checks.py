@@ -106,3 +106,57 @@ def test_a_step_counter_that_starts_mixing_between_checks_is_refused_on_its_call
     outcomes = run(WarmupMix(start), method, mixing, set_flag=False)
     assert outcomes[: start - 1] == ["right"] * (start - 1)
     assert outcomes[start - 1 :] == ["refused"] * (calls - start + 1)
+
+
+class TokenHead(nn.Module):
+    """Token embeddings and a head (``(B, T)`` ids -> ``(B, T, V)`` logits); with ``inside``, the
+    loss is the model's, as HuggingFace's with ``labels=``: a mean over the batch's labelled
+    tokens, returned beside the logits."""
+
+    def __init__(self, inside: bool = False) -> None:
+        super().__init__()
+        self.emb, self.head, self.inside = nn.Embedding(7, 5), nn.Linear(5, 7), inside
+        for p in self.head.parameters():  # every token's loss log 7: the examples' alike
+            nn.init.zeros_(p)
+
+    def forward(self, ids, labels=None):
+        logits = self.head(torch.tanh(self.emb(ids)))  # (B, T, V)
+        if not self.inside:
+            return logits
+        return {"logits": logits, "loss": token_loss(logits, labels)}
+
+
+def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The mean over the batch's labelled tokens (-100: unlabelled), not over the examples."""
+    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["loss_fn", "model"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("method", ["hooks", "factored", "auto"])
+def test_uneven_padding_between_checks_is_refused_where_the_losses_are_alike(method, dtype, inside):
+    """Labels padded unevenly (-100) on call 3, between the scheduled full checks, with every
+    example's loss alike (a head at zero, as at the start of training): the token mean weighs
+    the examples by their labelled tokens, not as a mean. The moving split compared the parts'
+    loss values, which agree here; so did the rows' mean (the rows add up to the batch's
+    gradient), and the call returned rows 50 % off (adversarial round 22: HuggingFace's loss
+    from labels=, and a user's ignore_index loss in float32). Refused on that call now."""
+    torch.manual_seed(0)
+    model = TokenHead(inside).to(dtype)
+    loss_fn = (lambda out, y: out["loss"]) if inside else (lambda out, y: token_loss(out, y))
+    psg = make_per_sample(model, loss_fn, method)
+    g = torch.Generator().manual_seed(0)
+    for call in range(1, 4):
+        ids = torch.randint(0, 7, (3, 6), generator=g)
+        labels = ids.roll(-1, 1)
+        if call == 3:
+            labels[0, 2:] = -100  # example 0: 2 labelled tokens, the others 6
+        x = {"ids": ids, "labels": labels} if inside else ids
+        model.zero_grad(set_to_none=True)
+        if call < 3:
+            psg(x, labels)
+            continue
+        with pytest.raises(ValueError, match="not the mean") as error:
+            psg(x, labels)
+        assert "\n" not in str(error.value)
+        assert all(p.grad is None for p in model.parameters())

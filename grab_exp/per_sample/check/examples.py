@@ -44,25 +44,39 @@ def identity_problem(
 def alone_problem(
     forward: Forward, loss_fn, x: Inputs, y, rows: BatchGrads, params: dict, checker, method: str
 ) -> str | None:
-    """One example's row (``checker``'s turn) against the gradient of its loss computed alone, a
-    forward and backward of its own: a backward that couples the examples (a custom
-    ``autograd.Function``, a detached value of the whole batch) leaves every forward, the
+    """The rows of the examples the mixing check runs alone (``checker.groups``), weighted by the
+    check's weights, against the gradient of their losses computed alone, weighted alike (a
+    forward and backward of each): a backward that couples the examples (a custom
+    ``autograd.Function``, a detached value of the whole batch), or rows given to other examples
+    where the outputs cannot tell (a head at zero: every output alike), leaves every forward, the
     identity and the rows' mean as they are."""
-    k, out = checker.checks % rows.rows, checker.scratch(rows.width, rows.like)  # (d,) kept
-    alone: list[torch.Tensor] = []
-    with torch.enable_grad():
-        if _draws(lambda: alone.append(loss_fn(forward(take(x, [k])), take(y, [k])))):
-            return None  # its gradient alone would be that of other random numbers
-    want = gradients(alone[0], list(params.values()))
-    one = torch.nn.functional.one_hot(torch.tensor(k), rows.rows).to(rows.like)  # (B,): row k
-    gap, worst = worst_gap(rows_norms(rows, want, coef=one, out=out), FLOOR)
+    chosen = [i for group in checker.groups(rows.rows) for i in group]
+    weights = checker.weights(rows.rows, rows.like)  # (B,)
+    coef = torch.zeros_like(weights)
+    coef[chosen] = weights[chosen]  # (B,): 0 for the examples not run alone
+    tensors, want = list(params.values()), None
+
+    def run() -> None:  # each example's backward at once (a forward may move frozen weights);
+        # sums out of place: autograd's gradients of two parameters may share memory (a cat's)
+        nonlocal want
+        for i in chosen:
+            with torch.enable_grad():
+                loss = loss_fn(forward(take(x, [i])), take(y, [i]))
+            grads = gradients(weights[i] * loss, tensors)
+            want = grads if want is None else [w + g for w, g in zip(want, grads, strict=True)]
+
+    if _draws(run):
+        return None  # their gradients alone would be those of other random numbers
+    out = checker.scratch(rows.width, rows.like)  # (d,) kept
+    gap, worst = worst_gap(rows_norms(rows, want, coef=coef, out=out), FLOOR)
     if gap <= tolerance(TOLERANCE, rows.like.dtype):
         return None
     return (
-        f"example {k}'s row of {list(params)[worst]} differs by {gap:.2g} (relative) from the "
-        "gradient of its loss computed alone, whose output is its output in the batch: the "
-        "batch's backward couples the examples (a custom autograd.Function, a detached value of "
-        f"the whole batch?); {advice(method)}"
+        f"the rows of {list(params)[worst]}, weighted per example, differ by {gap:.2g} (relative) "
+        "from the gradient of their losses computed alone, weighted alike, whose outputs are their "
+        "outputs in the batch: the batch's backward couples the examples (a custom "
+        "autograd.Function, a detached value of the whole batch?), or the rows are another "
+        f"example's; {advice(method)}"
     )
 
 

@@ -6,12 +6,13 @@ import math
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from grab_exp.devices import host_reads_allowed
+from grab_exp.per_sample.check.state import drew_since, generator_states
 from grab_exp.per_sample.check.tolerance import LOSS_TOLERANCE, tolerance
 from grab_exp.per_sample.layout import OutputLayout, batch_size, moved, take
-from grab_exp.per_sample.modules import LossContractError
+from grab_exp.per_sample.modules import LossContractError, draws_random
 
 #: the loss contract, in the words every loss refusal ends with
 CONTRACT = (
@@ -50,18 +51,68 @@ def example_losses(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout) -> 
     return torch.stack([loss_fn(layout.narrow(out, p.start, 1), take(y, p)) for p in parts])
 
 
-def loss_gap(loss_fn, out: Any, y: torch.Tensor, loss: torch.Tensor, layout: OutputLayout, k: int):
-    """The gap between ``B * loss`` and ``k * loss`` of the first ``k`` examples plus ``(B - k) *
-    loss`` of the rest, relative to the parts' sizes (terms may cancel): zero up to rounding for
-    a mean. A float on the CPU, else a ``()`` tensor; ``None`` (0) where ``loss`` is not finite."""
-    rest = batch_size(y) - k
+def loss_gap(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout, k: int):
+    """The loss contract on a split of the batch, at the output: a mean's gradient at the outputs
+    of its first ``k`` examples is ``k / B`` times that of their own loss (a sum, or a class
+    ``weight=`` or ``ignore_index`` padding averaged over the batch, weighs them otherwise, even
+    where the parts' losses are alike). Relative (NaN where the part's loss is not finite, 0
+    where the batch's is not); a float on the CPU, else a ``()`` tensor; ``None`` where the loss
+    reaches no batched leaf of the output."""
+    leaves, spec = tree_flatten(out)
+    batched = [
+        i
+        for i, (t, d) in enumerate(zip(leaves, layout.dims, strict=True))
+        if d is not None and torch.is_tensor(t) and t.is_floating_point()
+    ]
+    wholes, parts = list(leaves), list(leaves)  # the output, its first k examples: leaves
+    for i in batched:  # of graphs of their own, (B, ...) and (k, ...)
+        wholes[i] = leaves[i].detach().requires_grad_()
+        parts[i] = leaves[i].detach().narrow(layout.dims[i], 0, k).requires_grad_()
+    with torch.enable_grad():
+        whole = loss_fn(tree_unflatten(wholes, spec), y)
+        part = loss_fn(tree_unflatten(parts, spec), take(y, slice(0, k)))
+        if not (whole.requires_grad and part.requires_grad):
+            return None
+        inputs = [wholes[i] for i in batched] + [parts[i] for i in batched]
+        grads = torch.autograd.grad(whole + part, inputs, allow_unused=True)  # one backward
+    scale, diff, size = batch_size(y) / k, 0.0, 0.0
+    for j, i in enumerate(batched):
+        g, h = grads[j], grads[len(batched) + j]  # the batch's, the part's own
+        g = torch.zeros_like(wholes[i]) if g is None else g
+        h = torch.zeros_like(parts[i]) if h is None else h
+        want = g.narrow(layout.dims[i], 0, k) * scale
+        diff, size = diff + (h - want).square().sum(), size + h.square().sum()
+    if not torch.is_tensor(diff):  # no leaf the loss reaches
+        return None
+    gap = diff.sqrt() / size.sqrt().clamp_min(1e-30) + (part - part).detach()  # NaN: a part's
+    gap = gap.where(whole.detach().isfinite(), 0.0)  # a diverged step: the runner's to stop on
+    return float(gap) if host_reads_allowed(gap.device) else gap
+
+
+def forwards_gap(forward, loss_fn, x: Any, y: torch.Tensor, loss: torch.Tensor, k: int, model):
+    """:func:`loss_gap` of an output with a value of the whole batch (HuggingFace's ``loss`` from
+    ``labels`` among the inputs, which every slice of the output repeats): ``loss_fn`` of a
+    ``forward`` of each part's own inputs, the modules that draw random numbers in eval mode (the
+    caller puts the modes back) and then the batch forwarded again too; ``None`` where the
+    forwards still drew (noise outside such modules: no split to compare)."""
+    drawing = [m for m in model.modules() if draws_random(m)]
     with torch.no_grad():
-        first = loss_fn(layout.narrow(out, 0, k), take(y, slice(0, k)))
-        second = loss_fn(layout.narrow(out, k, rest), take(y, slice(k, k + rest)))
-        if host_reads_allowed(loss.device):  # three reads, then floats
-            first, second, loss = first.item(), second.item(), loss.item()
-        parts, size = first * k + second * rest, abs(first) * k + abs(second) * rest
-        return relative_gap(loss * (k + rest), parts, size)
+        for module in drawing:
+            module.training = False
+        start, parts = generator_states(), (slice(0, k), slice(k, batch_size(y)))
+        first, second = (loss_fn(forward(take(x, p)), take(y, p)) for p in parts)
+        loss = loss_fn(forward(x), y) if drawing else loss
+        if drew_since(start):
+            return None
+        return parts_gap(loss, first, second, k, batch_size(y) - k)
+
+
+def parts_gap(loss, first: torch.Tensor, second: torch.Tensor, k: int, rest: int):
+    """:func:`relative_gap` of ``B * loss`` and its parts' ``k * first + rest * second``."""
+    if host_reads_allowed(loss.device):  # three reads, then floats
+        first, second, loss = first.item(), second.item(), loss.item()
+    parts, size = first * k + second * rest, abs(first) * k + abs(second) * rest
+    return relative_gap(loss * (k + rest), parts, size)
 
 
 def relative_gap(got, want, size):
@@ -101,5 +152,5 @@ def refuse_gap(gap: float, dtype: torch.dtype) -> None:
     if not gap <= tolerance(LOSS_TOLERANCE, dtype):  # NaN too
         raise LossContractError(
             f"loss_fn of this batch is not the mean of its two parts' losses (relative gap "
-            f"{gap:.2g}): {CONTRACT}"
+            f"{gap:.2g}, of their values or of their gradients at the output): {CONTRACT}"
         )

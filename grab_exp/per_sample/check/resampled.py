@@ -22,22 +22,36 @@ def resampled_problem(forward, loss_fn, x, y, rows: BatchGrads, params: dict, ch
     """The first resampled batch whose gradient the ``(B, d)`` rows of ``params`` do not give,
     as one line (``str``); ``None``. ``forward``: the model with a path's hooks idle; ``check``:
     the check's number (each check draws other batches)."""
-    names, tensors = list(params), list(params.values())
     for draw in range(DRAWS):
-        k, index = resampled(rows.rows, check, draw)
-        loss = loss_fn(forward(take(x, index)), take(y, index))
-        grads = torch.autograd.grad(loss, tensors, allow_unused=True)
-        coef = (k.to(rows.like.dtype) / k.sum()).to(rows.like.device)  # (B,)
-        gap, worst = worst_gap(rows_norms(rows, list(grads), coef), MEAN_FLOOR)
-        if gap > tolerance(TOLERANCE, rows.like.dtype):
-            return (
-                f"the rows of {names[worst]}, weighted by how often a resampled batch takes "
-                f"each example, differ from autograd's gradient of that batch's loss by "
-                f"{gap:.2g} (relative): the loss is not the mean of the examples' "
-                "own losses (a value of the whole batch in the output: a variance or "
-                "load-balancing term?); per-sample gradients are undefined for it"
-            )
+        counts, index = resampled(rows.rows, check, draw)
+        if problem := counted_problem(forward, loss_fn, x, y, rows, params, counts, index):
+            return problem
     return None
+
+
+def counted_problem(forward, loss_fn, x, y, rows: BatchGrads, params: dict, counts, index):
+    """Why the rows weighted by ``counts (B,)``, how often the batch ``index`` takes each
+    example, do not give the gradient of that batch's loss, in one line; ``None``: they do."""
+    names, tensors = list(params), list(params.values())
+    loss = loss_fn(forward(take(x, index)), take(y, index))
+    grads = torch.autograd.grad(loss, tensors, allow_unused=True)
+    coef = (counts.to(rows.like.dtype) / counts.sum()).to(rows.like.device)  # (B,)
+    gap, worst = worst_gap(rows_norms(rows, list(grads), coef), MEAN_FLOOR)
+    if gap <= tolerance(TOLERANCE, rows.like.dtype):
+        return None
+    return (
+        f"the rows of {names[worst]}, weighted by how often a batch drawn from this one takes each "
+        f"example, differ from autograd's gradient of that batch's loss by {gap:.2g} (relative): "
+        f"the loss is not the mean of the examples' own losses ({WHOLE}); per-sample gradients "
+        "are undefined for it"
+    )
+
+
+#: what a value of the whole batch in the output may be (the refusals' guess)
+WHOLE = (
+    "a value of the whole batch in the output: a loss the model computes over the batch's tokens "
+    "(labels= with -100 padding), a variance or a load-balancing term?"
+)
 
 
 def resampled(batch: int, check: int, draw: int) -> tuple[torch.Tensor, list[int]]:
@@ -76,8 +90,7 @@ def _values_problem(forward, loss_fn, x, y, batch: int, check: int) -> str | Non
             return (
                 f"the loss of a resampled batch (each example taken 0-3 times) differs from the "
                 f"mean of its examples' own losses by {gap:.2g} (relative, random layers in eval "
-                "mode): the loss is not the mean of the examples' own losses (a value of the whole "
-                "batch in the output: a variance or load-balancing term?); per-sample gradients "
-                "are undefined for it"
+                f"mode): the loss is not the mean of the examples' own losses ({WHOLE}); "
+                "per-sample gradients are undefined for it"
             )
     return None

@@ -159,7 +159,8 @@ def _model_drawn_last(d: Draw, net: nn.Module, autocast: bool) -> None:
     ``replay:buffers`` (a neck block replayed per example whose forward changes its buffers),
     ``pos:over`` (a statistic over the positions), ``drop:masked`` (a dropout after the stem,
     not under autocast, whose rounding would change its masks), ``neck:child_output`` and
-    ``neck:swapped`` (:class:`ChildOutput`, :class:`SwappedCall`)."""
+    ``neck:swapped`` (:class:`ChildOutput`, :class:`SwappedCall`) and ``head:zero`` (a head at
+    zero: the examples' losses alike, where only gradients tell a weighting from a mean)."""
     if d.chance("replay:buffers", 0.06):
         kind = d.pick("replay", ["counter", "spectral_norm"])
         net.neck.append(BufferedReplay(kind, d.generator(), net.head.weight.dtype))
@@ -172,6 +173,9 @@ def _model_drawn_last(d: Draw, net: nn.Module, autocast: bool) -> None:
         net.neck.append(ChildOutput(d.generator(), dtype))
     if d.chance("neck:swapped", 0.04):
         net.neck.append(SwappedCall(d.generator(), dtype))
+    if d.chance("head:zero", 0.05):  # every example's loss alike, as at the start of training
+        for p in net.head.parameters():
+            nn.init.zeros_(p)
 
 
 def _layer_changes(draw: Draw, family: str, changes: list[list[Change]]) -> bool:
