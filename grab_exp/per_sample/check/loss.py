@@ -51,50 +51,70 @@ def example_losses(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout) -> 
     return torch.stack([loss_fn(layout.narrow(out, p.start, 1), take(y, p)) for p in parts])
 
 
-def loss_gap(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout, k: int):
+class OutputSplit:
     """The loss contract on a split of the batch, at the output: a mean's gradient at the outputs
     of its first ``k`` examples is ``k / B`` times that of their own loss (a sum, or a class
     ``weight=`` or ``ignore_index`` padding averaged over the batch, weighs them otherwise, even
-    where the parts' losses are alike). Relative (NaN where the part's loss is not finite, 0
-    where the batch's is not); a float on the CPU, else a ``()`` tensor; ``None`` where the loss
-    reaches no batched leaf of the output."""
-    leaves, spec = tree_flatten(out)
-    batched = [
-        i
-        for i, (t, d) in enumerate(zip(leaves, layout.dims, strict=True))
-        if d is not None and torch.is_tensor(t) and t.is_floating_point()
-    ]
-    wholes, parts = list(leaves), list(leaves)  # the output, its first k examples: leaves
-    for i in batched:  # of graphs of their own, (B, ...) and (k, ...)
-        wholes[i] = leaves[i].detach().requires_grad_()
-        parts[i] = leaves[i].detach().narrow(layout.dims[i], 0, k).requires_grad_()
-    with torch.enable_grad():
-        whole = loss_fn(tree_unflatten(wholes, spec), y)
-        part = loss_fn(tree_unflatten(parts, spec), take(y, slice(0, k)))
-        if not (whole.requires_grad and part.requires_grad):
+    where the parts' losses are alike). That own loss is ``extra``, on a detached copy of their
+    outputs: add it to the batch's loss for its backward (no parameter is in its graph), which
+    differentiates both and whose gradient at the output hooks on ``out`` keep."""
+
+    def __init__(self, loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout, k: int) -> None:
+        leaves, spec = tree_flatten(out)
+        dims = layout.dims
+        batched = [i for i, t in enumerate(leaves) if dims[i] is not None and _graded(t)]
+        parts = list(leaves)
+        for i in batched:  # (k, ...) each: a leaf of a graph of its own
+            parts[i] = leaves[i].detach().narrow(dims[i], 0, k).requires_grad_()
+        self.parts, self.dims = [parts[i] for i in batched], [dims[i] for i in batched]
+        self.scale, self.k, self.grads = batch_size(y) / k, k, [None] * len(batched)
+        with torch.enable_grad():
+            self.extra = loss_fn(tree_unflatten(parts, spec), take(y, slice(0, k)))  # ()
+        self.handles = [leaves[i].register_hook(self._keep(j)) for j, i in enumerate(batched)]
+
+    def _keep(self, j: int):
+        def hook(grad: torch.Tensor) -> None:  # reads the batch's gradient at the output
+            self.grads[j] = grad
+
+        return hook
+
+    def gap(self, loss: torch.Tensor):
+        """After the backward: relative (NaN where the part's loss is not finite, 0 where the
+        batch's is not); a float on the CPU, else a ``()`` tensor; ``None`` where the loss
+        reaches no batched leaf of the output."""
+        for handle in self.handles:
+            handle.remove()
+        if not self.parts or not self.extra.requires_grad:
             return None
-        inputs = [wholes[i] for i in batched] + [parts[i] for i in batched]
-        grads = torch.autograd.grad(whole + part, inputs, allow_unused=True)  # one backward
-    scale, diff, size = batch_size(y) / k, 0.0, 0.0
-    for j, i in enumerate(batched):
-        g, h = grads[j], grads[len(batched) + j]  # the batch's, the part's own
-        g = torch.zeros_like(wholes[i]) if g is None else g
-        h = torch.zeros_like(parts[i]) if h is None else h
-        want = g.narrow(layout.dims[i], 0, k) * scale
-        diff, size = diff + (h - want).square().sum(), size + h.square().sum()
-    if not torch.is_tensor(diff):  # no leaf the loss reaches
-        return None
-    gap = diff.sqrt() / size.sqrt().clamp_min(1e-30) + (part - part).detach()  # NaN: a part's
-    gap = gap.where(whole.detach().isfinite(), 0.0)  # a diverged step: the runner's to stop on
-    return float(gap) if host_reads_allowed(gap.device) else gap
+        differences, sizes = [], []
+        for g, part, d in zip(self.grads, self.parts, self.dims, strict=True):
+            h = torch.zeros_like(part) if part.grad is None else part.grad  # the part's own
+            want = torch.zeros_like(h) if g is None else g.narrow(d, 0, self.k) * self.scale
+            differences.append(torch.linalg.vector_norm(h - want))
+            sizes.append(torch.linalg.vector_norm(h))
+        difference, size = (
+            v[0] if len(v) == 1 else torch.stack(v).norm() for v in (differences, sizes)
+        )
+        if host_reads_allowed(loss.device):  # reads, then floats
+            if not math.isfinite(loss.item()):
+                return 0.0  # a diverged step: the runner's to stop on
+            extra = self.extra.item()
+            return difference.item() / max(size.item(), 1e-30) + (extra - extra)  # NaN: a part's
+        gap = difference / size.clamp_min(1e-30) + (self.extra - self.extra).detach()
+        return gap.where(loss.detach().isfinite(), 0.0)
+
+
+def _graded(t: Any) -> bool:
+    return torch.is_tensor(t) and t.is_floating_point() and t.requires_grad
 
 
 def forwards_gap(forward, loss_fn, x: Any, y: torch.Tensor, loss: torch.Tensor, k: int, model):
-    """:func:`loss_gap` of an output with a value of the whole batch (HuggingFace's ``loss`` from
-    ``labels`` among the inputs, which every slice of the output repeats): ``loss_fn`` of a
-    ``forward`` of each part's own inputs, the modules that draw random numbers in eval mode (the
-    caller puts the modes back) and then the batch forwarded again too; ``None`` where the
-    forwards still drew (noise outside such modules: no split to compare)."""
+    """The loss split of an output with a value of the whole batch (HuggingFace's ``loss`` from
+    ``labels`` among the inputs, which every slice of the output repeats), by the values:
+    ``loss_fn`` of a ``forward`` of each part's own inputs, the modules that draw random
+    numbers in eval mode (the caller puts the modes back) and then the batch forwarded again
+    too; ``None`` where the forwards still drew (noise outside such modules: nothing to
+    compare)."""
     drawing = [m for m in model.modules() if draws_random(m)]
     with torch.no_grad():
         for module in drawing:
