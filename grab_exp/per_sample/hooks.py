@@ -138,8 +138,7 @@ class HookedPerSample(PerSampleGradients):
             split = None if later else OutputSplit(self.loss_fn, out, y, plan.output, k)
         params = self.state.trainable()  # read once per call: the rows' columns
         with GradSnapshot(params.values()) as snapshot:  # a refusal puts param.grad back
-            total = loss if split is None else loss + split.extra  # no parameter in its graph
-            recorder.backward(total, calls, retain=due)  # loss.backward(): autograd's param.grad
+            recorder.backward(loss, calls, retain=due)  # loss.backward(): autograd's param.grad
             if split is not None:
                 self.checker.settle_gap(split.gap(loss), loss.dtype)
             with torch.autocast(loss.device.type, enabled=False):  # rows in the weights' dtype

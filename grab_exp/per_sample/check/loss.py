@@ -55,9 +55,10 @@ class OutputSplit:
     """The loss contract on a split of the batch, at the output: a mean's gradient at the outputs
     of its first ``k`` examples is ``k / B`` times that of their own loss (a sum, or a class
     ``weight=`` or ``ignore_index`` padding averaged over the batch, weighs them otherwise, even
-    where the parts' losses are alike). That own loss is ``extra``, on a detached copy of their
-    outputs: add it to the batch's loss for its backward (no parameter is in its graph), which
-    differentiates both and whose gradient at the output hooks on ``out`` keep."""
+    where the parts' losses are alike). That own loss is ``part``, on a detached copy of their
+    outputs, differentiated at that copy alone (a loss that also reads an activation kept on the
+    model reaches parameters); hooks on ``out`` keep the batch's gradient there from its own
+    backward."""
 
     def __init__(self, loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout, k: int) -> None:
         leaves, spec = tree_flatten(out)
@@ -69,7 +70,7 @@ class OutputSplit:
         self.parts, self.dims = [parts[i] for i in batched], [dims[i] for i in batched]
         self.scale, self.k, self.grads = batch_size(y) / k, k, [None] * len(batched)
         with torch.enable_grad():
-            self.extra = loss_fn(tree_unflatten(parts, spec), take(y, slice(0, k)))  # ()
+            self.part = loss_fn(tree_unflatten(parts, spec), take(y, slice(0, k)))  # ()
         self.handles = [leaves[i].register_hook(self._keep(j)) for j, i in enumerate(batched)]
 
     def _keep(self, j: int):
@@ -84,11 +85,12 @@ class OutputSplit:
         reaches no batched leaf of the output."""
         for handle in self.handles:
             handle.remove()
-        if not self.parts or not self.extra.requires_grad:
+        if not self.parts or not self.part.requires_grad:
             return None
+        own = torch.autograd.grad(self.part, self.parts, allow_unused=True)  # the part's own
         differences, sizes = [], []
-        for g, part, d in zip(self.grads, self.parts, self.dims, strict=True):
-            h = torch.zeros_like(part) if part.grad is None else part.grad  # the part's own
+        for g, h, part, d in zip(self.grads, own, self.parts, self.dims, strict=True):
+            h = torch.zeros_like(part) if h is None else h
             want = torch.zeros_like(h) if g is None else g.narrow(d, 0, self.k) * self.scale
             differences.append(torch.linalg.vector_norm(h - want))
             sizes.append(torch.linalg.vector_norm(h))
@@ -98,9 +100,9 @@ class OutputSplit:
         if host_reads_allowed(loss.device):  # reads, then floats
             if not math.isfinite(loss.item()):
                 return 0.0  # a diverged step: the runner's to stop on
-            extra = self.extra.item()
-            return difference.item() / max(size.item(), 1e-30) + (extra - extra)  # NaN: a part's
-        gap = difference / size.clamp_min(1e-30) + (self.extra - self.extra).detach()
+            part = self.part.item()
+            return difference.item() / max(size.item(), 1e-30) + (part - part)  # NaN: a part's
+        gap = difference / size.clamp_min(1e-30) + (self.part - self.part).detach()
         return gap.where(loss.detach().isfinite(), 0.0)
 
 

@@ -92,6 +92,31 @@ MINIMAL: dict[str, tuple[int, tuple[str, ...]]] = {
     # wrong (at aec907a; drawn by drop:masked): a value of the whole batch beside the output with
     # a dropout, which auto's func (randomness="different") returned as the examples' mean
     "whole_batch_term_with_dropout": (0, ("family:vec", "drop:masked", "out:aux", "out:whole")),
+    # wrong (at b65baf6; drawn by neck:swapped): func with a random layer left a step count kept
+    # as an int one behind a plain step's once auto had left the hook path
+    "func_random_layer_step_count": (
+        613,
+        (
+            "family:seq",
+            "attr:step",
+            "block:batchnorm",
+            "conv_block:batchnorm",
+            "drop:masked",
+            "neck:swapped",
+        ),
+    ),
+    # false refusal (at b65baf6): the hook path's forward, refused half-way, taught that the EMA's
+    # frozen weights never change, and loop did not copy them
+    "half_forward_taught_frozen_weights": (59, ("family:img", "neck:swapped", "param:ema")),
+    # wrong (at 01533ef; drawn by head:zero): examples given each other's inputs where every
+    # output is alike; the check of one example alone missed the pair
+    "swapped_inputs_outputs_alike": (68, ("family:vec", "head:zero", "mix:swap_inputs")),
+    # wrong (at 65d615b): the loss split's own part, added to the batch's backward, reached the
+    # parameters through an activation the loss reads from the model (under autocast's tolerance)
+    "loss_split_through_stored_activation": (
+        1295,
+        ("family:vec", "out:stored", "precision:autocast"),
+    ),
     # crash (at 31df988, counted a refusal until the oracle named engine bugs): a replayed layer
     # whose dict argument its forward changes (a key added): entry versions misaligned
     "dict_argument_changed_by_forward_hooks": (
