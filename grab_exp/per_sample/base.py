@@ -168,7 +168,7 @@ class PerSampleGradients(ABC):
         ``params``) against resampled batches (:mod:`~grab_exp.per_sample.check.resampled`)."""
         batch, checker, loss_fn = batch_size(y), self.checker, self.loss_fn
         loss = loss_of(loss_fn, out, y)  # first: a loss that changes its input is named
-        checker.settle_deferred(loss.dtype)  # the loss splits of the calls since
+        checker.settle_deferred()  # the loss splits of the calls since
         # a loss not finite (a diverged step, which the runner stops on) has no split and no
         # identity; the outputs and an example alone (its finite gradients) are still compared
         finite, whole = bool(torch.isfinite(loss)), layout.unbatched(out)

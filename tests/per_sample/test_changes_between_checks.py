@@ -160,3 +160,88 @@ def test_uneven_padding_between_checks_is_refused_where_the_losses_are_alike(met
             psg(x, labels)
         assert "\n" not in str(error.value)
         assert all(p.grad is None for p in model.parameters())
+
+
+class Featured(nn.Module):
+    """Features and the logits computed from them (as HuggingFace's hidden states beside the
+    logits), or the logits under two keys."""
+
+    def __init__(self, twice: bool = False) -> None:
+        super().__init__()
+        self.a, self.b, self.twice = nn.Linear(6, 8), nn.Linear(8, 3), twice
+
+    def forward(self, x: torch.Tensor):
+        h = torch.tanh(self.a(x))
+        z = self.b(h)
+        return {"logits": z, "last": z} if self.twice else (h, z)
+
+
+def split_calls(model: nn.Module, loss_fn, method: str, dtype=torch.float64, calls: int = 7):
+    """``calls`` calls of one psg (batches of 3-6: calls 3, 5, 6 and 7 between full checks), each
+    with its rows against each example's own gradient and ``param.grad`` against a plain step."""
+    psg = make_per_sample(model, loss_fn, method)
+    g = torch.Generator().manual_seed(0)
+    for call in range(calls):
+        size = 3 + call % 4
+        x, y = torch.randn(size, 6, generator=g, dtype=dtype), torch.randint(0, 3, (size,))
+        model.zero_grad(set_to_none=True)
+        rows = psg(x, y)[1].as_dict()
+        names = [n for n, _ in model.named_parameters()]
+        got = {n: p.grad for n, p in model.named_parameters()}
+        plain = torch.autograd.grad(loss_fn(model(x), y), list(model.parameters()))
+        for n, want in zip(names, plain, strict=True):
+            torch.testing.assert_close(got[n], want, msg=f"call {call + 1}: {n}")
+        for i in range(size):
+            alone = torch.autograd.grad(
+                loss_fn(model(x[i : i + 1]), y[i : i + 1]), list(model.parameters())
+            )
+            for n, want in zip(names, alone, strict=True):
+                torch.testing.assert_close(
+                    rows[n][i].float(),
+                    want.float(),
+                    rtol=0.05 if dtype == torch.bfloat16 else 1e-5,
+                    atol=1e-3 if dtype == torch.bfloat16 else 1e-7,
+                    msg=f"call {call + 1}: {n}[{i}]",
+                )
+
+
+@pytest.mark.parametrize("twice", [False, True], ids=["features_and_logits", "one_tensor_twice"])
+@pytest.mark.parametrize("method", ["hooks", "factored", "auto"])
+def test_the_split_reads_the_gradient_the_loss_sends_each_output(method: str, twice: bool) -> None:
+    """An output leaf computed from another (features beside the logits), or one tensor under
+    two keys: 65d615b read the gradient that reached each leaf in the batch's backward, through the
+    logits too, against the part's own loss on copies that got none of it, and refused every call
+    between full checks as a loss that is not a mean (adversarial round 23; rows exact)."""
+    torch.manual_seed(0)
+    model = Featured(twice).double()
+    key = "logits" if twice else 1
+    split_calls(model, lambda out, y: F.cross_entropy(out[key], y), method)
+
+
+@pytest.mark.parametrize("method", ["hooks", "factored", "auto"])
+def test_a_bfloat16_model_under_a_float32_loss_is_judged_in_bfloat16(method: str) -> None:
+    """A bfloat16 model whose loss upcasts its logits (as HuggingFace's losses do): the split's
+    gradients are bfloat16's, and they were judged at float32's tolerance (round 23: every call
+    between checks refused, gap 0.0015; rows bfloat16's rounding, as at 09196ba)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).to(torch.bfloat16)
+    split_calls(model, lambda out, y: F.cross_entropy(out.float(), y), method, torch.bfloat16)
+
+
+@pytest.mark.parametrize("method", ["hooks", "factored", "auto"])
+def test_the_split_leaves_what_the_loss_reads_besides_the_output_alone(method: str) -> None:
+    """A temperature the loss learns, outside the model: its ``.grad`` is a plain step's on every
+    call (65d615b added the split's part to the batch's backward, which gave it that part's
+    gradient too, on every call between full checks; round 23)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+    temperature = torch.tensor(1.5, dtype=torch.float64, requires_grad=True)
+    psg = make_per_sample(model, lambda out, y: F.cross_entropy(out / temperature, y), method)
+    g = torch.Generator().manual_seed(0)
+    for call in range(7):
+        size = 3 + call % 4
+        x, y = torch.randn(size, 6, generator=g, dtype=torch.float64), torch.randint(0, 3, (size,))
+        temperature.grad = None
+        psg(x, y)
+        want = torch.autograd.grad(F.cross_entropy(model(x) / temperature, y), temperature)[0]
+        torch.testing.assert_close(temperature.grad, want, msg=f"call {call + 1}")

@@ -51,59 +51,48 @@ def example_losses(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout) -> 
     return torch.stack([loss_fn(layout.narrow(out, p.start, 1), take(y, p)) for p in parts])
 
 
-class OutputSplit:
+def loss_gap(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout, k: int):
     """The loss contract on a split of the batch, at the output: a mean's gradient at the outputs
     of its first ``k`` examples is ``k / B`` times that of their own loss (a sum, or a class
     ``weight=`` or ``ignore_index`` padding averaged over the batch, weighs them otherwise, even
-    where the parts' losses are alike). That own loss is ``part``, on a detached copy of their
-    outputs, differentiated at that copy alone (a loss that also reads an activation kept on the
-    model reaches parameters); hooks on ``out`` keep the batch's gradient there from its own
-    backward."""
-
-    def __init__(self, loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout, k: int) -> None:
-        leaves, spec = tree_flatten(out)
-        dims = layout.dims
-        batched = [i for i, t in enumerate(leaves) if dims[i] is not None and _graded(t)]
-        parts = list(leaves)
-        for i in batched:  # (k, ...) each: a leaf of a graph of its own
-            parts[i] = leaves[i].detach().narrow(dims[i], 0, k).requires_grad_()
-        self.parts, self.dims = [parts[i] for i in batched], [dims[i] for i in batched]
-        self.scale, self.k, self.grads = batch_size(y) / k, k, [None] * len(batched)
-        with torch.enable_grad():
-            self.part = loss_fn(tree_unflatten(parts, spec), take(y, slice(0, k)))  # ()
-        self.handles = [leaves[i].register_hook(self._keep(j)) for j, i in enumerate(batched)]
-
-    def _keep(self, j: int):
-        def hook(grad: torch.Tensor) -> None:  # reads the batch's gradient at the output
-            self.grads[j] = grad
-
-        return hook
-
-    def gap(self, loss: torch.Tensor):
-        """After the backward: relative (NaN where the part's loss is not finite, 0 where the
-        batch's is not); a float on the CPU, else a ``()`` tensor; ``None`` where the loss
-        reaches no batched leaf of the output."""
-        for handle in self.handles:
-            handle.remove()
-        if not self.parts or not self.part.requires_grad:
-            return None
-        own = torch.autograd.grad(self.part, self.parts, allow_unused=True)  # the part's own
-        differences, sizes = [], []
-        for g, h, part, d in zip(self.grads, own, self.parts, self.dims, strict=True):
-            h = torch.zeros_like(part) if h is None else h
-            want = torch.zeros_like(h) if g is None else g.narrow(d, 0, self.k) * self.scale
-            differences.append(torch.linalg.vector_norm(h - want))
-            sizes.append(torch.linalg.vector_norm(h))
-        difference, size = (
-            v[0] if len(v) == 1 else torch.stack(v).norm() for v in (differences, sizes)
-        )
-        if host_reads_allowed(loss.device):  # reads, then floats
-            if not math.isfinite(loss.item()):
-                return 0.0  # a diverged step: the runner's to stop on
-            part = self.part.item()
-            return difference.item() / max(size.item(), 1e-30) + (part - part)  # NaN: a part's
-        gap = difference / size.clamp_min(1e-30) + (self.part - self.part).detach()
-        return gap.where(loss.detach().isfinite(), 0.0)
+    where the parts' losses are alike). Both on detached copies of the output's batched leaves,
+    differentiated there alone: the gradient the loss sends each leaf itself (not through
+    another leaf computed from it; not to parameters or targets the loss reads). ``(gap,
+    dtype)``: the gap relative (NaN where the part's loss is not finite, 0 where the batch's is
+    not), a float on the CPU, else a ``()`` tensor, ``None`` where the loss reaches no batched
+    leaf; the dtype of the gradients compared (their rounding is the tolerance's)."""
+    leaves, spec = tree_flatten(out)
+    dims = layout.dims
+    batched = [i for i, t in enumerate(leaves) if dims[i] is not None and _graded(t)]
+    wholes, parts = list(leaves), list(leaves)
+    for i in batched:  # (B, ...) and (k, ...) each: leaves of graphs of their own
+        wholes[i] = leaves[i].detach().requires_grad_()
+        parts[i] = leaves[i].detach().narrow(dims[i], 0, k).requires_grad_()
+    with torch.enable_grad():
+        whole = loss_fn(tree_unflatten(wholes, spec), y)
+        part = loss_fn(tree_unflatten(parts, spec), take(y, slice(0, k)))
+        if not batched or not (whole.requires_grad and part.requires_grad):
+            return None, None
+        inputs = [wholes[i] for i in batched] + [parts[i] for i in batched]
+        grads = torch.autograd.grad(whole + part, inputs, allow_unused=True)  # one backward
+    differences, sizes, scale = [], [], batch_size(y) / k
+    for j, i in enumerate(batched):
+        g, h = grads[j], grads[len(batched) + j]  # the batch's, the part's own
+        h = torch.zeros_like(parts[i]) if h is None else h
+        want = torch.zeros_like(h) if g is None else g.narrow(dims[i], 0, k) * scale
+        differences.append(torch.linalg.vector_norm(h - want))
+        sizes.append(torch.linalg.vector_norm(h))
+    difference, size = (
+        v[0] if len(v) == 1 else torch.stack(v).norm() for v in (differences, sizes)
+    )
+    dtype = max((leaves[i].dtype for i in batched), key=lambda t: torch.finfo(t).eps)
+    if host_reads_allowed(whole.device):  # reads, then floats
+        if not math.isfinite(whole.item()):
+            return 0.0, dtype  # a diverged step: the runner's to stop on
+        value = part.item()
+        return difference.item() / max(size.item(), 1e-30) + (value - value), dtype  # NaN: part's
+    gap = difference / size.clamp_min(1e-30) + (part - part).detach()
+    return gap.where(whole.detach().isfinite(), 0.0), dtype
 
 
 def _graded(t: Any) -> bool:

@@ -8,8 +8,9 @@ import torch
 
 from grab_exp.devices import in_graph_safe
 from grab_exp.grads.rows import keep_views
-from grab_exp.per_sample.check.loss import refuse_gap
-from grab_exp.per_sample.modules import UnsupportedModelError
+from grab_exp.per_sample.check.loss import CONTRACT, refuse_gap
+from grab_exp.per_sample.check.tolerance import LOSS_TOLERANCE, tolerance
+from grab_exp.per_sample.modules import LossContractError, UnsupportedModelError
 
 #: the default schedule: calls 1, 2, 4, ..., 128, then every 128th (and every new structure)
 CHECK_EVERY = 128
@@ -68,7 +69,7 @@ class Check:
         return (0.5 + order / batch).to(device=like.device, dtype=like.dtype)
 
     def split(self, batch: int) -> int | None:
-        """Where this call's loss is split in two (:class:`.loss.OutputSplit`), moving from call
+        """Where this call's loss is split in two (:func:`.loss.loss_gap`), moving from call
         to call; ``None`` for ``B < 2``, with the check off, or in a captured step."""
         if batch < 2 or not self.on or in_graph_safe():
             return None
@@ -85,8 +86,9 @@ class Check:
     def settle_gap(self, gap: float | torch.Tensor | None, dtype: torch.dtype) -> None:
         """Refuse a loss whose two parts do not add up to it: at once on the CPU; on CUDA (no
         host read inside a step) at the next full check (:meth:`settle_deferred`)."""
-        if isinstance(gap, torch.Tensor):
-            self._gap = gap if self._gap is None else torch.maximum(self._gap, gap)  # NaN stays
+        if isinstance(gap, torch.Tensor):  # over its dtype's tolerance (calls' dtypes differ)
+            ratio = gap / tolerance(LOSS_TOLERANCE, dtype)
+            self._gap = ratio if self._gap is None else torch.maximum(self._gap, ratio)  # NaN stays
         elif gap is not None:
             refuse_gap(gap, dtype)
 
@@ -94,7 +96,7 @@ class Check:
         """Keep a call's rows' gap (``()``, over its tolerance) for the next full check."""
         self._rows = ratio if self._rows is None else torch.maximum(self._rows, ratio)
 
-    def settle_deferred(self, dtype: torch.dtype) -> None:
+    def settle_deferred(self) -> None:
         """Refuse what the loss splits and rows' gaps kept on the device showed (a read each)."""
         if self._rows is not None:
             ratio, self._rows = self._rows.item(), None
@@ -104,5 +106,10 @@ class Check:
                     f"check ({ratio:.2g} times the tolerance); use method=func"
                 )
         if self._gap is not None:
-            gap, self._gap = self._gap.item(), None
-            refuse_gap(gap, dtype)
+            ratio, self._gap = self._gap.item(), None
+            if not ratio <= 1:  # NaN too
+                raise LossContractError(
+                    f"loss_fn of a batch since the last check is not the mean of its two parts' "
+                    f"losses ({ratio:.2g} times the tolerance of their values' or their gradients' "
+                    f"gap): {CONTRACT}"
+                )
