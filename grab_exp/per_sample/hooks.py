@@ -15,7 +15,7 @@ from torch.nn.utils import parametrize
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.base import LossFn, PerSampleGradients
 from grab_exp.per_sample.check.examples import gradients, mismatch
-from grab_exp.per_sample.check.loss import forwards_gap, loss_gap, loss_of
+from grab_exp.per_sample.check.loss import OutputSplit, forwards_gap, loss_of
 from grab_exp.per_sample.check.mean import GradSnapshot
 from grab_exp.per_sample.check.resampled import counted_problem
 from grab_exp.per_sample.check.schedule import CHECK_EVERY
@@ -128,18 +128,19 @@ class HookedPerSample(PerSampleGradients):
         counts = tuple(len(calls.get(n, ())) for n in self.registry.modules)
         graph = operations(loss) if self.checker.on else None  # a walk only a check reads
         key = (shapes, modes, counts, changed, graph)  # an in-place output: a new kind
-        later = False
+        later, split = False, None
         due = self.checker.due(key, batch) or (plan.reindexes and self.checker.on)
         if due:
             recorder.refuse_direct_uses(loss, calls)
             plan.reindexes |= reindexes(calls, out, batch)
         elif (k := self.checker.split(batch)) is not None:  # a full check reads every loss
             later = plan.output.unbatched(out)  # a value of the batch: parts forwarded, later
-            if not later:  # before the backward: nothing written yet
-                self.checker.settle_gap(*loss_gap(self.loss_fn, out, y, plan.output, k))
+            split = None if later else OutputSplit(self.loss_fn, out, y, plan.output, k)
         params = self.state.trainable()  # read once per call: the rows' columns
         with GradSnapshot(params.values()) as snapshot:  # a refusal puts param.grad back
             recorder.backward(loss, calls, retain=due)  # loss.backward(): autograd's param.grad
+            if split is not None:  # the hook on the output read the batch's gradient there
+                self.checker.settle_gap(split.gap(loss), split.dtype)
             with torch.autocast(loss.device.type, enabled=False):  # rows in the weights' dtype
                 rows = self.rows.form(calls, batch, params)
             grads = self.rows.batch_grads(rows, params)

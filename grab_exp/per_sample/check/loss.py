@@ -51,48 +51,78 @@ def example_losses(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout) -> 
     return torch.stack([loss_fn(layout.narrow(out, p.start, 1), take(y, p)) for p in parts])
 
 
-def loss_gap(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout, k: int):
+class OutputSplit:
     """The loss contract on a split of the batch, at the output: a mean's gradient at the outputs
     of its first ``k`` examples is ``k / B`` times that of their own loss (a sum, or a class
     ``weight=`` or ``ignore_index`` padding averaged over the batch, weighs them otherwise, even
-    where the parts' losses are alike). Both on detached copies of the output's batched leaves,
-    differentiated there alone: the gradient the loss sends each leaf itself (not through
-    another leaf computed from it; not to parameters or targets the loss reads). ``(gap,
-    dtype)``: the gap relative (NaN where the part's loss is not finite, 0 where the batch's is
-    not), a float on the CPU, else a ``()`` tensor, ``None`` where the loss reaches no batched
-    leaf; the dtype of the gradients compared (their rounding is the tolerance's)."""
-    leaves, spec = tree_flatten(out)
-    dims = layout.dims
-    batched = [i for i, t in enumerate(leaves) if dims[i] is not None and _graded(t)]
-    wholes, parts = list(leaves), list(leaves)
-    for i in batched:  # (B, ...) and (k, ...) each: leaves of graphs of their own
-        wholes[i] = leaves[i].detach().requires_grad_()
-        parts[i] = leaves[i].detach().narrow(dims[i], 0, k).requires_grad_()
-    with torch.enable_grad():
-        whole = loss_fn(tree_unflatten(wholes, spec), y)
-        part = loss_fn(tree_unflatten(parts, spec), take(y, slice(0, k)))
-        if not batched or not (whole.requires_grad and part.requires_grad):
-            return None, None
-        inputs = [wholes[i] for i in batched] + [parts[i] for i in batched]
-        grads = torch.autograd.grad(whole + part, inputs, allow_unused=True)  # one backward
-    differences, sizes, scale = [], [], batch_size(y) / k
-    for j, i in enumerate(batched):
-        g, h = grads[j], grads[len(batched) + j]  # the batch's, the part's own
-        h = torch.zeros_like(parts[i]) if h is None else h
-        want = torch.zeros_like(h) if g is None else g.narrow(dims[i], 0, k) * scale
-        differences.append(torch.linalg.vector_norm(h - want))
-        sizes.append(torch.linalg.vector_norm(h))
-    difference, size = (
-        v[0] if len(v) == 1 else torch.stack(v).norm() for v in (differences, sizes)
-    )
-    dtype = max((leaves[i].dtype for i in batched), key=lambda t: torch.finfo(t).eps)
-    if host_reads_allowed(whole.device):  # reads, then floats
-        if not math.isfinite(whole.item()):
-            return 0.0, dtype  # a diverged step: the runner's to stop on
-        value = part.item()
-        return difference.item() / max(size.item(), 1e-30) + (value - value), dtype  # NaN: part's
-    gap = difference / size.clamp_min(1e-30) + (part - part).detach()
-    return gap.where(whole.detach().isfinite(), 0.0), dtype
+    where the parts' losses are alike). The gradient the loss sends each output leaf itself: the
+    part's own loss on a detached copy of its outputs, and the batch's read by a hook on the
+    output in its own backward where the output is one leaf (else on copies too: a leaf computed
+    from another gets gradient through it), all differentiated at the copies alone (nothing
+    reaches the parameters, the targets or a temperature the loss learns)."""
+
+    def __init__(self, loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout, k: int) -> None:
+        leaves, spec = tree_flatten(out)
+        dims = layout.dims
+        batched = [i for i, t in enumerate(leaves) if dims[i] is not None and _graded(t)]
+        wholes, parts = list(leaves), list(leaves)
+        for i in batched:  # (B, ...) and (k, ...) each: leaves of graphs of their own
+            wholes[i] = leaves[i].detach().requires_grad_()
+            parts[i] = leaves[i].detach().narrow(dims[i], 0, k).requires_grad_()
+        self.k, self.scale, self.dims = k, batch_size(y) / k, [dims[i] for i in batched]
+        self.parts, self.wholes = [parts[i] for i in batched], [wholes[i] for i in batched]
+        self.dtype = max((leaves[i].dtype for i in batched), default=None, key=_eps)
+        self.grads, self.whole, self.handles = [None], None, []
+        with torch.enable_grad():
+            self.part = loss_fn(tree_unflatten(parts, spec), take(y, slice(0, k)))
+            if len(batched) == 1:  # its gradient in the batch's backward is the loss's own
+                self.handles = [leaves[batched[0]].register_hook(self._keep)]
+                self.wholes = []
+            elif batched:
+                self.whole = loss_fn(tree_unflatten(wholes, spec), y)
+
+    def _keep(self, grad: torch.Tensor) -> None:
+        self.grads = [grad]
+
+    def gap(self, loss: torch.Tensor):
+        """After the batch's backward: the gap relative (NaN where the part's loss is not
+        finite, 0 where the batch's is not), a float on the CPU, else a ``()`` tensor; ``None``
+        where the loss reaches no batched leaf of the output."""
+        for handle in self.handles:
+            handle.remove()
+        whole = self.whole
+        graded = self.part.requires_grad and (
+            loss.requires_grad if whole is None else whole.requires_grad
+        )
+        if not self.parts or not graded:
+            return None
+        total = self.part if whole is None else whole + self.part
+        grads = torch.autograd.grad(total, self.parts + self.wholes, allow_unused=True)
+        wholes = self.grads if whole is None else grads[len(self.parts) :]
+        differences, sizes = [], []
+        for g, h, part, d in zip(wholes, grads, self.parts, self.dims, strict=False):
+            if h is None:  # the part's own, ours to write: not expanded, not another leaf's
+                h = torch.zeros_like(part)
+            elif len(self.parts) > 1 or not h.is_contiguous():
+                h = h.clone(memory_format=torch.contiguous_format)
+            sizes.append(torch.linalg.vector_norm(h))
+            if g is not None:  # less the batch's, in place (an LM's logits: no copy)
+                h.sub_(g.narrow(d, 0, self.k), alpha=self.scale)
+            differences.append(torch.linalg.vector_norm(h))
+        difference, size = (
+            v[0] if len(v) == 1 else torch.stack(v).norm() for v in (differences, sizes)
+        )
+        if host_reads_allowed(loss.device):  # reads, then floats
+            if not math.isfinite(loss.item()):
+                return 0.0  # a diverged step: the runner's to stop on
+            value = self.part.item()
+            return difference.item() / max(size.item(), 1e-30) + (value - value)  # NaN: part's
+        gap = difference / size.clamp_min(1e-30) + (self.part - self.part).detach()
+        return gap.where(loss.detach().isfinite(), 0.0)
+
+
+def _eps(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).eps
 
 
 def _graded(t: Any) -> bool:

@@ -69,7 +69,7 @@ class Check:
         return (0.5 + order / batch).to(device=like.device, dtype=like.dtype)
 
     def split(self, batch: int) -> int | None:
-        """Where this call's loss is split in two (:func:`.loss.loss_gap`), moving from call
+        """Where this call's loss is split in two (:class:`.loss.OutputSplit`), moving from call
         to call; ``None`` for ``B < 2``, with the check off, or in a captured step."""
         if batch < 2 or not self.on or in_graph_safe():
             return None
