@@ -24,7 +24,13 @@ from grab_exp.per_sample.check.tolerance import OUTPUT_TOLERANCE
 from grab_exp.per_sample.layout import Call, Inputs, batch_size, call_model
 from grab_exp.per_sample.modules import UnsupportedModelError, draws_random, label
 from grab_exp.per_sample.plan import Layers, Planner
-from grab_exp.per_sample.recording import REINDEXED, Recorder, operations, reindexes
+from grab_exp.per_sample.recording import (
+    REINDEXED,
+    Recorder,
+    operations,
+    refuse_whole_only,
+    reindexes,
+)
 from grab_exp.per_sample.rows import GradBuffer, Rows
 
 __all__ = ["FactoredPerSample", "HookedPerSample", "UnsupportedModelError", "check_supported"]
@@ -127,6 +133,8 @@ class HookedPerSample(PerSampleGradients):
         changed = recorder.read_in_place(calls)
         counts = tuple(len(calls.get(n, ())) for n in self.registry.modules)
         graph = operations(loss) if self.checker.on else None  # a walk only a check reads
+        if self.checker.on and plan.output.unbatched(out):  # a value of the batch: read alone?
+            refuse_whole_only(loss, out, plan.output.dims)
         key = (shapes, modes, counts, changed, graph)  # an in-place output: a new kind
         later, split = False, None
         due = self.checker.due(key, batch) or (plan.reindexes and self.checker.on)

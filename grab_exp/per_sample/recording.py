@@ -360,6 +360,32 @@ def operations(loss: torch.Tensor) -> tuple[str, ...]:
     return tuple(sorted(type(n).__name__ for n in _nodes([loss.grad_fn])))
 
 
+def refuse_whole_only(loss: torch.Tensor, out: Any, dims: tuple) -> None:
+    """Refuse a loss that reads no output of the examples, only values of the whole batch that
+    the model computed (``dims``: the output leaves' batch dimensions): a walk of the loss's
+    graph that stops at those values finds no output of the examples."""
+    leaves = [(t.grad_fn, d) for t, d in zip(tree_flatten(out)[0], dims, strict=True) if _graded(t)]
+    whole = {f for f, d in leaves if d is None}
+    if whole and not {f for f, d in leaves if d is not None} & set(
+        _nodes([loss.grad_fn], {f: [] for f in whole})  # their graphs not walked
+    ):
+        raise UnsupportedModelError(INSIDE)
+
+
+#: the refusal of a loss the model computes over the batch (:func:`operations`)
+INSIDE = (
+    "the loss reads no output of the examples, only values of the whole batch that the model "
+    "computed (HuggingFace's loss from labels=): the hook path cannot check on each call that "
+    "it is the mean of the examples' own losses (a token mean over uneven -100 padding is "
+    "not); compute the loss in loss_fn from the examples' outputs (out.logits), or use "
+    "method=func or loop (auto takes them)"
+)
+
+
+def _graded(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_floating_point() and t.grad_fn is not None
+
+
 def reindexes(calls: dict[str, list[Call]], out: Any, batch: int) -> bool:
     """Whether a :data:`REINDEXING` node, or one taking apart, flipping, rolling or multiplying
     (``P @ h``) an axis of ``batch > 1`` items (the examples may be put back in an order of the

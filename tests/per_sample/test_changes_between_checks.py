@@ -140,23 +140,26 @@ def test_uneven_padding_between_checks_is_refused_where_the_losses_are_alike(met
     the examples by their labelled tokens, not as a mean. The moving split compared the parts'
     loss values, which agree here; so did the rows' mean (the rows add up to the batch's
     gradient), and the call returned rows 50 % off (adversarial round 22: HuggingFace's loss
-    from labels=, and a user's ignore_index loss in float32). Refused on that call now."""
+    from labels=, and a user's ignore_index loss in float32). Refused on that call now; a loss
+    the model computes, the hook path refuses on every call (round 24: a split of the batch
+    cannot tell one example weighted otherwise among many), and auto's func on that call."""
     torch.manual_seed(0)
     model = TokenHead(inside).to(dtype)
     loss_fn = (lambda out, y: out["loss"]) if inside else (lambda out, y: token_loss(out, y))
     psg = make_per_sample(model, loss_fn, method)
     g = torch.Generator().manual_seed(0)
-    for call in range(1, 4):
+    first = 3 if method == "auto" or not inside else 1  # the hook path: a loss it cannot check
+    for call in range(1, first + 1):
         ids = torch.randint(0, 7, (3, 6), generator=g)
         labels = ids.roll(-1, 1)
         if call == 3:
             labels[0, 2:] = -100  # example 0: 2 labelled tokens, the others 6
         x = {"ids": ids, "labels": labels} if inside else ids
         model.zero_grad(set_to_none=True)
-        if call < 3:
+        if call < first:
             psg(x, labels)
             continue
-        with pytest.raises(ValueError, match="not the mean") as error:
+        with pytest.raises(ValueError, match=r"not the mean|values of the whole batch") as error:
             psg(x, labels)
         assert "\n" not in str(error.value)
         assert all(p.grad is None for p in model.parameters())
@@ -245,3 +248,30 @@ def test_the_split_leaves_what_the_loss_reads_besides_the_output_alone(method: s
         psg(x, y)
         want = torch.autograd.grad(F.cross_entropy(model(x) / temperature, y), temperature)[0]
         torch.testing.assert_close(temperature.grad, want, msg=f"call {call + 1}")
+
+
+@pytest.mark.parametrize("method", ["hooks", "factored", "auto"])
+def test_a_loss_the_model_computes_is_never_returned_unchecked(method: str) -> None:
+    """32 examples of 5 tokens, the model's own token mean as the loss (HuggingFace's labels=),
+    one example with 4 labelled tokens on call 6, between full checks: its row was 20 % off and
+    returned, since the split of round 22's fix compares the first examples together, and one
+    example weighted otherwise among 32 moves their mean by less than float32's tolerance
+    (adversarial round 24). The hook path refuses such a loss on every call; auto's func refuses
+    call 6 (the rows' mean, each example's own, is not the batch's gradient)."""
+    torch.manual_seed(0)
+    model = TokenHead(inside=True)
+    psg = make_per_sample(model, lambda out, y: out["loss"], method)
+    g = torch.Generator().manual_seed(0)
+    for call in range(1, 7):
+        ids = torch.randint(0, 7, (32, 5), generator=g)
+        labels = ids.roll(-1, 1)
+        if call == 6:
+            labels[-1, 4:] = -100
+        x = {"ids": ids, "labels": labels}
+        if call < 6 and method == "auto":
+            psg(x, labels)
+            continue
+        with pytest.raises(ValueError, match=r"not the mean|values of the whole batch") as error:
+            psg(x, labels)
+        assert "\n" not in str(error.value)
+        return
