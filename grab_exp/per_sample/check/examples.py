@@ -11,7 +11,8 @@ from torch.linalg import vector_norm
 from torch.utils._pytree import tree_flatten
 
 from grab_exp.grads import BatchGrads
-from grab_exp.per_sample.check.mean import rows_norms, worst_gap
+from grab_exp.grads.rows import kept_view, shaped_views
+from grab_exp.per_sample.check.mean import dense, rows_norms, worst_gap
 from grab_exp.per_sample.check.state import cuda_devices, saved_state
 from grab_exp.per_sample.check.tolerance import FLOOR, OUTPUT_TOLERANCE, TOLERANCE, tolerance
 from grab_exp.per_sample.layout import Inputs, OutputLayout, take
@@ -54,21 +55,24 @@ def alone_problem(
     weights = checker.weights(rows.rows, rows.like)  # (B,)
     coef = torch.zeros_like(weights)
     coef[chosen] = weights[chosen]  # (B,): 0 for the examples not run alone
-    tensors, want = list(params.values()), None
+    tensors, shapes = list(params.values()), tuple(rows.shapes.values())
+    out = checker.scratch(rows.width, rows.like)  # (d,) kept: - sum_i c_i g_i, then plus
+    parts = kept_view(out, shapes, lambda: shaped_views(out, shapes))  # (*shape) views
+    out.zero_()
+    rows.accumulate(out, -coef)
+    sizes = torch.stack(torch._foreach_norm(parts))  # (P,)
 
-    def run() -> None:  # each example's backward at once (a forward may move frozen weights);
-        # sums out of place: autograd's gradients of two parameters may share memory (a cat's)
-        nonlocal want
-        for i in chosen:
+    def run() -> None:  # each example's backward at once (a forward may move frozen weights),
+        for i in chosen:  # added into the kept vector (no (d,) sum of one's own)
             with torch.enable_grad():
                 loss = loss_fn(forward(take(x, [i])), take(y, [i]))
-            grads = gradients(weights[i] * loss, tensors)
-            want = grads if want is None else [w + g for w, g in zip(want, grads, strict=True)]
+            grads = zip(gradients(weights[i] * loss, tensors), parts, strict=True)
+            torch._foreach_add_(parts, [dense(g, p).to(p.dtype) for g, p in grads])
 
     if _draws(run):
         return None  # their gradients alone would be those of other random numbers
-    out = checker.scratch(rows.width, rows.like)  # (d,) kept
-    gap, worst = worst_gap(rows_norms(rows, want, coef=coef, out=out), FLOOR)
+    norms = torch.stack([sizes, torch.stack(torch._foreach_norm(parts))])  # (2, P)
+    gap, worst = worst_gap(norms, FLOOR)
     if gap <= tolerance(TOLERANCE, rows.like.dtype):
         return None
     return (
