@@ -25,6 +25,7 @@ from grab_exp.per_sample.modules import (
     UnsupportedModelError,
     UserCodeError,
     draws_random,
+    first_line,
     module_problem,
 )
 from grab_exp.tracebacks import raised_in_user_file
@@ -37,7 +38,7 @@ Identity = Callable[[torch.Tensor, torch.Tensor], "str | None"] | None
 
 def one_line(error: Exception) -> str:
     """The error's first line, with its type unless it is a refusal (already one line)."""
-    text = (str(error).strip().splitlines() or [""])[0]
+    text = first_line(error)
     return text if isinstance(error, UnsupportedModelError) else f"{type(error).__name__}: {text}"
 
 

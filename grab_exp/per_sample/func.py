@@ -37,7 +37,12 @@ from grab_exp.per_sample.layout import (
     input_shapes,
     take,
 )
-from grab_exp.per_sample.modules import CHECKPOINT_REFUSAL, UnsupportedModelError, random_modules
+from grab_exp.per_sample.modules import (
+    CHECKPOINT_REFUSAL,
+    UnsupportedModelError,
+    first_line,
+    random_modules,
+)
 from grab_exp.tracebacks import raised_in
 from grab_exp.validation import check_choice, check_int_at_least
 
@@ -124,7 +129,7 @@ def vmap_failure(model: nn.Module, error: RuntimeError) -> str:
     """One line for a call that ``torch.func`` could not run, naming the recurrent layers."""
     if "checkpoint" in str(error).lower():
         return CHECKPOINT_REFUSAL
-    cause = str(error).strip().splitlines()[0]
+    cause = first_line(error)
     named = model.named_modules()
     unbatchable = [f"{n} ({type(m).__name__})" for n, m in named if isinstance(m, VMAP_FAILS)]
     if (in_loss := raised_in(error, _ModelAndLoss.loss)) or not unbatchable:

@@ -27,6 +27,11 @@ def advice(method: str) -> str:
     return "use method=loop (auto takes it)" if method == "func" else "use method=func or loop"
 
 
+def first_line(error: BaseException) -> str:
+    """The error's message's first line (``""`` for none)."""
+    return (str(error).strip().splitlines() or [""])[0]
+
+
 class UnsupportedModelError(ValueError):
     """A layer (or the loss) whose per-sample gradients a path cannot compute right, in one line."""
 
@@ -36,8 +41,7 @@ class UserCodeError(Exception):
     plain step raises it too: their code's error, not a refusal; ``target``: ``module.name``."""
 
     def __init__(self, setting: str, target: str, error: BaseException) -> None:
-        lines = str(error).strip().splitlines()
-        first = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+        first = type(error).__name__ + (f": {line}" if (line := first_line(error)) else "")
         super().__init__(f"{setting}: {target} raised {first}")
         self.setting, self.target, self.error = setting, target, error
 

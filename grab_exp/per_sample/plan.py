@@ -14,6 +14,7 @@ from grab_exp.per_sample.check.state import (
     drew_since,
     generator_states,
     kept_state,
+    random_modules_off,
     set_generator_states,
 )
 from grab_exp.per_sample.check.tolerance import OUTPUT_TOLERANCE, tolerance
@@ -28,7 +29,7 @@ from grab_exp.per_sample.layout import (
     shape_of,
     take,
 )
-from grab_exp.per_sample.modules import UnsupportedModelError, draws_random, label
+from grab_exp.per_sample.modules import UnsupportedModelError, draws_random, first_line, label
 from grab_exp.per_sample.rules import LayerRule, rule_for
 
 
@@ -144,16 +145,14 @@ class Planner:
     def _probes(self, x: Inputs, expanded: set[str]) -> tuple[dict, dict, tuple, dict, list, set]:
         """:meth:`_probe` of 2 and 3 copies of an example (the calls of 3); silent layers, those
         the output uses."""
-        with kept_state(self.model):
-            for module in filter(draws_random, self.model.modules()):  # masks alike in each probe
-                module.training = False
+        with kept_state(self.model), random_modules_off(self.model):  # masks alike in each probe
             try:
                 (two, out2, _), (three, out3, calls) = self._probe(x, 2), self._probe(x, 3)
             except Exception as error:  # torch's shape checks raise AssertionError too (MHA)
                 if not expanded:
                     raise
                 names = ", ".join(self.layers.label(n) for n in sorted(expanded))
-                cause = str(error).strip().splitlines()[0]
+                cause = first_line(error)
                 raise UnsupportedModelError(
                     f"{names}: its input has no batch dimension for copies of one example (a "
                     "position embedding's; or a selection by value, as x[mask] or expert routing, "

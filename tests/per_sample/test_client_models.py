@@ -153,6 +153,26 @@ def test_a_forward_that_the_expansion_breaks_is_refused_by_layer_and_auto_takes_
     assert_matches(grads, expected)
 
 
+class AssertedPosition(PositionModel):
+    """A position embedding whose output the forward requires to be ``(T, D)`` by an error without
+    a message (a bare ``assert``, outside pytest's rewriting), which its input expanded over the
+    batch raises."""
+
+    def forward(self, tokens):
+        positions = self.pos(torch.arange(tokens.shape[1]))
+        if positions.dim() != 2:
+            raise AssertionError
+        return self.head(torch.tanh(self.tok(tokens) + positions).mean(1))
+
+
+def test_a_probe_failure_without_a_message_is_refused_naming_the_layer():
+    """An error without a message in the probe's forward (a bare ``assert``): refused naming the
+    layer (the refusal's first line of the error had raised an IndexError)."""
+    model, x, y = sequence_case(lambda: AssertedPosition(5), 4, 5)
+    with pytest.raises(UnsupportedModelError, match=r"^pos \(Embedding\): its input has no batch"):
+        HookedPerSample(model, F.cross_entropy)(x, y)
+
+
 def test_func_on_a_gru_is_refused_naming_the_layer():
     model, x, y = sequence_case(GRUClassifier, 4, 5)
     with pytest.raises(UnsupportedModelError, match=r"at gru \(GRU\), which it cannot batch"):

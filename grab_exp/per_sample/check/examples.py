@@ -13,10 +13,15 @@ from torch.utils._pytree import tree_flatten
 from grab_exp.grads import BatchGrads
 from grab_exp.grads.rows import kept_view, shaped_views
 from grab_exp.per_sample.check.mean import dense, rows_norms, worst_gap
-from grab_exp.per_sample.check.state import cuda_devices, saved_state
+from grab_exp.per_sample.check.state import (
+    cuda_devices,
+    drew_since,
+    generator_states,
+    saved_state,
+)
 from grab_exp.per_sample.check.tolerance import FLOOR, OUTPUT_TOLERANCE, TOLERANCE, tolerance
 from grab_exp.per_sample.layout import Inputs, OutputLayout, take
-from grab_exp.per_sample.modules import UnsupportedModelError, advice, label
+from grab_exp.per_sample.modules import UnsupportedModelError, advice, first_line, label
 
 Forward = Callable[[Inputs], Any]
 #: runs that must all repeat the first one before a difference is not put down to randomness
@@ -143,7 +148,7 @@ def mixing_problem(
                 try:
                     parts.append(_rows_of(forward(take(x, group)), layout, len(group) == 1))
                 except Exception as error:  # the definition of an example's gradient needs it
-                    cause = (str(error).strip().splitlines() or [""])[0]
+                    cause = first_line(error)
                     raise UnsupportedModelError(
                         f"the model fails on {len(group)} example(s) alone ({cause}): an "
                         "example's gradient is that of its loss computed alone"
@@ -186,11 +191,9 @@ def mixing_problem(
 
 def _draws(run: Callable[[], Any]) -> bool:
     """Whether ``run()`` draws from the default CPU or CUDA generators (their states move)."""
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
-    before = [torch.get_rng_state(), *cuda]
+    start = generator_states()
     run()
-    after = [torch.get_rng_state(), *(torch.cuda.get_rng_state_all() if cuda else [])]
-    return any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    return drew_since(start)
 
 
 def _rows_of(out: Any, layout: OutputLayout, alone: bool = False) -> torch.Tensor:

@@ -9,10 +9,10 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from grab_exp.devices import host_reads_allowed
-from grab_exp.per_sample.check.state import drew_since, generator_states
+from grab_exp.per_sample.check.state import drew_since, generator_states, random_modules_off
 from grab_exp.per_sample.check.tolerance import LOSS_TOLERANCE, tolerance
 from grab_exp.per_sample.layout import OutputLayout, batch_size, moved, take
-from grab_exp.per_sample.modules import LossContractError, draws_random
+from grab_exp.per_sample.modules import LossContractError
 
 #: the loss contract, in the words every loss refusal ends with
 CONTRACT = (
@@ -131,29 +131,22 @@ def _graded(t: Any) -> bool:
 
 def forwards_gap(forward, loss_fn, x: Any, y: torch.Tensor, loss: torch.Tensor, k: int, model):
     """The loss split of an output with a value of the whole batch (HuggingFace's ``loss`` from
-    ``labels`` among the inputs, which every slice of the output repeats), by the values:
-    ``loss_fn`` of a ``forward`` of each part's own inputs, the modules that draw random
-    numbers in eval mode (the caller puts the modes back) and then the batch forwarded again
-    too; ``None`` where the forwards still drew (noise outside such modules: nothing to
-    compare)."""
-    drawing = [m for m in model.modules() if draws_random(m)]
-    with torch.no_grad():
-        for module in drawing:
-            module.training = False
-        start, parts = generator_states(), (slice(0, k), slice(k, batch_size(y)))
+    ``labels`` among the inputs, which every slice of the output repeats), by the values: the
+    :func:`relative_gap` of ``B * loss`` and ``k * first + (B - k) * second``, ``loss_fn`` of a
+    ``forward`` of each part's own inputs, the modules that draw random numbers in eval mode and
+    then the batch forwarded again too; ``None`` where the forwards still drew (noise outside
+    such modules: nothing to compare)."""
+    batch = batch_size(y)
+    with torch.no_grad(), random_modules_off(model) as drawing:
+        start, parts = generator_states(), (slice(0, k), slice(k, batch))
         first, second = (loss_fn(forward(take(x, p)), take(y, p)) for p in parts)
         loss = loss_fn(forward(x), y) if drawing else loss
         if drew_since(start):
             return None
-        return parts_gap(loss, first, second, k, batch_size(y) - k)
-
-
-def parts_gap(loss, first: torch.Tensor, second: torch.Tensor, k: int, rest: int):
-    """:func:`relative_gap` of ``B * loss`` and its parts' ``k * first + rest * second``."""
     if host_reads_allowed(loss.device):  # three reads, then floats
         first, second, loss = first.item(), second.item(), loss.item()
-    parts, size = first * k + second * rest, abs(first) * k + abs(second) * rest
-    return relative_gap(loss * (k + rest), parts, size)
+    size = abs(first) * k + abs(second) * (batch - k)
+    return relative_gap(loss * batch, first * k + second * (batch - k), size)
 
 
 def relative_gap(got, want, size):

@@ -9,9 +9,9 @@ import torch
 
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.check.mean import rows_norms, worst_gap
+from grab_exp.per_sample.check.state import random_modules_off
 from grab_exp.per_sample.check.tolerance import LOSS_TOLERANCE, MEAN_FLOOR, TOLERANCE, tolerance
 from grab_exp.per_sample.layout import take
-from grab_exp.per_sample.modules import draws_random
 
 #: resampled batches per check (a pair of swapped rows escapes them all with probability 1/64)
 DRAWS = 3
@@ -68,14 +68,8 @@ def resampled_values_problem(forward, loss_fn, x, y, batch: int, model, check=0)
     """The first resampled batch whose loss is not ``sum_i k_i l_i / sum_i k_i`` of the examples'
     losses alone, as one line; ``None``. The modules that draw random numbers run in eval mode,
     so that every forward is the same function."""
-    drawing = list(filter(draws_random, model.modules()))
-    try:
-        for module in drawing:
-            module.training = False
+    with random_modules_off(model):
         return _values_problem(forward, loss_fn, x, y, batch, check)
-    finally:
-        for module in drawing:
-            module.training = True
 
 
 def _values_problem(forward, loss_fn, x, y, batch: int, check: int) -> str | None:

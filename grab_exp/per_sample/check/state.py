@@ -15,7 +15,7 @@ from torch.nn.modules.module import (
 )
 from torch.nn.parameter import is_lazy
 
-from grab_exp.per_sample.modules import UnsupportedModelError
+from grab_exp.per_sample.modules import UnsupportedModelError, draws_random
 
 
 def saved_state(model: nn.Module, buffers: bool = True, modes: bool = False) -> Callable[[], None]:
@@ -63,6 +63,20 @@ def kept_state(model: nn.Module) -> Iterator[Callable[[], list[str]]]:
             attributes()
             for p, g in grads:
                 p.grad = g
+
+
+@contextlib.contextmanager
+def random_modules_off(model: nn.Module) -> Iterator[list[nn.Module]]:
+    """The modules that draw random numbers (:func:`~.modules.draws_random`) in eval mode for the
+    block, so that every forward is the same function; yields them."""
+    drawing = [m for m in model.modules() if draws_random(m)]
+    for module in drawing:
+        module.training = False
+    try:
+        yield drawing
+    finally:
+        for module in drawing:  # drawing is in training mode only
+            module.training = True
 
 
 #: ``(module, name, qualified name, tensor, version, copy)`` per buffer and parameter
