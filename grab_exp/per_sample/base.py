@@ -86,7 +86,7 @@ class PerSampleGradients(ABC):
     def check(self) -> None:
         for name, module in self._watched:
             if problem := module_problem(name, module, self.randomness, self.module_dropout):
-                raise ValueError(problem)
+                raise UnsupportedModelError(problem)
 
     def __call__(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         """The detached mean loss and the :class:`~grab_exp.grads.batch.BatchGrads` of the

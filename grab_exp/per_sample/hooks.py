@@ -226,7 +226,7 @@ class HookedPerSample(PerSampleGradients):
                 for (name, _, g, d), w in zip(outputs, at_outputs, strict=True)
             )
             weighted_rows = (
-                (name, f"the rows of {n}", torch.tensordot(c, rows[n], dims=1), w)
+                (name, f"the rows of {n}", torch.tensordot(c, rows[n].to(c.dtype), dims=1), w)
                 for (name, n, _), w in zip(params, at_params, strict=True)
             )
             problem = mismatch(self.model, weighted_outputs, self.method, OUTPUT_TOLERANCE)

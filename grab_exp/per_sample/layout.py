@@ -71,7 +71,8 @@ class Call:
     versions as it entered (``input_versions``), whether an output changed ``in_place``; a
     rule's weight copied per example (``weight_copies``: its gradient, then its edge); a replayed
     call's buffers as it entered (``entry_buffers``: name, tensor, version) and their values,
-    where they changed since (``buffers``, by name)."""
+    where they changed since (``buffers``, by name); the numbers of the calls open when it ran, its
+    own last (``nesting``)."""
 
     leaves: list[Any]
     spec: Any
@@ -85,6 +86,7 @@ class Call:
     weight_copies: list[Any] = field(default_factory=list)
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     entry_buffers: list[tuple[str, torch.Tensor, int]] = field(default_factory=list)
+    nesting: tuple[int, ...] = ()
 
 
 def moved(versions: list[tuple[torch.Tensor, int]]) -> bool:

@@ -34,6 +34,7 @@ class Recorder:
     @contextlib.contextmanager
     def in_mode(self, mode: str) -> Iterator[None]:
         before, self.mode, self.copies, self.entry_buffers = self.mode, mode, {}, {}
+        self.entered, self.open = 0, []  # calls entered; the numbers of those not returned yet
         undo = [] if mode != "record" or autocast_on() else self._copy_weights()
         try:
             yield
@@ -87,6 +88,8 @@ class Recorder:
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> Any:
             if self.mode == "idle":
                 return None
+            self.entered += 1
+            self.open.append(self.entered)
             if replayed:  # the user's pre-hooks before this one left the inputs as they entered
                 self._same_inputs(name, args, kwargs)
             changed = name in self.expanded
@@ -117,6 +120,8 @@ class Recorder:
             if alias:
                 outputs = [t.view_as(t) if g else t for t, g in zip(outputs, graded, strict=True)]
             call = Call(leaves, spec, outputs, [None] * len(outputs), sources)
+            call.nesting = tuple(self.open)  # its own number last, then it returns
+            self.open.pop()
             call.versions = [(t, t._version) for t in outputs if isinstance(t, torch.Tensor)]
             if self.mode == "record":
                 call.edges = [_edge(t) if g else None for t, g in zip(outputs, graded, strict=True)]
@@ -295,24 +300,24 @@ def _moved(layer: nn.Module, name: str, entered: torch.Tensor, version: int) -> 
 
 def _outer_sources(calls: dict[str, list[Call]]) -> dict[Any, list]:
     """Each recorded output's node -> the sources of the calls that returned it, but of the
-    outermost only where a layer returns its child's output (the child's sources lie inside the
-    parent's forward, which the parent's replay covers); two calls apart (a layer that returns its
-    input) both step on."""
-    found: dict[Any, list[tuple[str, Call]]] = {}
-    for name, layer_calls in calls.items():
+    outermost only where a layer returns the output of a call made inside its forward (that call's
+    sources lie inside the parent's forward, which the parent's replay covers); two calls apart (a
+    layer that returns its input, or a child's output computed before it ran) both step on."""
+    found: dict[Any, list[Call]] = {}
+    for layer_calls in calls.values():
         for call in layer_calls:
             for edge in call.edges:
                 if edge is not None:
-                    found.setdefault(edge.node, []).append((name, call))
+                    found.setdefault(edge.node, []).append(call)
     return {
-        node: [s for name, call in named if not _within(name, named) for s in call.sources]
-        for node, named in found.items()
+        node: [s for call in same if not _within(call, same) for s in call.sources]
+        for node, same in found.items()
     }
 
 
-def _within(name: str, named: list[tuple[str, Call]]) -> bool:
-    """Whether ``name`` is a layer inside another of ``named``'s (the root holds every layer)."""
-    return any(o != name and (not o or name.startswith(f"{o}.")) for o, _ in named)
+def _within(call: Call, others: list[Call]) -> bool:
+    """Whether ``call`` ran inside the forward of another of ``others`` (entered, not returned)."""
+    return any(o is not call and o.nesting[-1] in call.nesting[:-1] for o in others)
 
 
 def _capture(slots: list, k: int, output_nr: int):

@@ -75,6 +75,15 @@ class Rows:
         self, name: str, call: Call, layout: CallLayout, batch: int, out: list, several: bool
     ) -> list:
         layer = self.layers.modules[name]
+        sides = zip([*call.leaves, *call.grads], layout.inputs + layout.outputs, strict=True)
+        for t, d in sides:  # the inputs, and the gradients at the outputs
+            if d is not None and isinstance(t, torch.Tensor) and t.shape[d] != batch:
+                raise UnsupportedModelError(
+                    f"{self.layers.label(name)} ran on {t.shape[d]} items along the batch "
+                    f"dimension its probe found, for {batch} examples (a selection of the examples"
+                    ", as AdaptiveLogSoftmaxWithLoss's tails or h[mask]: data-dependent); use "
+                    "method=func or loop (auto tries them)"
+                )
         for k, g in enumerate(call.grads):
             if g is not None and layout.outputs[k] is None:
                 raise UnsupportedModelError(

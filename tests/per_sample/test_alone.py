@@ -262,3 +262,16 @@ def test_a_forward_that_changes_a_trainable_weight_is_refused_naming_it(method: 
     with pytest.raises(UnsupportedModelError, match=r"b\.weight: the model's forward changed"):
         psg(x, y)
     assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_an_embedding_bag_with_max_norm_is_refused_naming_its_weight(method: str) -> None:
+    """``EmbeddingBag(max_norm=...)`` renorms its weight in place in the forward; unlike
+    ``Embedding``'s, that renorm is refused as any such change (docs/which-models-work.md)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.EmbeddingBag(10, 4, max_norm=0.5), nn.Linear(4, 3)).double()
+    psg = make_per_sample(model, F.cross_entropy, method)
+    x, y = torch.randint(0, 10, (4, 3)), torch.tensor([0, 1, 2, 0])
+    with pytest.raises(UnsupportedModelError, match=r"0\.weight"):
+        psg(x, y)
+    assert all(p.grad is None for p in model.parameters())

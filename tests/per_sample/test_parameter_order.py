@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.utils import prune
 
-from grab_exp.per_sample import make_per_sample
+from grab_exp.per_sample import UnsupportedModelError, make_per_sample
 
 METHODS = ["auto", "hooks", "factored", "func", "loop"]
 
@@ -121,6 +121,48 @@ def test_a_parameter_removed_between_calls_is_gone_from_the_rows(change, method)
         change(model, call)
         x = torch.randn(4, 6, generator=generator, dtype=torch.float64)
         _right(model, psg, x, torch.randint(0, 3, (4,), generator=generator), call)
+
+
+class Blocks(nn.Module):
+    """Three Linear blocks in an ``nn.ModuleList`` and a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks, self.head = nn.ModuleList(nn.Linear(6, 6) for _ in range(3)), nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = torch.tanh(block(x))
+        return self.head(x)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_module_deleted_between_calls_is_gone_from_the_rows(method):
+    """``del model.blocks[1]`` fires no registration hook, and the ``ModuleList`` renames the
+    blocks after it: the rows kept the old names and the deleted block's zero rows under
+    ``blocks.1`` (adversarial round 26; ``func`` raised an internal error)."""
+    torch.manual_seed(0)
+    model = Blocks().double()
+    psg = make_per_sample(model, F.cross_entropy, method)
+    generator = torch.Generator().manual_seed(1)
+    for call in range(4):
+        if call == 2:
+            del model.blocks[1]
+        x = torch.randn(4, 6, generator=generator, dtype=torch.float64)
+        _right(model, psg, x, torch.randint(0, 3, (4,), generator=generator), call)
+
+
+@pytest.mark.parametrize("method", METHODS[1:])
+def test_batch_statistics_switched_on_after_construction_are_a_refusal(method):
+    """A BatchNorm put in training mode after ``make_per_sample``: an ``UnsupportedModelError``
+    (round 26: a bare ``ValueError``, which ``except UnsupportedModelError`` missed)."""
+    model = nn.Sequential(nn.Linear(6, 4), nn.BatchNorm1d(4), nn.Linear(4, 3)).double().eval()
+    psg = make_per_sample(model, F.cross_entropy, method)
+    model.train()
+    x = torch.randn(4, 6, dtype=torch.float64)
+    with pytest.raises(UnsupportedModelError, match=r"^1 \(BatchNorm1d\) in training mode"):
+        psg(x, torch.tensor([0, 1, 2, 0]))
+    assert all(p.grad is None for p in model.parameters())
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -156,12 +156,15 @@ class ModelState:
         self.modules, self.named = list(model.modules()), list(model.named_parameters())
         self.params = [p for _, p in self.named]
         self.owned = [(m, n, p) for m in self.modules for n, p in m._parameters.items()]
+        self.children = [(m, len(m._modules)) for m in self.modules]
         self._seen = _REGISTRATIONS[0]
 
     def stale(self, model: nn.Module) -> bool:
-        """Whether the model's modules or parameters changed: others, renamed, removed or None."""
+        """Whether the model's modules or parameters changed: others, renamed, removed or None (a
+        removal fires no registration hook: ``del model.blocks[1]`` leaves a module fewer)."""
         if _REGISTRATIONS[0] == self._seen:
-            return any(getattr(m, n, None) is not p for m, n, p in self.owned)
+            removed = any(len(m._modules) != k for m, k in self.children)
+            return removed or any(getattr(m, n, None) is not p for m, n, p in self.owned)
         self._seen = _REGISTRATIONS[0]
         modules = [id(m) for m in model.modules()] != [id(m) for m in self.modules]
         named = [(n, id(p)) for n, p in model.named_parameters()]  # prune.remove renames one
