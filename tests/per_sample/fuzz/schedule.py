@@ -11,7 +11,8 @@ appends a block, ``sched:step`` moves every parameter as an optimizer step would
 model's neck sorts by on the scheduled checks' calls only; ``sched:padding_mode`` makes the image
 stem's narrow convolution pad by reflection, ``sched:reregister`` registers the head's weight
 again after its bias (as ``prune.remove`` and ``remove_weight_norm`` do), ``sched:bias_none``
-sets the head's bias to ``None``.
+sets the head's bias to ``None``, ``sched:del_block`` deletes a block of the neck (``del
+model.neck[i]``: no registration hook fires, and the blocks after it are renamed).
 """
 
 from __future__ import annotations
@@ -80,6 +81,11 @@ def add_block(model: nn.Module, g: torch.Generator) -> None:
     model.neck.append(block)
 
 
+def del_block(model: nn.Module, g: torch.Generator) -> None:
+    if len(model.neck):
+        del model.neck[int(torch.randint(len(model.neck), (1,), generator=g))]
+
+
 def mode(model: nn.Module, g: torch.Generator) -> None:
     """Switch the model between training and eval mode (its dropout, its norms)."""
     model.train(not model.training)
@@ -120,6 +126,7 @@ _KIND = {
     "unfreeze": unfreeze,
     "replace_head": replace_head,
     "add_block": add_block,
+    "del_block": del_block,
     "step": step,
     "mode": mode,
     "padding_mode": padding_mode,
