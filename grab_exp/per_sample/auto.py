@@ -16,14 +16,19 @@ import torch
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.base import PerSampleGradients, one_line
 from grab_exp.per_sample.layout import Inputs, check_batch
-from grab_exp.per_sample.modules import LossContractError, UnsupportedModelError, UserCodeError
+from grab_exp.per_sample.modules import (
+    LossContractError,
+    ModuleSettingError,
+    UnsupportedModelError,
+    UserCodeError,
+)
 
 __all__ = ["AutoPerSample"]
 
 #: a path ``auto`` may take: ``(method, build it)``
 Path = tuple[str, Callable[[], PerSampleGradients]]
 #: errors raised at once, whichever path runs
-FINAL = (LossContractError, UserCodeError)
+FINAL = (LossContractError, ModuleSettingError, UserCodeError)
 
 
 class AutoPerSample(PerSampleGradients):

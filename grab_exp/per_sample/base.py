@@ -22,6 +22,7 @@ from grab_exp.per_sample.layout import Inputs, batch_size, call_model, check_bat
 from grab_exp.per_sample.modules import (
     WATCHED,
     LossContractError,
+    ModuleSettingError,
     UnsupportedModelError,
     UserCodeError,
     draws_random,
@@ -86,7 +87,7 @@ class PerSampleGradients(ABC):
     def check(self) -> None:
         for name, module in self._watched:
             if problem := module_problem(name, module, self.randomness, self.module_dropout):
-                raise UnsupportedModelError(problem)
+                raise ModuleSettingError(problem)
 
     def __call__(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         """The detached mean loss and the :class:`~grab_exp.grads.batch.BatchGrads` of the

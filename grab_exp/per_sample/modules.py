@@ -50,6 +50,12 @@ class LossContractError(UnsupportedModelError):
     """A loss that is not the batch mean of per-example losses: no method can use it."""
 
 
+class ModuleSettingError(UnsupportedModelError):
+    """A module's mode or setting that every method refuses (:func:`module_problem`: BatchNorm in
+    training mode, a frequency-scaled Embedding) or that needs a setting of the call's (dropout
+    without ``randomness`` on ``func``)."""
+
+
 def module_problem(
     name: str, module: nn.Module, randomness: str | None, module_dropout: bool = False
 ) -> str | None:
