@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from functools import partial
 from typing import ClassVar
 
 import torch
@@ -16,6 +17,7 @@ from grab_exp.per_sample.check.examples import alone_problem, mixing_problem
 from grab_exp.per_sample.check.loss import example_losses, loss_of, loss_problem
 from grab_exp.per_sample.check.mean import GradSnapshot, rows_problem
 from grab_exp.per_sample.check.resampled import resampled_problem, resampled_values_problem
+from grab_exp.per_sample.check.rounding import plain_rounding
 from grab_exp.per_sample.check.schedule import CHECK_EVERY, Check
 from grab_exp.per_sample.check.state import ModelState, kept_state, saved_state
 from grab_exp.per_sample.layout import Inputs, batch_size, call_model, check_batch
@@ -81,6 +83,7 @@ class PerSampleGradients(ABC):
         check_int_at_least("pipeline.check_every", check_every, 0)
         self.model, self.loss_fn = model, loss_fn
         self.checker, self.state = Check(check_every), ModelState(model)
+        self._batch: tuple | None = None  # the call's inputs and targets, while it runs
         self.restructure()
         self.check()
 
@@ -108,6 +111,7 @@ class PerSampleGradients(ABC):
         self.check()
         if not any(p.requires_grad for p in self.state.params):  # all frozen (since the last call)
             raise UnsupportedModelError("the model has no trainable parameter (requires_grad=True)")
+        self._batch = (x, y)  # for a plain step's rounding, where a check needs it
         try:
             return self._compute(x, y)
         except UnsupportedModelError:
@@ -117,6 +121,8 @@ class PerSampleGradients(ABC):
             if (own := user_code_error(self.model, self.loss_fn, x, y, error)) is not None:
                 raise own from error
             raise UnsupportedModelError(f"method={self.method}: {one_line(error)}") from error
+        finally:
+            self._batch = None
 
     def restructure(self) -> None:
         self._watched = [(n, m) for n, m in self.model.named_modules() if isinstance(m, WATCHED)]
@@ -150,7 +156,9 @@ class PerSampleGradients(ABC):
         ``full(None)`` first (its loss and mixing checks name a cause, the identity would not)."""
         problem = None
         if self.checker.on:
-            args = (self.model, self.method, self.checker.scratch(rows.width, rows.like), sums)
+            rounding = partial(plain_rounding, self.model, self.loss_fn, *self._batch)
+            scratch = self.checker.scratch(rows.width, rows.like)
+            args = (self.model, self.method, scratch, sums, rounding)
             problem = rows_problem(rows, params, snapshot, *args)
         if isinstance(problem, torch.Tensor):  # CUDA: judged at the next full check
             self.checker.defer_rows(problem)
@@ -195,7 +203,9 @@ class PerSampleGradients(ABC):
                 problem = check(forward, loss_fn, x, y, *data, checker.checks)
             problem = problem or identified
             if identity is not None and problem is None and batch >= 2 and self.one_backward:
-                problem = alone_problem(forward, loss_fn, x, y, rows, params, checker, self.method)
+                rounding = partial(plain_rounding, self.model, loss_fn, x, y)
+                args = (rows, params, checker, self.method, rounding)
+                problem = alone_problem(forward, loss_fn, x, y, *args)
         if problem is not None:
             raise UnsupportedModelError(problem)
 

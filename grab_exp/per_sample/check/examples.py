@@ -12,7 +12,8 @@ from torch.utils._pytree import tree_flatten
 
 from grab_exp.grads import BatchGrads
 from grab_exp.grads.rows import kept_view, shaped_views
-from grab_exp.per_sample.check.mean import dense, rows_norms, worst_gap
+from grab_exp.per_sample.check.mean import dense, floored, gaps, rows_norms, worst_gap
+from grab_exp.per_sample.check.rounding import double, float64_twin, sum_rounding, within_rounding
 from grab_exp.per_sample.check.state import (
     cuda_devices,
     drew_since,
@@ -20,7 +21,7 @@ from grab_exp.per_sample.check.state import (
     saved_state,
 )
 from grab_exp.per_sample.check.tolerance import FLOOR, OUTPUT_TOLERANCE, TOLERANCE, tolerance
-from grab_exp.per_sample.layout import Inputs, OutputLayout, take
+from grab_exp.per_sample.layout import Inputs, OutputLayout, call_model, take
 from grab_exp.per_sample.modules import UnsupportedModelError, advice, first_line, label
 
 Forward = Callable[[Inputs], Any]
@@ -48,14 +49,23 @@ def identity_problem(
 
 
 def alone_problem(
-    forward: Forward, loss_fn, x: Inputs, y, rows: BatchGrads, params: dict, checker, method: str
+    forward: Forward,
+    loss_fn,
+    x: Inputs,
+    y,
+    rows: BatchGrads,
+    params: dict,
+    checker,
+    method: str,
+    rounding: Callable[[list[str]], list[float]],
 ) -> str | None:
     """The rows of the examples the mixing check runs alone (``checker.groups``), weighted by the
     check's weights, against the gradient of their losses computed alone, weighted alike (a
     forward and backward of each): a backward that couples the examples (a custom
     ``autograd.Function``, a detached value of the whole batch), or rows given to other examples
     where the outputs cannot tell (a head at zero: every output alike), leaves every forward, the
-    identity and the rows' mean as they are."""
+    identity and the rows' mean as they are. A gap within twice a plain step's own rounding there
+    (``rounding(names)``, :mod:`.rounding`) is allowed."""
     chosen = [i for group in checker.groups(rows.rows) for i in group]
     weights = checker.weights(rows.rows, rows.like)  # (B,)
     coef = torch.zeros_like(weights)
@@ -77,8 +87,12 @@ def alone_problem(
     if _draws(run):
         return None  # their gradients alone would be those of other random numbers
     norms = torch.stack([sizes, torch.stack(torch._foreach_norm(parts))])  # (2, P)
-    gap, worst = worst_gap(norms, FLOOR)
-    if gap <= tolerance(TOLERANCE, rows.like.dtype):
+    each, limit = gaps(norms, FLOOR), tolerance(TOLERANCE, rows.like.dtype)
+    if max(each) > limit:  # cancelling to within float32's rounding?
+        sizes, sums = floored(norms[0], FLOOR).tolist(), sum_rounding(rows, coef)
+        each = within_rounding(each, limit, rounding(list(params)), sums, sizes)
+    gap, worst = max((gap, i) for i, gap in enumerate(each))
+    if gap <= limit:
         return None
     return (
         f"the rows of {list(params)[worst]}, weighted per example, differ by {gap:.2g} (relative) "
@@ -165,8 +179,13 @@ def mixing_problem(
         return None  # a diverged step: nothing to compare; the runner stops on its loss
     with torch.random.fork_rng(devices=cuda_devices(model)):
         first = alone()
-        difference = _relative_rows(first, in_batch)
-        if difference <= tolerance(OUTPUT_TOLERANCE, in_batch.dtype):
+        difference, limit = (
+            _relative_rows(first, in_batch),
+            tolerance(OUTPUT_TOLERANCE, in_batch.dtype),
+        )
+        if difference <= limit:
+            return None
+        if _float64_alike(model, x, groups, layout, index):  # outputs cancelling to rounding
             return None
         modes = saved_state(model, buffers=False, modes=True)
         with torch.no_grad():
@@ -187,6 +206,25 @@ def mixing_problem(
         "statistics, a normalization over the batch, random numbers drawn outside a Dropout "
         "module?); per-sample gradients are undefined for it"
     )
+
+
+def _float64_alike(model: nn.Module, x: Inputs, groups: list[list[int]], layout, index) -> bool:
+    """Whether the examples run alone get their outputs in the batch in float64 (a float64 copy of
+    ``model``): where float32's do not, rounding of outputs that cancel (``w.h + b`` near 0)."""
+    twin = float64_twin(model)
+    if twin is None:
+        return False
+    again = _mixing(lambda i: call_model(twin, i), double(x), groups, layout, index)
+    return again <= tolerance(OUTPUT_TOLERANCE, torch.float64)
+
+
+@torch.no_grad()
+def _mixing(forward: Forward, x: Inputs, groups: list[list[int]], layout, index) -> float:
+    """The relative difference between the outputs of ``groups`` each run alone and theirs in a
+    ``forward`` of the batch ``x``."""
+    batch = _rows_of(layout.select(forward(x), index), layout)
+    alone = [_rows_of(forward(take(x, group)), layout, len(group) == 1) for group in groups]
+    return _relative_rows(torch.cat(alone), batch)
 
 
 def _draws(run: Callable[[], Any]) -> bool:

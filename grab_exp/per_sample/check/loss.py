@@ -9,6 +9,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from grab_exp.devices import host_reads_allowed
+from grab_exp.per_sample.check.rounding import ALLOWANCE, loss_rounding
 from grab_exp.per_sample.check.state import drew_since, generator_states, random_modules_off
 from grab_exp.per_sample.check.tolerance import LOSS_TOLERANCE, tolerance
 from grab_exp.per_sample.layout import OutputLayout, batch_size, moved, take
@@ -73,8 +74,9 @@ class OutputSplit:
         self.parts, self.wholes = [parts[i] for i in batched], [wholes[i] for i in batched]
         self.dtype = max((leaves[i].dtype for i in batched), default=None, key=_eps)
         self.grads, self.whole, self.handles = [None], None, []
+        self._rounding = (loss_fn, parts, spec, batched, take(y, slice(0, k)))  # where it fails
         with torch.enable_grad():
-            self.part = loss_fn(tree_unflatten(parts, spec), take(y, slice(0, k)))
+            self.part = loss_fn(tree_unflatten(parts, spec), self._rounding[-1])
             if len(batched) == 1:  # its gradient in the batch's backward is the loss's own
                 self.handles = [leaves[batched[0]].register_hook(self._keep)]
                 self.wholes = []
@@ -116,7 +118,10 @@ class OutputSplit:
             if not math.isfinite(loss.item()):
                 return 0.0  # a diverged step: the runner's to stop on
             value = self.part.item()
-            return difference.item() / max(size.item(), 1e-30) + (value - value)  # NaN: part's
+            gap = difference.item() / max(size.item(), 1e-30) + (value - value)  # NaN: part's
+            if gap > tolerance(LOSS_TOLERANCE, self.dtype):  # cancelling to within rounding?
+                gap = 0.0 if gap <= ALLOWANCE * loss_rounding(*self._rounding) else gap
+            return gap
         gap = difference / size.clamp_min(1e-30) + (self.part - self.part).detach()
         return gap.where(loss.detach().isfinite(), 0.0)
 

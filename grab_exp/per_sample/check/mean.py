@@ -13,6 +13,7 @@ from torch import nn
 from grab_exp.devices import host_reads_allowed
 from grab_exp.grads import BatchGrads
 from grab_exp.grads.rows import constant, kept_view, shaped_views
+from grab_exp.per_sample.check.rounding import sum_rounding, within_rounding
 from grab_exp.per_sample.check.tolerance import (
     HELD_ROUNDING,
     MEAN_FLOOR,
@@ -127,13 +128,15 @@ def rows_problem(
     method: str,
     out: torch.Tensor | None = None,
     sums: dict[str, Callable] | None = None,
+    rounding: Callable[[list[str]], list[float]] | None = None,
 ) -> str | torch.Tensor | None:
     """The one-line refusal when the rows' mean is not autograd's gradient (``None``: it is);
     on CUDA (no host reads in a step), the ``()`` worst gap over the tolerance, judged later.
     ``method=loop``'s rows are the definition: only the loss (or autocast's rounding) is named.
     Nothing is allowed for ``param.grad``'s rounding where it held a gradient before the call
     (:meth:`GradSnapshot.rounding`); where that rounding is at least half the difference, the
-    refusal names it, and a known cause beside it (a hook that only logs is harmless)."""
+    refusal names it, and a known cause beside it (a hook that only logs is harmless). A gap within
+    twice a plain step's own rounding there (``rounding(names)``, :mod:`.rounding`) is allowed."""
     if not params or rows.rows == 0:
         return None
     norms = rows_norms(rows, snapshot.grads(), out=out, sums=sums)  # (2, P)
@@ -142,6 +145,10 @@ def rows_problem(
     if not host_reads_allowed(norms.device) and not alone:  # loop has no later check: reads now
         return device_gap(norms, MEAN_FLOOR) / limit
     each = gaps(norms, MEAN_FLOOR)
+    if max(each) > limit and rounding is not None:  # cancelling to within float32's rounding?
+        mean = torch.full((rows.rows,), 1 / rows.rows, dtype=rows.like.dtype)  # (B,)
+        sizes = floored(norms[0], MEAN_FLOOR).tolist()
+        each = within_rounding(each, limit, rounding(list(params)), sum_rounding(rows, mean), sizes)
     if max(each) <= limit:
         return None
     names, causes = list(params), {}  # a parameter off with a known cause first, else the worst

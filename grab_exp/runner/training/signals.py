@@ -122,8 +122,10 @@ def stop_on_signals() -> Iterator[None]:
         yield
     finally:
         stopping = _pending[:1]
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        if stopping and previous[signal.SIGTERM] == signal.SIG_DFL:  # a process about to end
+        ending = stopping and previous[signal.SIGTERM] == signal.SIG_DFL  # a process about to end
+        if ending:  # before any default handler is back: a signal between would end it with -15
             exit_on_further_signals(128 + stopping[0])
+        for signum, handler in previous.items():
+            if not (ending and signum in STOP_SIGNALS):
+                signal.signal(signum, handler)
         _pending.clear()

@@ -1,0 +1,125 @@
+"""What a check allows for its dtype's own rounding, where it compares two float32 computations of
+one quantity and finds them apart by more than its tolerance: near an optimum, gradients and
+outputs cancel (a batch's gradient that is a sum of examples' gradients pointing apart, an output
+``w.h + b`` near 0, a label-smoothed loss's gradient at its target), and any two computations of
+them differ by the rounding of the terms that cancel. Each measure is taken only then, on the
+batch of the call, against float64, or the check is judged again in float64
+(docs/which-models-work.md)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_map, tree_unflatten
+
+from grab_exp.grads import BatchGrads
+from grab_exp.per_sample.check.state import cuda_devices
+from grab_exp.per_sample.check.tolerance import autocast_on
+from grab_exp.per_sample.layout import call_model
+from grab_exp.per_sample.modules import draws_random
+
+#: a relative difference is rounding where it is at most this many times the plain computation's
+#: own error against float64: two computations, each off by about that (measured: 0.9 to 1.2
+#: times at LeNet fit to losses of 2e-6 to 2e-5; a label-smoothed loss near its optimum, 1.2)
+ALLOWANCE = 2.0
+
+
+def plain_rounding(model: nn.Module, loss_fn, x: Any, y: Any, names: list[str]) -> list[float]:
+    """Per parameter of ``names``, ``|g - g64| / |g64|``: a plain step's gradient on ``x, y`` in
+    the model's dtype against float64's, on a copy of the model (nothing of it stays; a copy is
+    smaller than the ``(B, d)`` rows); zeros where that cannot tell (:func:`_twin`)."""
+    twin = _twin(model, names)
+    if twin is None:
+        return [0.0] * len(names)
+    try:
+        with torch.random.fork_rng(devices=cuda_devices(model)), torch.enable_grad():
+            low = _gradients(twin, names, loss_fn(call_model(twin, x), y))
+            twin.double()
+            high = _gradients(twin, names, loss_fn(call_model(twin, double(x)), double(y)))
+    except Exception:  # the user's model or loss in float64: the check refuses as it would
+        return [0.0] * len(names)
+    return [_relative(g, h) for g, h in zip(low, high, strict=True)]
+
+
+def float64_twin(model: nn.Module) -> nn.Module | None:
+    """A float64 copy of ``model`` (nothing of it stays), to judge again in float64 what float32
+    could not tell from its rounding; ``None`` where :func:`_twin` cannot make one."""
+    twin = _twin(model, [n for n, p in model.named_parameters() if p.is_floating_point()])
+    return None if twin is None else twin.double()
+
+
+def loss_rounding(loss_fn, leaves: list, spec, batched: list[int], y: Any) -> float:
+    """``|h - h64| / |h64|``: the gradient of ``loss_fn`` at the batched ``leaves`` (of the output
+    pytree ``spec``) in their dtype against float64's; 0 where the loss does not run in float64."""
+    if autocast_on():
+        return 0.0
+    grads = []
+    try:
+        for cast, targets in ((lambda t: t, y), (lambda t: t.double(), double(y))):
+            copies = list(leaves)
+            for i in batched:
+                copies[i] = cast(leaves[i].detach()).requires_grad_()
+            with torch.enable_grad():
+                loss = loss_fn(tree_unflatten(copies, spec), targets)
+                grads.append(torch.autograd.grad(loss, [copies[i] for i in batched]))
+    except Exception:
+        return 0.0
+    low, high = (torch.cat([g.flatten() for g in gs]) for gs in grads)
+    return _relative(low, high)
+
+
+def sum_rounding(rows: BatchGrads, coef: torch.Tensor) -> list[float]:
+    """Per parameter, a bound of the rounding of ``sum_i coef_i g_i`` in the rows' dtype:
+    ``eps sqrt(B) sum_i |coef_i| |g_i|`` (a sum's rounding, whatever order it is taken in)."""
+    eps, weights = torch.finfo(rows.like.dtype).eps, coef.abs().to(rows.like.device)  # (B,)
+    scale = eps * math.sqrt(rows.rows)
+    norms = [r.reshape(rows.rows, -1).norm(dim=1) for r in rows.as_dict().values()]  # (B,) each
+    return [scale * float(weights @ n.to(weights.dtype)) for n in norms]
+
+
+def within_rounding(
+    each: list[float], limit: float, plain: list[float], sums: list[float], sizes: list[float]
+) -> list[float]:
+    """``each`` parameter's gap (a difference over ``sizes``), 0 where it is within ``limit`` or
+    within what float32 resolves there: :data:`ALLOWANCE` times the plain step's own relative
+    error ``plain`` (:func:`plain_rounding`), or the bound ``sums`` of a sum's rounding
+    (:func:`sum_rounding`) over the size."""
+    triples = zip(plain, sums, sizes, strict=True)
+    allowed = [max(limit, ALLOWANCE * e, s / max(z, 1e-300)) for e, s, z in triples]
+    return [0.0 if g <= a else g for g, a in zip(each, allowed, strict=True)]
+
+
+def _twin(model: nn.Module, names: list[str]) -> nn.Module | None:
+    """A copy of ``model``; ``None`` where the rounding of its parameters ``names`` cannot be
+    measured against float64: float64 already, under autocast, modules that draw random numbers
+    (other draws, other results), or a model that cannot be copied."""
+    params = dict(model.named_parameters())
+    if autocast_on() or any(params[n].dtype == torch.float64 for n in names):
+        return None
+    if any(map(draws_random, model.modules())):
+        return None
+    try:
+        return copy.deepcopy(model)
+    except Exception:
+        return None
+
+
+def _gradients(model: nn.Module, names: list[str], loss: torch.Tensor) -> list[torch.Tensor]:
+    params = dict(model.named_parameters())
+    tensors = [params[n] for n in names]
+    grads = torch.autograd.grad(loss, tensors, allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g for t, g in zip(tensors, grads, strict=True)]
+
+
+def _relative(low: torch.Tensor, high: torch.Tensor) -> float:
+    return float((low.to(high.dtype) - high).norm() / high.norm().clamp_min(1e-300))
+
+
+def double(tree: Any) -> Any:
+    """``tree`` with its floating tensors in float64."""
+    floating = lambda t: torch.is_tensor(t) and t.is_floating_point()  # noqa: E731
+    return tree_map(lambda t: t.double() if floating(t) else t, tree)
