@@ -35,8 +35,6 @@ bench rss --out "$out/rss.json"
 OMP_NUM_THREADS=1 bench conv --out "$out/conv.json"
 bench vrgd --out "$out/vrgd.json"
 bench sweep --settings 1x2,2x1 --rows rr_classic,mean --seeds 0,7 --out "$out/sweep.json"
-# 25 repeats (589 steps a row on one fixed batch): with 60, rr+vr_adam fits that batch to losses
-# float32 cannot resolve by step 639, and the check refuses it (docs/which-models-work.md)
-OMP_NUM_THREADS=1 bench epoch --unchecked --warmup 64 --repeats 25 --compare '' --profile-steps 0 --out "$out/epoch_check_1t.json"
+OMP_NUM_THREADS=1 bench epoch --unchecked --warmup 64 --repeats 60 --compare '' --profile-steps 0 --out "$out/epoch_check_1t.json"
 OMP_NUM_THREADS=1 bench per_sample --unchecked --out "$out/per_sample.json"
 OMP_NUM_THREADS=1 bench epoch --repeats 30 --compare '' --out "$out/epoch_limits_1t.json"
