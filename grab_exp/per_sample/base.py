@@ -17,7 +17,7 @@ from grab_exp.per_sample.check.examples import alone_problem, mixing_problem
 from grab_exp.per_sample.check.loss import example_losses, loss_of, loss_problem
 from grab_exp.per_sample.check.mean import GradSnapshot, rows_problem
 from grab_exp.per_sample.check.resampled import resampled_problem, resampled_values_problem
-from grab_exp.per_sample.check.rounding import plain_rounding
+from grab_exp.per_sample.check.rounding import alone_rounding, plain_rounding
 from grab_exp.per_sample.check.schedule import CHECK_EVERY, Check
 from grab_exp.per_sample.check.state import ModelState, kept_state, saved_state
 from grab_exp.per_sample.layout import Inputs, batch_size, call_model, check_batch
@@ -203,7 +203,7 @@ class PerSampleGradients(ABC):
                 problem = check(forward, loss_fn, x, y, *data, checker.checks)
             problem = problem or identified
             if identity is not None and problem is None and batch >= 2 and self.one_backward:
-                rounding = partial(plain_rounding, self.model, loss_fn, x, y)
+                rounding = partial(alone_rounding, self.model, loss_fn, x, y)
                 args = (rows, params, checker, self.method, rounding)
                 problem = alone_problem(forward, loss_fn, x, y, *args)
         if problem is not None:

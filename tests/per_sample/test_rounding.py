@@ -165,3 +165,45 @@ def test_the_loss_split_allows_the_losss_own_rounding_near_its_optimum() -> None
     loss = weighted(moved, torch.arange(16) % 5)
     loss.backward()
     assert split.gap(loss) > 1e-4
+
+
+class PairScaled(nn.Module):
+    """A hook on the activation scales each pair of examples' gradients alike (an example alone
+    by 1): rows that are not the examples' own, which the rows' mean cannot see."""
+
+    def __init__(self, scale: torch.Tensor) -> None:
+        super().__init__()
+        self.a, self.b, self.scale = nn.Linear(4, 16), nn.Linear(16, 1), scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x))
+        if h.requires_grad:
+            s = self.scale[: len(x)][:, None].to(h.dtype)
+            h.register_hook(lambda g: g * s)
+        return self.b(h)
+
+
+@pytest.mark.parametrize("method", ["auto", "hooks", "factored"])
+def test_rows_scaled_per_example_where_the_batch_cancels_are_refused(method: str) -> None:
+    """Pairs of one input with targets +1 and -1, outputs cancelled to about 3e-7 (the batch's
+    gradient is rounding), rows scaled per pair by a hook: a first version of the examples-alone
+    allowance, twice the plain step's error relative to the batch's gradient, let them through
+    25-170 % off (adversarial round 28); the allowance is now the examples' own rounding alone,
+    an absolute amount. Refused on every path."""
+    torch.manual_seed(0)
+    scale = (1 + torch.randn(4).clamp(-1.5, 1.5)).repeat_interleave(2)
+    scale[:2] = 1.0
+    model = PairScaled(scale)
+    ones = torch.randn(4, 4)
+    x, y = ones.repeat_interleave(2, 0), torch.tensor([[1.0], [-1.0]]).repeat(4, 1)
+    with torch.no_grad():  # the last layer orthogonal to every h, large; the bias cancels
+        h = torch.tanh(model.a(ones)).double()
+        q, _ = torch.linalg.qr(h.T)
+        v = torch.randn(16, dtype=torch.float64)
+        v = v - q @ (q.T @ v)
+        model.b.weight.copy_((v / v.norm() * 1000)[None].float())
+        model.b.bias.copy_(-(torch.tanh(model.a(ones)) @ model.b.weight.T).mean() + 3e-7)
+    want = reference_rows(model, F.mse_loss, x, y)
+    with pytest.raises(UnsupportedModelError):  # auto: loop names the hook on the activation
+        _, grads = make_per_sample(model, F.mse_loss, method, check_every=1)(x, y)
+        assert_rows_close(grads, want)  # were it returned

@@ -13,7 +13,13 @@ from torch.utils._pytree import tree_flatten
 from grab_exp.grads import BatchGrads
 from grab_exp.grads.rows import kept_view, shaped_views
 from grab_exp.per_sample.check.mean import dense, floored, gaps, rows_norms, worst_gap
-from grab_exp.per_sample.check.rounding import double, float64_twin, sum_rounding, within_rounding
+from grab_exp.per_sample.check.rounding import (
+    ALONE_ALLOWANCE,
+    double,
+    float64_twin,
+    sum_rounding,
+    within_rounding,
+)
 from grab_exp.per_sample.check.state import (
     cuda_devices,
     drew_since,
@@ -57,15 +63,15 @@ def alone_problem(
     params: dict,
     checker,
     method: str,
-    rounding: Callable[[list[str]], list[float]],
+    rounding: Callable[[list[str], list[int], torch.Tensor], list[float]],
 ) -> str | None:
     """The rows of the examples the mixing check runs alone (``checker.groups``), weighted by the
     check's weights, against the gradient of their losses computed alone, weighted alike (a
     forward and backward of each): a backward that couples the examples (a custom
     ``autograd.Function``, a detached value of the whole batch), or rows given to other examples
     where the outputs cannot tell (a head at zero: every output alike), leaves every forward, the
-    identity and the rows' mean as they are. A gap within twice a plain step's own rounding there
-    (``rounding(names)``, :mod:`.rounding`) is allowed."""
+    identity and the rows' mean as they are. A gap within :data:`.rounding.ALONE_ALLOWANCE` times
+    the examples' own rounding alone (``rounding(names, chosen, weights)``) is allowed."""
     chosen = [i for group in checker.groups(rows.rows) for i in group]
     weights = checker.weights(rows.rows, rows.like)  # (B,)
     coef = torch.zeros_like(weights)
@@ -90,7 +96,9 @@ def alone_problem(
     each, limit = gaps(norms, FLOOR), tolerance(TOLERANCE, rows.like.dtype)
     if max(each) > limit:  # cancelling to within float32's rounding?
         sizes, sums = floored(norms[0], FLOOR).tolist(), sum_rounding(rows, coef)
-        each = within_rounding(each, limit, rounding(list(params)), sums, sizes)
+        own = rounding(list(params), chosen, weights)  # absolute: over this check's own sizes
+        own = [a / max(z, 1e-300) for a, z in zip(own, sizes, strict=True)]
+        each = within_rounding(each, limit, own, sums, sizes, ALONE_ALLOWANCE)
     gap, worst = max((gap, i) for i, gap in enumerate(each))
     if gap <= limit:
         return None
