@@ -35,18 +35,15 @@ ALONE_ALLOWANCE = 16.0
 def plain_rounding(model: nn.Module, loss_fn, x: Any, y: Any, names: list[str]) -> list[float]:
     """Per parameter of ``names``, ``|g - g64| / |g64|``: a plain step's gradient on ``x, y`` in
     the model's dtype against float64's, on a copy of the model (nothing of it stays; a copy is
-    smaller than the ``(B, d)`` rows); zeros where that cannot tell (:func:`_twin`)."""
-    twin = _twin(model, names)
-    if twin is None:
+    smaller than the ``(B, d)`` rows); zeros where that cannot tell (:func:`_in_both`)."""
+
+    def step(twin: nn.Module, x: Any, y: Any) -> list[torch.Tensor]:
+        return _gradients(twin, names, loss_fn(call_model(twin, x), y))
+
+    pair = _in_both(model, names, x, y, step)
+    if pair is None:
         return [0.0] * len(names)
-    try:
-        with torch.random.fork_rng(devices=cuda_devices(model)), torch.enable_grad():
-            low = _gradients(twin, names, loss_fn(call_model(twin, x), y))
-            twin.double()
-            high = _gradients(twin, names, loss_fn(call_model(twin, double(x)), double(y)))
-    except Exception:  # the user's model or loss in float64: the check refuses as it would
-        return [0.0] * len(names)
-    return [_relative(g, h) for g, h in zip(low, high, strict=True)]
+    return [_relative(g, h) for g, h in zip(*pair, strict=True)]
 
 
 def alone_rounding(
@@ -55,26 +52,34 @@ def alone_rounding(
     """Per parameter of ``names``, ``sum_i |c_i| |g_i - g64_i|`` over the ``chosen`` examples: each
     one's gradient alone in the model's dtype against float64's, weighted by ``weights (B,)``, on a
     copy of the model (an absolute amount: the weighted sum it allows for need not cancel as the
-    batch's gradient does); zeros where that cannot tell (:func:`_twin`)."""
-    twin = _twin(model, names)
-    if twin is None:
-        return [0.0] * len(names)
-    try:
-        with torch.random.fork_rng(devices=cuda_devices(model)), torch.enable_grad():
-            low = [_alone(twin, loss_fn, x, y, names, i) for i in chosen]
-            twin.double()
-            high = [_alone(twin, loss_fn, double(x), double(y), names, i) for i in chosen]
-    except Exception:
-        return [0.0] * len(names)
-    totals = [0.0] * len(names)
-    for i, own, exact in zip(chosen, low, high, strict=True):
+    batch's gradient does); zeros where that cannot tell (:func:`_in_both`)."""
+
+    def alone(twin: nn.Module, x: Any, y: Any) -> list[list[torch.Tensor]]:
+        losses = (loss_fn(call_model(twin, take(x, [i])), take(y, [i])) for i in chosen)
+        return [_gradients(twin, names, loss) for loss in losses]
+
+    pair, totals = _in_both(model, names, x, y, alone), [0.0] * len(names)
+    if pair is None:
+        return totals
+    for i, own, exact in zip(chosen, *pair, strict=True):
         for k, (g, h) in enumerate(zip(own, exact, strict=True)):
             totals[k] += abs(float(weights[i])) * float((g.double() - h).norm())
     return totals
 
 
-def _alone(model: nn.Module, loss_fn, x: Any, y: Any, names: list[str], i: int) -> list:
-    return _gradients(model, names, loss_fn(call_model(model, take(x, [i])), take(y, [i])))
+def _in_both(model: nn.Module, names: list[str], x: Any, y: Any, compute) -> tuple | None:
+    """``compute(twin, x, y)`` on a copy of ``model`` (:func:`_twin`), then on it in float64 with
+    ``x, y`` in float64, the generators forked; ``None`` where no copy is made or either raises
+    (the user's model or loss in float64: the check refuses as it would)."""
+    twin = _twin(model, names)
+    if twin is None:
+        return None
+    try:
+        with torch.random.fork_rng(devices=cuda_devices(model)), torch.enable_grad():
+            low = compute(twin, x, y)
+            return low, compute(twin.double(), double(x), double(y))
+    except Exception:
+        return None
 
 
 def float64_twin(model: nn.Module) -> nn.Module | None:
