@@ -7,7 +7,7 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from functools import partial
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -83,7 +83,6 @@ class PerSampleGradients(ABC):
         check_int_at_least("pipeline.check_every", check_every, 0)
         self.model, self.loss_fn = model, loss_fn
         self.checker, self.state = Check(check_every), ModelState(model)
-        self._batch: tuple | None = None  # the call's inputs and targets, while it runs
         self.restructure()
         self.check()
 
@@ -111,7 +110,6 @@ class PerSampleGradients(ABC):
         self.check()
         if not any(p.requires_grad for p in self.state.params):  # all frozen (since the last call)
             raise UnsupportedModelError("the model has no trainable parameter (requires_grad=True)")
-        self._batch = (x, y)  # for a plain step's rounding, where a check needs it
         try:
             return self._compute(x, y)
         except UnsupportedModelError:
@@ -121,8 +119,6 @@ class PerSampleGradients(ABC):
             if (own := user_code_error(self.model, self.loss_fn, x, y, error)) is not None:
                 raise own from error
             raise UnsupportedModelError(f"method={self.method}: {one_line(error)}") from error
-        finally:
-            self._batch = None
 
     def restructure(self) -> None:
         self._watched = [(n, m) for n, m in self.model.named_modules() if isinstance(m, WATCHED)]
@@ -144,6 +140,7 @@ class PerSampleGradients(ABC):
 
     def verify_and_check(
         self,
+        batch: tuple[Inputs, Any],
         rows: BatchGrads,
         params: dict[str, nn.Parameter],
         snapshot: GradSnapshot,
@@ -152,11 +149,12 @@ class PerSampleGradients(ABC):
         sums: dict[str, Callable] | None = None,
     ) -> None:
         """The rows' mean against this call's ``param.grad`` (:mod:`.check.mean`; ``sums``: its
-        compact sums), then ``full(identity)`` where one is due; where the mean is off,
-        ``full(None)`` first (its loss and mixing checks name a cause, the identity would not)."""
+        compact sums; ``batch``: the call's ``x, y``, for a plain step's rounding), then
+        ``full(identity)`` where one is due; where the mean is off, ``full(None)`` first (its loss
+        and mixing checks name a cause, the identity would not)."""
         problem = None
         if self.checker.on:
-            rounding = partial(plain_rounding, self.model, self.loss_fn, *self._batch)
+            rounding = partial(plain_rounding, self.model, self.loss_fn, *batch)
             scratch = self.checker.scratch(rows.width, rows.like)
             args = (self.model, self.method, scratch, sums, rounding)
             problem = rows_problem(rows, params, snapshot, *args)

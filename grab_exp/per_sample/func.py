@@ -212,7 +212,7 @@ class FuncPerSample(PerSampleGradients):
                 self._settle_split(out, y, layout, losses, batch)
             full = partial(self.full_check, x, y, batch_out, layout, rows=rows, params=params)
             identity = partial(identity_problem, self.model, params, rows, method=self.method)
-            self.verify_and_check(rows, params, snapshot, full if due else None, identity)
+            self.verify_and_check((x, y), rows, params, snapshot, full if due else None, identity)
             if due:
                 self.checker.passed(key, batch)
         return loss.detach(), rows

@@ -14,10 +14,11 @@ from torch.nn.utils import parametrize
 
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.base import LossFn, PerSampleGradients
-from grab_exp.per_sample.check.examples import gradients, mismatch
+from grab_exp.per_sample.check.examples import mismatch
 from grab_exp.per_sample.check.loss import OutputSplit, forwards_gap, loss_of
 from grab_exp.per_sample.check.mean import GradSnapshot
 from grab_exp.per_sample.check.resampled import counted_problem
+from grab_exp.per_sample.check.rounding import gradients
 from grab_exp.per_sample.check.schedule import CHECK_EVERY
 from grab_exp.per_sample.check.state import drew_since, generator_states, kept_state
 from grab_exp.per_sample.check.tolerance import OUTPUT_TOLERANCE
@@ -156,7 +157,7 @@ class HookedPerSample(PerSampleGradients):
                 self._split_forwarded(x, y, loss, k, grads, params)
             full = partial(self.full_check, x, y, out, plan.output, rows=grads, params=params)
             identity = self._identity(calls, rows, batch) if due else None
-            self._verify(grads, params, snapshot, calls, full if due else None, identity)
+            self._verify((x, y), grads, params, snapshot, calls, full if due else None, identity)
             if due:
                 self.checker.passed(key, batch)
         return loss.detach(), grads
@@ -179,10 +180,10 @@ class HookedPerSample(PerSampleGradients):
             if problem is not None and not drew_since(start):
                 raise UnsupportedModelError(problem)
 
-    def _verify(self, grads, params, snapshot, calls, full, identity) -> None:
+    def _verify(self, batch, grads, params, snapshot, calls, full, identity) -> None:
         """:meth:`verify_and_check`, naming a layer autograd did not record as the cause."""
         try:
-            self.verify_and_check(grads, params, snapshot, full, identity, self.rows.sums)
+            self.verify_and_check(batch, grads, params, snapshot, full, identity, self.rows.sums)
         except UnsupportedModelError as error:
             blind = [n for n, cs in calls.items() if any(not any(c.edges) for c in cs)]
             if not blind and not self.planner.plan.reindexes:

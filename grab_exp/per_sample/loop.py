@@ -57,7 +57,7 @@ class LoopPerSample(PerSampleGradients):
                 )
             if loss.requires_grad:
                 loss.backward()
-            self.verify_and_check(grads, params, snapshot, None, None)
+            self.verify_and_check((x, y), grads, params, snapshot, None, None)
         return loss.detach(), grads
 
     def _rows(self, x: Inputs, y, params: dict[str, nn.Parameter], batch: int):

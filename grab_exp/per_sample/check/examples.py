@@ -17,6 +17,7 @@ from grab_exp.per_sample.check.rounding import (
     ALONE_ALLOWANCE,
     double,
     float64_twin,
+    gradients,
     sum_rounding,
     within_rounding,
 )
@@ -109,12 +110,6 @@ def alone_problem(
         "autograd.Function, a detached value of the whole batch?), or the rows are another "
         f"example's; {advice(method)}"
     )
-
-
-def gradients(total: torch.Tensor, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Autograd's gradient of ``total`` at ``inputs`` (zeros where it does not reach one)."""
-    grads = torch.autograd.grad(total, inputs, allow_unused=True)
-    return [torch.zeros_like(t) if g is None else g for t, g in zip(inputs, grads, strict=True)]
 
 
 #: one comparison of the identity: ``(layer, what is compared, got, want)``

@@ -146,7 +146,7 @@ def rows_problem(
         return device_gap(norms, MEAN_FLOOR) / limit
     each = gaps(norms, MEAN_FLOOR)
     if max(each) > limit and rounding is not None:  # cancelling to within float32's rounding?
-        mean = torch.full((rows.rows,), 1 / rows.rows, dtype=rows.like.dtype)  # (B,)
+        mean = constant(1 / rows.rows, rows.rows, rows.like.dtype, rows.like.device)  # (B,)
         sizes = floored(norms[0], MEAN_FLOOR).tolist()
         each = within_rounding(each, limit, rounding(list(params)), sum_rounding(rows, mean), sizes)
     if max(each) <= limit:

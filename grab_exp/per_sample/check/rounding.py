@@ -150,11 +150,15 @@ def _twin(model: nn.Module, names: list[str]) -> nn.Module | None:
         return None
 
 
+def gradients(total: torch.Tensor, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Autograd's gradient of ``total`` at ``inputs`` (zeros where it does not reach one)."""
+    grads = torch.autograd.grad(total, inputs, allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g for t, g in zip(inputs, grads, strict=True)]
+
+
 def _gradients(model: nn.Module, names: list[str], loss: torch.Tensor) -> list[torch.Tensor]:
     params = dict(model.named_parameters())
-    tensors = [params[n] for n in names]
-    grads = torch.autograd.grad(loss, tensors, allow_unused=True)
-    return [torch.zeros_like(t) if g is None else g for t, g in zip(tensors, grads, strict=True)]
+    return gradients(loss, [params[n] for n in names])
 
 
 def _relative(low: torch.Tensor, high: torch.Tensor) -> float:
