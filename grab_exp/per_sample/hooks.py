@@ -15,7 +15,7 @@ from torch.nn.utils import parametrize
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.base import LossFn, PerSampleGradients
 from grab_exp.per_sample.check.examples import mismatch
-from grab_exp.per_sample.check.loss import OutputSplit, forwards_gap, loss_of
+from grab_exp.per_sample.check.loss import OutputSplit, forwards_gap, loss_of, output_rounding
 from grab_exp.per_sample.check.mean import GradSnapshot
 from grab_exp.per_sample.check.resampled import counted_problem
 from grab_exp.per_sample.check.rounding import gradients
@@ -156,7 +156,8 @@ class HookedPerSample(PerSampleGradients):
             if later:
                 self._split_forwarded(x, y, loss, k, grads, params)
             full = partial(self.full_check, x, y, out, plan.output, rows=grads, params=params)
-            identity = self._identity(calls, rows, batch) if due else None
+            rounding = partial(output_rounding, self.loss_fn, out, y, plan.output)
+            identity = self._identity(calls, rows, batch, rounding) if due else None
             self._verify((x, y), grads, params, snapshot, calls, full if due else None, identity)
             if due:
                 self.checker.passed(key, batch)
@@ -195,10 +196,12 @@ class HookedPerSample(PerSampleGradients):
             )  # fmt: skip
             raise UnsupportedModelError(f"{error} ({cause})") from None
 
-    def _identity(self, calls: dict[str, list[Call]], rows: dict[str, Any], batch: int):
+    def _identity(self, calls: dict[str, list[Call]], rows: dict[str, Any], batch: int, rounding):
         """The identity (:mod:`~grab_exp.per_sample.check`) at the rule layers' outputs and the
         other layers' parameters, and at those of a rule layer whose output changed in place
-        since (a ReLU(inplace=True): by now another tensor)."""
+        since (a ReLU(inplace=True): by now another tensor). At the outputs, each example's own
+        gradient is compared, which near the loss's optimum cancels to the loss's ``rounding()``
+        (:func:`.check.loss.output_rounding`); at the parameters, sums over the examples."""
         in_place = {name for name, cs in calls.items() if any(c.in_place for c in cs)}
         rule_outputs = self.registry.rules.keys() - in_place
         at_params = [name for name in self.registry.modules if name not in rule_outputs]
@@ -230,7 +233,9 @@ class HookedPerSample(PerSampleGradients):
                 (name, f"the rows of {n}", torch.tensordot(c, rows[n].to(c.dtype), dims=1), w)
                 for (name, n, _), w in zip(params, at_params, strict=True)
             )
-            problem = mismatch(self.model, weighted_outputs, self.method, OUTPUT_TOLERANCE)
+            problem = mismatch(
+                self.model, weighted_outputs, self.method, OUTPUT_TOLERANCE, rounding
+            )
             return problem or mismatch(self.model, weighted_rows, self.method)
 
         return identity

@@ -14,6 +14,7 @@ from grab_exp.grads import BatchGrads
 from grab_exp.grads.rows import kept_view, shaped_views
 from grab_exp.per_sample.check.mean import dense, floored, gaps, rows_norms, worst_gap
 from grab_exp.per_sample.check.rounding import (
+    ALLOWANCE,
     ALONE_ALLOWANCE,
     double,
     float64_twin,
@@ -117,10 +118,16 @@ Pair = tuple[str, str, torch.Tensor, torch.Tensor]
 
 
 def mismatch(
-    model: nn.Module, pairs: Iterable[Pair], method: str, tolerances: dict = TOLERANCE
+    model: nn.Module,
+    pairs: Iterable[Pair],
+    method: str,
+    tolerances: dict = TOLERANCE,
+    rounding: Callable[[], float] | None = None,
 ) -> str | None:
     """The identity's verdict over :data:`Pair` s (``got`` is overwritten): each difference relative
-    to its ``want``, or a floor share of the largest ``want`` (:func:`.mean.worst_gap`)."""
+    to its ``want``, or a floor share of the largest ``want`` (:func:`.mean.worst_gap`); a gap
+    within :data:`.rounding.ALLOWANCE` times ``rounding()``, the relative rounding of what is
+    compared (asked only past the tolerance), is float32's own."""
     pairs = list(pairs)
     if not pairs:
         return None
@@ -129,7 +136,7 @@ def mismatch(
     differences = [vector_norm(g.sub_(w.to(g.dtype))).to(dtype) for *_, g, w in pairs]
     # a NaN (a diverged row) is no difference, as the loss that is not finite stops training
     gap, worst = worst_gap(torch.stack(sizes + differences).view(2, -1), FLOOR, nan=0.0)
-    if gap <= tolerance(tolerances, dtype):
+    if gap <= tolerance(tolerances, dtype) or (rounding and gap <= ALLOWANCE * rounding()):
         return None
     return verdict(model, *pairs[worst][:2], gap, method)
 

@@ -126,6 +126,14 @@ class OutputSplit:
         return gap.where(loss.detach().isfinite(), 0.0)
 
 
+def output_rounding(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout) -> float:
+    """:func:`.rounding.loss_rounding` of ``loss_fn`` at the batched leaves of ``out``: how far
+    the gradient the loss sends each example's output is from float64's (relative)."""
+    leaves, spec = tree_flatten(out)
+    batched = [i for i, t in enumerate(leaves) if layout.dims[i] is not None and _graded(t)]
+    return loss_rounding(loss_fn, leaves, spec, batched, y) if batched else 0.0
+
+
 def _eps(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).eps
 
