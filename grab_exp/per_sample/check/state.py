@@ -3,7 +3,9 @@ its module tree on every call (:class:`ModelState`)."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import copy
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,22 +22,107 @@ from grab_exp.per_sample.modules import UnsupportedModelError, draws_random
 
 def saved_state(model: nn.Module, buffers: bool = True, modes: bool = False) -> Callable[[], None]:
     """The modules' attributes (a step counter kept as an ``int``, an activation kept on the
-    model; modes where asked) and buffers (:func:`saved_buffers`) as they are now; calling the
-    result puts them back. An attribute a forward added stays: a flag that its first run set
+    model; modes where asked), the contents of those that are containers or tensors changed in
+    place (:func:`saved_contents`) and buffers (:func:`saved_buffers`) as they are now; calling
+    the result puts them back. An attribute a forward added stays: a flag that its first run set
     (HF's ``_output_capturing_hooks_installed``) goes with what that run did (hooks installed)."""
     attributes = [(m, dict(vars(m))) for m in model.modules()]
+    contents = saved_contents(attributes, model.training)
     kept = saved_buffers(model) if buffers else []
 
-    def restore() -> None:
+    def restore(mode: bool | None = None) -> None:  # mode: as put_back's
         for m, saved in attributes:
             vars(m).update((n, v) for n, v in saved.items() if modes or n != "training")
-        put_back(kept)
+        try:
+            contents.put_back(mode)
+        finally:
+            put_back(kept, mode)
 
     def moved() -> bool:  # whether an attribute is another object now (a count advanced)
-        return any(vars(m).get(n) is not v for m, saved in attributes for n, v in saved.items())
+        others = any(vars(m).get(n) is not v for m, saved in attributes for n, v in saved.items())
+        return others or contents.moved()
 
     restore.moved = moved
     return restore
+
+
+#: nn.Module's own attributes (its registries, hook dicts and flags): not the model's state
+MODULE_OWN = frozenset(vars(nn.Module()))
+#: containers a forward may change in place (a feature log's ``append``, a count in a dict)
+CONTAINERS = (list, dict, set, collections.deque)
+
+
+class Contents:
+    """The contents of the modules' container attributes (a shallow copy each) and the values of
+    their tensor attributes, which are neither buffers nor parameters (:func:`saved_contents`)."""
+
+    def __init__(self, containers: list, tensors: list) -> None:
+        self.containers, self.tensors = containers, tensors
+
+    def moved(self) -> bool:
+        changed = any(_differ(c, saved) for c, saved in self.containers)
+        return changed or any(t._version != version for _, t, version, _ in self.tensors)
+
+    @torch.no_grad()
+    def put_back(self, mode: bool | None = None) -> None:
+        """Each container's contents and each tensor's values as they were (only what changed is
+        written: a write would break the graphs that saved a tensor); ``mode``: as
+        :func:`put_back`'s, which tensors a block of forwards in that mode changes is learned.
+        ``UnsupportedModelError``: a tensor without a copy changed (later snapshots copy it)."""
+        for container, saved in self.containers:
+            if _differ(container, saved):
+                _refill(container, saved)
+        for where, t, version, saved in self.tensors:
+            changed = t._version != version
+            if mode is not None:
+                marks = vars(t).setdefault(CHANGED, {})
+                marks[mode] = marks.get(mode, False) or changed
+            if changed and saved is not None:
+                t.copy_(saved)
+            elif changed:
+                raise UnsupportedModelError(
+                    f"{where}: the model's forward changed this tensor attribute in place for the "
+                    "first time, which this call cannot undo (each example's forward runs on the "
+                    "attributes the call found); later calls copy it first; or register it as a "
+                    "buffer (register_buffer)"
+                )
+
+
+def saved_contents(attributes: list[tuple[nn.Module, dict]], mode: bool) -> Contents:
+    """:class:`Contents` of the attributes ``(module, vars)``: every container's items, and a
+    copy of each tensor attribute without a gradient as of a frozen parameter
+    (:func:`saved_buffers`: until a block of forwards in the model's ``mode`` left it as it was;
+    a version for the others)."""
+    containers, tensors = [], []
+    for m, saved in attributes:
+        for n, v in saved.items():
+            if n in MODULE_OWN:
+                continue
+            if isinstance(v, CONTAINERS):
+                containers.append((v, copy.copy(v)))
+            elif isinstance(v, torch.Tensor) and not v.requires_grad and not is_lazy(v):
+                copied = getattr(v, CHANGED, {}).get(mode, True)
+                where = f"{type(m).__name__}.{n}"
+                tensors.append((where, v, v._version, v.detach().clone() if copied else None))
+    return Contents(containers, tensors)
+
+
+def _differ(container: Any, saved: Any) -> bool:
+    if len(container) != len(saved):
+        return True
+    if isinstance(container, dict):
+        return any(k not in saved or saved[k] is not v for k, v in container.items())
+    if isinstance(container, set):
+        return container != saved
+    return any(a is not b for a, b in zip(container, saved, strict=True))
+
+
+def _refill(container: Any, saved: Any) -> None:
+    if isinstance(container, list):
+        container[:] = saved
+    else:
+        container.clear()
+        (container.extend if isinstance(container, collections.deque) else container.update)(saved)
 
 
 @contextlib.contextmanager
@@ -59,10 +146,10 @@ def kept_state(model: nn.Module) -> Iterator[Callable[[], list[str]]]:
             yield changed
             done = True
         finally:  # what a block of forwards changes is learned, where none stopped half-way
-            put_back(buffers, mode if done else None)
-            attributes()
             for p, g in grads:
                 p.grad = g
+            put_back(buffers, mode if done else None)
+            attributes(mode if done else None)
 
 
 @contextlib.contextmanager

@@ -167,7 +167,9 @@ def _model_drawn_last(d: Draw, net: nn.Module, autocast: bool) -> None:
     ``pos:over`` (a statistic over the positions), ``drop:masked`` (a dropout after the stem,
     not under autocast, whose rounding would change its masks), ``neck:child_output`` and
     ``neck:swapped`` (:class:`ChildOutput`, :class:`SwappedCall`) and ``head:zero`` (a head at
-    zero: the examples' losses alike, where only gradients tell a weighting from a mean)."""
+    zero: the examples' losses alike, where only gradients tell a weighting from a mean), then
+    ``attr:log`` and ``attr:tensor_count`` (state changed in place: a list of features and a
+    tensor attribute, each a count the forward reads)."""
     if d.chance("replay:buffers", 0.06):
         kind = d.pick("replay", ["counter", "spectral_norm"])
         net.neck.append(BufferedReplay(kind, d.generator(), net.head.weight.dtype))
@@ -183,6 +185,10 @@ def _model_drawn_last(d: Draw, net: nn.Module, autocast: bool) -> None:
     if d.chance("head:zero", 0.05):  # every example's loss alike, as at the start of training
         for p in net.head.parameters():
             nn.init.zeros_(p)
+    if d.chance("attr:log", 0.05):
+        net.log = []
+    if d.chance("attr:tensor_count", 0.05):
+        net.count = torch.zeros((), dtype=dtype)
 
 
 def _layer_changes(draw: Draw, family: str, changes: list[list[Change]]) -> bool:

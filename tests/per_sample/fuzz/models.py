@@ -37,6 +37,9 @@ class Net(nn.Module):
         swap: for ``B >= 6`` swap the inputs of examples 3 and 4 (no gradient crosses them).
         running: subtract a batch mean kept in a buffer, in the same forward (training mode).
         step: a schedule kept in a plain ``int`` attribute, advanced in training mode.
+
+    Set after construction: ``log`` (a list the training forward appends its features to) and
+    ``count`` (a tensor attribute, not a buffer, that it advances in place), each read as a scale.
     """
 
     def __init__(self, stem, body, pool, neck, head, aux=False, store=False, **extra) -> None:
@@ -139,6 +142,14 @@ class Net(nn.Module):
         if self.step is not None:
             self.step += 1 if self.training else 0
             h = h * (1 + 0.01 * self.step)
+        if hasattr(self, "log"):
+            if self.training:
+                self.log.append(h.detach())
+            h = h * (1 + 0.01 * len(self.log))
+        if hasattr(self, "count"):
+            if self.training:
+                self.count += 1
+            h = h * (1 + 0.01 * self.count)
         if self.mix:
             h = 0.7 * h + 0.3 * h.flip(0)
         if hasattr(self, "steps"):

@@ -59,6 +59,7 @@ BY_DESIGN_FUNC = {
     "buf:counter": "a forward that updates a buffer (functional_call cannot carry it out)",
     "buf:read_then_update": "a forward that updates a buffer (functional_call cannot carry it out)",
     "param:ema": "a forward that updates a frozen weight (functional_call cannot carry it out)",
+    "attr:tensor_count": "a forward that changes a tensor attribute in place (a captured tensor)",
     "sched:sorted_checks": "a forward that reads its input's values in Python (.tolist())",
 }
 #: features refused by design on ``func`` and ``loop``, which run each example alone

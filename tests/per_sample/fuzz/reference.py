@@ -3,6 +3,7 @@ per-example loop (rows), on a model of its own, in float64."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,17 +63,26 @@ def state(model: nn.Module) -> dict[str, torch.Tensor]:
     return dict([*model.named_buffers(), *frozen])
 
 
-def buffers(model: nn.Module) -> tuple[dict[str, torch.Tensor], list]:
-    """Copies of :func:`state`, and of the modules' attributes (a counter)."""
+def buffers(model: nn.Module) -> tuple[dict[str, torch.Tensor], list, list]:
+    """Copies of :func:`state`, of the modules' attributes (a counter) and of what the model
+    changes in place besides (a list's items, a tensor attribute's values)."""
     saved = {n: t.detach().clone() for n, t in state(model).items()}
-    return saved, [(m, dict(vars(m))) for m in model.modules()]
+    attributes = [(m, dict(vars(m))) for m in model.modules()]
+    values = [v for _, kept in attributes for n, v in kept.items() if n in ("log", "count")]
+    copies = [copy.copy(v) if isinstance(v, list) else v.clone() for v in values]
+    return saved, attributes, list(zip(values, copies, strict=True))
 
 
 @torch.no_grad()
-def load(model: nn.Module, saved: tuple[dict[str, torch.Tensor], list]) -> None:
+def load(model: nn.Module, saved: tuple[dict[str, torch.Tensor], list, list]) -> None:
     """The buffers, frozen parameters and attributes as :func:`buffers` copied them."""
-    tensors, attributes = saved
+    tensors, attributes, values = saved
     for m, kept in attributes:
         vars(m).update((n, v) for n, v in kept.items() if n != "training")
     for n, t in state(model).items():
         t.copy_(tensors[n])
+    for value, copied in values:
+        if isinstance(value, list):
+            value[:] = copied
+        else:
+            value.copy_(copied)

@@ -121,6 +121,18 @@ MINIMAL: dict[str, tuple[int, tuple[str, ...]]] = {
     # registration hook, and the rows kept the old names; func raised an internal zip error
     "module_deleted_between_calls": (1, ("family:vec", "sched:del_block")),
     "module_deleted_between_calls_func": (1, ("family:vec", "sched:del_block", "method:func")),
+    # wrong (at d7071e3; adversarial round 29, then drawn by attr:log and attr:tensor_count: 19
+    # of seeds 0-1999 wrong, 39 falsely refused): a list appended to and a tensor attribute
+    # advanced in place by the forward, each read as a scale, kept every extra forward's change
+    # (a snapshot put back attributes reassigned, not changed in place)
+    "list_attribute_changed_in_place": (0, ("family:vec", "attr:log")),
+    "list_attribute_changed_in_place_func": (0, ("family:vec", "attr:log", "method:func")),
+    "list_attribute_changed_in_place_loop": (0, ("family:vec", "attr:log", "method:loop")),
+    "tensor_attribute_changed_in_place": (0, ("family:vec", "attr:tensor_count")),
+    "tensor_attribute_changed_unchecked": (
+        0,
+        ("family:vec", "attr:tensor_count", "method:hooks", "check:off"),
+    ),
     # crash (at 31df988, counted a refusal until the oracle named engine bugs): a replayed layer
     # whose dict argument its forward changes (a key added): entry versions misaligned
     "dict_argument_changed_by_forward_hooks": (
