@@ -123,9 +123,15 @@ class PerSampleGradients(ABC):
     def restructure(self) -> None:
         self._watched = [(n, m) for n, m in self.model.named_modules() if isinstance(m, WATCHED)]
         dtypes = {p.dtype: n for n, p in reversed(self.state.named) if p.requires_grad}  # firsts
+        if complex_ := [(d, n) for d, n in dtypes.items() if d.is_complex]:
+            raise ModuleSettingError(
+                f"{complex_[0][1]} is a trainable {complex_[0][0]} parameter: per-sample rows are "
+                "real vectors (an ordering's inner products and signs); train its real and "
+                "imaginary parts as a real parameter (torch.view_as_complex of a (..., 2) one)"
+            )
         if len(dtypes) > 1:  # the rows are one (B, d) matrix
             two = " and ".join(f"{n} ({d})" for d, n in list(dtypes.items())[:2])
-            raise UnsupportedModelError(
+            raise ModuleSettingError(
                 f"trainable parameters of two dtypes, {two}: the per-sample rows are one (B, d) "
                 "matrix of one dtype; cast the model to one dtype (model.float()) or freeze a part"
             )

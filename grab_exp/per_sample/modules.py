@@ -52,8 +52,8 @@ class LossContractError(UnsupportedModelError):
 
 class ModuleSettingError(UnsupportedModelError):
     """A module's mode or setting that every method refuses (:func:`module_problem`: BatchNorm in
-    training mode, a frequency-scaled Embedding) or that needs a setting of the call's (dropout
-    without ``randomness`` on ``func``)."""
+    training mode, a frequency-scaled Embedding; trainable parameters of two dtypes, or complex)
+    or that needs a setting of the call's (dropout without ``randomness`` on ``func``)."""
 
 
 def module_problem(
