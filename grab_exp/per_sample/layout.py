@@ -131,6 +131,14 @@ def check_batch(x: Inputs, y: Any) -> None:
         raise ValueError("per-sample gradients under torch.inference_mode(): call outside it")
 
 
+def _floating(t: Any) -> bool:
+    return torch.is_tensor(t) and t.is_floating_point()
+
+
+def _opaque(t: Any) -> bool:
+    return not torch.is_tensor(t) and not isinstance(t, bool | int | float | complex | str | None)
+
+
 def take(x: Inputs, index: torch.Tensor | list[int] | slice) -> Inputs:
     """The examples ``index`` of the inputs or targets (every tensor indexed along dimension 0;
     a tuple or dict of them, such as ``(labels, weights)`` targets, leaf by leaf)."""
@@ -160,7 +168,14 @@ class OutputLayout:
         """From the model's outputs for two and three examples (a leaf of the same shape is the
         same for every example, as a Bayesian layer's KL); its refusal ends with ``advice``."""
         leaves, spec = tree_flatten(two)
-        shapes = zip(shape_of(leaves), shape_of(tree_flatten(three)[0]), strict=True)
+        others = tree_flatten(three)[0]
+        if len(leaves) != len(others):
+            raise UnsupportedModelError(
+                f"the model's output has {len(leaves)} leaves for two examples and {len(others)} "
+                "for three (a list of per-example tensors?): the batch must be a dimension of "
+                f"its tensors (torch.stack them){advice}"
+            )
+        shapes = zip(shape_of(leaves), shape_of(others), strict=True)
         try:
             return cls(tuple(batch_dim(a, b) for a, b in shapes), spec)
         except ValueError as error:
@@ -184,9 +199,10 @@ class OutputLayout:
                 )
 
     def unbatched(self, out: Any) -> bool:
-        """Whether ``out`` has a floating leaf without a batch dimension (a value of the batch)."""
+        """Whether ``out`` has a floating leaf without a batch dimension (a value of the batch),
+        or a leaf the pytree does not open (a dataclass: what it holds cannot be split)."""
         leaves = zip(tree_flatten(out)[0], self.dims, strict=True)
-        return any(d is None and torch.is_tensor(t) and t.is_floating_point() for t, d in leaves)
+        return any(d is None and (_floating(t) or _opaque(t)) for t, d in leaves)
 
     def apply(self, out: Any, fn: Callable[[torch.Tensor, int], torch.Tensor]) -> Any:
         """``out`` with ``fn(leaf, its batch dimension)`` in place of every batched leaf."""

@@ -137,7 +137,7 @@ class Planner:
                     "path batches a layer's calls all or none; use method=func (auto does)"
                 )
             if unbatched <= expanded:
-                output = OutputLayout.probed(*outputs, "; use method=func")
+                output = OutputLayout.probed(*outputs, "; use method=loop (auto takes it)")
                 return Plan(layouts, set(expanded), output)
             expanded |= unbatched
         raise AssertionError("unreachable: every round adopts or expands one more layer")

@@ -185,8 +185,10 @@ def mixing_problem(
         return torch.cat(parts)
 
     in_batch = _rows_of(layout.select(out, index), layout).detach()
-    if not in_batch.isfinite().all():
-        return None  # a diverged step: nothing to compare; the runner stops on its loss
+    # no leaf the batch splits (a dataclass: the values' check compares), or a diverged step
+    # (nothing to compare; the runner stops on its loss)
+    if in_batch.dim() < 2 or not in_batch.isfinite().all():
+        return None
     with torch.random.fork_rng(devices=cuda_devices(model)):
         first = alone()
         difference, limit = (
