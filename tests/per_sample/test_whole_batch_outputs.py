@@ -105,21 +105,25 @@ def reference(model: nn.Module, loss_fn, x, y) -> tuple[dict, dict]:
     return rows, gradient(model, loss_fn, x, y)
 
 
+def assert_call_right(psg, model: nn.Module, loss_fn, x, y, label: str = "") -> None:
+    """One call of ``psg``: its rows and ``param.grad`` are the float64 references'."""
+    want_rows, want_grads = reference(model, loss_fn, x, y)
+    model.zero_grad(set_to_none=True)
+    _, grads = psg(x, y)
+    for n, rows in grads.as_dict().items():
+        torch.testing.assert_close(rows, want_rows[n], msg=f"{label}rows of {n}")
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, want_grads[n], msg=f"{label}p.grad of {n}")
+
+
 @pytest.mark.parametrize("method", ["auto", "hooks", "factored", "func"])
 def test_a_kl_mean_beside_the_output_is_right_on_every_method(method: str) -> None:
     torch.manual_seed(0)
     model, g = VAE().double(), torch.Generator().manual_seed(1)
     psg = make_per_sample(model, vae_loss, method)
     for size in SIZES:
-        x, y = vae_batch(size, g)
-        want_rows, want_grads = reference(model, vae_loss, x, y)
-        model.zero_grad(set_to_none=True)
-        _, grads = psg(x, y)
+        assert_call_right(psg, model, vae_loss, *vae_batch(size, g), f"B={size}: ")
         assert psg.method != "loop", psg.reason  # the fast paths get it right
-        for n, rows in grads.as_dict().items():
-            torch.testing.assert_close(rows, want_rows[n], msg=f"B={size}: rows of {n}")
-        for n, p in model.named_parameters():
-            torch.testing.assert_close(p.grad, want_grads[n], msg=f"B={size}: p.grad of {n}")
 
 
 @pytest.mark.parametrize("method", ["auto", "hooks", "factored", "func", "loop"])
@@ -273,14 +277,7 @@ def test_a_kl_mean_is_right_over_steps_of_one_shape(method: str) -> None:
     model, g = DroppedVAE(0.0).double(), torch.Generator().manual_seed(1)
     psg = make_per_sample(model, vae_loss, method)
     for _ in range(7):
-        x, y = vae_batch(4, g)
-        want_rows, want_grads = reference(model, vae_loss, x, y)
-        model.zero_grad(set_to_none=True)
-        _, grads = psg(x, y)
-        for n, rows in grads.as_dict().items():
-            torch.testing.assert_close(rows, want_rows[n], msg=f"rows of {n}")
-        for n, p in model.named_parameters():
-            torch.testing.assert_close(p.grad, want_grads[n], msg=f"p.grad of {n}")
+        assert_call_right(psg, model, vae_loss, *vae_batch(4, g))
     assert psg.method != "loop"
 
 
@@ -361,14 +358,7 @@ def test_a_dataclass_output_is_checked_by_its_values(method: str) -> None:
     model, g = DataclassOut().double(), torch.Generator().manual_seed(1)
     psg = make_per_sample(model, dataclass_loss, method)
     for size in (*SIZES, 3, 5):
-        x, y = class_batch(size, g)
-        want_rows, want_grads = reference(model, dataclass_loss, x, y)
-        model.zero_grad(set_to_none=True)
-        _, grads = psg(x, y)
-        for n, rows in grads.as_dict().items():
-            torch.testing.assert_close(rows, want_rows[n], msg=f"B={size}: rows of {n}")
-        for n, p in model.named_parameters():
-            torch.testing.assert_close(p.grad, want_grads[n], msg=f"B={size}: p.grad of {n}")
+        assert_call_right(psg, model, dataclass_loss, *class_batch(size, g), f"B={size}: ")
     assert psg.method == ("factored" if method == "auto" else method)
 
 
