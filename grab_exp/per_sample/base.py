@@ -19,7 +19,7 @@ from grab_exp.per_sample.check.mean import GradSnapshot, rows_problem
 from grab_exp.per_sample.check.resampled import resampled_problem, resampled_values_problem
 from grab_exp.per_sample.check.rounding import alone_rounding, plain_rounding
 from grab_exp.per_sample.check.schedule import CHECK_EVERY, Check
-from grab_exp.per_sample.check.state import ModelState, kept_state, saved_state
+from grab_exp.per_sample.check.state import ExtraLoss, ModelState, kept_state, saved_state
 from grab_exp.per_sample.layout import Inputs, batch_size, call_model, check_batch
 from grab_exp.per_sample.modules import (
     WATCHED,
@@ -81,7 +81,7 @@ class PerSampleGradients(ABC):
 
     def __init__(self, model: nn.Module, loss_fn: LossFn, check_every: int = CHECK_EVERY) -> None:
         check_int_at_least("pipeline.check_every", check_every, 0)
-        self.model, self.loss_fn = model, loss_fn
+        self.model, self.loss_fn, self.extra_loss = model, loss_fn, ExtraLoss(loss_fn)
         self.checker, self.state = Check(check_every), ModelState(model)
         self.restructure()
         self.check()
@@ -100,6 +100,7 @@ class PerSampleGradients(ABC):
         model or loss raised, and a plain step raises the same."""
         check_batch(x, y)
         self._found = saved_state(self.model)  # for the examples alone and auto's retry
+        self.extra_loss.begin()  # the loss's state, for its calls besides the batch's own
         if self.state.stale(self.model):  # a module or parameter was replaced since
             state, self.state = self.state, ModelState(self.model)
             try:
@@ -116,7 +117,7 @@ class PerSampleGradients(ABC):
             self.checker.forget()  # refused: every kind of batch is checked in full again
             raise
         except Exception as error:  # torch's, the model's or the loss's, inside this method
-            if (own := user_code_error(self.model, self.loss_fn, x, y, error)) is not None:
+            if (own := user_code_error(self.model, self.extra_loss, x, y, error)) is not None:
                 raise own from error
             raise UnsupportedModelError(f"method={self.method}: {one_line(error)}") from error
 
@@ -160,7 +161,7 @@ class PerSampleGradients(ABC):
         and mixing checks name a cause, the identity would not)."""
         problem = None
         if self.checker.on:
-            rounding = partial(plain_rounding, self.model, self.loss_fn, *batch)
+            rounding = partial(plain_rounding, self.model, self.extra_loss, *batch)
             scratch = self.checker.scratch(rows.width, rows.like)
             args = (self.model, self.method, scratch, sums, rounding)
             problem = rows_problem(rows, params, snapshot, *args)
@@ -180,7 +181,7 @@ class PerSampleGradients(ABC):
         output in its forward's graph; ``identity``: ``None`` where the rows cannot be compared
         with that graph (other random masks). An output the batch cannot split: the rows (of
         ``params``) against resampled batches (:mod:`~grab_exp.per_sample.check.resampled`)."""
-        batch, checker, loss_fn = batch_size(y), self.checker, self.loss_fn
+        batch, checker, loss_fn = batch_size(y), self.checker, self.extra_loss
         loss = loss_of(loss_fn, out, y)  # first: a loss that changes its input is named
         checker.settle_deferred()  # the loss splits of the calls since
         # a loss not finite (a diverged step, which the runner stops on) has no split and no

@@ -170,7 +170,8 @@ class FuncPerSample(PerSampleGradients):
         self.chunk_size, self.randomness, self.compile_mode = chunk_size, randomness, compile_mode
         super().__init__(model, loss_fn, check_every)
         self._layout_key, self._layout = None, None  # the output's layout, per kind of batch
-        grad_fn = _make_grad_fn(model, loss_fn, chunk_size, randomness)
+        loss = loss_fn if compile_mode is not None else self.extra_loss  # vmap: extra calls
+        grad_fn = _make_grad_fn(model, loss, chunk_size, randomness)
         self._grad_fn = grad_fn if compile_mode is None else compile_step(grad_fn, compile_mode)
 
     def check(self) -> None:
@@ -231,6 +232,9 @@ class FuncPerSample(PerSampleGradients):
             self.checker.passed(key, batch)
         else:
             self._settle_split(out, y, layout, losses, batch)
+        if self.extra_loss.stateful:  # no batch loss ran: one, for the state a plain step leaves
+            with torch.no_grad():
+                self.loss_fn(_batched(out, layout), y)
         for name, p in self.state.named:
             if (g := grads.get(name)) is not None:
                 mean = g.mean(dim=0).to(p.dtype)  # (*param.shape)
@@ -239,7 +243,7 @@ class FuncPerSample(PerSampleGradients):
 
     def _settle_split(self, out: Any, y: torch.Tensor, layout: OutputLayout, losses, batch: int):
         """``loss_fn`` of the examples' own outputs, stacked as a batch's, against their mean."""
-        loss = loss_of(self.loss_fn, _batched(out, layout), y).detach()
+        loss = loss_of(self.extra_loss, _batched(out, layout), y).detach()
         if self.checker.split(batch) is not None:
             gap = relative_gap(loss, losses.mean(), losses.abs().mean())
             self.checker.settle_gap(gap, losses.dtype)

@@ -144,7 +144,7 @@ class HookedPerSample(PerSampleGradients):
             plan.reindexes |= reindexes(calls, out, batch)
         elif (k := self.checker.split(batch)) is not None:  # a full check reads every loss
             later = plan.output.unbatched(out)  # a value of the batch: parts forwarded, later
-            split = None if later else OutputSplit(self.loss_fn, out, y, plan.output, k)
+            split = None if later else OutputSplit(self.extra_loss, out, y, plan.output, k)
         params = self.state.trainable()  # read once per call: the rows' columns
         with GradSnapshot(params.values()) as snapshot:  # a refusal puts param.grad back
             recorder.backward(loss, calls, retain=due)  # loss.backward(): autograd's param.grad
@@ -156,7 +156,7 @@ class HookedPerSample(PerSampleGradients):
             if later:
                 self._split_forwarded(x, y, loss, k, grads, params)
             full = partial(self.full_check, x, y, out, plan.output, rows=grads, params=params)
-            rounding = partial(output_rounding, self.loss_fn, out, y, plan.output)
+            rounding = partial(output_rounding, self.extra_loss, out, y, plan.output)
             identity = self._identity(calls, rows, batch, rounding) if due else None
             self._verify((x, y), grads, params, snapshot, calls, full if due else None, identity)
             if due:
@@ -172,11 +172,11 @@ class HookedPerSample(PerSampleGradients):
         with kept_state(self.model), self.quiet():  # each forward on the attributes found
             forward = lambda inputs: self._found() or call_model(self.model, inputs)  # noqa: E731
             if any(map(draws_random, self.model.modules())):
-                gap = forwards_gap(forward, self.loss_fn, x, y, loss, k, self.model)
+                gap = forwards_gap(forward, self.extra_loss, x, y, loss, k, self.model)
                 return self.checker.settle_gap(gap, loss.dtype)
             start, counts = generator_states(), torch.arange(batch_size(y)) < k  # (B,)
             problem = counted_problem(
-                forward, self.loss_fn, x, y, grads, params, counts, list(range(k))
+                forward, self.extra_loss, x, y, grads, params, counts, list(range(k))
             )
             if problem is not None and not drew_since(start):
                 raise UnsupportedModelError(problem)

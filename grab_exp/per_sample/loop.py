@@ -66,7 +66,7 @@ class LoopPerSample(PerSampleGradients):
         tensors, examples = list(params.values()), [()] * batch
         for i in range(batch):
             with kept_state(self.model), torch.enable_grad():  # buffers and RNG put back
-                loss = loss_of(self.loss_fn, call_model(self.model, take(x, [i])), take(y, [i]))
+                loss = loss_of(self.extra_loss, call_model(self.model, take(x, [i])), take(y, [i]))
                 if loss.requires_grad:  # else no trainable parameter reached it
                     examples[i] = torch.autograd.grad(loss, tensors, allow_unused=True)
         return {  # a lazy parameter has its shape once an example ran

@@ -156,3 +156,87 @@ def test_a_tensor_attribute_changed_for_the_first_time_later_is_refused_that_cal
     assert (
         "Banked.bank: the model's forward changed this tensor attribute in place" in refused[0][1]
     )
+
+
+class Annealed(nn.Module):
+    """A loss whose weight grows with the calls it counted (KL annealing's schedule)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return F.cross_entropy(out, y) * min(1.0, 0.5 + self.calls / 20)
+
+
+class Normalized(nn.Module):
+    """A loss over a running mean of past batches' losses, read, then updated in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("running", torch.ones(()))
+
+    def forward(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = F.cross_entropy(out, y) / self.running.clone()
+        with torch.no_grad():
+            self.running.mul_(0.5).add_(0.5 * loss.detach())
+        return loss
+
+
+class CountedLoss:
+    """Not a module: a callable object with a count."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return F.cross_entropy(out, y) * (1 + 0.02 * self.calls)
+
+
+LOSSES = {"annealed": Annealed, "normalized": Normalized, "object": CountedLoss}
+
+
+def loss_state(loss_fn) -> tuple:
+    return (getattr(loss_fn, "calls", None), float(getattr(loss_fn, "running", 0.0)))
+
+
+@pytest.mark.parametrize("check_every", [128, 0])
+@pytest.mark.parametrize("loss", list(LOSSES))
+@pytest.mark.parametrize("method", METHODS)
+def test_a_loss_with_state_of_its_own_is_called_once_a_step(
+    method: str, loss: str, check_every: int
+) -> None:
+    """Round 29: every call of the loss by the checks, func's vmap and loop's examples advanced
+    its state, so auto refused a batch mean as neither mean nor sum, and with the check off func
+    and loop drifted from a plain loop (0.32 and 0.67 on a count). Each runs on the state the
+    call found and leaves none of its own; the batch's own call advances it, once a step."""
+    if method == "func" and loss == "normalized":
+        pytest.skip("func refuses an in-place change of a captured buffer under vmap (its cause)")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    twin, loss_fn, twin_loss = copy.deepcopy(model), LOSSES[loss](), LOSSES[loss]()
+    psg = make_per_sample(model, loss_fn, method, check_every=check_every)
+    for x, y in batches():
+        model.zero_grad(set_to_none=True)
+        twin.zero_grad(set_to_none=True)
+        _, grads = psg(x, y)
+        twin_loss(twin(x), y).backward()
+        for (name, p), q in zip(model.named_parameters(), twin.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7)
+            mean = grads.as_dict()[name].mean(0)
+            torch.testing.assert_close(mean, q.grad, rtol=1e-4, atol=1e-6)
+        assert loss_state(loss_fn) == pytest.approx(loss_state(twin_loss))
+
+
+def test_func_with_random_layers_calls_a_stateful_loss_once_a_step() -> None:
+    """With dropout on func, no batch loss runs (param.grad is the rows' mean): one call of the
+    loss on the examples' outputs, for the state a plain step leaves."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.3), nn.Linear(8, 3))
+    loss_fn = Annealed()
+    psg = make_per_sample(model, loss_fn, "func", randomness="different")
+    for x, y in batches():
+        psg(x, y)
+    assert loss_fn.calls == len(SIZES)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import functools
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,15 +22,17 @@ from torch.nn.parameter import is_lazy
 from grab_exp.per_sample.modules import UnsupportedModelError, draws_random
 
 
-def saved_state(model: nn.Module, buffers: bool = True, modes: bool = False) -> Callable[[], None]:
+def saved_state(model: Any, buffers: bool = True, modes: bool = False) -> Callable[[], None]:
     """The modules' attributes (a step counter kept as an ``int``, an activation kept on the
     model; modes where asked), the contents of those that are containers or tensors changed in
     place (:func:`saved_contents`) and buffers (:func:`saved_buffers`) as they are now; calling
     the result puts them back. An attribute a forward added stays: a flag that its first run set
-    (HF's ``_output_capturing_hooks_installed``) goes with what that run did (hooks installed)."""
-    attributes = [(m, dict(vars(m))) for m in model.modules()]
-    contents = saved_contents(attributes, model.training)
-    kept = saved_buffers(model) if buffers else []
+    (HF's ``_output_capturing_hooks_installed``) goes with what that run did (hooks installed).
+    ``model`` may be an object other than a module (a loss's): its attributes alone."""
+    module = isinstance(model, nn.Module)
+    attributes = [(m, dict(vars(m))) for m in (model.modules() if module else [model])]
+    contents = saved_contents(attributes, getattr(model, "training", True))
+    kept = saved_buffers(model) if buffers and module else []
 
     def restore(mode: bool | None = None) -> None:  # mode: as put_back's
         for m, saved in attributes:
@@ -46,6 +50,39 @@ def saved_state(model: nn.Module, buffers: bool = True, modes: bool = False) -> 
     return restore
 
 
+class ExtraLoss:
+    """``loss_fn`` for its calls besides the batch's own (the checks', ``func``'s ``vmap``,
+    ``loop``'s examples): each on the state the call found (:meth:`begin`), leaving the state as
+    it was. A loss with state of its own (an ``nn.Module``, an object with attributes: a KL weight
+    annealed by a count of its calls) would be advanced by each, as a model's attributes would."""
+
+    def __init__(self, loss_fn: Callable) -> None:
+        self.fn, self._found = loss_fn, None
+        plain = isinstance(loss_fn, FUNCTIONS) or not hasattr(loss_fn, "__dict__")
+        self.stateful = isinstance(loss_fn, nn.Module) or not plain
+
+    def begin(self) -> None:
+        """At a call's start: the state its extra calls run on."""
+        self._found = saved_state(self.fn) if self.stateful else None
+
+    def back(self) -> None:
+        """Put back the state the call found (a path left in the middle of a call)."""
+        if self._found is not None:
+            self._found()
+
+    def __call__(self, out: Any, y: Any) -> Any:
+        if self._found is None:
+            return self.fn(out, y)
+        now = saved_state(self.fn)
+        self._found()
+        try:
+            return self.fn(out, y)
+        finally:
+            now()
+
+
+#: losses without state of their own (a function's closure cells are not seen)
+FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial)
 #: nn.Module's own attributes (its registries, hook dicts and flags): not the model's state
 MODULE_OWN = frozenset(vars(nn.Module()))
 #: containers a forward may change in place (a feature log's ``append``, a count in a dict)

@@ -130,7 +130,9 @@ def draw_case(
         if own_conv:
             net.stem.conv.__class__ = ShiftedConv2d
         base = token_loss(loss) if family == "lm" else class_loss(loss)
-        return net, with_extras(base, net, net.aux, net.store), d.features
+        loss_fn = with_extras(base, net, net.aux, net.store)
+        _reads_calls(d, loss_fn if loss_fn is base and loss == "stateful" else None)
+        return net, loss_fn, d.features
 
     model_features = build()[2]
     features = (*draw.features, *model_features)
@@ -138,6 +140,13 @@ def draw_case(
         seed, off, only, family, features, method, check_every, reuse_buffer, data, changes,
         lambda: build()[:2], autocast,
     )  # fmt: skip
+
+
+def _reads_calls(d: Draw, stateful) -> None:
+    """``loss:reads_calls`` (drawn last): the ``stateful`` loss scaled by the count of its calls;
+    not through a closure (:func:`~fuzz.losses.with_extras`), whose state is not seen."""
+    if stateful is not None and d.chance("loss:reads_calls", 0.5):
+        stateful.reads = True
 
 
 def _steps(draw: Draw, family: str, loss: str, data: list, changes: list[list[Change]]) -> list:

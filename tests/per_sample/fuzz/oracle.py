@@ -306,9 +306,12 @@ def warm_up(model, loss_fn, x, y, precision) -> None:
     seed 2055: p.grad 1.5e-4 apart at a scale of 0.027), and every method runs the model before
     its batch step (probes, the examples' forwards), so the reference runs it once first too."""
     saved = buffers(model)
+    found = dict(vars(loss_fn)) if hasattr(loss_fn, "__dict__") else {}  # a loss's count
     with precision:
         reference(model, loss_fn, x, y)
     load(model, saved)
+    if found:
+        vars(loss_fn).update(found)
 
 
 def shrink(case: Case, outcome: Outcome) -> frozenset[str]:

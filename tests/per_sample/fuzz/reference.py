@@ -39,20 +39,25 @@ def reference(model: nn.Module, loss_fn, x: Any, y: Any) -> Reference:
     """The references of the batch ``(x, y)`` for ``model`` as it is now."""
     model.zero_grad(set_to_none=True)
     before = buffers(model)  # every example runs on the model as the call found it
+    found = dict(vars(loss_fn)) if hasattr(loss_fn, "__dict__") else {}  # and on the loss's
     loss = loss_fn(call_model(model, x), y)
     loss.backward()
-    after = buffers(model)
+    after, left = buffers(model), dict(vars(loss_fn)) if found else {}
     grads = {n: dense_grad(p) for n, p in model.named_parameters()}
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     rows: dict[str, list[torch.Tensor]] = {n: [] for n, _ in named}
     for i in range(size(y)):
         model.zero_grad(set_to_none=True)
         load(model, before)
+        if found:
+            vars(loss_fn).update(found)
         loss_fn(call_model(model, example(x, i)), example(y, i)).backward()
         for n, p in named:
             g = dense_grad(p)
             rows[n].append(torch.zeros_like(p) if g is None else g)
     load(model, after)  # as one plain step leaves it
+    if left:
+        vars(loss_fn).update(left)
     model.zero_grad(set_to_none=True)
     return Reference(loss.detach(), grads, {n: torch.stack(r) for n, r in rows.items()})
 

@@ -129,6 +129,18 @@ MINIMAL: dict[str, tuple[int, tuple[str, ...]]] = {
     "list_attribute_changed_in_place_func": (0, ("family:vec", "attr:log", "method:func")),
     "list_attribute_changed_in_place_loop": (0, ("family:vec", "attr:log", "method:loop")),
     "tensor_attribute_changed_in_place": (0, ("family:vec", "attr:tensor_count")),
+    # false refusal, and wrong with the checks off (at 55a898b; adversarial round 29, then drawn by
+    # loss:reads_calls): a loss scaled by the count of its calls (a schedule in the loss), which
+    # every call of it by the checks, func's vmap and loop's examples advanced
+    "loss_counts_its_calls": (0, ("family:vec", "loss:stateful", "loss:reads_calls")),
+    "loss_counts_its_calls_func": (
+        0,
+        ("family:vec", "loss:stateful", "loss:reads_calls", "method:func", "check:off"),
+    ),
+    "loss_counts_its_calls_loop": (
+        0,
+        ("family:vec", "loss:stateful", "loss:reads_calls", "method:loop", "check:off"),
+    ),
     "tensor_attribute_changed_unchecked": (
         0,
         ("family:vec", "attr:tensor_count", "method:hooks", "check:off"),
