@@ -81,7 +81,7 @@ class PerSampleGradients(ABC):
 
     def __init__(self, model: nn.Module, loss_fn: LossFn, check_every: int = CHECK_EVERY) -> None:
         check_int_at_least("pipeline.check_every", check_every, 0)
-        self.model, self.loss_fn, self.extra_loss = model, loss_fn, ExtraLoss(loss_fn)
+        self.model, self.loss_fn, self.extra_loss = model, loss_fn, ExtraLoss(loss_fn, model)
         self.checker, self.state = Check(check_every), ModelState(model)
         self.restructure()
         self.check()
@@ -115,11 +115,21 @@ class PerSampleGradients(ABC):
             return self._compute(x, y)
         except UnsupportedModelError:
             self.checker.forget()  # refused: every kind of batch is checked in full again
+            self._put_back()
             raise
         except Exception as error:  # torch's, the model's or the loss's, inside this method
-            if (own := user_code_error(self.model, self.extra_loss, x, y, error)) is not None:
+            own = user_code_error(self.model, self.loss_fn, x, y, error)  # then put back
+            self._put_back()
+            if own is not None:
                 raise own from error
             raise UnsupportedModelError(f"method={self.method}: {one_line(error)}") from error
+
+    def _put_back(self) -> None:
+        """A call that raises leaves the model's and the loss's state as it found them (what
+        can be put back: not a tensor that a forward changed in place for the first time)."""
+        with contextlib.suppress(UnsupportedModelError):
+            self._found()
+        self.extra_loss.back()
 
     def restructure(self) -> None:
         self._watched = [(n, m) for n, m in self.model.named_modules() if isinstance(m, WATCHED)]

@@ -22,17 +22,21 @@ from torch.nn.parameter import is_lazy
 from grab_exp.per_sample.modules import UnsupportedModelError, draws_random
 
 
-def saved_state(model: Any, buffers: bool = True, modes: bool = False) -> Callable[[], None]:
+def saved_state(
+    model: Any, buffers: bool = True, modes: bool = False, skip: frozenset[int] = frozenset()
+) -> Callable[[], None]:
     """The modules' attributes (a step counter kept as an ``int``, an activation kept on the
     model; modes where asked), the contents of those that are containers or tensors changed in
     place (:func:`saved_contents`) and buffers (:func:`saved_buffers`) as they are now; calling
     the result puts them back. An attribute a forward added stays: a flag that its first run set
     (HF's ``_output_capturing_hooks_installed``) goes with what that run did (hooks installed).
-    ``model`` may be an object other than a module (a loss's): its attributes alone."""
+    ``model`` may be an object other than a module (a loss's): its attributes alone; ``skip``:
+    the ids of modules left out (a loss's: the model it holds)."""
     module = isinstance(model, nn.Module)
-    attributes = [(m, dict(vars(m))) for m in (model.modules() if module else [model])]
-    contents = saved_contents(attributes, getattr(model, "training", True))
-    kept = saved_buffers(model) if buffers and module else []
+    objects = [m for m in model.modules() if id(m) not in skip] if module else [model]
+    attributes = [(m, dict(vars(m))) for m in objects]
+    contents = saved_contents(attributes, getattr(model, "training", True), copy_large=not skip)
+    kept = saved_buffers(model, skip) if buffers and module else []
 
     def restore(mode: bool | None = None) -> None:  # mode: as put_back's
         for m, saved in attributes:
@@ -53,17 +57,19 @@ def saved_state(model: Any, buffers: bool = True, modes: bool = False) -> Callab
 class ExtraLoss:
     """``loss_fn`` for its calls besides the batch's own (the checks', ``func``'s ``vmap``,
     ``loop``'s examples): each on the state the call found (:meth:`begin`), leaving the state as
-    it was. A loss with state of its own (an ``nn.Module``, an object with attributes: a KL weight
-    annealed by a count of its calls) would be advanced by each, as a model's attributes would."""
+    it was. A loss with state of its own (an ``nn.Module``, an object with attributes, a bound
+    method's object, a ``functools.partial`` of either: a KL weight annealed by a count of its
+    calls) would be advanced by each, as a model's attributes would; the ``model``'s modules it
+    holds are the model's state, not the loss's."""
 
-    def __init__(self, loss_fn: Callable) -> None:
-        self.fn, self._found = loss_fn, None
-        plain = isinstance(loss_fn, FUNCTIONS) or not hasattr(loss_fn, "__dict__")
-        self.stateful = isinstance(loss_fn, nn.Module) or not plain
+    def __init__(self, loss_fn: Callable, model: nn.Module) -> None:
+        self.fn, self._found, self.owner = loss_fn, None, state_owner(loss_fn)
+        self.skip = frozenset(map(id, model.modules()))
+        self.stateful = self.owner is not None and id(self.owner) not in self.skip
 
     def begin(self) -> None:
         """At a call's start: the state its extra calls run on."""
-        self._found = saved_state(self.fn) if self.stateful else None
+        self._found = self._saved() if self.stateful else None
 
     def back(self) -> None:
         """Put back the state the call found (a path left in the middle of a call)."""
@@ -73,28 +79,46 @@ class ExtraLoss:
     def __call__(self, out: Any, y: Any) -> Any:
         if self._found is None:
             return self.fn(out, y)
-        now = saved_state(self.fn)
+        now = self._saved()
         self._found()
         try:
             return self.fn(out, y)
         finally:
             now()
 
+    def _saved(self) -> Callable[[], None]:
+        return saved_state(self.owner, skip=self.skip)
+
+
+def state_owner(loss_fn: Any) -> Any:
+    """What holds ``loss_fn``'s state: itself, a bound method's object, a partial's function's
+    (``None``: a function, whose closure is not seen)."""
+    while isinstance(loss_fn, functools.partial):
+        loss_fn = loss_fn.func
+    if isinstance(loss_fn, types.MethodType):
+        loss_fn = loss_fn.__self__
+    plain = isinstance(loss_fn, FUNCTIONS) or not hasattr(loss_fn, "__dict__")
+    return None if plain and not isinstance(loss_fn, nn.Module) else loss_fn
+
 
 #: losses without state of their own (a function's closure cells are not seen)
-FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial)
+FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, types.BuiltinMethodType, type)
 #: nn.Module's own attributes (its registries, hook dicts and flags): not the model's state
 MODULE_OWN = frozenset(vars(nn.Module()))
 #: containers a forward may change in place (a feature log's ``append``, a count in a dict)
 CONTAINERS = (list, dict, set, collections.deque)
+#: tensor attributes up to this many elements are copied by every snapshot (a count, a running
+#: mean); a larger one (a position table kept unregistered) as a frozen parameter is
+COPIED_NUMEL = 1 << 16
 
 
 class Contents:
-    """The contents of the modules' container attributes (a shallow copy each) and the values of
-    their tensor attributes, which are neither buffers nor parameters (:func:`saved_contents`)."""
+    """The contents of the modules' container attributes (a shallow copy of each container,
+    nested ones too) and the values of the tensors among them, which are neither buffers nor
+    parameters (:func:`saved_contents`), as of the model's ``mode``."""
 
-    def __init__(self, containers: list, tensors: list) -> None:
-        self.containers, self.tensors = containers, tensors
+    def __init__(self, containers: list, tensors: list, mode: bool) -> None:
+        self.containers, self.tensors, self.mode = containers, tensors, mode
 
     def moved(self) -> bool:
         changed = any(_differ(c, saved) for c, saved in self.containers)
@@ -110,38 +134,51 @@ class Contents:
             if _differ(container, saved):
                 _refill(container, saved)
         for where, t, version, saved in self.tensors:
-            changed = t._version != version
+            changed, marks = t._version != version, vars(t).setdefault(CHANGED, {})
             if mode is not None:
-                marks = vars(t).setdefault(CHANGED, {})
                 marks[mode] = marks.get(mode, False) or changed
             if changed and saved is not None:
                 t.copy_(saved)
             elif changed:
+                marks[self.mode] = True
                 raise UnsupportedModelError(
-                    f"{where}: the model's forward changed this tensor attribute in place for the "
-                    "first time, which this call cannot undo (each example's forward runs on the "
+                    f"{where}: the model's forward changed this tensor in place for the first "
+                    "time, which this call cannot undo (each example's forward runs on the "
                     "attributes the call found); later calls copy it first; or register it as a "
                     "buffer (register_buffer)"
                 )
 
 
-def saved_contents(attributes: list[tuple[nn.Module, dict]], mode: bool) -> Contents:
-    """:class:`Contents` of the attributes ``(module, vars)``: every container's items, and a
-    copy of each tensor attribute without a gradient as of a frozen parameter
-    (:func:`saved_buffers`: until a block of forwards in the model's ``mode`` left it as it was;
-    a version for the others)."""
-    containers, tensors = [], []
+def saved_contents(attributes: list[tuple[Any, dict]], mode: bool, copy_large=True) -> Contents:
+    """:class:`Contents` of the attributes ``(module, vars)``: every container's items (nested
+    containers' too), and a copy of each tensor without a gradient among them: always up to
+    :data:`COPIED_NUMEL` elements at the top, else as of a frozen parameter (:func:`saved_buffers`:
+    until a block of forwards in the model's ``mode`` left it as it was; inside a container, or
+    with ``copy_large`` off, only once one changed it; a version for the others)."""
+    containers, tensors, seen = [], [], set()
     for m, saved in attributes:
         for n, v in saved.items():
-            if n in MODULE_OWN:
-                continue
-            if isinstance(v, CONTAINERS):
-                containers.append((v, copy.copy(v)))
-            elif isinstance(v, torch.Tensor) and not v.requires_grad and not is_lazy(v):
-                copied = getattr(v, CHANGED, {}).get(mode, True)
+            if n not in MODULE_OWN:
                 where = f"{type(m).__name__}.{n}"
-                tensors.append((where, v, v._version, v.detach().clone() if copied else None))
-    return Contents(containers, tensors)
+                _walk(v, where, (mode, True, copy_large), containers, tensors, seen)
+    return Contents(containers, tensors, mode)
+
+
+def _walk(v: Any, where: str, how: tuple, containers: list, tensors: list, seen: set) -> None:
+    """Record ``v``: a container (once) and what it holds, or a tensor without a gradient;
+    ``how``: the mode, whether ``v`` is an attribute (not inside a container), ``copy_large``."""
+    mode, top, large = how
+    if isinstance(v, torch.Tensor):
+        if not v.requires_grad and not is_lazy(v):
+            small = top and v.numel() <= COPIED_NUMEL
+            copied = small or getattr(v, CHANGED, {}).get(mode, top and large)
+            tensors.append((where, v, v._version, v.detach().clone() if copied else None))
+    elif isinstance(v, (*CONTAINERS, tuple)) and id(v) not in seen:
+        seen.add(id(v))
+        if not isinstance(v, tuple):
+            containers.append((v, copy.copy(v)))
+        for item in v.values() if isinstance(v, dict) else v:
+            _walk(item, f"{where}[...]", (mode, False, large), containers, tensors, seen)
 
 
 def _differ(container: Any, saved: Any) -> bool:
@@ -211,12 +248,14 @@ Buffers = list[tuple[nn.Module, str, str, torch.Tensor, int, torch.Tensor | None
 CHANGED = "_grab_exp_changed_by_forward"
 
 
-def saved_buffers(model: nn.Module) -> Buffers:
+def saved_buffers(model: nn.Module, skip: frozenset[int] = frozenset()) -> Buffers:
     """Every buffer and parameter as it is now: a copy of every buffer and of every frozen
     parameter that a forward changed in place or that no snapshot put back yet (``None`` for the
-    others: their versions tell a change)."""
+    others: their versions tell a change); ``skip``: ids of modules left out."""
     saved, mode = [], model.training
     for prefix, m in model.named_modules():
+        if id(m) in skip:
+            continue
         tensors = [(n, b, True) for n, b in m._buffers.items() if b is not None]
         tensors += [
             (n, p, not p.requires_grad and getattr(p, CHANGED, {}).get(mode, True))
