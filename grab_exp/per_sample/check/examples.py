@@ -95,7 +95,7 @@ def alone_problem(
     if _draws(run):
         return None  # their gradients alone would be those of other random numbers
     norms = torch.stack([sizes, torch.stack(torch._foreach_norm(parts))])  # (2, P)
-    each, limit = gaps(norms, FLOOR).tolist(), tolerance(TOLERANCE, rows.like.dtype)
+    each, limit = gaps(norms, FLOOR), tolerance(TOLERANCE, rows.like.dtype)
     if max(each) > limit:  # cancelling to within float32's rounding?
         sizes, sums = floored(norms[0], FLOOR).tolist(), sum_rounding(rows, coef)
         own = rounding(list(params), chosen, weights)  # absolute: over this check's own sizes

@@ -89,23 +89,29 @@ def dense(g: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
 
 
 def worst_gap(norms: torch.Tensor, floors: dict, nan: float = math.inf) -> tuple[float, int]:
-    """The largest of :func:`gaps` and its index (one read)."""
-    return max((gap, i) for i, gap in enumerate(gaps(norms, floors, nan).tolist()))
+    """The largest of :func:`gaps` and its index."""
+    return max((gap, i) for i, gap in enumerate(gaps(norms, floors, nan)))
 
 
-def gaps(norms: torch.Tensor, floors: dict, nan: float = math.inf) -> torch.Tensor:
-    """The gaps ``(P,)`` of ``norms (2, P)`` (sizes, differences) on their device: each difference
-    over its size, a size at least a ``floors`` share of the largest finite one (:func:`floored`);
-    a NaN difference is ``nan``; 0 where the size is not finite (a gradient of a diverged step is
-    training's to stop on, not a refusal)."""
-    sizes, differences = norms
-    each = (differences / floored(sizes, floors)).nan_to_num(nan=nan, posinf=math.inf)
-    return each.where(sizes.isfinite(), 0.0)
+def gaps(norms: torch.Tensor, floors: dict, nan: float = math.inf) -> list[float]:
+    """The gaps of ``norms (2, P)`` (sizes, differences), one read: each difference over its size,
+    a size at least a ``floors`` share of the largest finite one; a NaN difference is ``nan``; 0
+    where the size is not finite (a gradient of a diverged step is training's to stop on, not a
+    refusal)."""
+    sizes, differences = norms.tolist()
+    largest = max((s for s in sizes if math.isfinite(s)), default=0.0)
+    floor = max(largest * floors.get(norms.dtype, floors[None]), torch.finfo(norms.dtype).tiny)
+    return [
+        0.0 if not math.isfinite(s) else nan if math.isnan(d) else d / max(s, floor)
+        for s, d in zip(sizes, differences, strict=True)
+    ]
 
 
 def device_gap(norms: torch.Tensor, floors: dict) -> torch.Tensor:
     """:func:`worst_gap`'s gap as a ``()`` tensor on the device of ``norms`` (no host read)."""
-    return gaps(norms, floors).max()
+    sizes, differences = norms
+    gaps = differences / floored(sizes, floors)
+    return gaps.nan_to_num(nan=math.inf, posinf=math.inf).where(sizes.isfinite(), 0.0).max()
 
 
 def floored(sizes: torch.Tensor, floors: dict) -> torch.Tensor:
@@ -138,7 +144,7 @@ def rows_problem(
     limit = tolerance(TOLERANCE if alone else MEAN_TOLERANCE, rows.like.dtype)
     if not host_reads_allowed(norms.device) and not alone:  # loop has no later check: reads now
         return device_gap(norms, MEAN_FLOOR) / limit
-    each = gaps(norms, MEAN_FLOOR).tolist()
+    each = gaps(norms, MEAN_FLOOR)
     if max(each) > limit and rounding is not None:  # cancelling to within float32's rounding?
         mean = constant(1 / rows.rows, rows.rows, rows.like.dtype, rows.like.device)  # (B,)
         sizes = floored(norms[0], MEAN_FLOOR).tolist()
