@@ -107,6 +107,8 @@ FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, types.BuiltinMethodT
 MODULE_OWN = frozenset(vars(nn.Module()))
 #: containers a forward may change in place (a feature log's ``append``, a count in a dict)
 CONTAINERS = (list, dict, set, collections.deque)
+#: what an attribute must be for a snapshot to look inside (a tuple may hold a list)
+HOLDING = (*CONTAINERS, tuple, torch.Tensor)
 #: tensor attributes up to this many elements are copied by every snapshot (a count, a running
 #: mean); a larger one (a position table kept unregistered) as a frozen parameter is
 COPIED_NUMEL = 1 << 16
@@ -157,28 +159,35 @@ def saved_contents(attributes: list[tuple[Any, dict]], mode: bool, copy_large=Tr
     with ``copy_large`` off, only once one changed it; a version for the others)."""
     containers, tensors, seen = [], [], set()
     for m, saved in attributes:
-        for n, v in saved.items():
-            if n not in MODULE_OWN:
-                where = f"{type(m).__name__}.{n}"
-                _walk(v, where, (mode, True, copy_large), containers, tensors, seen)
+        for n, v in saved.items():  # most of a module's attributes are nn.Module's own
+            if n not in MODULE_OWN and isinstance(v, HOLDING) and _holds(v):
+                _walk(v, (m, n), (mode, True, copy_large), containers, tensors, seen)
     return Contents(containers, tensors, mode)
 
 
-def _walk(v: Any, where: str, how: tuple, containers: list, tensors: list, seen: set) -> None:
+def _holds(v: Any) -> bool:
+    """Whether ``v`` needs a look: not a tuple of plain values (a layer's ``kernel_size``)."""
+    return not isinstance(v, tuple) or any(isinstance(item, HOLDING) for item in v)
+
+
+def _walk(v: Any, where: tuple, how: tuple, containers: list, tensors: list, seen: set) -> None:
     """Record ``v``: a container (once) and what it holds, or a tensor without a gradient;
-    ``how``: the mode, whether ``v`` is an attribute (not inside a container), ``copy_large``."""
+    ``where``: its module and attribute; ``how``: the mode, whether ``v`` is the attribute itself
+    (not inside a container), ``copy_large``."""
     mode, top, large = how
     if isinstance(v, torch.Tensor):
         if not v.requires_grad and not is_lazy(v):
             small = top and v.numel() <= COPIED_NUMEL
             copied = small or getattr(v, CHANGED, {}).get(mode, top and large)
-            tensors.append((where, v, v._version, v.detach().clone() if copied else None))
-    elif isinstance(v, (*CONTAINERS, tuple)) and id(v) not in seen:
+            name = f"{type(where[0]).__name__}.{where[1]}{'' if top else '[...]'}"
+            tensors.append((name, v, v._version, v.detach().clone() if copied else None))
+    elif id(v) not in seen:
         seen.add(id(v))
         if not isinstance(v, tuple):
             containers.append((v, copy.copy(v)))
         for item in v.values() if isinstance(v, dict) else v:
-            _walk(item, f"{where}[...]", (mode, False, large), containers, tensors, seen)
+            if isinstance(item, HOLDING):
+                _walk(item, where, (mode, False, large), containers, tensors, seen)
 
 
 def _differ(container: Any, saved: Any) -> bool:
