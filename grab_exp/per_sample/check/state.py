@@ -65,7 +65,9 @@ class ExtraLoss:
     def __init__(self, loss_fn: Callable, model: nn.Module) -> None:
         self.fn, self._found, self.owner = loss_fn, None, state_owner(loss_fn)
         self.skip = frozenset(map(id, model.modules()))
-        self.stateful = self.owner is not None and id(self.owner) not in self.skip
+        self.stateful, self.in_model = self.owner is not None, id(self.owner) in self.skip
+        if self.in_model:  # a method of the model's: its module's own attributes alone
+            self.skip -= {id(self.owner)}
 
     def begin(self) -> None:
         """At a call's start: the state its extra calls run on."""
@@ -87,7 +89,7 @@ class ExtraLoss:
             now()
 
     def _saved(self) -> Callable[[], None]:
-        return saved_state(self.owner, skip=self.skip)
+        return saved_state(self.owner, buffers=not self.in_model, skip=self.skip)
 
 
 def state_owner(loss_fn: Any) -> Any:
@@ -193,8 +195,9 @@ def _walk(v: Any, where: tuple, how: tuple, containers: list, tensors: list, see
 def _differ(container: Any, saved: Any) -> bool:
     if len(container) != len(saved):
         return True
-    if isinstance(container, dict):
-        return any(k not in saved or saved[k] is not v for k, v in container.items())
+    if isinstance(container, dict):  # in order: an LRU cache's move_to_end is a change
+        pairs = zip(container.items(), saved.items(), strict=True)
+        return any(k is not j or v is not w for (k, v), (j, w) in pairs)
     if isinstance(container, set):
         return container != saved
     return any(a is not b for a, b in zip(container, saved, strict=True))
@@ -219,8 +222,8 @@ def kept_state(model: nn.Module) -> Iterator[Callable[[], list[str]]]:
     def changed() -> list[str]:
         return [
             where
-            for m, name, where, t, version, _ in buffers
-            if name not in (store := _store(m, t)) or store[name] is not t or t._version != version
+            for m, name, where, t, stamp, _ in buffers
+            if name not in (store := _store(m, t)) or store[name] is not t or _moved(t, stamp)
         ]
 
     with torch.random.fork_rng(devices=cuda_devices(model)):
@@ -249,8 +252,8 @@ def random_modules_off(model: nn.Module) -> Iterator[list[nn.Module]]:
             module.training = True
 
 
-#: ``(module, name, qualified name, tensor, version, copy)`` per buffer and parameter
-Buffers = list[tuple[nn.Module, str, str, torch.Tensor, int, torch.Tensor | None]]
+#: ``(module, name, qualified name, tensor, stamp, copy)`` per buffer and parameter (:func:`_stamp`)
+Buffers = list[tuple[nn.Module, str, str, torch.Tensor, tuple, torch.Tensor | None]]
 #: on a frozen parameter, per training mode of the model, whether the forwards of a kept block
 #: changed it in place (an EMA encoder updated in ``forward``, in training mode): those, and the
 #: ones no block of that mode ran on yet, are copied, not the others
@@ -273,8 +276,18 @@ def saved_buffers(model: nn.Module, skip: frozenset[int] = frozenset()) -> Buffe
         ]
         for n, t, copied in tensors:
             where = f"{prefix}.{n}" if prefix else n
-            saved.append((m, n, where, t, t._version, t.detach().clone() if copied else None))
+            saved.append((m, n, where, t, _stamp(t), t.detach().clone() if copied else None))
     return saved
+
+
+def _stamp(t: torch.Tensor) -> tuple[int, int, torch.Tensor]:
+    """``t``'s version, its storage and a view of it: ``p.data = p.data * m + ...`` (MoCo's
+    momentum update) gives ``p`` other storage and leaves its version as it was."""
+    return t._version, t.data_ptr(), t.data
+
+
+def _moved(t: torch.Tensor, stamp: tuple[int, int, torch.Tensor]) -> bool:
+    return t._version != stamp[0] or t.data_ptr() != stamp[1]
 
 
 @torch.no_grad()
@@ -284,9 +297,11 @@ def put_back(buffers: Buffers, mode: bool | None = None) -> None:
     when they ran, where the snapshot held forwards (which frozen parameters they change is
     learned). ``UnsupportedModelError``: a parameter without a copy changed (an EMA of a
     trainable weight in ``forward``; not an ``Embedding(max_norm=...)``'s idempotent renorm)."""
-    for m, name, where, t, version, saved in buffers:
+    for m, name, where, t, stamp, saved in buffers:
         _store(m, t)[name] = t
-        changed = t._version != version
+        changed = _moved(t, stamp)
+        if t.data_ptr() != stamp[1]:  # .data given other storage: the old one is as it was
+            t.data, changed = stamp[2], t._version != stamp[0]
         if mode is not None and isinstance(t, nn.Parameter) and not t.requires_grad:
             marks = vars(t).setdefault(CHANGED, {})
             marks[mode] = marks.get(mode, False) or changed
