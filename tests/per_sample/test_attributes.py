@@ -378,9 +378,7 @@ class Momentum(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.q, self.h = nn.Linear(6, 8), nn.Linear(8, 3)
-        self.k = copy.deepcopy(self.q).requires_grad_(False)
-        with torch.no_grad():
-            self.k.weight.add_(1.0)
+        self.k = nn.Linear(6, 8).requires_grad_(False)  # frozen, from another start than q's
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
