@@ -63,9 +63,8 @@ class OutputSplit:
     reaches the parameters, the targets or a temperature the loss learns)."""
 
     def __init__(self, loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout, k: int) -> None:
-        leaves, spec = tree_flatten(out)
+        leaves, spec, batched = graded_leaves(out, layout)
         dims = layout.dims
-        batched = [i for i, t in enumerate(leaves) if dims[i] is not None and _graded(t)]
         wholes, parts = list(leaves), list(leaves)
         for i in batched:  # (B, ...) and (k, ...) each: leaves of graphs of their own
             wholes[i] = leaves[i].detach().requires_grad_()
@@ -129,9 +128,19 @@ class OutputSplit:
 def output_rounding(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout) -> float:
     """:func:`.rounding.loss_rounding` of ``loss_fn`` at the batched leaves of ``out``: how far
     the gradient the loss sends each example's output is from float64's (relative)."""
-    leaves, spec = tree_flatten(out)
-    batched = [i for i, t in enumerate(leaves) if layout.dims[i] is not None and _graded(t)]
+    leaves, spec, batched = graded_leaves(out, layout)
     return loss_rounding(loss_fn, leaves, spec, batched, y) if batched else 0.0
+
+
+def graded_leaves(out: Any, layout: OutputLayout) -> tuple[list, Any, list[int]]:
+    """``out``'s leaves, its pytree spec and the indices of the leaves with a batch dimension
+    that carry a gradient (the floating ones in the graph): what the loss split compares."""
+    leaves, spec = tree_flatten(out)
+    return (
+        leaves,
+        spec,
+        [i for i, t in enumerate(leaves) if layout.dims[i] is not None and _graded(t)],
+    )
 
 
 def _eps(dtype: torch.dtype) -> float:

@@ -138,13 +138,13 @@ class Contents:
             if _differ(container, saved):
                 _refill(container, saved)
         for where, t, version, saved in self.tensors:
-            changed, marks = t._version != version, vars(t).setdefault(CHANGED, {})
+            changed = t._version != version
             if mode is not None:
-                marks[mode] = marks.get(mode, False) or changed
+                learn(t, mode, changed)
             if changed and saved is not None:
                 t.copy_(saved)
             elif changed:
-                marks[self.mode] = True
+                learn(t, self.mode, True)
                 raise UnsupportedModelError(
                     f"{where}: the model's forward changed this tensor in place for the first "
                     "time, which this call cannot undo (each example's forward runs on the "
@@ -303,8 +303,7 @@ def put_back(buffers: Buffers, mode: bool | None = None) -> None:
         if t.data_ptr() != stamp[1]:  # .data given other storage: the old one is as it was
             t.data, changed = stamp[2], t._version != stamp[0]
         if mode is not None and isinstance(t, nn.Parameter) and not t.requires_grad:
-            marks = vars(t).setdefault(CHANGED, {})
-            marks[mode] = marks.get(mode, False) or changed
+            learn(t, mode, changed)
         if changed and saved is not None:
             t.copy_(saved)
         elif changed and not (isinstance(m, nn.Embedding) and m.max_norm is not None):
@@ -317,6 +316,13 @@ def put_back(buffers: Buffers, mode: bool | None = None) -> None:
                 f"{where}: the model's forward changed this parameter in place, which this call "
                 f"cannot undo (each example's forward runs on the parameters the call found); {fix}"
             )
+
+
+def learn(t: torch.Tensor, mode: bool, changed: bool) -> None:
+    """Mark on ``t`` whether a block of forwards in the model's ``mode`` changed it (once changed,
+    always: every later snapshot in that mode copies it; :data:`CHANGED`)."""
+    marks = vars(t).setdefault(CHANGED, {})
+    marks[mode] = marks.get(mode, False) or changed
 
 
 def _store(module: nn.Module, tensor: torch.Tensor) -> dict:
