@@ -210,7 +210,8 @@ class PerSampleGradients(ABC):
             # each extra forward on the attributes the call found (_found() returns None)
             forward = lambda inputs: self._found() or call_model(self.model, inputs)  # noqa: E731
             if batch >= 2:
-                problem = mixing_problem(forward, x, out, layout, checker.groups(batch), self.model)
+                groups = checker.groups(batch)
+                problem = mixing_problem(forward, x, out, layout, groups, self.model, self._found)
             if problem is None and batch >= 2 and whole and finite:  # masks differ: values
                 random = rows is None or any(map(draws_random, self.model.modules()))
                 data = (batch, self.model) if random else (rows, params)

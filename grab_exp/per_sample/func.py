@@ -253,8 +253,9 @@ class FuncPerSample(PerSampleGradients):
             with kept_state(self.model) as changed, torch.no_grad():
                 two, three = (call_model(self.model, take(x, [0] * k)) for k in (2, 3))
                 updated = changed()
+                buffers = dict(self.model.named_buffers())  # with one the forward made
             if updated:
-                kind = "buffer" if updated[0] in dict(self.model.named_buffers()) else "parameter"
+                kind = "buffer" if updated[0] in buffers else "parameter"
                 hooks = not any(map(parametrize.is_parametrized, self.model.modules()))
                 raise UnsupportedModelError(
                     f"{kind} {updated[0]}: the model's forward changes it in place (running "

@@ -167,3 +167,28 @@ def test_func_in_chunks_runs_each_chunk_from_the_attributes_the_call_found():
             for n, want in zip(names, wants, strict=True):
                 torch.testing.assert_close(rows[n][i], want, msg=f"{n}, example {i}")
         assert model.step == call + 1
+
+
+class Gumbel(nn.Module):
+    """A discrete bottleneck: ``F.gumbel_softmax(hard=True)`` between two layers, which draws in
+    eval mode too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.h = nn.Linear(6, 8), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.h(F.gumbel_softmax(self.a(x), tau=0.5, hard=True))
+
+
+@pytest.mark.parametrize("method", ["auto", "hooks", "factored"])
+def test_draws_in_eval_mode_are_named_not_called_mixing(method: str) -> None:
+    """Round 32: a Gumbel bottleneck was refused as "the model mixes the examples of a batch";
+    what the check saw is outputs that differ alone and a forward that draws in eval mode too."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(7)
+    x, y = torch.randn(7, 6, generator=g), torch.randint(0, 3, (7,), generator=g)
+    psg = make_per_sample(Gumbel(), F.cross_entropy, method)
+    with pytest.raises(UnsupportedModelError, match="draws random numbers in eval mode") as error:
+        psg(x, y)
+    assert "mixes" not in str(error.value) and "\n" not in str(error.value)

@@ -158,9 +158,11 @@ def mixing_problem(
     layout: OutputLayout,
     groups: list[list[int]],
     model: nn.Module,
+    found: Callable[[], Any],
 ) -> str | None:
     """Whether examples run alone (``groups``, a forward each) get their outputs in the batch's
-    ``out``; a difference that goes in eval mode is randomness if other runs draw differently."""
+    ``out``; a difference that goes in eval mode is randomness if other runs draw differently.
+    ``forward`` runs on the state the call found, which ``found()`` puts back."""
     chosen = [i for group in groups for i in group]
     tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
     index = torch.tensor(chosen, device=tensors[0].device if tensors else torch.device("cpu"))
@@ -197,21 +199,34 @@ def mixing_problem(
         )
         if difference <= limit:
             return None
+        found()  # the float64 twin's state: the call's (a first call's calibration from the batch)
         if _float64_alike(model, x, groups, layout, index):  # outputs cancelling to rounding
             return None
         modes = saved_state(model, buffers=False, modes=True)
         with torch.no_grad():
             model.eval()
-            batch = _rows_of(layout.select(forward(x), index), layout)
+            batch, start = _rows_of(layout.select(forward(x), index), layout), generator_states()
             mixed = _relative_rows(alone(), batch) > tolerance(OUTPUT_TOLERANCE, batch.dtype)
+            drawn = mixed and drew_since(start)  # differing in eval mode, which draws too
         modes()  # on an error, the caller's kept_state puts them back
         if not mixed:  # randomness explains the difference if the runs draw, and otherwise
             limit = tolerance(OUTPUT_TOLERANCE, first.dtype)
             mixed = not _draws(alone) or all(
                 _relative_rows(alone(), first) <= limit for _ in range(RANDOM_RUNS)
             )
-    if not mixed:
-        return None
+    return _mixing_refusal(chosen, difference, drawn) if mixed else None
+
+
+def _mixing_refusal(chosen: list[int], difference: float, drawn: bool) -> str:
+    """The mixing check's refusal; ``drawn``: the outputs differed in eval mode too, and the
+    forward drew random numbers there."""
+    if drawn:
+        return (
+            f"examples {chosen} run alone get outputs that differ from theirs in the batch "
+            f"(relative difference {difference:.2g}), and the forward draws random numbers in eval "
+            "mode too (F.gumbel_softmax, torch.rand: not a Dropout module's), so the check cannot "
+            "tell randomness from examples that mix; per-sample gradients are refused for it"
+        )
     return (
         f"the model mixes the examples of a batch: examples {chosen} run alone get outputs "
         f"that differ from theirs in the batch (relative difference {difference:.2g}: batch "
@@ -222,11 +237,13 @@ def mixing_problem(
 
 def _float64_alike(model: nn.Module, x: Inputs, groups: list[list[int]], layout, index) -> bool:
     """Whether the examples run alone get their outputs in the batch in float64 (a float64 copy of
-    ``model``): where float32's do not, rounding of outputs that cancel (``w.h + b`` near 0)."""
+    ``model``, each forward on its state as copied): where float32's do not, rounding of outputs
+    that cancel (``w.h + b`` near 0)."""
     twin = float64_twin(model)
     if twin is None:
         return False
-    again = _mixing(lambda i: call_model(twin, i), double(x), groups, layout, index)
+    copied = saved_state(twin)
+    again = _mixing(lambda i: copied() or call_model(twin, i), double(x), groups, layout, index)
     return again <= tolerance(OUTPUT_TOLERANCE, torch.float64)
 
 

@@ -18,8 +18,10 @@ from torch.nn.modules.module import (
     register_module_parameter_registration_hook,
 )
 from torch.nn.parameter import is_lazy
+from torch.utils.hooks import RemovableHandle
 
 from grab_exp.per_sample.modules import UnsupportedModelError, draws_random
+from grab_exp.per_sample.rules.base import is_ours
 
 
 def saved_state(
@@ -28,17 +30,24 @@ def saved_state(
     """The modules' attributes (a step counter kept as an ``int``, an activation kept on the
     model; modes where asked), the contents of those that are containers or tensors changed in
     place (:func:`saved_contents`) and buffers (:func:`saved_buffers`) as they are now; calling
-    the result puts them back. An attribute a forward added stays: a flag that its first run set
-    (HF's ``_output_capturing_hooks_installed``) goes with what that run did (hooks installed).
+    the result puts them back, and takes away what a forward added since (:func:`_take_added`).
     ``model`` may be an object other than a module (a loss's): its attributes alone; ``skip``:
     the ids of modules left out (a loss's: the model it holds)."""
     module = isinstance(model, nn.Module)
     objects = [m for m in model.modules() if id(m) not in skip] if module else [model]
     attributes = [(m, dict(vars(m))) for m in objects]
+    counts = [len(_registry(m, BUFFERS)) for m in objects]
+    hooks = RemovableHandle.next_id  # the id of the next hook registered anywhere
     contents = saved_contents(attributes, getattr(model, "training", True), copy_large=not skip)
     kept = saved_buffers(model, skip) if buffers and module else []
 
+    def added() -> bool:
+        pairs = zip(attributes, counts, strict=True)
+        return any(len(vars(m)) > len(a) or len(_registry(m, BUFFERS)) > n for (m, a), n in pairs)
+
     def restore(mode: bool | None = None) -> None:  # mode: as put_back's
+        if added():
+            _take_added(attributes, counts, hooks)
         for m, saved in attributes:
             vars(m).update((n, v) for n, v in saved.items() if modes or n != "training")
         try:
@@ -48,10 +57,44 @@ def saved_state(
 
     def moved() -> bool:  # whether an attribute is another object now (a count advanced)
         others = any(vars(m).get(n) is not v for m, saved in attributes for n, v in saved.items())
-        return others or contents.moved()
+        return others or added() or contents.moved()
 
     restore.moved = moved
     return restore
+
+
+def _take_added(attributes: list[tuple[Any, dict]], counts: list[int], hooks: int) -> None:
+    """Take away the attributes and buffers a forward added since the snapshot (a step count
+    made by the first run, ``if not hasattr(self, "n"): self.n = 0``, which every extra forward
+    would advance), with the hooks registered since (id ``hooks`` on; not the paths' own): a flag
+    that a first run set (HF's ``_output_capturing_hooks_installed``) goes with the hooks it
+    installed, and the next forward sets both again."""
+    for (m, saved), n in zip(attributes, counts, strict=True):
+        for name in [name for name in vars(m) if name not in saved]:
+            delattr(m, name)
+        buffers = _registry(m, BUFFERS)
+        for name in list(buffers)[n:]:
+            del buffers[name]
+        for registered in map(functools.partial(_registry, m), HOOKS):
+            for k in [k for k, hook in registered.items() if k >= hooks and not is_ours(hook)]:
+                for other in HOOKS + HOOK_FLAGS:  # the hook's entries in every registry
+                    _registry(m, other).pop(k, None)
+
+
+def _registry(m: Any, name: str) -> dict:
+    """A module's registry ``name`` (``{}``: none, or a scripted module's, which is no dict)."""
+    registry = vars(m).get(name)
+    return registry if isinstance(registry, dict) else {}
+
+
+#: a module's registries: its buffers, its hooks (keyed by the hooks' ids) and their flags
+BUFFERS = "_buffers"
+HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+HOOK_FLAGS = (
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks_with_kwargs",
+)
 
 
 class ExtraLoss:
@@ -140,9 +183,11 @@ class Contents:
         for where, t, version, saved in self.tensors:
             changed = t._version != version
             if mode is not None:
-                learn(t, mode, changed)
+                learn(t, mode, changed or _written(t, saved))
             if changed and saved is not None:
-                t.copy_(saved)
+                _copy_back(t, saved)
+            elif saved is not None:
+                _rewrite(t, saved)
             elif changed:
                 learn(t, self.mode, True)
                 raise UnsupportedModelError(
@@ -214,17 +259,19 @@ def _refill(container: Any, saved: Any) -> None:
 @contextlib.contextmanager
 def kept_state(model: nn.Module) -> Iterator[Callable[[], list[str]]]:
     """Buffers and parameters (:func:`saved_buffers`), attributes, modes, ``param.grad`` and RNGs
-    put back after the block; yields a function naming the buffers and parameters changed so far."""
+    put back after the block; yields a function naming the buffers and parameters changed (or
+    made) so far."""
     buffers, mode = saved_buffers(model), model.training
     attributes = saved_state(model, buffers=False, modes=True)
     grads = [(p, p.grad) for p in model.parameters()]
 
     def changed() -> list[str]:
+        known = {where for _, _, where, *_ in buffers}
         return [
             where
             for m, name, where, t, stamp, _ in buffers
             if name not in (store := _store(m, t)) or store[name] is not t or _moved(t, stamp)
-        ]
+        ] + [n for n, _ in model.named_buffers() if n not in known]  # made by a forward
 
     with torch.random.fork_rng(devices=cuda_devices(model)):
         done = False
@@ -303,9 +350,11 @@ def put_back(buffers: Buffers, mode: bool | None = None) -> None:
         if t.data_ptr() != stamp[1]:  # .data given other storage: the old one is as it was
             t.data, changed = stamp[2], t._version != stamp[0]
         if mode is not None and isinstance(t, nn.Parameter) and not t.requires_grad:
-            learn(t, mode, changed)
+            learn(t, mode, changed or _written(t, saved))
         if changed and saved is not None:
-            t.copy_(saved)
+            _copy_back(t, saved)
+        elif saved is not None:
+            _rewrite(t, saved)
         elif changed and not (isinstance(m, nn.Embedding) and m.max_norm is not None):
             fix = (  # a frozen one is copied from now on, as every one a forward changed
                 "freeze it (requires_grad=False) or change it outside the forward"
@@ -316,6 +365,27 @@ def put_back(buffers: Buffers, mode: bool | None = None) -> None:
                 f"{where}: the model's forward changed this parameter in place, which this call "
                 f"cannot undo (each example's forward runs on the parameters the call found); {fix}"
             )
+
+
+def _copy_back(t: torch.Tensor, saved: torch.Tensor) -> None:
+    if t.shape != saved.shape:  # resized in place (an observer's scale, per channel now)
+        t.resize_(saved.shape)
+    t.copy_(saved)
+
+
+def _rewrite(t: torch.Tensor, saved: torch.Tensor) -> None:
+    """``t``'s values as ``saved``, its version as it is: a change through ``.data`` in place
+    (``p.data.mul_(m)``, an EMA) leaves no version to tell it (outside ``torch.func``'s
+    transforms, where a write to a captured tensor raises and ``.data`` is refused)."""
+    if torch._C._functorch.maybe_current_level() is None:
+        t.data.copy_(saved)
+
+
+def _written(t: torch.Tensor, saved: torch.Tensor | None) -> bool:
+    """Whether ``t`` differs from its copy ``saved``: a change through ``.data`` in place
+    (``p.data.mul_(m)``, an EMA) leaves the version as it was. Read where a block of forwards
+    learns (a check's, which reads the host anyway)."""
+    return saved is not None and not torch.equal(t, saved)
 
 
 def learn(t: torch.Tensor, mode: bool, changed: bool) -> None:
