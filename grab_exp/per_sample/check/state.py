@@ -31,6 +31,8 @@ def saved_state(
     model; modes where asked), the contents of those that are containers or tensors changed in
     place (:func:`saved_contents`) and buffers (:func:`saved_buffers`) as they are now; calling
     the result puts them back, and takes away what a forward added since (:func:`_take_added`).
+    A module held in a container (an EMA teacher kept as ``self._t = [teacher]``, hidden from
+    registration) is saved as a model of its own, buffers and parameters included.
     ``model`` may be an object other than a module (a loss's): its attributes alone; ``skip``:
     the ids of modules left out (a loss's: the model it holds)."""
     module = isinstance(model, nn.Module)
@@ -40,6 +42,8 @@ def saved_state(
     hooks = RemovableHandle.next_id  # the id of the next hook registered anywhere
     contents = saved_contents(attributes, getattr(model, "training", True), copy_large=not skip)
     kept = saved_buffers(model, skip) if buffers and module else []
+    known = skip | {id(m) for m in objects}
+    hidden = [saved_state(h, True, modes, known) for h in contents.hidden if id(h) not in known]
 
     def added() -> bool:
         pairs = zip(attributes, counts, strict=True)
@@ -54,10 +58,12 @@ def saved_state(
             contents.put_back(mode)
         finally:
             put_back(kept, mode)
+            for inner in hidden:
+                inner(mode)
 
     def moved() -> bool:  # whether an attribute is another object now (a count advanced)
         others = any(vars(m).get(n) is not v for m, saved in attributes for n, v in saved.items())
-        return others or added() or contents.moved()
+        return others or added() or contents.moved() or any(h.moved() for h in hidden)
 
     restore.moved = moved
     return restore
@@ -164,8 +170,11 @@ class Contents:
     nested ones too) and the values of the tensors among them, which are neither buffers nor
     parameters (:func:`saved_contents`), as of the model's ``mode``."""
 
-    def __init__(self, containers: list, tensors: list, mode: bool) -> None:
-        self.containers, self.tensors, self.mode = containers, tensors, mode
+    def __init__(self, mode: bool) -> None:
+        self.containers: list = []  # (container, shallow copy)
+        self.tensors: list = []  # (name, tensor, version, copy or None)
+        self.hidden: list[nn.Module] = []  # modules held in containers
+        self.mode, self.seen = mode, set()
 
     def moved(self) -> bool:
         changed = any(_differ(c, saved) for c, saved in self.containers)
@@ -204,37 +213,39 @@ def saved_contents(attributes: list[tuple[Any, dict]], mode: bool, copy_large=Tr
     :data:`COPIED_NUMEL` elements at the top, else as of a frozen parameter (:func:`saved_buffers`:
     until a block of forwards in the model's ``mode`` left it as it was; inside a container, or
     with ``copy_large`` off, only once one changed it; a version for the others)."""
-    containers, tensors, seen = [], [], set()
+    contents = Contents(mode)
     for m, saved in attributes:
         for n, v in saved.items():  # most of a module's attributes are nn.Module's own
             if n not in MODULE_OWN and isinstance(v, HOLDING) and _holds(v):
-                _walk(v, (m, n), (mode, True, copy_large), containers, tensors, seen)
-    return Contents(containers, tensors, mode)
+                _walk(v, (m, n), (mode, True, copy_large), contents)
+    return contents
 
 
 def _holds(v: Any) -> bool:
     """Whether ``v`` needs a look: not a tuple of plain values (a layer's ``kernel_size``)."""
-    return not isinstance(v, tuple) or any(isinstance(item, HOLDING) for item in v)
+    return not isinstance(v, tuple) or any(isinstance(item, (*HOLDING, nn.Module)) for item in v)
 
 
-def _walk(v: Any, where: tuple, how: tuple, containers: list, tensors: list, seen: set) -> None:
-    """Record ``v``: a container (once) and what it holds, or a tensor without a gradient;
-    ``where``: its module and attribute; ``how``: the mode, whether ``v`` is the attribute itself
-    (not inside a container), ``copy_large``."""
+def _walk(v: Any, where: tuple, how: tuple, found: Contents) -> None:
+    """Record ``v`` in ``found``: a container (once) and what it holds (a module too), or a
+    tensor without a gradient; ``where``: its module and attribute; ``how``: the mode, whether
+    ``v`` is the attribute itself (not inside a container), ``copy_large``."""
     mode, top, large = how
     if isinstance(v, torch.Tensor):
         if not v.requires_grad and not is_lazy(v):
             small = top and v.numel() <= COPIED_NUMEL
             copied = small or getattr(v, CHANGED, {}).get(mode, top and large)
             name = f"{type(where[0]).__name__}.{where[1]}{'' if top else '[...]'}"
-            tensors.append((name, v, v._version, v.detach().clone() if copied else None))
-    elif id(v) not in seen:
-        seen.add(id(v))
+            found.tensors.append((name, v, v._version, v.detach().clone() if copied else None))
+    elif id(v) not in found.seen:
+        found.seen.add(id(v))
         if not isinstance(v, tuple):
-            containers.append((v, copy.copy(v)))
+            found.containers.append((v, copy.copy(v)))
         for item in v.values() if isinstance(v, dict) else v:
             if isinstance(item, HOLDING):
-                _walk(item, where, (mode, False, large), containers, tensors, seen)
+                _walk(item, where, (mode, False, large), found)
+            elif isinstance(item, nn.Module):
+                found.hidden.append(item)
 
 
 def _differ(container: Any, saved: Any) -> bool:
