@@ -49,17 +49,27 @@ def user_code_error(
     model: nn.Module, loss_fn: LossFn, x: Inputs, y: torch.Tensor, error: Exception
 ) -> UserCodeError | None:
     """:class:`UserCodeError` when ``error`` was raised in a user's file and a plain step
-    (``loss_fn(model(x), y)``) raises the same type in one; else ``None`` (a refusal stands)."""
-    if not raised_in_user_file(error):
-        return None
+    (``loss_fn(model(x), y)``) raises the same type in one, or when the plain step's backward
+    raises torch's ``error`` (a tensor saved for backward changed in place); else ``None`` (a
+    refusal stands)."""
+    own, backward = raised_in_user_file(error), False
     setting, obj = "model", model
     try:
         with torch.enable_grad():
             out = call_model(model, x)
             setting, obj = "loss", loss_fn
-            loss_fn(out, y)
+            loss = loss_fn(out, y)
+            setting, obj, backward = "model", model, True
+            trainable = [p for p in model.parameters() if p.requires_grad]
+            if not own and isinstance(loss, torch.Tensor) and loss.grad_fn is not None:
+                torch.autograd.grad(loss, trainable, allow_unused=True)
     except Exception as plain:  # the user's code fails without any method
-        if type(plain) is type(error) and raised_in_user_file(plain):
+        same = (
+            raised_in_user_file(plain)
+            if own
+            else backward and first_line(plain) == first_line(error)
+        )
+        if type(plain) is type(error) and same:
             named = obj if callable(obj) and hasattr(obj, "__qualname__") else type(obj)
             return UserCodeError(setting, f"{named.__module__}.{named.__qualname__}", plain)
     return None

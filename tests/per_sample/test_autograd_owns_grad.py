@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grab_exp.per_sample import UnsupportedModelError, make_per_sample
+from grab_exp.per_sample import UnsupportedModelError, UserCodeError, make_per_sample
 from grab_exp.per_sample.check.schedule import CHECK_EVERY
 
 F64 = torch.float64
@@ -733,3 +733,29 @@ def test_a_layer_run_on_a_selection_of_the_examples_is_refused_naming_it(method,
         for (n, p), g in zip(named.items(), alone, strict=True):
             want = torch.zeros_like(p) if g is None else g
             torch.testing.assert_close(grads.as_dict()[n][i], want, msg=f"example {i}: {n}")
+
+
+class ChangesWhatBackwardSaved(nn.Module):
+    """Changes in place the output of a sigmoid, which its backward saved: a plain
+    ``loss.backward()`` fails too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.h = nn.Linear(6, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = torch.sigmoid(self.a(x))
+        out = self.h(h)
+        h.mul_(2)
+        return out
+
+
+@pytest.mark.parametrize("method", ("auto", "hooks", "factored"))
+def test_a_model_whose_plain_backward_fails_is_the_users_error(method: str) -> None:
+    """Adversarial round 30: torch's error in the backward of a model that a plain step fails on
+    too was a refusal naming the method's RuntimeError; it is the user's model's error."""
+    model = ChangesWhatBackwardSaved()
+    psg = make_per_sample(model, F.cross_entropy, method=method)
+    with pytest.raises(UserCodeError, match=r"^model: .*ChangesWhatBackwardSaved raised Runtime"):
+        psg(torch.randn(4, 6), torch.randint(0, 3, (4,)))
+    assert all(p.grad is None for p in model.parameters())
