@@ -19,7 +19,14 @@ from grab_exp.per_sample.check.mean import GradSnapshot, rows_problem
 from grab_exp.per_sample.check.resampled import resampled_problem, resampled_values_problem
 from grab_exp.per_sample.check.rounding import alone_rounding, plain_rounding
 from grab_exp.per_sample.check.schedule import CHECK_EVERY, Check
-from grab_exp.per_sample.check.state import ExtraLoss, ModelState, kept_state, saved_state
+from grab_exp.per_sample.check.state import (
+    ExtraLoss,
+    ModelState,
+    kept_state,
+    registered_on,
+    registrations,
+    saved_state,
+)
 from grab_exp.per_sample.layout import Inputs, batch_size, call_model, check_batch
 from grab_exp.per_sample.modules import (
     WATCHED,
@@ -60,9 +67,8 @@ def user_code_error(
             setting, obj = "loss", loss_fn
             loss = loss_fn(out, y)
             setting, obj, backward = "model", model, True
-            trainable = [p for p in model.parameters() if p.requires_grad]
             if not own and isinstance(loss, torch.Tensor) and loss.grad_fn is not None:
-                torch.autograd.grad(loss, trainable, allow_unused=True)
+                _plain_backward(model, loss)
     except Exception as plain:  # the user's code fails without any method
         same = (
             raised_in_user_file(plain)
@@ -73,6 +79,19 @@ def user_code_error(
             named = obj if callable(obj) and hasattr(obj, "__qualname__") else type(obj)
             return UserCodeError(setting, f"{named.__module__}.{named.__qualname__}", plain)
     return None
+
+
+def _plain_backward(model: nn.Module, loss: torch.Tensor) -> None:
+    """``loss.backward()`` (not ``autograd.grad``: a reentrant checkpoint refuses it), with every
+    ``param.grad`` as it was afterwards."""
+    grads = [(p, p.grad) for p in model.parameters()]
+    for p, _ in grads:
+        p.grad = None
+    try:
+        loss.backward()
+    finally:
+        for p, g in grads:
+            p.grad = g
 
 
 class PerSampleGradients(ABC):
@@ -121,18 +140,38 @@ class PerSampleGradients(ABC):
         self.check()
         if not any(p.requires_grad for p in self.state.params):  # all frozen (since the last call)
             raise UnsupportedModelError("the model has no trainable parameter (requires_grad=True)")
+        self._registered = registrations()
         try:
-            return self._compute(x, y)
-        except UnsupportedModelError:
+            result = self._compute(x, y)
+            self.refuse_registered()  # func's drawn path: param.grad from the rows
+        except UnsupportedModelError as error:
             self.checker.forget()  # refused: every kind of batch is checked in full again
+            self.refuse_registered(error)
             self._put_back()
             raise
         except Exception as error:  # torch's, the model's or the loss's, inside this method
+            self.refuse_registered(error)
             own = user_code_error(self.model, self.loss_fn, x, y, error)  # then put back
             self._put_back()
             if own is not None:
                 raise own from error
             raise UnsupportedModelError(f"method={self.method}: {one_line(error)}") from error
+        return result
+
+    def refuse_registered(self, error: Exception | None = None) -> None:
+        """Refuse a call during which the model's forward registered a module or parameter (a
+        head made on the first call): rows cover the parameters the call started with. What was
+        registered is taken away with the rest of the state (:meth:`_put_back`)."""
+        if registrations() == self._registered:  # nothing registered anywhere: no walk
+            return
+        if (made := registered_on(self.state.ids, self._registered)) is None:
+            return  # on modules of other models (a copy, a layer made for a moment)
+        self._put_back()
+        raise UnsupportedModelError(
+            f"the model's forward registered {made} during the call (self.head = "
+            "nn.Linear(...) in forward): per-sample rows cover the parameters a call starts "
+            "with; make it in __init__, or run one plain forward before make_per_sample"
+        ) from error
 
     def _put_back(self) -> None:
         """A call that raises leaves the model's and the loss's state as it found them (what
@@ -179,6 +218,7 @@ class PerSampleGradients(ABC):
         compact sums; ``batch``: the call's ``x, y``, for a plain step's rounding), then
         ``full(identity)`` where one is due; where the mean is off, ``full(None)`` first (its loss
         and mixing checks name a cause, the identity would not)."""
+        self.refuse_registered()  # before param.grad stays
         problem = None
         if self.checker.on:
             rounding = partial(plain_rounding, self.model, self.extra_loss, *batch)
@@ -211,12 +251,14 @@ class PerSampleGradients(ABC):
             losses = example_losses(loss_fn, out, y, layout)  # (B,), in out's graph
             if (problem := loss_problem(loss.detach(), losses.detach())) is not None:
                 raise LossContractError(problem)
-        # the identity on the batch's graph first: a forward below may change in place what it
-        # saved (a momentum encoder's frozen weights); named after the checks that name a cause
         compared = identity is not None and finite and not whole
-        identified = identity(losses, checker.weights(batch, losses)) if compared else None
         problem = None
-        with kept_state(self.model), self.quiet():
+        with kept_state(self.model), contextlib.ExitStack() as quiet:
+            # the identity on the batch's graph first: a forward below may change in place what
+            # it saved (a momentum encoder's frozen weights); its backward's state (a backward
+            # hook's count, a kept gradient) put back too; named after the checks naming a cause
+            identified = identity(losses, checker.weights(batch, losses)) if compared else None
+            quiet.enter_context(self.quiet())
             # each extra forward on the attributes the call found (_found() returns None)
             forward = lambda inputs: self._found() or call_model(self.model, inputs)  # noqa: E731
             if batch >= 2:

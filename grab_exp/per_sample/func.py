@@ -130,6 +130,12 @@ def vmap_failure(model: nn.Module, error: RuntimeError) -> str:
     if "checkpoint" in str(error).lower():
         return CHECKPOINT_REFUSAL
     cause = first_line(error)
+    hooked = [n or "<root>" for n, m in model.named_modules() if m._backward_hooks]
+    if hooked and "setup_context" in cause:  # torch's BackwardHookFunction has none
+        return (
+            f"{hooked[0]} has a full backward hook (register_full_backward_hook), whose "
+            f"autograd.Function torch.func's vmap cannot run ({cause}); use method=hooks or loop"
+        )
     named = model.named_modules()
     unbatchable = [f"{n} ({type(m).__name__})" for n, m in named if isinstance(m, VMAP_FAILS)]
     if (in_loss := raised_in(error, _ModelAndLoss.loss)) or not unbatchable:

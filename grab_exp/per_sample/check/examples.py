@@ -231,7 +231,8 @@ def _mixing_refusal(chosen: list[int], difference: float, drawn: bool) -> str:
         f"the model mixes the examples of a batch: examples {chosen} run alone get outputs "
         f"that differ from theirs in the batch (relative difference {difference:.2g}: batch "
         "statistics, a normalization over the batch, random numbers drawn outside a Dropout "
-        "module?); per-sample gradients are undefined for it"
+        "module, a calibration from the first batch (run one plain forward first)?); "
+        "per-sample gradients are undefined for it"
     )
 
 

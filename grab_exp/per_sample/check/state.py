@@ -8,11 +8,13 @@ import contextlib
 import copy
 import functools
 import types
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.modules.module import (
     register_module_module_registration_hook,
     register_module_parameter_registration_hook,
@@ -30,7 +32,8 @@ def saved_state(
     """The modules' attributes (a step counter kept as an ``int``, an activation kept on the
     model; modes where asked), the contents of those that are containers or tensors changed in
     place (:func:`saved_contents`) and buffers (:func:`saved_buffers`) as they are now; calling
-    the result puts them back, and takes away what a forward added since (:func:`_take_added`).
+    the result puts them back, takes away what a forward added since (:func:`_take_added`; hooks:
+    :func:`_take_hooks`) and puts back the hooks it removed (:func:`_put_hooks_back`).
     A module held in a container (an EMA teacher kept as ``self._t = [teacher]``, hidden from
     registration) is saved as a model of its own, buffers and parameters included.
     ``model`` may be an object other than a module (a loss's): its attributes alone; ``skip``:
@@ -38,8 +41,9 @@ def saved_state(
     module = isinstance(model, nn.Module)
     objects = [m for m in model.modules() if id(m) not in skip] if module else [model]
     attributes = [(m, dict(vars(m))) for m in objects]
-    counts = [len(_registry(m, BUFFERS)) for m in objects]
+    counts = [_counts(m) for m in objects]
     hooks = RemovableHandle.next_id  # the id of the next hook registered anywhere
+    registered = [(m, r) for m in (*objects, GLOBAL) if (r := _hooks_of(m))]  # a removal
     contents = saved_contents(attributes, getattr(model, "training", True), copy_large=not skip)
     kept = saved_buffers(model, skip) if buffers and module else []
     known = skip | {id(m) for m in objects}
@@ -47,11 +51,15 @@ def saved_state(
 
     def added() -> bool:
         pairs = zip(attributes, counts, strict=True)
-        return any(len(vars(m)) > len(a) or len(_registry(m, BUFFERS)) > n for (m, a), n in pairs)
+        return any(len(vars(m)) > len(a) or _counts(m) != n for (m, a), n in pairs)
 
     def restore(mode: bool | None = None) -> None:  # mode: as put_back's
         if added():
-            _take_added(attributes, counts, hooks)
+            _take_added(attributes, counts)
+        if RemovableHandle.next_id != hooks:  # a hook registered anywhere since (ours too)
+            for m in (*objects, GLOBAL):
+                _take_hooks(m, hooks)
+        _put_hooks_back(registered)
         for m, saved in attributes:
             vars(m).update((n, v) for n, v in saved.items() if modes or n != "training")
         try:
@@ -69,22 +77,61 @@ def saved_state(
     return restore
 
 
-def _take_added(attributes: list[tuple[Any, dict]], counts: list[int], hooks: int) -> None:
-    """Take away the attributes and buffers a forward added since the snapshot (a step count
-    made by the first run, ``if not hasattr(self, "n"): self.n = 0``, which every extra forward
-    would advance), with the hooks registered since (id ``hooks`` on; not the paths' own): a flag
-    that a first run set (HF's ``_output_capturing_hooks_installed``) goes with the hooks it
-    installed, and the next forward sets both again."""
+def _take_added(attributes: list[tuple[Any, dict]], counts: list[tuple[int, ...]]) -> None:
+    """Take away the attributes, buffers, modules and parameters a forward added since the
+    snapshot (a step count made by the first run, ``if not hasattr(self, "n"): self.n = 0``,
+    which every extra forward would advance; a head made by it, ``self.head = nn.Linear(...)``)."""
     for (m, saved), n in zip(attributes, counts, strict=True):
         for name in [name for name in vars(m) if name not in saved]:
             delattr(m, name)
-        buffers = _registry(m, BUFFERS)
-        for name in list(buffers)[n:]:
-            del buffers[name]
-        for registered in map(functools.partial(_registry, m), HOOKS):
-            for k in [k for k, hook in registered.items() if k >= hooks and not is_ours(hook)]:
-                for other in HOOKS + HOOK_FLAGS:  # the hook's entries in every registry
-                    _registry(m, other).pop(k, None)
+        for registry, k in zip(map(functools.partial(_registry, m), REGISTERED), n, strict=True):
+            for name in list(registry)[k:]:
+                del registry[name]
+
+
+def _counts(m: Any) -> tuple[int, ...]:
+    return tuple(len(_registry(m, n)) for n in REGISTERED)
+
+
+def _take_hooks(m: Any, start: int) -> None:
+    """Take ``m``'s hooks of id ``start`` on (but the paths' own), with their flags: a flag that
+    a first run set (HF's ``_output_capturing_hooks_installed``, taken by :func:`_take_added`)
+    goes with the hooks it installed, and the next forward sets both again."""
+    registries = [_registry(m, n) for n in HOOKS + HOOK_FLAGS]
+    for registered in registries[: len(HOOKS)]:
+        for k in [k for k, hook in registered.items() if k >= start and not is_ours(hook)]:
+            for other in registries:  # the hook's entries in every registry
+                other.pop(k, None)
+
+
+def _hooks_of(m: Any) -> dict[str, dict]:
+    """Copies of ``m``'s hook registries that hold any (``{}``: none, the usual module's)."""
+    return {n: dict(r) for n in HOOKS + HOOK_FLAGS if (r := _registry(m, n))}
+
+
+def _put_hooks_back(registered: list[tuple[Any, dict[str, dict]]]) -> None:
+    """Put back the hooks (not the paths' own) that a forward removed since :func:`_hooks_of`
+    copied them (a one-shot hook that removes itself once it ran), each in its place, with their
+    flags."""
+    for m, saved in registered:
+        gone = {
+            k
+            for n in HOOKS
+            for k, hook in saved.get(n, {}).items()
+            if k not in _registry(m, n) and not is_ours(hook) and not _lazy_init(hook)
+        }
+        for n, hooks in saved.items() if gone else ():
+            now = _registry(m, n)
+            merged = {**now, **{k: hooks[k] for k in gone if k in hooks}}
+            order = [k for k in hooks if k in merged] + [k for k in now if k not in hooks]
+            now.clear()
+            now.update((k, merged[k]) for k in order)
+
+
+def _lazy_init(hook: Any) -> bool:
+    """Whether ``hook`` is a lazy module's initialization, which its first run removes for good
+    (the parameters it made stay)."""
+    return getattr(hook, "__func__", None) is LazyModuleMixin._infer_parameters
 
 
 def _registry(m: Any, name: str) -> dict:
@@ -93,13 +140,18 @@ def _registry(m: Any, name: str) -> dict:
     return registry if isinstance(registry, dict) else {}
 
 
-#: a module's registries: its buffers, its hooks (keyed by the hooks' ids) and their flags
-BUFFERS = "_buffers"
+#: a module's registries: its buffers, modules and parameters, its hooks (keyed by the hooks'
+#: ids) and their flags
+REGISTERED = ("_buffers", "_modules", "_parameters")
 HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 HOOK_FLAGS = (
     "_forward_hooks_with_kwargs",
     "_forward_hooks_always_called",
     "_forward_pre_hooks_with_kwargs",
+)
+#: torch's registries of global hooks (``register_module_forward_hook``'s), as a module's
+GLOBAL = types.SimpleNamespace(
+    **{n: getattr(torch.nn.modules.module, f"_global{n}", {}) for n in HOOKS + HOOK_FLAGS}
 )
 
 
@@ -413,10 +465,25 @@ def _store(module: nn.Module, tensor: torch.Tensor) -> dict:
 #: modules and parameters registered anywhere so far (torch's global registration hooks): a
 #: model that has not changed since a path listed it costs no walk of its module tree to know
 _REGISTRATIONS = [0]
+_LOG: collections.deque = collections.deque(maxlen=256)  # (count, owner's id, "Owner.name")
+_WATCHED: weakref.WeakSet = weakref.WeakSet()  # the modules of every ModelState alive
 
 
-def _registered(*_: Any) -> None:
+def _registered(module: nn.Module, name: str, *_: Any) -> None:
     _REGISTRATIONS[0] += 1
+    if module in _WATCHED:  # a model's module (not a copy, not one made for a moment)
+        _LOG.append((_REGISTRATIONS[0], id(module), f"{type(module).__name__}.{name}"))
+
+
+def registrations() -> int:
+    """Modules and parameters registered anywhere so far."""
+    return _REGISTRATIONS[0]
+
+
+def registered_on(owners: set[int], since: int) -> str | None:
+    """The first module or parameter registered on one of ``owners`` (ids of the modules of a
+    :class:`ModelState`) after registration ``since``: ``Owner.name``; ``None``: none."""
+    return next((n for k, owner, n in _LOG if k > since and owner in owners), None)
 
 
 register_module_module_registration_hook(_registered)
@@ -431,6 +498,8 @@ class ModelState:
         self.params = [p for _, p in self.named]
         self.owned = [(m, n, p) for m in self.modules for n, p in m._parameters.items()]
         self.children = [(m, len(m._modules)) for m in self.modules]
+        self.ids = {id(m) for m in self.modules}
+        _WATCHED.update(self.modules)
         self._seen = _REGISTRATIONS[0]
 
     def stale(self, model: nn.Module) -> bool:
