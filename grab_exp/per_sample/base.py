@@ -22,9 +22,9 @@ from grab_exp.per_sample.check.schedule import CHECK_EVERY, Check
 from grab_exp.per_sample.check.state import (
     ExtraLoss,
     ModelState,
+    added_count,
     kept_state,
     registered_on,
-    registrations,
     saved_state,
 )
 from grab_exp.per_sample.layout import Inputs, batch_size, call_model, check_batch
@@ -140,7 +140,7 @@ class PerSampleGradients(ABC):
         self.check()
         if not any(p.requires_grad for p in self.state.params):  # all frozen (since the last call)
             raise UnsupportedModelError("the model has no trainable parameter (requires_grad=True)")
-        self._registered = registrations()
+        self._registered = added_count()
         try:
             result = self._compute(x, y)
             self.refuse_registered()  # func's drawn path: param.grad from the rows
@@ -162,7 +162,7 @@ class PerSampleGradients(ABC):
         """Refuse a call during which the model's forward registered a module or parameter (a
         head made on the first call): rows cover the parameters the call started with. What was
         registered is taken away with the rest of the state (:meth:`_put_back`)."""
-        if registrations() == self._registered:  # nothing registered anywhere: no walk
+        if added_count() == self._registered:  # no new name on a watched module
             return
         if (made := registered_on(self.state.ids, self._registered)) is None:
             return  # on modules of other models (a copy, a layer made for a moment)

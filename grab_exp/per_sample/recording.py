@@ -17,7 +17,7 @@ from grab_exp.per_sample.check.tolerance import autocast_on
 from grab_exp.per_sample.layout import Call, expand_over_batch, moved
 from grab_exp.per_sample.modules import CHECKPOINT_REFUSAL, UnsupportedModelError
 from grab_exp.per_sample.plan import Layers
-from grab_exp.per_sample.rules.base import OURS, is_ours
+from grab_exp.per_sample.rules.base import OURS, OWN_IDS, is_ours
 
 
 class Recorder:
@@ -65,6 +65,7 @@ class Recorder:
         ]
         if replayed:  # a rule reads the call's own inputs and outputs: no entry to note
             handles.append(layer.register_forward_pre_hook(entry, prepend=True, with_kwargs=True))
+        OWN_IDS.update(handle.id for handle in handles)
         return handles
 
     def _entry_hook(self, name: str):

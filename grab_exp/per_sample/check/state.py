@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.modules.module import (
+    register_module_buffer_registration_hook,
     register_module_module_registration_hook,
     register_module_parameter_registration_hook,
 )
@@ -23,7 +24,7 @@ from torch.nn.parameter import is_lazy
 from torch.utils.hooks import RemovableHandle
 
 from grab_exp.per_sample.modules import UnsupportedModelError, draws_random
-from grab_exp.per_sample.rules.base import is_ours
+from grab_exp.per_sample.rules.base import OWN_IDS, is_ours
 
 
 def saved_state(
@@ -41,21 +42,23 @@ def saved_state(
     module = isinstance(model, nn.Module)
     objects = [m for m in model.modules() if id(m) not in skip] if module else [model]
     attributes = [(m, dict(vars(m))) for m in objects]
-    counts = [_counts(m) for m in objects]
-    hooks = RemovableHandle.next_id  # the id of the next hook registered anywhere
-    registered = [(m, r) for m in (*objects, GLOBAL) if (r := _hooks_of(m))]  # a removal
+    start, hooks = _ADDED[0], RemovableHandle.next_id  # what is registered next: later ones
+    registered = [(m, r) for m, a in (*attributes, GLOBAL_VARS) if (r := _hooks_of(a))]
     contents = saved_contents(attributes, getattr(model, "training", True), copy_large=not skip)
     kept = saved_buffers(model, skip) if buffers and module else []
-    known = skip | {id(m) for m in objects}
-    hidden = [saved_state(h, True, modes, known) for h in contents.hidden if id(h) not in known]
+    hidden = []
+    if contents.hidden:  # rare: no walk of its own otherwise
+        known = skip | {id(m) for m in objects}
+        hidden = [h for h in contents.hidden if id(h) not in known]
+        watch(m for h in hidden for m in h.modules())
+        hidden = [saved_state(h, True, modes, known) for h in hidden]
 
     def added() -> bool:
-        pairs = zip(attributes, counts, strict=True)
-        return any(len(vars(m)) > len(a) or _counts(m) != n for (m, a), n in pairs)
+        return _ADDED[0] != start or any(len(vars(m)) > len(a) for m, a in attributes)
 
     def restore(mode: bool | None = None) -> None:  # mode: as put_back's
         if added():
-            _take_added(attributes, counts)
+            _take_added(attributes, start)
         if RemovableHandle.next_id != hooks:  # a hook registered anywhere since (ours too)
             for m in (*objects, GLOBAL):
                 _take_hooks(m, hooks)
@@ -77,20 +80,19 @@ def saved_state(
     return restore
 
 
-def _take_added(attributes: list[tuple[Any, dict]], counts: list[tuple[int, ...]]) -> None:
+def _take_added(attributes: list[tuple[Any, dict]], start: int) -> None:
     """Take away the attributes, buffers, modules and parameters a forward added since the
     snapshot (a step count made by the first run, ``if not hasattr(self, "n"): self.n = 0``,
-    which every extra forward would advance; a head made by it, ``self.head = nn.Linear(...)``)."""
-    for (m, saved), n in zip(attributes, counts, strict=True):
+    which every extra forward would advance; a head made by it, ``self.head = nn.Linear(...)``;
+    registrations: those after the ``start``-th, :data:`_LOG`)."""
+    owners = {id(m): m for m, _ in attributes}
+    for k, owner, registry, name, made in list(_LOG):
+        store = _registry(owners[owner], registry) if k > start and owner in owners else {}
+        if id(store.get(name)) == made:  # not one put back since (the snapshot's own)
+            del store[name]
+    for m, saved in attributes:
         for name in [name for name in vars(m) if name not in saved]:
             delattr(m, name)
-        for registry, k in zip(map(functools.partial(_registry, m), REGISTERED), n, strict=True):
-            for name in list(registry)[k:]:
-                del registry[name]
-
-
-def _counts(m: Any) -> tuple[int, ...]:
-    return tuple(len(_registry(m, n)) for n in REGISTERED)
 
 
 def _take_hooks(m: Any, start: int) -> None:
@@ -104,9 +106,15 @@ def _take_hooks(m: Any, start: int) -> None:
                 other.pop(k, None)
 
 
-def _hooks_of(m: Any) -> dict[str, dict]:
-    """Copies of ``m``'s hook registries that hold any (``{}``: none, the usual module's)."""
-    return {n: dict(r) for n in HOOKS + HOOK_FLAGS if (r := _registry(m, n))}
+def _hooks_of(attributes: dict) -> dict[str, dict]:
+    """Copies of the hook registries among a module's ``attributes`` where one holds a hook that
+    is not the paths' own (``{}``: none, the usual module's; the paths' own are not put back)."""
+    for n in HOOKS:
+        if (registry := attributes.get(n)) and not registry.keys() <= OWN_IDS:
+            return {
+                n: dict(r) for n in HOOKS + HOOK_FLAGS if isinstance(r := attributes.get(n), dict)
+            }
+    return {}
 
 
 def _put_hooks_back(registered: list[tuple[Any, dict[str, dict]]]) -> None:
@@ -140,9 +148,7 @@ def _registry(m: Any, name: str) -> dict:
     return registry if isinstance(registry, dict) else {}
 
 
-#: a module's registries: its buffers, modules and parameters, its hooks (keyed by the hooks'
-#: ids) and their flags
-REGISTERED = ("_buffers", "_modules", "_parameters")
+#: a module's registries of hooks (keyed by the hooks' ids) and their flags
 HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 HOOK_FLAGS = (
     "_forward_hooks_with_kwargs",
@@ -153,6 +159,7 @@ HOOK_FLAGS = (
 GLOBAL = types.SimpleNamespace(
     **{n: getattr(torch.nn.modules.module, f"_global{n}", {}) for n in HOOKS + HOOK_FLAGS}
 )
+GLOBAL_VARS = (GLOBAL, vars(GLOBAL))
 
 
 class ExtraLoss:
@@ -166,6 +173,8 @@ class ExtraLoss:
     def __init__(self, loss_fn: Callable, model: nn.Module) -> None:
         self.fn, self._found, self.owner = loss_fn, None, state_owner(loss_fn)
         self.skip = frozenset(map(id, model.modules()))
+        if isinstance(self.owner, nn.Module):
+            watch(self.owner.modules())
         self.stateful, self.in_model = self.owner is not None, id(self.owner) in self.skip
         if self.in_model:  # a method of the model's: its module's own attributes alone
             self.skip -= {id(self.owner)}
@@ -212,6 +221,7 @@ MODULE_OWN = frozenset(vars(nn.Module()))
 CONTAINERS = (list, dict, set, collections.deque)
 #: what an attribute must be for a snapshot to look inside (a tuple may hold a list)
 HOLDING = (*CONTAINERS, tuple, torch.Tensor)
+HOLDING_MODULES = (*HOLDING, nn.Module)  # and what a tuple may hold that is looked at
 #: tensor attributes up to this many elements are copied by every snapshot (a count, a running
 #: mean); a larger one (a position table kept unregistered) as a frozen parameter is
 COPIED_NUMEL = 1 << 16
@@ -275,7 +285,7 @@ def saved_contents(attributes: list[tuple[Any, dict]], mode: bool, copy_large=Tr
 
 def _holds(v: Any) -> bool:
     """Whether ``v`` needs a look: not a tuple of plain values (a layer's ``kernel_size``)."""
-    return not isinstance(v, tuple) or any(isinstance(item, (*HOLDING, nn.Module)) for item in v)
+    return not isinstance(v, tuple) or any(isinstance(item, HOLDING_MODULES) for item in v)
 
 
 def _walk(v: Any, where: tuple, how: tuple, found: Contents) -> None:
@@ -465,14 +475,29 @@ def _store(module: nn.Module, tensor: torch.Tensor) -> dict:
 #: modules and parameters registered anywhere so far (torch's global registration hooks): a
 #: model that has not changed since a path listed it costs no walk of its module tree to know
 _REGISTRATIONS = [0]
-_LOG: collections.deque = collections.deque(maxlen=256)  # (count, owner's id, "Owner.name")
-_WATCHED: weakref.WeakSet = weakref.WeakSet()  # the modules of every ModelState alive
+#: new names registered on a watched module (one of a ModelState's, a loss's, a hidden one):
+#: their count, and ``(count, owner's id, registry, name, registered object's id)`` of the last
+_ADDED = [0]
+_LOG: collections.deque = collections.deque(maxlen=1024)
+_WATCHED: weakref.WeakSet = weakref.WeakSet()
 
 
-def _registered(module: nn.Module, name: str, *_: Any) -> None:
-    _REGISTRATIONS[0] += 1
-    if module in _WATCHED:  # a model's module (not a copy, not one made for a moment)
-        _LOG.append((_REGISTRATIONS[0], id(module), f"{type(module).__name__}.{name}"))
+def _registered(registry: str, module: nn.Module, name: str, value: Any) -> None:
+    if registry != "_buffers":
+        _REGISTRATIONS[0] += 1
+    if module in _WATCHED and name not in vars(module).get(registry, {}):  # a new name
+        _ADDED[0] += 1
+        _LOG.append((_ADDED[0], id(module), registry, name, id(value)))
+
+
+def added_count() -> int:
+    """New names registered on the watched modules so far (:data:`_ADDED`)."""
+    return _ADDED[0]
+
+
+def watch(modules: Any) -> None:
+    """Log the new names registered on ``modules`` (:func:`_registered`)."""
+    _WATCHED.update(modules)
 
 
 def registrations() -> int:
@@ -480,14 +505,20 @@ def registrations() -> int:
     return _REGISTRATIONS[0]
 
 
-def registered_on(owners: set[int], since: int) -> str | None:
-    """The first module or parameter registered on one of ``owners`` (ids of the modules of a
-    :class:`ModelState`) after registration ``since``: ``Owner.name``; ``None``: none."""
-    return next((n for k, owner, n in _LOG if k > since and owner in owners), None)
+def registered_on(owners: dict[int, nn.Module], since: int) -> str | None:
+    """The first module or parameter registered on one of ``owners`` (by id) after the
+    ``since``-th new name (:func:`added_count`): ``Owner.name``; ``None``: none."""
+    made = (
+        f"{type(owners[owner]).__name__}.{name}"
+        for k, owner, registry, name, _ in list(_LOG)
+        if k > since and owner in owners and registry != "_buffers"
+    )
+    return next(made, None)
 
 
-register_module_module_registration_hook(_registered)
-register_module_parameter_registration_hook(_registered)
+register_module_buffer_registration_hook(functools.partial(_registered, "_buffers"))
+register_module_module_registration_hook(functools.partial(_registered, "_modules"))
+register_module_parameter_registration_hook(functools.partial(_registered, "_parameters"))
 
 
 class ModelState:
@@ -498,8 +529,8 @@ class ModelState:
         self.params = [p for _, p in self.named]
         self.owned = [(m, n, p) for m in self.modules for n, p in m._parameters.items()]
         self.children = [(m, len(m._modules)) for m in self.modules]
-        self.ids = {id(m) for m in self.modules}
-        _WATCHED.update(self.modules)
+        self.ids = {id(m): m for m in self.modules}
+        watch(self.modules)
         self._seen = _REGISTRATIONS[0]
 
     def stale(self, model: nn.Module) -> bool:

@@ -77,6 +77,8 @@ def rule_for(module: nn.Module) -> LayerRule | None:
 
 #: the attribute that marks the hook path's own hooks on a module
 OURS = "_grab_exp_per_sample"
+#: the ids of the hook path's own hooks' handles (a registry holding these alone is left as is)
+OWN_IDS: set[int] = set()
 
 
 def is_ours(hook: Any) -> bool:
