@@ -16,17 +16,11 @@ from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.check.examples import alone_problem, mixing_problem
 from grab_exp.per_sample.check.loss import example_losses, loss_of, loss_problem
 from grab_exp.per_sample.check.mean import GradSnapshot, rows_problem
+from grab_exp.per_sample.check.registrations import ModelState, added_count, registered_on
 from grab_exp.per_sample.check.resampled import resampled_problem, resampled_values_problem
 from grab_exp.per_sample.check.rounding import alone_rounding, plain_rounding
 from grab_exp.per_sample.check.schedule import CHECK_EVERY, Check
-from grab_exp.per_sample.check.state import (
-    ExtraLoss,
-    ModelState,
-    added_count,
-    kept_state,
-    registered_on,
-    saved_state,
-)
+from grab_exp.per_sample.check.state import ExtraLoss, kept_state, saved_state
 from grab_exp.per_sample.layout import Inputs, batch_size, call_model, check_batch
 from grab_exp.per_sample.modules import (
     WATCHED,

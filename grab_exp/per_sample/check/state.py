@@ -1,5 +1,5 @@
-"""Nothing of a check stays (:func:`kept_state`); the model's structure, read without a walk of
-its module tree on every call (:class:`ModelState`)."""
+"""Nothing of a check stays (:func:`kept_state`): the state a call found, put back
+(:func:`saved_state`); what a forward registers or removes: :mod:`.registrations`."""
 
 from __future__ import annotations
 
@@ -8,61 +8,68 @@ import contextlib
 import copy
 import functools
 import types
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules.lazy import LazyModuleMixin
-from torch.nn.modules.module import (
-    register_module_buffer_registration_hook,
-    register_module_module_registration_hook,
-    register_module_parameter_registration_hook,
-)
 from torch.nn.parameter import is_lazy
 from torch.utils.hooks import RemovableHandle
 
+from grab_exp.per_sample.check.registrations import (
+    GLOBAL,
+    GLOBAL_VARS,
+    added_count,
+    hooks_of,
+    put_hooks_back,
+    take_added,
+    take_hooks,
+    watch,
+)
 from grab_exp.per_sample.modules import UnsupportedModelError, draws_random
-from grab_exp.per_sample.rules.base import OWN_IDS, is_ours
 
 
 def saved_state(
-    model: Any, buffers: bool = True, modes: bool = False, skip: frozenset[int] = frozenset()
+    model: Any,
+    buffers: bool = True,
+    modes: bool = False,
+    skip: frozenset[int] = frozenset(),
+    copy_large: bool = True,
 ) -> Callable[[], None]:
     """The modules' attributes (a step counter kept as an ``int``, an activation kept on the
     model; modes where asked), the contents of those that are containers or tensors changed in
     place (:func:`saved_contents`) and buffers (:func:`saved_buffers`) as they are now; calling
-    the result puts them back, takes away what a forward added since (:func:`_take_added`; hooks:
-    :func:`_take_hooks`) and puts back the hooks it removed (:func:`_put_hooks_back`).
+    the result puts them back, takes away what a forward added since (:func:`take_added`; hooks:
+    :func:`take_hooks`) and puts back the hooks it removed (:func:`put_hooks_back`).
     A module held in a container (an EMA teacher kept as ``self._t = [teacher]``, hidden from
     registration) is saved as a model of its own, buffers and parameters included.
     ``model`` may be an object other than a module (a loss's): its attributes alone; ``skip``:
-    the ids of modules left out (a loss's: the model it holds)."""
+    the ids of modules left out (a loss's: the model it holds); ``copy_large``: as
+    :func:`saved_contents`' (off for a loss's and a hidden module's)."""
     module = isinstance(model, nn.Module)
     objects = [m for m in model.modules() if id(m) not in skip] if module else [model]
     attributes = [(m, dict(vars(m))) for m in objects]
-    start, hooks = _ADDED[0], RemovableHandle.next_id  # what is registered next: later ones
-    registered = [(m, r) for m, a in (*attributes, GLOBAL_VARS) if (r := _hooks_of(a))]
-    contents = saved_contents(attributes, getattr(model, "training", True), copy_large=not skip)
+    start, hooks = added_count(), RemovableHandle.next_id  # what is registered next: later ones
+    registered = [(m, r) for m, a in (*attributes, GLOBAL_VARS) if (r := hooks_of(a))]
+    contents = saved_contents(attributes, getattr(model, "training", True), copy_large)
     kept = saved_buffers(model, skip) if buffers and module else []
     hidden = []
     if contents.hidden:  # rare: no walk of its own otherwise
         known = skip | {id(m) for m in objects}
         hidden = [h for h in contents.hidden if id(h) not in known]
         watch(m for h in hidden for m in h.modules())
-        hidden = [saved_state(h, True, modes, known) for h in hidden]
+        hidden = [saved_state(h, True, modes, known, copy_large=False) for h in hidden]
 
     def added() -> bool:
-        return _ADDED[0] != start or any(len(vars(m)) > len(a) for m, a in attributes)
+        return added_count() != start or any(len(vars(m)) > len(a) for m, a in attributes)
 
     def restore(mode: bool | None = None) -> None:  # mode: as put_back's
         if added():
-            _take_added(attributes, start)
+            take_added(attributes, start)
         if RemovableHandle.next_id != hooks:  # a hook registered anywhere since (ours too)
             for m in (*objects, GLOBAL):
-                _take_hooks(m, hooks)
-        _put_hooks_back(registered)
+                take_hooks(m, hooks)
+        put_hooks_back(registered)
         for m, saved in attributes:
             vars(m).update((n, v) for n, v in saved.items() if modes or n != "training")
         try:
@@ -78,88 +85,6 @@ def saved_state(
 
     restore.moved = moved
     return restore
-
-
-def _take_added(attributes: list[tuple[Any, dict]], start: int) -> None:
-    """Take away the attributes, buffers, modules and parameters a forward added since the
-    snapshot (a step count made by the first run, ``if not hasattr(self, "n"): self.n = 0``,
-    which every extra forward would advance; a head made by it, ``self.head = nn.Linear(...)``;
-    registrations: those after the ``start``-th, :data:`_LOG`)."""
-    owners = {id(m): m for m, _ in attributes}
-    for k, owner, registry, name, made in list(_LOG):
-        store = _registry(owners[owner], registry) if k > start and owner in owners else {}
-        if id(store.get(name)) == made:  # not one put back since (the snapshot's own)
-            del store[name]
-    for m, saved in attributes:
-        for name in [name for name in vars(m) if name not in saved]:
-            delattr(m, name)
-
-
-def _take_hooks(m: Any, start: int) -> None:
-    """Take ``m``'s hooks of id ``start`` on (but the paths' own), with their flags: a flag that
-    a first run set (HF's ``_output_capturing_hooks_installed``, taken by :func:`_take_added`)
-    goes with the hooks it installed, and the next forward sets both again."""
-    registries = [_registry(m, n) for n in HOOKS + HOOK_FLAGS]
-    for registered in registries[: len(HOOKS)]:
-        for k in [k for k, hook in registered.items() if k >= start and not is_ours(hook)]:
-            for other in registries:  # the hook's entries in every registry
-                other.pop(k, None)
-
-
-def _hooks_of(attributes: dict) -> dict[str, dict]:
-    """Copies of the hook registries among a module's ``attributes`` where one holds a hook that
-    is not the paths' own (``{}``: none, the usual module's; the paths' own are not put back)."""
-    for n in HOOKS:
-        if (registry := attributes.get(n)) and not registry.keys() <= OWN_IDS:
-            return {
-                n: dict(r) for n in HOOKS + HOOK_FLAGS if isinstance(r := attributes.get(n), dict)
-            }
-    return {}
-
-
-def _put_hooks_back(registered: list[tuple[Any, dict[str, dict]]]) -> None:
-    """Put back the hooks (not the paths' own) that a forward removed since :func:`_hooks_of`
-    copied them (a one-shot hook that removes itself once it ran), each in its place, with their
-    flags."""
-    for m, saved in registered:
-        gone = {
-            k
-            for n in HOOKS
-            for k, hook in saved.get(n, {}).items()
-            if k not in _registry(m, n) and not is_ours(hook) and not _lazy_init(hook)
-        }
-        for n, hooks in saved.items() if gone else ():
-            now = _registry(m, n)
-            merged = {**now, **{k: hooks[k] for k in gone if k in hooks}}
-            order = [k for k in hooks if k in merged] + [k for k in now if k not in hooks]
-            now.clear()
-            now.update((k, merged[k]) for k in order)
-
-
-def _lazy_init(hook: Any) -> bool:
-    """Whether ``hook`` is a lazy module's initialization, which its first run removes for good
-    (the parameters it made stay)."""
-    return getattr(hook, "__func__", None) is LazyModuleMixin._infer_parameters
-
-
-def _registry(m: Any, name: str) -> dict:
-    """A module's registry ``name`` (``{}``: none, or a scripted module's, which is no dict)."""
-    registry = vars(m).get(name)
-    return registry if isinstance(registry, dict) else {}
-
-
-#: a module's registries of hooks (keyed by the hooks' ids) and their flags
-HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-HOOK_FLAGS = (
-    "_forward_hooks_with_kwargs",
-    "_forward_hooks_always_called",
-    "_forward_pre_hooks_with_kwargs",
-)
-#: torch's registries of global hooks (``register_module_forward_hook``'s), as a module's
-GLOBAL = types.SimpleNamespace(
-    **{n: getattr(torch.nn.modules.module, f"_global{n}", {}) for n in HOOKS + HOOK_FLAGS}
-)
-GLOBAL_VARS = (GLOBAL, vars(GLOBAL))
 
 
 class ExtraLoss:
@@ -199,7 +124,7 @@ class ExtraLoss:
             now()
 
     def _saved(self) -> Callable[[], None]:
-        return saved_state(self.owner, buffers=not self.in_model, skip=self.skip)
+        return saved_state(self.owner, not self.in_model, skip=self.skip, copy_large=False)
 
 
 def state_owner(loss_fn: Any) -> Any:
@@ -470,87 +395,6 @@ def learn(t: torch.Tensor, mode: bool, changed: bool) -> None:
 
 def _store(module: nn.Module, tensor: torch.Tensor) -> dict:
     return module._parameters if isinstance(tensor, nn.Parameter) else module._buffers
-
-
-#: modules and parameters registered anywhere so far (torch's global registration hooks): a
-#: model that has not changed since a path listed it costs no walk of its module tree to know
-_REGISTRATIONS = [0]
-#: new names registered on a watched module (one of a ModelState's, a loss's, a hidden one):
-#: their count, and ``(count, owner's id, registry, name, registered object's id)`` of the last
-_ADDED = [0]
-_LOG: collections.deque = collections.deque(maxlen=1024)
-_WATCHED: weakref.WeakSet = weakref.WeakSet()
-
-
-def _registered(registry: str, module: nn.Module, name: str, value: Any) -> None:
-    if registry != "_buffers":
-        _REGISTRATIONS[0] += 1
-    if module in _WATCHED and name not in vars(module).get(registry, {}):  # a new name
-        _ADDED[0] += 1
-        _LOG.append((_ADDED[0], id(module), registry, name, id(value)))
-
-
-def added_count() -> int:
-    """New names registered on the watched modules so far (:data:`_ADDED`)."""
-    return _ADDED[0]
-
-
-def watch(modules: Any) -> None:
-    """Log the new names registered on ``modules`` (:func:`_registered`)."""
-    _WATCHED.update(modules)
-
-
-def registrations() -> int:
-    """Modules and parameters registered anywhere so far."""
-    return _REGISTRATIONS[0]
-
-
-def registered_on(owners: dict[int, nn.Module], since: int) -> str | None:
-    """The first module or parameter registered on one of ``owners`` (by id) after the
-    ``since``-th new name (:func:`added_count`): ``Owner.name``; ``None``: none."""
-    made = (
-        f"{type(owners[owner]).__name__}.{name}"
-        for k, owner, registry, name, _ in list(_LOG)
-        if k > since and owner in owners and registry != "_buffers"
-    )
-    return next(made, None)
-
-
-register_module_buffer_registration_hook(functools.partial(_registered, "_buffers"))
-register_module_module_registration_hook(functools.partial(_registered, "_modules"))
-register_module_parameter_registration_hook(functools.partial(_registered, "_parameters"))
-
-
-class ModelState:
-    """The model's modules and parameters, listed once (anew when :meth:`stale`)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.modules, self.named = list(model.modules()), list(model.named_parameters())
-        self.params = [p for _, p in self.named]
-        self.owned = [(m, n, p) for m in self.modules for n, p in m._parameters.items()]
-        self.children = [(m, len(m._modules)) for m in self.modules]
-        self.ids = {id(m): m for m in self.modules}
-        watch(self.modules)
-        self._seen = _REGISTRATIONS[0]
-
-    def stale(self, model: nn.Module) -> bool:
-        """Whether the model's modules or parameters changed: others, renamed, removed or None (a
-        removal fires no registration hook: ``del model.blocks[1]`` leaves a module fewer)."""
-        if _REGISTRATIONS[0] == self._seen:
-            removed = any(len(m._modules) != k for m, k in self.children)
-            return removed or any(getattr(m, n, None) is not p for m, n, p in self.owned)
-        self._seen = _REGISTRATIONS[0]
-        modules = [id(m) for m in model.modules()] != [id(m) for m in self.modules]
-        named = [(n, id(p)) for n, p in model.named_parameters()]  # prune.remove renames one
-        return modules or named != [(n, id(p)) for n, p in self.named]
-
-    def trainable(self) -> dict[str, nn.Parameter]:
-        return {n: p for n, p in self.named if p.requires_grad}
-
-    def key(self) -> tuple:
-        """The trainable set and the modules' modes (a structure key)."""
-        trainable = tuple([p.requires_grad for p in self.params])
-        return trainable, tuple([m.training for m in self.modules])
 
 
 def cuda_devices(model: nn.Module) -> list[int]:
