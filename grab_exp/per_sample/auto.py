@@ -78,8 +78,7 @@ class AutoPerSample(PerSampleGradients):
                         raise self._refusal(self.method, error) from error
                     raise
                 torch.set_rng_state(rng)
-                self.chosen._found()  # the attributes, buffers and frozen weights it found
-                self.chosen.extra_loss.back()  # and the loss's
+                self.chosen._put_back()  # the model's and the loss's state it found
                 self._left.append(_reason(self.chosen.method, error))
                 old = self.chosen
                 self._next((RuntimeError, ValueError))  # none left to build: the old path stays

@@ -40,6 +40,7 @@ from grab_exp.per_sample.layout import (
 from grab_exp.per_sample.modules import (
     CHECKPOINT_REFUSAL,
     UnsupportedModelError,
+    compiled,
     first_line,
     random_modules,
 )
@@ -179,6 +180,14 @@ class FuncPerSample(PerSampleGradients):
         loss = loss_fn if compile_mode is not None else self.extra_loss  # vmap: extra calls
         grad_fn = _make_grad_fn(model, loss, chunk_size, randomness)
         self._grad_fn = grad_fn if compile_mode is None else compile_step(grad_fn, compile_mode)
+
+    def restructure(self) -> None:
+        super().restructure()
+        if wrapped := [n or "<root>" for n, m in self.model.named_modules() if compiled(m)]:
+            raise UnsupportedModelError(
+                f"{wrapped[0]} is a torch.compile'd module, which torch.func's vmap cannot run; "
+                "use method=loop (auto takes it), or compile the whole step (trainer.compile)"
+            )
 
     def check(self) -> None:
         if autocast_on():

@@ -23,7 +23,7 @@ from grab_exp.per_sample.check.schedule import CHECK_EVERY
 from grab_exp.per_sample.check.state import drew_since, generator_states, kept_state
 from grab_exp.per_sample.check.tolerance import OUTPUT_TOLERANCE
 from grab_exp.per_sample.layout import Call, Inputs, batch_size, call_model
-from grab_exp.per_sample.modules import UnsupportedModelError, draws_random, label
+from grab_exp.per_sample.modules import UnsupportedModelError, compiled, draws_random, label
 from grab_exp.per_sample.plan import Layers, Planner
 from grab_exp.per_sample.recording import (
     REINDEXED,
@@ -47,6 +47,12 @@ def check_supported(model: nn.Module, ties: bool = True) -> None:
             raise UnsupportedModelError(
                 f"{label(name, module)} is a torch.jit.script module, whose layers the hook "
                 "path cannot hook; use method=func (auto does)"
+            )
+        if compiled(module):
+            raise UnsupportedModelError(
+                f"{label(name, module)} is a torch.compile'd module, whose layers run inside a "
+                "compiled graph that the hook path's hooks cannot follow; use method=loop, or "
+                "compile the whole step (trainer.compile)"
             )
         if parametrize.is_parametrized(module):
             raise UnsupportedModelError(

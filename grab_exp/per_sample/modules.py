@@ -99,3 +99,8 @@ def draws_random(module: nn.Module) -> bool:
 def random_modules(module: nn.Module) -> list[str]:
     """Names of ``module``'s submodules (itself included) that :func:`draws_random`."""
     return [name for name, sub in module.named_modules() if draws_random(sub)]
+
+
+def compiled(module: nn.Module) -> bool:
+    """Whether ``module`` is ``torch.compile``'s wrapper of a module (``OptimizedModule``)."""
+    return type(module).__name__ == "OptimizedModule" and "_orig_mod" in module._modules

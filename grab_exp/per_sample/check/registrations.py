@@ -19,6 +19,7 @@ from torch.nn.modules.module import (
     register_module_module_registration_hook,
     register_module_parameter_registration_hook,
 )
+from torch.nn.utils import parametrize
 
 from grab_exp.per_sample.rules.base import OWN_IDS, is_ours
 
@@ -29,9 +30,16 @@ def take_added(attributes: list[tuple[Any, dict]], start: int) -> None:
     which every extra forward would advance; a head made by it, ``self.head = nn.Linear(...)``;
     registrations: those after the ``start``-th, :data:`_LOG`)."""
     owners = {id(m): m for m, _ in attributes}
-    for k, owner, registry, name, made in list(_LOG):
+    for k, owner, registry, name, made, none in list(_LOG):
         store = _registry(owners[owner], registry) if k > start and owner in owners else {}
-        if id(store.get(name)) == made:  # not one put back since (the snapshot's own)
+        if id(store.get(name)) != made:  # one put back since (the snapshot's own)
+            continue
+        if none:  # registered as None (register_buffer("step", None)), set by a forward
+            store[name] = None
+        elif registry == "_modules" and name == "parametrizations":  # its class and weight too
+            for tensor in list(store[name]):
+                parametrize.remove_parametrizations(owners[owner], tensor, False)
+        else:
             del store[name]
     for m, saved in attributes:
         for name in [name for name in vars(m) if name not in saved]:
@@ -47,6 +55,10 @@ def take_hooks(m: Any, start: int) -> None:
         for k in [k for k, hook in registered.items() if k >= start and not is_ours(hook)]:
             for other in registries:  # the hook's entries in every registry
                 other.pop(k, None)
+    for p in _registry(m, "_parameters").values():  # register_hook's, a post-accumulate one's
+        for registered in (getattr(p, n, None) for n in TENSOR_HOOKS):
+            for k in [k for k in registered or () if k >= start]:
+                del registered[k]
 
 
 def hooks_of(attributes: dict) -> dict[str, dict]:
@@ -79,6 +91,30 @@ def put_hooks_back(registered: list[tuple[Any, dict[str, dict]]]) -> None:
             now.update((k, merged[k]) for k in order)
 
 
+def tensor_hooks_of(attributes: list[tuple[Any, dict]]) -> list[tuple[torch.Tensor, dict]]:
+    """Copies of the hook registries of the modules' parameters (``register_hook``'s,
+    ``register_post_accumulate_grad_hook``'s) that hold any (none, the usual parameter's)."""
+    params = (p for _, a in attributes for p in (a.get("_parameters") or {}).values())
+    return [
+        (p, {n: dict(r) for n in TENSOR_HOOKS if (r := getattr(p, n, None))})
+        for p in params
+        if p is not None and (p._backward_hooks or p._post_accumulate_grad_hooks)
+    ]
+
+
+def put_tensor_hooks_back(registered: list[tuple[torch.Tensor, dict]]) -> None:
+    """Put back the parameters' hooks that a block took away or removed since
+    :func:`tensor_hooks_of` copied them (one the batch's own forward registered), in place."""
+    for p, saved in registered:
+        for n, hooks in saved.items():
+            now = getattr(p, n, None)
+            if now is not None and any(k not in now for k in hooks):
+                merged = {**now, **hooks}
+                order = [*hooks, *(k for k in now if k not in hooks)]
+                now.clear()
+                now.update((k, merged[k]) for k in order)
+
+
 def _lazy_init(hook: Any) -> bool:
     """Whether ``hook`` is a lazy module's initialization, which its first run removes for good
     (the parameters it made stay)."""
@@ -98,6 +134,8 @@ HOOK_FLAGS = (
     "_forward_hooks_always_called",
     "_forward_pre_hooks_with_kwargs",
 )
+#: a parameter's registries of hooks (keyed by the hooks' ids)
+TENSOR_HOOKS = ("_backward_hooks", "_post_accumulate_grad_hooks")
 #: torch's registries of global hooks (``register_module_forward_hook``'s), as a module's
 GLOBAL = types.SimpleNamespace(
     **{n: getattr(torch.nn.modules.module, f"_global{n}", {}) for n in HOOKS + HOOK_FLAGS}
@@ -109,7 +147,8 @@ GLOBAL_VARS = (GLOBAL, vars(GLOBAL))
 #: model that has not changed since a path listed it costs no walk of its module tree to know
 _REGISTRATIONS = [0]
 #: new names registered on a watched module (one of a ModelState's, a loss's, a hidden one):
-#: their count, and ``(count, owner's id, registry, name, registered object's id)`` of the last
+#: or set where it was None: their count, and ``(count, owner's id, registry, name, registered
+#: object's id, whether the name was registered as None)`` of the last ones
 _ADDED = [0]
 _LOG: collections.deque = collections.deque(maxlen=1024)
 _WATCHED: weakref.WeakSet = weakref.WeakSet()
@@ -118,9 +157,10 @@ _WATCHED: weakref.WeakSet = weakref.WeakSet()
 def _registered(registry: str, module: nn.Module, name: str, value: Any) -> None:
     if registry != "_buffers":
         _REGISTRATIONS[0] += 1
-    if module in _WATCHED and name not in vars(module).get(registry, {}):  # a new name
+    store = vars(module).get(registry, {})
+    if module in _WATCHED and value is not None and store.get(name) is None:  # new, or was None
         _ADDED[0] += 1
-        _LOG.append((_ADDED[0], id(module), registry, name, id(value)))
+        _LOG.append((_ADDED[0], id(module), registry, name, id(value), name in store))
 
 
 def added_count() -> int:
@@ -143,7 +183,7 @@ def registered_on(owners: dict[int, nn.Module], since: int) -> str | None:
     ``since``-th new name (:func:`added_count`): ``Owner.name``; ``None``: none."""
     made = (
         f"{type(owners[owner]).__name__}.{name}"
-        for k, owner, registry, name, _ in list(_LOG)
+        for k, owner, registry, name, *_ in list(_LOG)
         if k > since and owner in owners and registry != "_buffers"
     )
     return next(made, None)

@@ -22,8 +22,10 @@ from grab_exp.per_sample.check.registrations import (
     added_count,
     hooks_of,
     put_hooks_back,
+    put_tensor_hooks_back,
     take_added,
     take_hooks,
+    tensor_hooks_of,
     watch,
 )
 from grab_exp.per_sample.modules import UnsupportedModelError, draws_random
@@ -51,6 +53,7 @@ def saved_state(
     attributes = [(m, dict(vars(m))) for m in objects]
     start, hooks = added_count(), RemovableHandle.next_id  # what is registered next: later ones
     registered = [(m, r) for m, a in (*attributes, GLOBAL_VARS) if (r := hooks_of(a))]
+    tensor_hooks = tensor_hooks_of(attributes)
     contents = saved_contents(attributes, getattr(model, "training", True), copy_large)
     kept = saved_buffers(model, skip) if buffers and module else []
     hidden = []
@@ -70,6 +73,7 @@ def saved_state(
             for m in (*objects, GLOBAL):
                 take_hooks(m, hooks)
         put_hooks_back(registered)
+        put_tensor_hooks_back(tensor_hooks)
         for m, saved in attributes:
             vars(m).update((n, v) for n, v in saved.items() if modes or n != "training")
         try:
@@ -205,7 +209,16 @@ def saved_contents(attributes: list[tuple[Any, dict]], mode: bool, copy_large=Tr
         for n, v in saved.items():  # most of a module's attributes are nn.Module's own
             if n not in MODULE_OWN and isinstance(v, HOLDING) and _holds(v):
                 _walk(v, (m, n), (mode, True, copy_large), contents)
+            elif n not in MODULE_OWN and (hidden := _module_of(v)) is not None:
+                contents.hidden.append(hidden)  # set past registration, or a module's method
     return contents
+
+
+def _module_of(v: Any) -> nn.Module | None:
+    """``v`` where it is a module (set with ``object.__setattr__``, not registered), or the
+    module of a bound method (``self._teacher = teacher.forward``); else ``None``."""
+    owner = v.__self__ if isinstance(v, types.MethodType) else v
+    return owner if isinstance(owner, nn.Module) else None
 
 
 def _holds(v: Any) -> bool:
