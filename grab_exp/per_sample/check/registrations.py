@@ -94,12 +94,12 @@ def put_hooks_back(registered: list[tuple[Any, dict[str, dict]]]) -> None:
 def tensor_hooks_of(attributes: list[tuple[Any, dict]]) -> list[tuple[torch.Tensor, dict]]:
     """Copies of the hook registries of the modules' parameters (``register_hook``'s,
     ``register_post_accumulate_grad_hook``'s) that hold any (none, the usual parameter's)."""
-    params = (p for _, a in attributes for p in (a.get("_parameters") or {}).values())
-    return [
-        (p, {n: dict(r) for n in TENSOR_HOOKS if (r := getattr(p, n, None))})
-        for p in params
-        if p is not None and (p._backward_hooks or p._post_accumulate_grad_hooks)
-    ]
+    found = []
+    for _, a in attributes:
+        for p in (a.get("_parameters") or {}).values():
+            if p is not None and (p._backward_hooks or p._post_accumulate_grad_hooks):
+                found.append((p, {n: dict(r) for n in TENSOR_HOOKS if (r := getattr(p, n))}))
+    return found
 
 
 def put_tensor_hooks_back(registered: list[tuple[torch.Tensor, dict]]) -> None:

@@ -151,6 +151,7 @@ CONTAINERS = (list, dict, set, collections.deque)
 #: what an attribute must be for a snapshot to look inside (a tuple may hold a list)
 HOLDING = (*CONTAINERS, tuple, torch.Tensor)
 HOLDING_MODULES = (*HOLDING, nn.Module)  # and what a tuple may hold that is looked at
+LOOKED_AT = (*HOLDING_MODULES, types.MethodType)  # an attribute looked at
 #: tensor attributes up to this many elements are copied by every snapshot (a count, a running
 #: mean); a larger one (a position table kept unregistered) as a frozen parameter is
 COPIED_NUMEL = 1 << 16
@@ -207,9 +208,12 @@ def saved_contents(attributes: list[tuple[Any, dict]], mode: bool, copy_large=Tr
     contents = Contents(mode)
     for m, saved in attributes:
         for n, v in saved.items():  # most of a module's attributes are nn.Module's own
-            if n not in MODULE_OWN and isinstance(v, HOLDING) and _holds(v):
-                _walk(v, (m, n), (mode, True, copy_large), contents)
-            elif n not in MODULE_OWN and (hidden := _module_of(v)) is not None:
+            if n in MODULE_OWN or not isinstance(v, LOOKED_AT):
+                continue
+            if isinstance(v, HOLDING):
+                if _holds(v):
+                    _walk(v, (m, n), (mode, True, copy_large), contents)
+            elif (hidden := _module_of(v)) is not None:
                 contents.hidden.append(hidden)  # set past registration, or a module's method
     return contents
 
