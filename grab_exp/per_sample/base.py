@@ -134,7 +134,7 @@ class PerSampleGradients(ABC):
         self.check()
         if not any(p.requires_grad for p in self.state.params):  # all frozen (since the last call)
             raise UnsupportedModelError("the model has no trainable parameter (requires_grad=True)")
-        self._registered = added_count()
+        self._registered, self._versions = added_count(), [p._version for p in self.state.params]
         try:
             result = self._compute(x, y)
             self.refuse_registered()  # func's drawn path: param.grad from the rows
@@ -215,6 +215,7 @@ class PerSampleGradients(ABC):
         self.refuse_registered()  # before param.grad stays
         problem = None
         if self.checker.on:
+            self._refuse_stepped()
             rounding = partial(plain_rounding, self.model, self.extra_loss, *batch)
             scratch = self.checker.scratch(rows.width, rows.like)
             args = (self.model, self.method, scratch, sums, rounding)
@@ -227,6 +228,19 @@ class PerSampleGradients(ABC):
             raise UnsupportedModelError(problem)
         if full is not None:
             full(identity)
+
+    def _refuse_stepped(self) -> None:
+        """Refuse a parameter that its post-accumulate-grad hook changed during the call's
+        backward (an optimizer step fused into backward): the checks' forwards run on the
+        parameters the call found, which it cannot put back."""
+        pairs = zip(self.state.named, self._versions, strict=True)
+        stepped = [n for (n, p), v in pairs if p._version != v and p._post_accumulate_grad_hooks]
+        if stepped:
+            raise UnsupportedModelError(
+                f"{stepped[0]} was changed during the call's backward by its post-accumulate-grad "
+                "hook (an optimizer step fused into backward): the checks run the model on the "
+                "parameters the call found; step after the call, or check_every=0"
+            )
 
     def full_check(
         self, x: Inputs, y, out, layout, identity: Identity, rows=None, params=None
