@@ -150,7 +150,7 @@ _REGISTRATIONS = [0]
 #: or set where it was None: their count, and ``(count, owner's id, registry, name, registered
 #: object's id, whether the name was registered as None)`` of the last ones
 _ADDED = [0]
-_LOG: collections.deque = collections.deque(maxlen=1024)
+_LOG: collections.deque = collections.deque(maxlen=1024)  # a block registering more: its first
 _WATCHED: weakref.WeakSet = weakref.WeakSet()
 
 
@@ -171,11 +171,6 @@ def added_count() -> int:
 def watch(modules: Any) -> None:
     """Log the new names registered on ``modules`` (:func:`_registered`)."""
     _WATCHED.update(modules)
-
-
-def registrations() -> int:
-    """Modules and parameters registered anywhere so far."""
-    return _REGISTRATIONS[0]
 
 
 def registered_on(owners: dict[int, nn.Module], since: int) -> str | None:
