@@ -178,7 +178,8 @@ def _model_drawn_last(d: Draw, net: nn.Module, autocast: bool) -> None:
     ``neck:swapped`` (:class:`ChildOutput`, :class:`SwappedCall`) and ``head:zero`` (a head at
     zero: the examples' losses alike, where only gradients tell a weighting from a mean), then
     ``attr:log`` and ``attr:tensor_count`` (state changed in place: a list of features and a
-    tensor attribute, each a count the forward reads)."""
+    tensor attribute, each a count the forward reads), then ``attr:lazy_count`` (a count the first
+    forward creates, ``if not hasattr(self, "n")``)."""
     if d.chance("replay:buffers", 0.06):
         kind = d.pick("replay", ["counter", "spectral_norm"])
         net.neck.append(BufferedReplay(kind, d.generator(), net.head.weight.dtype))
@@ -198,6 +199,7 @@ def _model_drawn_last(d: Draw, net: nn.Module, autocast: bool) -> None:
         net.log = []
     if d.chance("attr:tensor_count", 0.05):
         net.count = torch.zeros((), dtype=dtype)
+    net.lazy_count = d.chance("attr:lazy_count", 0.05)
 
 
 def _layer_changes(draw: Draw, family: str, changes: list[list[Change]]) -> bool:

@@ -39,7 +39,8 @@ class Net(nn.Module):
         step: a schedule kept in a plain ``int`` attribute, advanced in training mode.
 
     Set after construction: ``log`` (a list the training forward appends its features to) and
-    ``count`` (a tensor attribute, not a buffer, that it advances in place), each read as a scale.
+    ``count`` (a tensor attribute, not a buffer, that it advances in place), each read as a scale;
+    ``lazy_count``: a count that the first training forward creates (``lazy_n``), read alike.
     """
 
     def __init__(self, stem, body, pool, neck, head, aux=False, store=False, **extra) -> None:
@@ -49,6 +50,7 @@ class Net(nn.Module):
         self.aux, self.store = aux, store
         self.whole, self.mix = extra.get("whole", False), extra.get("mix", False)
         self.swap, self.step = extra.get("swap", False), 0 if extra.get("step") else None
+        self.lazy_count = False
         if extra.get("running", False):
             self.register_buffer("running", torch.zeros(D, dtype=torch.float64))
         if extra.get("counter", False):
@@ -135,13 +137,9 @@ class Net(nn.Module):
                     e.mul_(0.5).add_(0.5 * p)
         return self.ema(h)
 
-    def state_effects(self, h):
-        """The stem's output after the swap, the counters and the mixup that are on."""
-        if self.swap and len(h) >= 6:
-            h = h[[0, 1, 2, 4, 3, *range(5, len(h))]]
-        if self.step is not None:
-            self.step += 1 if self.training else 0
-            h = h * (1 + 0.01 * self.step)
+    def attribute_counts(self, h):
+        """``h`` scaled by the counts kept in attributes that are on (a log's length, a tensor
+        count, a count the first training forward creates), each advanced in training mode."""
         if hasattr(self, "log"):
             if self.training:
                 self.log.append(h.detach())
@@ -150,6 +148,21 @@ class Net(nn.Module):
             if self.training:
                 self.count += 1
             h = h * (1 + 0.01 * self.count)
+        if self.lazy_count:  # made by the first training forward (if not hasattr: ...)
+            if self.training and not hasattr(self, "lazy_n"):
+                self.lazy_n = 0
+            self.lazy_n = getattr(self, "lazy_n", 0) + (1 if self.training else 0)
+            h = h * (1 + 0.01 * self.lazy_n)
+        return h
+
+    def state_effects(self, h):
+        """The stem's output after the swap, the counters and the mixup that are on."""
+        if self.swap and len(h) >= 6:
+            h = h[[0, 1, 2, 4, 3, *range(5, len(h))]]
+        if self.step is not None:
+            self.step += 1 if self.training else 0
+            h = h * (1 + 0.01 * self.step)
+        h = self.attribute_counts(h)
         if self.mix:
             h = 0.7 * h + 0.3 * h.flip(0)
         if hasattr(self, "steps"):

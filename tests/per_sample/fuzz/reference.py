@@ -83,6 +83,8 @@ def load(model: nn.Module, saved: tuple[dict[str, torch.Tensor], list, list]) ->
     """The buffers, frozen parameters and attributes as :func:`buffers` copied them."""
     tensors, attributes, values = saved
     for m, kept in attributes:
+        if "lazy_n" in vars(m) and "lazy_n" not in kept:  # made since (attr:lazy_count)
+            del vars(m)["lazy_n"]
         vars(m).update((n, v) for n, v in kept.items() if n != "training")
     for n, t in state(model).items():
         t.copy_(tensors[n])
