@@ -131,8 +131,9 @@ def vmap_failure(model: nn.Module, error: RuntimeError) -> str:
     if "checkpoint" in str(error).lower():
         return CHECKPOINT_REFUSAL
     cause = first_line(error)
-    hooked = [n or "<root>" for n, m in model.named_modules() if m._backward_hooks]
-    if hooked and "setup_context" in cause:  # torch's BackwardHookFunction has none
+    setup = "setup_context" in cause  # torch's BackwardHookFunction has none
+    hooked = [n or "<root>" for n, m in model.named_modules() if m._backward_hooks] if setup else []
+    if hooked:
         return (
             f"{hooked[0]} has a full backward hook (register_full_backward_hook), whose "
             f"autograd.Function torch.func's vmap cannot run ({cause}); use method=hooks or loop"

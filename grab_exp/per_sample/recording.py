@@ -17,7 +17,7 @@ from grab_exp.per_sample.check.tolerance import autocast_on
 from grab_exp.per_sample.layout import Call, expand_over_batch, moved
 from grab_exp.per_sample.modules import CHECKPOINT_REFUSAL, UnsupportedModelError
 from grab_exp.per_sample.plan import Layers
-from grab_exp.per_sample.rules.base import OURS, OWN_IDS, is_ours
+from grab_exp.per_sample.rules.base import OWN_IDS
 
 
 class Recorder:
@@ -57,8 +57,6 @@ class Recorder:
         """Hook ``layer`` (``replayed``: a fallback's, whose replay reads its inputs)."""
         forward, pre = self._forward_hook(name, replayed), self._pre_hook(name, replayed)
         entry = self._entry_hook(name)
-        for own in (forward, pre, entry):
-            setattr(own, OURS, True)
         handles = [
             layer.register_forward_hook(forward, with_kwargs=True),
             layer.register_forward_pre_hook(pre, with_kwargs=True),
@@ -219,7 +217,7 @@ class Recorder:
             )
         for name, layer in self.layers.modules.items():
             hooks = layer._forward_hooks  # one: the path's own (the usual case, read at once)
-            if len(hooks) > 1 and any(not is_ours(h) for h in hooks.values()):
+            if len(hooks) > 1 and not hooks.keys() <= OWN_IDS:
                 raise UnsupportedModelError(
                     f"{self.layers.label(name)}: a forward hook of its own can change its output, "
                     "which the hook path cannot follow; use method=func (auto does)"
@@ -227,8 +225,8 @@ class Recorder:
             pre = layer._forward_pre_hooks  # replayed: the entry hook first, the path's own last
             if name in self.layers.fallbacks and (last := self.layers.handles[name][1].id) in pre:
                 pre.move_to_end(last)  # a user's pre-hook registered since runs before it
-            first = next(iter(pre.values()), None)
-            if name in self.layers.fallbacks and not is_ours(first):
+            first = next(iter(pre), None)  # its id
+            if name in self.layers.fallbacks and first not in OWN_IDS:
                 raise UnsupportedModelError(
                     f"{self.layers.label(name)}: a forward pre-hook registered ahead of the hook "
                     "path's own (prepend=True), which the per-layer replay of the layer would run "

@@ -21,7 +21,7 @@ from torch.nn.modules.module import (
 )
 from torch.nn.utils import parametrize
 
-from grab_exp.per_sample.rules.base import OWN_IDS, is_ours
+from grab_exp.per_sample.rules.base import OWN_IDS
 
 
 def take_added(attributes: list[tuple[Any, dict]], start: int) -> None:
@@ -52,7 +52,7 @@ def take_hooks(m: Any, start: int) -> None:
     goes with the hooks it installed, and the next forward sets both again."""
     registries = [_registry(m, n) for n in HOOKS + HOOK_FLAGS]
     for registered in registries[: len(HOOKS)]:
-        for k in [k for k, hook in registered.items() if k >= start and not is_ours(hook)]:
+        for k in [k for k in registered if k >= start and k not in OWN_IDS]:
             for other in registries:  # the hook's entries in every registry
                 other.pop(k, None)
     for p in _registry(m, "_parameters").values():  # register_hook's, a post-accumulate one's
@@ -81,14 +81,10 @@ def put_hooks_back(registered: list[tuple[Any, dict[str, dict]]]) -> None:
             k
             for n in HOOKS
             for k, hook in saved.get(n, {}).items()
-            if k not in _registry(m, n) and not is_ours(hook) and not _lazy_init(hook)
+            if k not in _registry(m, n) and k not in OWN_IDS and not _lazy_init(hook)
         }
         for n, hooks in saved.items() if gone else ():
-            now = _registry(m, n)
-            merged = {**now, **{k: hooks[k] for k in gone if k in hooks}}
-            order = [k for k in hooks if k in merged] + [k for k in now if k not in hooks]
-            now.clear()
-            now.update((k, merged[k]) for k in order)
+            _reinsert(_registry(m, n), hooks, gone)
 
 
 def tensor_hooks_of(attributes: list[tuple[Any, dict]]) -> list[tuple[torch.Tensor, dict]]:
@@ -107,12 +103,17 @@ def put_tensor_hooks_back(registered: list[tuple[torch.Tensor, dict]]) -> None:
     :func:`tensor_hooks_of` copied them (one the batch's own forward registered), in place."""
     for p, saved in registered:
         for n, hooks in saved.items():
-            now = getattr(p, n, None)
-            if now is not None and any(k not in now for k in hooks):
-                merged = {**now, **hooks}
-                order = [*hooks, *(k for k in now if k not in hooks)]
-                now.clear()
-                now.update((k, merged[k]) for k in order)
+            if (now := getattr(p, n, None)) is not None and (gone := hooks.keys() - now.keys()):
+                _reinsert(now, hooks, gone)
+
+
+def _reinsert(now: dict, saved: dict, gone: set) -> None:
+    """The ``gone`` entries of the registry ``saved`` copied back into ``now``, each in its place
+    (``saved``'s order, then what ``now`` holds besides)."""
+    merged = {**now, **{k: saved[k] for k in gone if k in saved}}
+    order = [k for k in saved if k in merged] + [k for k in now if k not in saved]
+    now.clear()
+    now.update((k, merged[k]) for k in order)
 
 
 def _lazy_init(hook: Any) -> bool:

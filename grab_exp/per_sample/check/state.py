@@ -185,11 +185,7 @@ class Contents:
             changed = t._version != version
             if mode is not None:
                 learn(t, mode, changed or _written(t, saved))
-            if changed and saved is not None:
-                _copy_back(t, saved)
-            elif saved is not None:
-                _rewrite(t, saved)
-            elif changed:
+            if _restore(t, saved, changed):  # lost: no copy
                 learn(t, self.mode, True)
                 raise UnsupportedModelError(
                     f"{where}: the model's forward changed this tensor in place for the first "
@@ -366,11 +362,8 @@ def put_back(buffers: Buffers, mode: bool | None = None) -> None:
             t.data, changed = stamp[2], t._version != stamp[0]
         if mode is not None and isinstance(t, nn.Parameter) and not t.requires_grad:
             learn(t, mode, changed or _written(t, saved))
-        if changed and saved is not None:
-            _copy_back(t, saved)
-        elif saved is not None:
-            _rewrite(t, saved)
-        elif changed and not (isinstance(m, nn.Embedding) and m.max_norm is not None):
+        lost = _restore(t, saved, changed)
+        if lost and not (isinstance(m, nn.Embedding) and m.max_norm is not None):
             fix = (  # a frozen one is copied from now on, as every one a forward changed
                 "freeze it (requires_grad=False) or change it outside the forward"
                 if t.requires_grad
@@ -382,18 +375,22 @@ def put_back(buffers: Buffers, mode: bool | None = None) -> None:
             )
 
 
-def _copy_back(t: torch.Tensor, saved: torch.Tensor) -> None:
-    if t.shape != saved.shape:  # resized in place (an observer's scale, per channel now)
-        t.resize_(saved.shape)
-    t.copy_(saved)
-
-
-def _rewrite(t: torch.Tensor, saved: torch.Tensor) -> None:
-    """``t``'s values as ``saved``, its version as it is: a change through ``.data`` in place
-    (``p.data.mul_(m)``, an EMA) leaves no version to tell it (outside ``torch.func``'s
-    transforms, where a write to a captured tensor raises and ``.data`` is refused)."""
-    if torch._C._functorch.maybe_current_level() is None:
+def _restore(t: torch.Tensor, saved: torch.Tensor | None, changed: bool) -> bool:
+    """``t`` as its copy ``saved``; whether the change is lost (``changed`` without a copy).
+    Changed (its version moved): copied back, resized where resized in place (an observer's
+    scale, per channel now); else written through ``.data``, its version as it is, since a
+    change through ``.data`` in place (``p.data.mul_(m)``, an EMA) leaves no version to tell it
+    (not inside ``torch.func``'s transforms, where a write to a captured tensor raises and
+    ``.data`` is refused)."""
+    if saved is None:
+        return changed
+    if changed:
+        if t.shape != saved.shape:
+            t.resize_(saved.shape)
+        t.copy_(saved)
+    elif torch._C._functorch.maybe_current_level() is None:
         t.data.copy_(saved)
+    return False
 
 
 def _written(t: torch.Tensor, saved: torch.Tensor | None) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 from torch import nn
@@ -75,12 +74,6 @@ def rule_for(module: nn.Module) -> LayerRule | None:
     return None
 
 
-#: the attribute that marks the hook path's own hooks on a module
-OURS = "_grab_exp_per_sample"
-#: the ids of the hook path's own hooks' handles (a registry holding these alone is left as is)
+#: the ids of the hook path's own hooks' handles on the modules (of any per-sample instance):
+#: the keys of a module's hook registries (a registry holding these alone is left as is)
 OWN_IDS: set[int] = set()
-
-
-def is_ours(hook: Any) -> bool:
-    """Whether ``hook`` is one of the hook path's own (of any per-sample instance)."""
-    return getattr(hook, OURS, False)
