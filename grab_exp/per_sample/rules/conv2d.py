@@ -82,6 +82,23 @@ def unfold_weight_grads(
     return weight.view(*g.shape[:2], *layer.weight.shape[1:])
 
 
+class PlainInputGrad(torch.autograd.Function):
+    """The identity, whose backward gives the gradient in the memory format of its input, as a
+    plain convolution's input gradient is: a channels-last one (of :func:`one_image`) reaching
+    the layers before made their backward wrong (torch's CPU ``instance_norm``, a user's
+    ``grad.view(-1)``; adversarial round 36)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+        ctx.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous(memory_format=ctx.memory_format)
+
+
 def copy_weight(layer: nn.Conv2d, keep: Callable[[torch.Tensor], None]) -> Callable | None:
     """On the CPU, a narrow layer (LeNet's) runs as one convolution grouped by example over its
     weight copied per example (``keep``'s ``(B * O, C, kh, kw)``), whose weight gradient in the
@@ -97,6 +114,7 @@ def copy_weight(layer: nn.Conv2d, keep: Callable[[torch.Tensor], None]) -> Calla
         batch, out_channels = x.shape[0], weight.shape[0]  # x (B, C, H, W)
         weights = weight.expand(batch, *weight.shape).reshape(-1, *weight.shape[1:])
         keep(weights)  # (B * O, C, kh, kw)
+        x = PlainInputGrad.apply(x) if x.requires_grad else x
         images = one_image(x, channels_last=True)  # (1, B * C, H, W)
         biases = None if bias is None else bias.expand(batch, -1).reshape(-1)  # (B * O,)
         out = F.conv2d(images, weights, biases, groups=batch, **_geometry(layer))

@@ -26,7 +26,9 @@ from .models import (
     VOCAB,
     BufferedReplay,
     ChildOutput,
+    ConvStem,
     MaskDropout,
+    NarrowConv,
     SwappedCall,
     add_state,
     build_net,
@@ -195,11 +197,19 @@ def _model_drawn_last(d: Draw, net: nn.Module, autocast: bool) -> None:
     if d.chance("head:zero", 0.05):  # every example's loss alike, as at the start of training
         for p in net.head.parameters():
             nn.init.zeros_(p)
+    _drawn_after(d, net, dtype)
+
+
+def _drawn_after(d: Draw, net: nn.Module, dtype: torch.dtype) -> None:
+    """:func:`_model_drawn_last`'s last features, in their order."""
     if d.chance("attr:log", 0.05):
         net.log = []
     if d.chance("attr:tensor_count", 0.05):
         net.count = torch.zeros((), dtype=dtype)
     net.lazy_count = d.chance("attr:lazy_count", 0.05)
+    image = isinstance(net.stem, ConvStem) and isinstance(net.stem.conv, nn.Conv2d)
+    if image and d.chance("conv:narrow", 0.3):  # drawn last too: a narrow convolution after a layer
+        net.body.append(NarrowConv(d.pick("narrow:pre", NARROW_PRE), d.generator(), dtype))
 
 
 def _layer_changes(draw: Draw, family: str, changes: list[list[Change]]) -> bool:
@@ -212,6 +222,9 @@ def _layer_changes(draw: Draw, family: str, changes: list[list[Change]]) -> bool
             changes[draw.int(1, len(changes) - 1)].append(change(kind, 0))
     return own_conv
 
+
+#: what ``conv:narrow`` puts before its narrow convolution
+NARROW_PRE = ["instance_norm", "flat_grad", "tanh"]
 
 #: ``emb:wide``'s vocabulary: an embedding with more rows than the ids use, ``T² <= V`` for
 #: every length drawn (3-7), so that the factored path keeps its rows compact (``EmbeddingRows``)

@@ -370,6 +370,49 @@ class BufferedReplay(nn.Module):
         return torch.tanh(self.inner(h))
 
 
+class NarrowConv(nn.Module):
+    """``conv:narrow``: a body block whose second convolution has 4 input channels (the hook
+    path's weight copies, CPU layers under 8), after ``pre``: ``instance_norm`` (straight in:
+    its backward reads the convolution's input gradient), ``flat_grad`` (a ``tanh`` whose
+    backward reads that gradient as ``grad.view(-1)``) or ``tanh``."""
+
+    def __init__(self, pre: str, g: torch.Generator, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.down = drawn(nn.Conv2d(D, 4, 1, dtype=dtype), g)
+        self.norm = (
+            nn.InstanceNorm2d(4, affine=True, dtype=dtype) if pre == "instance_norm" else None
+        )
+        self.up = drawn(nn.Conv2d(4, D, 3, padding=1, dtype=dtype), g)
+        self.pre = pre
+
+    def forward(self, h, ctx):
+        h = self.down(h)
+        if self.norm is not None:
+            h = self.norm(h)
+        else:
+            h = FlatTanh.apply(h) if self.pre == "flat_grad" else torch.tanh(h)
+        return torch.tanh(self.up(h))
+
+
+class FlatTanh(torch.autograd.Function):
+    """``tanh``, whose backward reads the incoming gradient as a flat view (``grad.view(-1)``)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x):
+        return torch.tanh(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (out,) = ctx.saved_tensors
+        return (grad.view(-1) * (1 - out.square()).view(-1)).view(out.shape)
+
+
 class ChildOutput(nn.Module):
     """``neck:child_output``: a block with a parameter of its own (replayed per example on the
     hook path) that returns its child Linear's output as it is (torchvision's ViT does so)."""

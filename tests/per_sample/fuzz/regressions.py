@@ -238,12 +238,23 @@ MINIMAL: dict[str, tuple[int, tuple[str, ...]]] = {
             "sched:tie_after",
         ),
     ),
+    # wrong with the checks off (at 0891b69; adversarial round 36, then drawn by the fuzzer): a
+    # narrow convolution's weight copies gave the layer before a channels-last input gradient,
+    # which CPU instance_norm's backward reads wrongly (rows and param.grad off by 2)
+    "narrow_conv_after_instance_norm_unchecked": (
+        0,
+        ("family:img", "conv:narrow", "check:off", "method:hooks"),
+    ),
+    "narrow_conv_after_instance_norm_unchecked_auto": (
+        0,
+        ("family:img", "conv:narrow", "check:off"),
+    ),
 }
 
 
 #: features drawn after the OPEN cases were found, off for them (their other draws unchanged)
 LATER_FEATURES = frozenset({"sched:sorted_checks", "bwd:coupled", "conv:own_forward"})
-LATER_FEATURES |= {"sched:padding_mode", "sched:reregister", "sched:bias_none"}
+LATER_FEATURES |= {"sched:padding_mode", "sched:reregister", "sched:bias_none", "conv:narrow"}
 #: seeds the fuzzer found wrong that are not mended, and what is wrong, run as expected
 #: failures: none now (2055, 2592, 4479 and 5722 of seeds 2000-5999 were the harness's, see
 #: "scripted_first_run_autocast" and "autocast_loop_rows_mean" above)
