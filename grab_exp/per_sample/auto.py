@@ -15,7 +15,7 @@ import torch
 
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.base import PerSampleGradients, one_line
-from grab_exp.per_sample.layout import Inputs, check_batch
+from grab_exp.per_sample.layout import Inputs, batch_size, check_batch, listed_values
 from grab_exp.per_sample.modules import (
     LossContractError,
     ModuleSettingError,
@@ -38,6 +38,7 @@ class AutoPerSample(PerSampleGradients):
 
     def __init__(self, paths: Sequence[Path], left: Sequence[str] = ()) -> None:
         self._paths, self._left, self._warned = list(paths), list(left), False
+        self._hint = ""  # a call's listed_values, said once after every path's reason
         self._next(UnsupportedModelError)  # the first path's other errors are raised as they are
         self.model, self.loss_fn = self.chosen.model, self.chosen.loss_fn
 
@@ -58,6 +59,8 @@ class AutoPerSample(PerSampleGradients):
 
     def __call__(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         check_batch(x, y)  # the same for every path: refused at once
+        listed = listed_values(x, batch_size(x))
+        self._hint = f" ({listed})" if listed else ""
         while True:
             rng = torch.get_rng_state()  # the masks a failed call drew: the next path draws again
             try:
@@ -79,7 +82,7 @@ class AutoPerSample(PerSampleGradients):
                     raise
                 torch.set_rng_state(rng)
                 self.chosen._put_back()  # the model's and the loss's state it found
-                self._left.append(_reason(self.chosen.method, error))
+                self._left.append(self._reason(self.chosen.method, error))
                 old = self.chosen
                 self._next((RuntimeError, ValueError))  # none left to build: the old path stays
                 getattr(old, "remove", lambda: None)()  # its hooks, once another path took over
@@ -96,10 +99,17 @@ class AutoPerSample(PerSampleGradients):
             except refused as error:
                 if not self._paths:
                     raise self._refusal(method, error) from error
-                self._left.append(_reason(method, error))
+                self._left.append(self._reason(method, error))
+
+    def _reason(self, method: str, error: BaseException) -> str:
+        return (
+            _reason(method, error).replace(self._hint, "") if self._hint else _reason(method, error)
+        )
 
     def _refusal(self, method: str, error: BaseException) -> UnsupportedModelError:
-        return UnsupportedModelError(" | ".join([*self._left, _reason(method, error)]))
+        reasons = " | ".join([*self._left, self._reason(method, error)])
+        hint = self._hint if self._hint and self._hint in one_line(error) else ""
+        return UnsupportedModelError(reasons + hint)
 
     def state_bytes(self) -> int:
         return self.chosen.state_bytes()

@@ -21,13 +21,14 @@ from grab_exp.per_sample.check.resampled import resampled_problem, resampled_val
 from grab_exp.per_sample.check.rounding import alone_rounding, plain_rounding
 from grab_exp.per_sample.check.schedule import CHECK_EVERY, Check
 from grab_exp.per_sample.check.state import ExtraLoss, kept_state, saved_state
-from grab_exp.per_sample.layout import Inputs, batch_size, call_model, check_batch
+from grab_exp.per_sample.layout import Inputs, batch_size, call_model, check_batch, listed_values
 from grab_exp.per_sample.modules import (
     WATCHED,
     LossContractError,
     ModuleSettingError,
     UnsupportedModelError,
     UserCodeError,
+    advice,
     draws_random,
     first_line,
     module_problem,
@@ -149,7 +150,9 @@ class PerSampleGradients(ABC):
             self._put_back()
             if own is not None:
                 raise own from error
-            raise UnsupportedModelError(f"method={self.method}: {one_line(error)}") from error
+            listed = listed_values(x, batch_size(x))  # a likelier cause than torch's message
+            hint = f" ({listed})" if listed else ""
+            raise UnsupportedModelError(f"method={self.method}: {one_line(error)}{hint}") from error
         return result
 
     def refuse_registered(self, error: Exception | None = None) -> None:

@@ -131,6 +131,21 @@ def check_batch(x: Inputs, y: Any) -> None:
         raise ValueError("per-sample gradients under torch.inference_mode(): call outside it")
 
 
+def listed_values(x: Inputs, batch: int) -> str | None:
+    """Where a failing call's cause may be per-example values the methods cannot split: an input
+    (a dict's key, a tuple's position) that is a list or tuple of ``batch`` items (``B >= 2``),
+    passed whole to each example alone, as every method passes a value that is not a tensor."""
+    items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, tuple) else ()
+    for key, value in items:
+        if batch >= 2 and isinstance(value, list | tuple) and len(value) == batch:
+            return (
+                f"x[{key!r}] is a {type(value).__name__} of {batch} items, as many as the batch's "
+                "examples: every method splits tensors by example and passes other values whole "
+                "to each example alone; give per-example values as a tensor (ids, lengths)"
+            )
+    return None
+
+
 def _floating(t: Any) -> bool:
     return torch.is_tensor(t) and t.is_floating_point()
 

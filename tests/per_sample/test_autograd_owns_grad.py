@@ -379,6 +379,33 @@ def test_python_values_and_none_inside_dict_inputs(method: str) -> None:
                 torch.testing.assert_close(got[n][i], p.grad, msg=f"call {k + 1}: {n}")
 
 
+class Worded(nn.Module):
+    """A model that reads a per-example Python list from its dict inputs (the words' lengths)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lengths, self.head = nn.Embedding(8, 6), nn.Linear(6, 4)
+
+    def forward(self, x, words):
+        return self.head(x + self.lengths(torch.tensor([len(w) for w in words])))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_per_example_python_list_in_the_inputs_is_named(method: str) -> None:
+    """A list of as many items as the batch in a dict of inputs (round 35: words beside their
+    features) is passed whole to each example alone, where the model fails: every method's refusal
+    named torch's shape error only; it now names the list, once in ``auto``'s."""
+    model = built(Worded)
+    x, y = batch(5, seed=60)
+    psg = make_per_sample(model, F.cross_entropy, method=method)
+    words = ["a", "bb", "ccc", "dddd", "e"]
+    with pytest.raises(UnsupportedModelError) as caught:
+        psg({"x": x, "words": words}, y)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.count("x['words'] is a list of 5 items, as many as the batch's") == 1, message
+
+
 def test_a_scripted_submodule_goes_to_func_in_one_line_or_right() -> None:
     """A ``torch.jit.script`` submodule: ``auto`` crashed reading its ``forward`` ("'_CachedForward'
     object has no attribute '__getattr__'"), the hook path on ``get_parameter``. The hook path now
