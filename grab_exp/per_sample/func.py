@@ -266,6 +266,7 @@ class FuncPerSample(PerSampleGradients):
 
     def _output_layout(self, key: tuple, x: Inputs) -> OutputLayout:
         if self._layout_key != key:
+            found = {n for n, _ in self.model.named_buffers()}
             with kept_state(self.model) as changed, torch.no_grad():
                 two, three = (call_model(self.model, take(x, [0] * k)) for k in (2, 3))
                 updated = changed()
@@ -273,10 +274,16 @@ class FuncPerSample(PerSampleGradients):
             if updated:
                 kind = "buffer" if updated[0] in buffers else "parameter"
                 hooks = not any(map(parametrize.is_parametrized, self.model.modules()))
+                how = (
+                    "sets it (registered as None, or in forward; run one plain forward before "
+                    "make_per_sample)"
+                    if kind == "buffer" and updated[0] not in found
+                    else "changes it in place (running statistics, a counter, a momentum "
+                    "encoder, spectral_norm's vector)"
+                )
                 raise UnsupportedModelError(
-                    f"{kind} {updated[0]}: the model's forward changes it in place (running "
-                    "statistics, a counter, a momentum encoder, spectral_norm's vector), and "
-                    "torch.func's functional call cannot carry the change out; use method="
+                    f"{kind} {updated[0]}: the model's forward {how}, and torch.func's functional "
+                    "call cannot carry the change out; use method="
                     f"{'hooks or loop (auto takes them)' if hooks else 'loop (auto takes it)'}"
                 )
             self._layout, self._layout_key = OutputLayout.probed(two, three), key

@@ -240,6 +240,41 @@ def test_a_forward_that_changes_frozen_weights_or_buffers_runs_once_a_call(metho
     assert method != "auto" or psg.method in ("hooks", "factored")  # no need to leave it
 
 
+class SetOnce(nn.Module):
+    """A buffer registered as ``None`` and set by the first forward (a lazily made constant)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(5, 3)
+        self.register_buffer("scale", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.scale is None:
+            self.scale = torch.full((3,), 2.0, dtype=x.dtype)
+        return self.a(x) * self.scale
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_buffer_set_by_the_first_forward(method: str) -> None:
+    """``func`` refused it as a forward that "changes it in place" (round 34's Left): it now says
+    that the forward sets it and how to go on (one plain forward first, after which func is
+    right); the other methods leave it set, as a plain step does, with the rows right."""
+    torch.manual_seed(0)
+    model, g = SetOnce().double(), torch.Generator().manual_seed(2)
+    x, y = batch(4, g)
+    psg = make_per_sample(model, F.cross_entropy, method)
+    if method == "func":
+        with pytest.raises(UnsupportedModelError, match=r"^buffer scale: the model's forward sets"):
+            psg(x, y)
+        model(x)  # the plain forward the refusal asks for
+    twin = copy.deepcopy(model)  # the reference's, its buffer set by its own first forward
+    _, grads = psg(x, y)
+    alone = [gradient(twin, x[i : i + 1], y[i : i + 1]) for i in range(len(y))]
+    for n, rows in grads.as_dict().items():
+        torch.testing.assert_close(rows, torch.stack([a[n] for a in alone]), msg=n)
+    assert torch.equal(model.scale, torch.full((3,), 2.0, dtype=torch.float64))
+
+
 class TrainableDecay(nn.Module):
     """Shrinks a trainable weight in place inside the forward (no example can see the weight
     the call found once another's forward ran)."""
