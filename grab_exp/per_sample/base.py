@@ -78,13 +78,19 @@ def user_code_error(
 
 def _plain_backward(model: nn.Module, loss: torch.Tensor) -> None:
     """``loss.backward()`` (not ``autograd.grad``: a reentrant checkpoint refuses it), with every
-    ``param.grad`` as it was afterwards."""
+    ``param.grad`` as it was afterwards and no post-accumulate-grad hook run (an optimizer step
+    fused into backward would move the parameters, which nothing puts back)."""
     grads = [(p, p.grad) for p in model.parameters()]
+    hooks = [(h, dict(h)) for p, _ in grads if (h := p._post_accumulate_grad_hooks)]
     for p, _ in grads:
         p.grad = None
+    for h, _ in hooks:
+        h.clear()
     try:
         loss.backward()
     finally:
+        for h, kept in hooks:
+            h.update(kept)
         for p, g in grads:
             p.grad = g
 

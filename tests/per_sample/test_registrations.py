@@ -14,6 +14,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from grab_exp.per_sample import UnsupportedModelError, make_per_sample
+from grab_exp.per_sample.base import user_code_error
 
 METHODS = ["auto", "hooks", "factored", "func", "loop"]
 SIZES = [3, 5, 1, 4, 3, 2]
@@ -228,3 +229,21 @@ def test_an_optimizer_step_in_backward_is_named_with_the_check_and_right_without
     F.cross_entropy(twin(x), y).backward()
     for p, q in zip(model.parameters(), twin.parameters(), strict=True):
         torch.testing.assert_close(p, q)
+
+
+def test_the_plain_step_that_tells_a_user_error_runs_no_optimizer_step_in_backward() -> None:
+    """When a method fails with an error raised outside the user's files, a plain forward and
+    backward tells whether the user's code fails alike (:func:`~.base.user_code_error`); that
+    backward ran the post-accumulate-grad hooks, so an optimizer fused into backward stepped the
+    parameters, which nothing put back (and auto's next path stepped them again)."""
+    model = stepping_in_backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = batches()[1]
+    error = RuntimeError("a failure inside a method, not in a file of the user's")
+    assert user_code_error(model, F.cross_entropy, x, y, error) is None  # the plain step runs
+    for p, q in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p, q)
+        assert p.grad is None
+        assert len(p._post_accumulate_grad_hooks) == 1  # the user's hook stays
+    F.cross_entropy(model(x), y).backward()  # and still steps a plain step
+    assert not torch.equal(next(model.parameters()), before[0])
