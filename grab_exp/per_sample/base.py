@@ -274,7 +274,7 @@ class PerSampleGradients(ABC):
             # the identity on the batch's graph first: a forward below may change in place what
             # it saved (a momentum encoder's frozen weights); its backward's state (a backward
             # hook's count, a kept gradient) put back too; named after the checks naming a cause
-            identified = identity(losses, checker.weights(batch, losses)) if compared else None
+            identified = self._identified(identity, losses, checker) if compared else None
             quiet.enter_context(self.quiet())
             # each extra forward on the attributes the call found (_found() returns None)
             forward = lambda inputs: self._found() or call_model(self.model, inputs)  # noqa: E731
@@ -293,6 +293,20 @@ class PerSampleGradients(ABC):
                 problem = alone_problem(forward, loss_fn, x, y, *args)
         if problem is not None:
             raise UnsupportedModelError(problem)
+
+    def _identified(self, identity: Callable, losses: torch.Tensor, checker: Check) -> str | None:
+        """``identity(losses, c)``: a backward through the batch's graph again (retained), which
+        a custom ``autograd.Function`` that frees what it saved cannot run: named as seen."""
+        try:
+            return identity(losses, checker.weights(len(losses), losses))
+        except UnsupportedModelError:
+            raise
+        except Exception as error:
+            raise UnsupportedModelError(
+                f"the check's second backward through the batch's graph raised {one_line(error)} "
+                "(a custom autograd.Function whose backward runs once?), with which the check "
+                f"compares the rows; {advice(self.method)}"
+            ) from error
 
     @abstractmethod
     def _compute(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:

@@ -84,3 +84,49 @@ def test_a_coupled_backward_is_refused_under_a_loss_that_is_not_finite(method: s
         psg(x, y)
     assert "\n" not in str(error.value)
     assert all(p.grad is None for p in model.parameters())
+
+
+class Once(torch.autograd.Function):
+    """Twice its input, whose backward frees what the forward kept (a second backward fails)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        ctx.kept = x.detach()
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        del ctx.kept
+        return grad * 2
+
+
+class Freeing(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 8), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(Once.apply(torch.tanh(self.a(x))))
+
+
+@pytest.mark.parametrize("method", ["hooks", "auto"])
+def test_a_function_whose_backward_runs_once_is_named_as_seen(method: str) -> None:
+    """The hook path's check runs a second backward through the batch's graph, which such a
+    function cannot: refused with AttributeError's line alone (no cause); now the refusal says
+    what failed; ``auto`` goes on to ``loop`` (func's vmap refuses a Function without
+    ``setup_context``), which is right."""
+    torch.manual_seed(0)
+    model = Freeing().double()
+    psg = make_per_sample(model, F.cross_entropy, method)
+    x, y = torch.randn(4, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 0])
+    if method == "hooks":
+        with pytest.raises(UnsupportedModelError, match=r"^the check's second backward through"):
+            psg(x, y)
+        return
+    with pytest.warns(UserWarning, match="second backward through the batch's graph raised"):
+        _, grads = psg(x, y)
+    for i in range(len(y)):
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(grads.as_dict()[n][i], p.grad, msg=n)
