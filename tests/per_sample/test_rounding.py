@@ -92,10 +92,10 @@ def reference_rows(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor) 
     return {n: torch.stack(r) for n, r in rows.items()}
 
 
-def assert_rows_close(grads, want: dict) -> None:
+def assert_rows_close(grads, want: dict, tolerance: float = 1e-5) -> None:
     for n, rows in want.items():
         got = grads.as_dict()[n].double()
-        assert float((got - rows).norm() / rows.norm()) < 1e-5, n
+        assert float((got - rows).norm() / rows.norm()) < tolerance, n
 
 
 @pytest.mark.parametrize("method", ["auto", "hooks", "factored", "func", "loop"])
@@ -189,7 +189,9 @@ def test_rows_scaled_per_example_where_the_batch_cancels_are_refused(method: str
     gradient is rounding), rows scaled per pair by a hook: a first version of the examples-alone
     allowance, twice the plain step's error relative to the batch's gradient, let them through
     25-170 % off (adversarial round 28); the allowance is now the examples' own rounding alone,
-    an absolute amount. Refused on every path."""
+    an absolute amount. Refused on the hook path; ``auto`` ends at ``loop``, which refuses
+    where the batch's rounding shows the hook (seen on Intel CPUs) or returns the examples' own rows
+    to float32's rounding of them alone (seen on AMD: 4.8e-5 from float64's), never scaled ones."""
     torch.manual_seed(0)
     scale = (1 + torch.randn(4).clamp(-1.5, 1.5)).repeat_interleave(2)
     scale[:2] = 1.0
@@ -204,9 +206,13 @@ def test_rows_scaled_per_example_where_the_batch_cancels_are_refused(method: str
         model.b.weight.copy_((v / v.norm() * 1000)[None].float())
         model.b.bias.copy_(-(torch.tanh(model.a(ones)) @ model.b.weight.T).mean() + 3e-7)
     want = reference_rows(model, F.mse_loss, x, y)
-    with pytest.raises(UnsupportedModelError):  # auto: loop names the hook on the activation
-        _, grads = make_per_sample(model, F.mse_loss, method, check_every=1)(x, y)
-        assert_rows_close(grads, want)  # were it returned
+    psg = make_per_sample(model, F.mse_loss, method, check_every=1)
+    try:
+        _, grads = psg(x, y)
+    except UnsupportedModelError:
+        return
+    assert psg.method == "loop", psg.method  # the hook path's scaled rows are never returned
+    assert_rows_close(grads, want, 1e-3)  # the scaled rows are 0.25-1.7 off
 
 
 def smoothed_fit() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
