@@ -15,7 +15,13 @@ from torch.nn.utils import parametrize
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.base import LossFn, PerSampleGradients
 from grab_exp.per_sample.check.examples import mismatch
-from grab_exp.per_sample.check.loss import OutputSplit, forwards_gap, loss_of, output_rounding
+from grab_exp.per_sample.check.loss import (
+    OutputSplit,
+    forwards_gap,
+    known_mean,
+    loss_of,
+    output_rounding,
+)
 from grab_exp.per_sample.check.mean import GradSnapshot
 from grab_exp.per_sample.check.resampled import counted_problem
 from grab_exp.per_sample.check.rounding import gradients
@@ -150,7 +156,8 @@ class HookedPerSample(PerSampleGradients):
             plan.reindexes |= reindexes(calls, out, batch)
         elif (k := self.checker.split(batch)) is not None:  # a full check reads every loss
             later = plan.output.unbatched(out)  # a value of the batch: parts forwarded, later
-            split = None if later else OutputSplit(self.extra_loss, out, y, plan.output, k)
+            known = later or known_mean(self.loss_fn, out, y, plan.output)  # nothing to find
+            split = None if known else OutputSplit(self.extra_loss, out, y, plan.output, k)
         params = self.state.trainable()  # read once per call: the rows' columns
         with GradSnapshot(params.values()) as snapshot:  # a refusal puts param.grad back
             recorder.backward(loss, calls, retain=due)  # loss.backward(): autograd's param.grad

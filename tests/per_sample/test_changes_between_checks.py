@@ -11,8 +11,12 @@ import torch
 from fuzz.reference import reference
 from torch import nn
 from torch.nn import functional as F
+from torch.utils._pytree import tree_flatten
 
+from grab_exp.losses import CrossEntropy, TokenCrossEntropy
 from grab_exp.per_sample import UnsupportedModelError, make_per_sample
+from grab_exp.per_sample.check.loss import known_mean
+from grab_exp.per_sample.layout import OutputLayout
 
 
 class FlagMix(nn.Module):
@@ -279,3 +283,66 @@ def test_a_loss_the_model_computes_is_never_returned_unchecked(method: str) -> N
             psg(x, labels)
         assert "\n" not in str(error.value)
         return
+
+
+class VocabFirst(TokenHead):
+    """The logits ``(B, V, T)``, as ``nn.CrossEntropyLoss`` takes a sequence's."""
+
+    def forward(self, ids, labels=None):
+        return super().forward(ids).transpose(1, 2)
+
+
+@pytest.mark.parametrize("loss", ["project", "module"])
+@pytest.mark.parametrize("method", ["hooks", "auto"])
+def test_a_known_mean_loss_is_split_where_its_targets_pad(method: str, loss: str) -> None:
+    """The split is skipped for a loss that is a mean by construction (check.loss.known_mean:
+    this project's TokenCrossEntropy, torch's losses at their defaults), which reads its targets
+    on every call: labels padded unevenly (-100) on call 3, between the full checks, with every
+    example's loss alike, are refused on that call, as with any other loss."""
+    torch.manual_seed(0)
+    model = TokenHead() if loss == "project" else VocabFirst()
+    loss_fn = TokenCrossEntropy() if loss == "project" else nn.CrossEntropyLoss()
+    psg = make_per_sample(model, loss_fn, method)
+    g = torch.Generator().manual_seed(0)
+    for call in range(1, 4):
+        ids = torch.randint(0, 7, (3, 6), generator=g)
+        labels = ids.roll(-1, 1)
+        model.zero_grad(set_to_none=True)
+        if call < 3:
+            psg(ids, labels)
+            continue
+        labels[0, 2:] = -100  # example 0: 2 labelled tokens, the others 6
+        with pytest.raises(ValueError, match="not the mean"):
+            psg(ids, labels)
+        assert all(p.grad is None for p in model.parameters())
+
+
+def test_which_losses_are_known_means() -> None:
+    """known_mean's table on the targets and settings that couple a batch or pair otherwise."""
+    out, labels = torch.randn(4, 3), torch.tensor([0, 2, 1, 0])
+    layout = OutputLayout((0,), tree_flatten(out)[1])
+    padded = torch.tensor([0, -100, 1, 0])
+    tokens, ids = torch.randn(4, 5, 3), torch.randint(0, 3, (4, 5))
+
+    def known(loss_fn, o=out, y=labels) -> bool:
+        return known_mean(loss_fn, o, y, layout)
+
+    assert known(F.cross_entropy) and known(nn.CrossEntropyLoss(label_smoothing=0.1))
+    assert known(CrossEntropy(0.1)) and known(TokenCrossEntropy(), tokens, ids)
+    assert known(F.cross_entropy, y=torch.softmax(torch.randn(4, 3), 1))  # class probabilities
+    assert known(F.mse_loss, y=torch.randn(4, 3)) and known(nn.MSELoss(), y=torch.randn(4, 3))
+    assert not known(F.cross_entropy, y=padded)  # -100: a mean over the labelled examples
+    assert not known(nn.CrossEntropyLoss(ignore_index=2))  # label 2 is ignored
+    assert not known(nn.CrossEntropyLoss(weight=torch.ones(3)))  # a weighted mean
+    assert not known(nn.CrossEntropyLoss(reduction="sum"))
+    assert not known(F.mse_loss, o=out[:, :1], y=torch.randn(4))  # broadcast to (4, 4): coupled
+    assert not known(TokenCrossEntropy(), tokens, ids.masked_fill(ids == 1, -100))
+    assert not known(lambda o, y: F.cross_entropy(o, y))  # a function of the user's: split
+
+    class Smoothed(nn.CrossEntropyLoss):  # a subclass: split
+        pass
+
+    hooked = nn.CrossEntropyLoss()
+    hooked.register_forward_hook(lambda m, i, o: o * 2)
+    assert not known(Smoothed()) and not known(hooked)
+    assert not known(F.cross_entropy, o={"logits": out})  # not one output tensor

@@ -6,8 +6,11 @@ import math
 from typing import Any
 
 import torch
+from torch import nn
+from torch.nn import functional as F
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from grab_exp import losses as project_losses
 from grab_exp.devices import host_reads_allowed
 from grab_exp.per_sample.check.rounding import ALLOWANCE, loss_rounding
 from grab_exp.per_sample.check.state import drew_since, generator_states, random_modules_off
@@ -50,6 +53,43 @@ def example_losses(loss_fn, out: Any, y: torch.Tensor, layout: OutputLayout) -> 
     """Each example's own loss ``(B,)``, ``loss_fn`` of its slice of ``out`` (in its graph)."""
     parts = (slice(i, i + 1) for i in range(batch_size(y)))
     return torch.stack([loss_fn(layout.narrow(out, p.start, 1), take(y, p)) for p in parts])
+
+
+def known_mean(loss_fn: Any, out: Any, y: Any, layout: OutputLayout) -> bool:
+    """Whether ``loss_fn`` is a cross-entropy or squared error of torch's or this project's
+    (:data:`MEAN_LOSSES`) that is the batch mean of per-example losses by construction on these
+    ``out`` and ``y``: one output tensor, its batch in dimension 0; the mean reduction, no class
+    weight, no hook; targets paired with the outputs element by element, none at its
+    ``ignore_index`` (read on the host, so never on CUDA). Such a loss's split has nothing to
+    find; a subclass of theirs, or any other loss, is split."""
+    kind = next((k for known, k in MEAN_LOSSES if loss_fn is known or type(loss_fn) is known), None)
+    if kind is None or not (torch.is_tensor(out) and torch.is_tensor(y)) or layout.dims != (0,):
+        return False
+    if isinstance(loss_fn, nn.Module) and (
+        (loss_fn.reduction, getattr(loss_fn, "weight", None)) != ("mean", None)
+        or loss_fn._forward_hooks
+        or loss_fn._forward_pre_hooks
+    ):
+        return False
+    if not host_reads_allowed(y.device) or out.dim() < 2 - (kind == "squared"):
+        return False
+    if kind == "squared" or y.is_floating_point():  # class probabilities: the outputs' shape
+        return out.shape == y.shape and kind != "tokens"
+    pairs = out.shape[:1] + out.shape[2:] if kind == "classes" else out.shape[:-1]
+    return y.shape == pairs and not bool((y == getattr(loss_fn, "ignore_index", -100)).any())
+
+
+#: :func:`known_mean`'s losses, a function or an exact type, and how their targets pair with the
+#: outputs: ``classes`` (``(B, C, ...)`` and ``(B, ...)``), ``tokens`` (``(B, T, V)``, flattened,
+#: and ``(B, T)``) or ``squared`` (alike shapes)
+MEAN_LOSSES: tuple[tuple[Any, str], ...] = (
+    (F.cross_entropy, "classes"),
+    (F.mse_loss, "squared"),
+    (nn.CrossEntropyLoss, "classes"),
+    (nn.MSELoss, "squared"),
+    (project_losses.CrossEntropy, "classes"),
+    (project_losses.TokenCrossEntropy, "tokens"),
+)
 
 
 class OutputSplit:
