@@ -114,6 +114,10 @@ class AutoPerSample(PerSampleGradients):
     def state_bytes(self) -> int:
         return self.chosen.state_bytes()
 
+    def remove(self) -> None:
+        """Remove the chosen path's hooks from the model (this object is unusable afterwards)."""
+        getattr(self.chosen, "remove", lambda: None)()
+
     def quiet(self):
         return self.chosen.quiet()
 

@@ -5,6 +5,7 @@ refuses, in one line naming the layer, what it cannot get right."""
 from __future__ import annotations
 
 import contextlib
+import weakref
 from functools import partial
 from typing import Any
 
@@ -106,9 +107,11 @@ class HookedPerSample(PerSampleGradients):
             self._build_layers()
 
     def _build_layers(self) -> None:
-        """Hook the layers (again when the trainable set or a forward changed); no probe kept."""
+        """Hook the layers (again when the trainable set or a forward changed); no probe kept.
+        The hooks go when this object does (an epoch's new ``make_per_sample`` stacked them)."""
         self.remove()
         self.registry = Layers()
+        weakref.finalize(self, self.registry.remove)
         self.recorder = Recorder(self.registry)
         self.planner = Planner(self.model, self.registry, self.recorder)
         buffer = self.grad_buffer if self.reuse_buffer else None

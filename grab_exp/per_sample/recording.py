@@ -20,6 +20,29 @@ from grab_exp.per_sample.plan import Layers
 from grab_exp.per_sample.rules.base import OWN_IDS
 
 
+class OwnHook:
+    """One of the hook path's hooks on ``layer``, idle on any other module (a shallow copy of the
+    model shares ``layer``'s hook registries) and copied or pickled as :class:`IdleHook` (a deep
+    copy of the model made after ``make_per_sample``, an EMA teacher, carries them: its calls were
+    recorded as ``layer``'s; ``torch.save(model)`` failed on the closures)."""
+
+    def __init__(self, fn: Any, layer: nn.Module) -> None:
+        self.fn, self.layer = fn, layer
+
+    def __call__(self, module: nn.Module, *args: Any) -> Any:
+        return self.fn(module, *args) if module is self.layer else None
+
+    def __reduce__(self) -> tuple:
+        return IdleHook, ()
+
+
+class IdleHook:
+    """A copied :class:`OwnHook`: does nothing."""
+
+    def __call__(self, *args: Any) -> None:
+        return None
+
+
 class Recorder:
     """The layers' hooks and, in ``mode`` ``record`` or ``probe`` (``idle``: any other forward),
     each layer's ``calls``; the ``expanded`` layers' inputs get ``batch``."""
@@ -55,8 +78,11 @@ class Recorder:
 
     def hook(self, name: str, layer: nn.Module, replayed: bool) -> list[Any]:
         """Hook ``layer`` (``replayed``: a fallback's, whose replay reads its inputs)."""
-        forward, pre = self._forward_hook(name, replayed), self._pre_hook(name, replayed)
-        entry = self._entry_hook(name)
+        forward = OwnHook(self._forward_hook(name, replayed), layer)
+        pre, entry = (
+            OwnHook(self._pre_hook(name, replayed), layer),
+            OwnHook(self._entry_hook(name), layer),
+        )
         handles = [
             layer.register_forward_hook(forward, with_kwargs=True),
             layer.register_forward_pre_hook(pre, with_kwargs=True),

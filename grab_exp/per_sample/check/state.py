@@ -356,7 +356,9 @@ def put_back(buffers: Buffers, mode: bool | None = None) -> None:
     learned). ``UnsupportedModelError``: a parameter without a copy changed (an EMA of a
     trainable weight in ``forward``; not an ``Embedding(max_norm=...)``'s idempotent renorm)."""
     for m, name, where, t, stamp, saved in buffers:
-        _store(m, t)[name] = t
+        holder = next((s for s in (m._parameters, m._buffers) if name in s), None)
+        if holder is None or holder[name] is not t:  # not written where it is (a script module's)
+            _store(m, t)[name] = t
         changed = _moved(t, stamp)
         if t.data_ptr() != stamp[1]:  # .data given other storage: the old one is as it was
             t.data, changed = stamp[2], t._version != stamp[0]

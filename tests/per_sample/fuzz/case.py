@@ -111,7 +111,7 @@ def draw_case(
     _one_token(draw, family, data)  # drawn last too
     check_every = _checks_off(draw, check_every)  # drawn last too
     data = _steps(draw, family, loss, data, changes)  # drawn last too
-    _deleted_block(draw, changes)  # drawn last too
+    _late_changes(draw, changes)  # drawn last too
     if autocast:  # float32 inputs
         data = [(tree_map(_single, x), tree_map(_single, y)) for x, y in data]
 
@@ -161,10 +161,14 @@ def _steps(draw: Draw, family: str, loss: str, data: list, changes: list[list[Ch
     return same_shape(draw, family, loss, data, STEPS)
 
 
-def _deleted_block(draw: Draw, changes: list[list[Change]]) -> None:
-    """``sched:del_block``: a block of the neck deleted before a call after the first."""
+def _late_changes(draw: Draw, changes: list[list[Change]]) -> None:
+    """``sched:del_block``: a block of the neck deleted before a call after the first; then
+    ``sched:copy_after``: a frozen deep copy of the model, made before a call (after
+    ``make_per_sample``), whose head the forward adds (``Net.copied``)."""
     if draw.chance("sched:del_block", 0.06):
         changes[draw.int(1, len(changes) - 1)].append(change("del_block", draw.rng.getrandbits(30)))
+    if draw.chance("sched:copy_after", 0.05):
+        changes[draw.int(0, len(changes) - 1)].append(change("copy_after", 0))
 
 
 def _checks_off(draw: Draw, check_every: int | None) -> int | None:

@@ -79,6 +79,9 @@ class Net(nn.Module):
         out = self.head(h)
         if hasattr(self, "ema"):
             out = out + 0.1 * self.momentum(h)
+        if copied := getattr(self, "copied", None):  # sched:copy_after's frozen copy's head
+            extra = copied[0].head(h)
+            out = out + 0.1 * extra if extra.shape == out.shape else out
         if not self.aux:
             return out
         return {"logits": out, "aux": (h.mean(0) ** 2).mean() if self.whole else (h**2).mean()}

@@ -17,6 +17,7 @@ model.neck[i]``: no registration hook fires, and the blocks after it are renamed
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import torch
@@ -118,6 +119,18 @@ def step(model: nn.Module, g: torch.Generator) -> None:
             p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype))
 
 
+def copy_after(model: nn.Module, g: torch.Generator) -> None:
+    """A frozen deep copy of the model, made after ``make_per_sample`` (an EMA teacher), whose
+    head the forward adds on its features (kept in a list: not a registered module)."""
+    values = [v for m in model.modules() for v in vars(m).values()]
+    values += [t for v in values if isinstance(v, list | tuple) for t in v]
+    kept = {id(v): None for v in values if torch.is_tensor(v) and not v.is_leaf}  # activations
+    copied = copy.deepcopy(model, kept)
+    for p in copied.parameters():  # a scripted block's copies are no leaves (its head's are)
+        p.requires_grad_(not p.is_leaf and p.requires_grad)
+    model.copied = [copied]
+
+
 _KIND = {
     "tie_after": tie_after,
     "param_hook": param_hook,
@@ -132,6 +145,7 @@ _KIND = {
     "padding_mode": padding_mode,
     "reregister": reregister,
     "bias_none": bias_none,
+    "copy_after": copy_after,
 }
 
 
