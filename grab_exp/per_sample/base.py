@@ -16,7 +16,12 @@ from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.check.examples import alone_problem, mixing_problem
 from grab_exp.per_sample.check.loss import example_losses, loss_of, loss_problem
 from grab_exp.per_sample.check.mean import GradSnapshot, rows_problem
-from grab_exp.per_sample.check.registrations import ModelState, added_count, registered_on
+from grab_exp.per_sample.check.registrations import (
+    ModelState,
+    added_count,
+    hooks_taken,
+    registered_on,
+)
 from grab_exp.per_sample.check.resampled import resampled_problem, resampled_values_problem
 from grab_exp.per_sample.check.rounding import alone_rounding, plain_rounding
 from grab_exp.per_sample.check.schedule import CHECK_EVERY, Check
@@ -81,16 +86,12 @@ def _plain_backward(model: nn.Module, loss: torch.Tensor) -> None:
     ``param.grad`` as it was afterwards and no post-accumulate-grad hook run (an optimizer step
     fused into backward would move the parameters, which nothing puts back)."""
     grads = [(p, p.grad) for p in model.parameters()]
-    hooks = [(h, dict(h)) for p, _ in grads if (h := p._post_accumulate_grad_hooks)]
     for p, _ in grads:
         p.grad = None
-    for h, _ in hooks:
-        h.clear()
     try:
-        loss.backward()
+        with hooks_taken(p._post_accumulate_grad_hooks for p, _ in grads):
+            loss.backward()
     finally:
-        for h, kept in hooks:
-            h.update(kept)
         for p, g in grads:
             p.grad = g
 

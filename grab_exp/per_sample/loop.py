@@ -12,7 +12,8 @@ from torch import nn
 from grab_exp.grads import BatchGrads, as_batch_grads
 from grab_exp.per_sample.base import PerSampleGradients
 from grab_exp.per_sample.check.loss import loss_of
-from grab_exp.per_sample.check.mean import GradSnapshot, dense, refuse_gradient_hooks
+from grab_exp.per_sample.check.mean import GradSnapshot, dense
+from grab_exp.per_sample.check.registrations import hooks_taken
 from grab_exp.per_sample.check.state import drew_since, generator_states, kept_state
 from grab_exp.per_sample.layout import Inputs, batch_size, call_model, take
 from grab_exp.per_sample.modules import UnsupportedModelError, label, random_modules
@@ -38,12 +39,6 @@ class LoopPerSample(PerSampleGradients):
 
     def _compute(self, x: Inputs, y) -> tuple[torch.Tensor, BatchGrads]:
         params = self.state.trainable()
-        refuse_gradient_hooks(
-            params,
-            "which method=loop would run on every example's gradient besides the batch's; "
-            "per-sample rows under a gradient hook are refused on every method: remove the hook "
-            "(mask the optimizer's update instead)",
-        )
         grads = as_batch_grads(self._rows(x, y, params, batch_size(x)))  # {name: (B, *shape)}
         with GradSnapshot(params.values()) as snapshot, torch.enable_grad():
             start = generator_states()
@@ -62,13 +57,16 @@ class LoopPerSample(PerSampleGradients):
 
     def _rows(self, x: Inputs, y, params: dict[str, nn.Parameter], batch: int):
         """``{name: (B, *shape)}``: example ``i``'s gradient of its own loss in row ``i``
-        (sparse gradients densified; zeros where the example does not reach a parameter)."""
+        (sparse gradients densified; zeros where the example does not reach a parameter), with
+        the parameters' gradient hooks taken away: they run in the batch's backward alone, as in
+        a plain step, where one that changes the gradient makes the rows' mean differ."""
         tensors, examples = list(params.values()), [()] * batch
         for i in range(batch):
             with kept_state(self.model), torch.enable_grad():  # buffers and RNG put back
                 loss = loss_of(self.extra_loss, call_model(self.model, take(x, [i])), take(y, [i]))
                 if loss.requires_grad:  # else no trainable parameter reached it
-                    examples[i] = torch.autograd.grad(loss, tensors, allow_unused=True)
+                    with hooks_taken(p._backward_hooks for p in tensors):
+                        examples[i] = torch.autograd.grad(loss, tensors, allow_unused=True)
         return {  # a lazy parameter has its shape once an example ran
             n: torch.stack([dense(grads[k] if grads else None, p) for grads in examples])
             for k, (n, p) in enumerate(params.items())

@@ -103,13 +103,12 @@ BUILDS = {
     "bound_forward": lambda: Unregistered(bound=True),
 }
 #: the call refused, by method and model: func's vmap cannot carry a buffer's change, or an
-#: in-place change of a captured tensor, out; loop refuses a gradient hook on a parameter, there
-#: from the second call
+#: in-place change of a captured tensor, out (loop refused a gradient hook on a parameter, there
+#: from the second call, until it took the examples' gradients with the hooks away)
 REFUSED = {
     ("func", "none_buffer"): 0,
     ("func", "unregistered"): 0,
     ("func", "bound_forward"): 0,
-    ("loop", "parameter_hooks"): 1,
 }
 
 
@@ -247,3 +246,32 @@ def test_the_plain_step_that_tells_a_user_error_runs_no_optimizer_step_in_backwa
         assert len(p._post_accumulate_grad_hooks) == 1  # the user's hook stays
     F.cross_entropy(model(x), y).backward()  # and still steps a plain step
     assert not torch.equal(next(model.parameters()), before[0])
+
+
+def test_loop_runs_a_parameters_gradient_hook_as_a_plain_step_does() -> None:
+    """``loop`` refused every gradient hook on a parameter, one that only reads the gradient too,
+    saying every method refuses it (the others take it): it now takes the examples' gradients
+    with the hooks away, so a hook runs once a call, as in a plain step; one that changes the
+    gradient is refused by the rows' mean, naming it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+    seen = []
+    for p in model.parameters():
+        p.register_hook(lambda g: seen.append(g.shape))
+    x, y = torch.randn(6, 4, dtype=torch.float64), torch.randint(0, 3, (6,))
+    psg = make_per_sample(model, F.cross_entropy, "loop")
+    for _ in range(2):
+        seen.clear()
+        model.zero_grad(set_to_none=True)
+        _, grads = psg(x, y)
+        assert len(seen) == 4  # a plain step's: once per parameter
+    names = [n for n, _ in model.named_parameters()]
+    for i in range(len(y)):  # each example's own gradient (the hooks run here: they only read)
+        loss = F.cross_entropy(model(x[i : i + 1]), y[i : i + 1])
+        for name, g in zip(names, torch.autograd.grad(loss, list(model.parameters())), strict=True):
+            torch.testing.assert_close(grads.as_dict()[name][i], g, msg=name)
+    model[2].weight.register_hook(lambda g: g * 0.5)
+    model.zero_grad(set_to_none=True)
+    with pytest.raises(UnsupportedModelError, match=r"2\.weight has a gradient hook"):
+        psg(x, y)
+    assert all(p.grad is None for p in model.parameters())

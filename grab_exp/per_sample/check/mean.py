@@ -152,8 +152,8 @@ def rows_problem(
     if max(each) <= limit:
         return None
     names, causes = list(params), {}  # a parameter off with a known cause first, else the worst
-    for i in [] if alone else [i for i, gap in enumerate(each) if gap > limit]:
-        if cause := known_cause(model, names[i], params[names[i]]):
+    for i in [i for i, gap in enumerate(each) if gap > limit]:
+        if cause := known_cause(model, names[i], params[names[i]], alone):
             causes[i] = cause
     gap, worst = max((gap, i) for i, gap in enumerate(each) if i in causes or not causes)
     name, cause = names[worst], causes.get(worst)
@@ -169,10 +169,18 @@ def rows_problem(
                 f" of it, which can account for this{f' (or: {cause})' if cause else ''}; clear "
                 "param.grad before the call (optimizer.zero_grad())"
             )
-    if alone:
-        rounding = "under torch.autocast each example alone rounds otherwise, or " * autocast_on()
-        return f"{found} (relative): {rounding}{NOT_A_MEAN}"
-    return f"{found} (relative){f'; {cause}' if cause else ''}; {advice(method)}"
+    return _refusal(found, cause, method)
+
+
+def _refusal(found: str, cause: str | None, method: str) -> str:
+    """:func:`rows_problem`'s refusal: what was ``found``, the known ``cause`` and the advice;
+    ``loop``'s rows are each example's own, off only for a gradient hook or a coupled batch."""
+    if method != "loop":
+        return f"{found} (relative){f'; {cause}' if cause else ''}; {advice(method)}"
+    if cause is not None:  # a gradient hook, which every method refuses
+        return f"{found} (relative); {cause}"
+    rounding = "under torch.autocast each example alone rounds otherwise, or " * autocast_on()
+    return f"{found} (relative): {rounding}{NOT_A_MEAN}"
 
 
 NOT_A_MEAN = (
@@ -183,13 +191,16 @@ NOT_A_MEAN = (
 )
 
 
-def known_cause(model: nn.Module, name: str, param: nn.Parameter) -> str | None:
-    """A cause the rows' mean cannot follow, where the parameter or its layer shows it."""
+def known_cause(model: nn.Module, name: str, param: nn.Parameter, alone: bool = False):
+    """A cause the rows' mean cannot follow, where the parameter or its layer shows it (``alone``:
+    rows of each example alone, ``loop``'s, which only a gradient hook leaves behind)."""
     if param._backward_hooks:
         return (
             f"{name} has a gradient hook (register_hook), which changes autograd's gradient but "
             "not the rows; per-sample rows under a gradient hook are refused on every method"
         )
+    if alone:
+        return None
     if "forward" in vars(model.get_submodule(name.rpartition(".")[0])):
         return "its forward was replaced on the instance (layer.forward = ...)"
     owners = [n for n, m in model.named_modules() if any(q is param for q in m.parameters(False))]

@@ -6,9 +6,11 @@ walk of its module tree on every call (:class:`ModelState`)."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import types
 import weakref
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -44,6 +46,20 @@ def take_added(attributes: list[tuple[Any, dict]], start: int) -> None:
     for m, saved in attributes:
         for name in [name for name in vars(m) if name not in saved]:
             delattr(m, name)
+
+
+@contextlib.contextmanager
+def hooks_taken(registries: Iterable[dict | None]) -> Iterator[None]:
+    """The hook ``registries`` (a tensor's ``_backward_hooks``, ``_post_accumulate_grad_hooks``)
+    empty in the block, their hooks back after (the same dicts: torch's hooks read them)."""
+    kept = [(r, dict(r)) for r in registries if r]
+    for registry, _ in kept:
+        registry.clear()
+    try:
+        yield
+    finally:
+        for registry, hooks in kept:
+            registry.update(hooks)
 
 
 def take_hooks(m: Any, start: int) -> None:
