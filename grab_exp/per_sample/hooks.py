@@ -35,7 +35,9 @@ from grab_exp.per_sample.plan import Layers, Planner
 from grab_exp.per_sample.recording import (
     REINDEXED,
     Recorder,
+    forward_replaced,
     operations,
+    refuse_foreign_hooks,
     refuse_whole_only,
     reindexes,
 )
@@ -134,9 +136,9 @@ class HookedPerSample(PerSampleGradients):
     @torch.enable_grad()
     def _compute(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         batch, modes = batch_size(x), self.state.key()
-        if self._trainable != modes[0] or self.recorder.forward_replaced():
+        if self._trainable != modes[0] or forward_replaced(self.registry):
             self._build_layers()  # a layer was frozen or unfrozen, or its forward replaced
-        self.recorder.refuse_foreign_hooks()
+        refuse_foreign_hooks(self.registry)
         shapes = self.planner.use_plan(x, modes)
         plan, recorder = self.planner.plan, self.recorder
         recorder.calls, recorder.batch = {}, batch

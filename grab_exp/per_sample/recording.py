@@ -234,37 +234,6 @@ class Recorder:
                     )
         return changed
 
-    def refuse_foreign_hooks(self) -> None:
-        """Refuse a global forward hook, or one of the user's on a hooked layer (every call)."""
-        if _global_forward_hooks:
-            raise UnsupportedModelError(
-                "a global forward hook (register_module_forward_hook) can change any layer's "
-                "output, which the hook path cannot follow; use method=func (auto does)"
-            )
-        for name, layer in self.layers.modules.items():
-            hooks = layer._forward_hooks  # one: the path's own (the usual case, read at once)
-            if len(hooks) > 1 and not hooks.keys() <= OWN_IDS:
-                raise UnsupportedModelError(
-                    f"{self.layers.label(name)}: a forward hook of its own can change its output, "
-                    "which the hook path cannot follow; use method=func (auto does)"
-                )
-            pre = layer._forward_pre_hooks  # replayed: the entry hook first, the path's own last
-            if name in self.layers.fallbacks and (last := self.layers.handles[name][1].id) in pre:
-                pre.move_to_end(last)  # a user's pre-hook registered since runs before it
-            first = next(iter(pre), None)  # its id
-            if name in self.layers.fallbacks and first not in OWN_IDS:
-                raise UnsupportedModelError(
-                    f"{self.layers.label(name)}: a forward pre-hook registered ahead of the hook "
-                    "path's own (prepend=True), which the per-layer replay of the layer would run "
-                    "again and whose changes the path does not see; use method=func (auto does)"
-                )
-
-    def forward_replaced(self) -> bool:
-        """Whether a rule layer's ``forward`` was set on the instance, or it left what its rule
-        supports (a ``padding_mode`` or ``_conv_forward`` set), since hooked: build them again."""
-        pairs = [(r, self.layers.modules[n]) for n, r in self.layers.rules.items()]
-        return any("forward" in vars(m) or not r.supports(m) for r, m in pairs)
-
     def refuse_direct_uses(self, loss: torch.Tensor, calls: dict[str, list[Call]]) -> None:
         """Refuse a parameter that ``loss`` reaches other than through its layer's calls (a walk
         of the graph stepping over every recorded call: a penalty weighted 0 is found)."""
@@ -304,6 +273,39 @@ class Recorder:
         finally:
             for handle in handles:
                 handle.remove()
+
+
+def refuse_foreign_hooks(layers: Layers) -> None:
+    """Refuse a global forward hook, or one of the user's on a hooked layer (every call)."""
+    if _global_forward_hooks:
+        raise UnsupportedModelError(
+            "a global forward hook (register_module_forward_hook) can change any layer's "
+            "output, which the hook path cannot follow; use method=func (auto does)"
+        )
+    for name, layer in layers.modules.items():
+        hooks = layer._forward_hooks  # one: the path's own (the usual case, read at once)
+        if len(hooks) > 1 and not hooks.keys() <= OWN_IDS:
+            raise UnsupportedModelError(
+                f"{layers.label(name)}: a forward hook of its own can change its output, "
+                "which the hook path cannot follow; use method=func (auto does)"
+            )
+        pre = layer._forward_pre_hooks  # replayed: the entry hook first, the path's own last
+        if name in layers.fallbacks and (last := layers.handles[name][1].id) in pre:
+            pre.move_to_end(last)  # a user's pre-hook registered since runs before it
+        first = next(iter(pre), None)  # its id
+        if name in layers.fallbacks and first not in OWN_IDS:
+            raise UnsupportedModelError(
+                f"{layers.label(name)}: a forward pre-hook registered ahead of the hook "
+                "path's own (prepend=True), which the per-layer replay of the layer would run "
+                "again and whose changes the path does not see; use method=func (auto does)"
+            )
+
+
+def forward_replaced(layers: Layers) -> bool:
+    """Whether a rule layer's ``forward`` was set on the instance, or it left what its rule
+    supports (a ``padding_mode`` or ``_conv_forward`` set), since hooked: build them again."""
+    pairs = [(r, layers.modules[n]) for n, r in layers.rules.items()]
+    return any("forward" in vars(m) or not r.supports(m) for r, m in pairs)
 
 
 @functools.cache
