@@ -10,8 +10,8 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from grab_exp import losses as project_losses
 from grab_exp.devices import host_reads_allowed
+from grab_exp.losses import CrossEntropy, TokenCrossEntropy
 from grab_exp.per_sample.check.rounding import ALLOWANCE, loss_rounding
 from grab_exp.per_sample.check.state import drew_since, generator_states, random_modules_off
 from grab_exp.per_sample.check.tolerance import LOSS_TOLERANCE, tolerance
@@ -87,8 +87,8 @@ MEAN_LOSSES: tuple[tuple[Any, str], ...] = (
     (F.mse_loss, "squared"),
     (nn.CrossEntropyLoss, "classes"),
     (nn.MSELoss, "squared"),
-    (project_losses.CrossEntropy, "classes"),
-    (project_losses.TokenCrossEntropy, "tokens"),
+    (CrossEntropy, "classes"),
+    (TokenCrossEntropy, "tokens"),
 )
 
 
