@@ -226,7 +226,9 @@ class PerSampleGradients(ABC):
         problem = None
         if self.checker.on:
             self._refuse_stepped()
-            rounding = partial(plain_rounding, self.model, self.extra_loss, *batch)
+            rounding = partial(
+                plain_rounding, self.model, self.extra_loss, *batch, found=self._found
+            )
             scratch = self.checker.scratch(rows.width, rows.like)
             args = (self.model, self.method, scratch, sums, rounding)
             problem = rows_problem(rows, params, snapshot, *args)
@@ -289,7 +291,7 @@ class PerSampleGradients(ABC):
                 problem = check(forward, loss_fn, x, y, *data, checker.checks)
             problem = problem or identified
             if identity is not None and problem is None and batch >= 2 and self.one_backward:
-                rounding = partial(alone_rounding, self.model, loss_fn, x, y)
+                rounding = partial(alone_rounding, self.model, loss_fn, x, y, found=self._found)
                 args = (rows, params, checker, self.method, rounding)
                 problem = alone_problem(forward, loss_fn, x, y, *args)
         if problem is not None:

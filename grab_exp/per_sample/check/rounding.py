@@ -8,8 +8,10 @@ batch of the call, against float64, or the check is judged again in float64
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -17,7 +19,7 @@ from torch import nn
 from torch.utils._pytree import tree_map, tree_unflatten
 
 from grab_exp.grads import BatchGrads
-from grab_exp.per_sample.check.state import cuda_devices
+from grab_exp.per_sample.check.state import cuda_devices, kept_state, saved_state
 from grab_exp.per_sample.check.tolerance import autocast_on
 from grab_exp.per_sample.layout import call_model, take
 from grab_exp.per_sample.modules import draws_random
@@ -32,22 +34,32 @@ ALLOWANCE = 2.0
 ALONE_ALLOWANCE = 16.0
 
 
-def plain_rounding(model: nn.Module, loss_fn, x: Any, y: Any, names: list[str]) -> list[float]:
+def plain_rounding(
+    model: nn.Module, loss_fn, x: Any, y: Any, names: list[str], found: Callable | None = None
+) -> list[float]:
     """Per parameter of ``names``, ``|g - g64| / |g64|``: a plain step's gradient on ``x, y`` in
-    the model's dtype against float64's, on a copy of the model (nothing of it stays; a copy is
-    smaller than the ``(B, d)`` rows); zeros where that cannot tell (:func:`_in_both`)."""
+    the model's dtype against float64's, on copies of the model as the call found it (``found()``
+    puts that state back; nothing of it stays; a copy is smaller than the ``(B, d)`` rows); zeros
+    where that cannot tell (:func:`_in_both`)."""
 
     def step(twin: nn.Module, x: Any, y: Any) -> list[torch.Tensor]:
         return _gradients(twin, names, loss_fn(call_model(twin, x), y))
 
-    pair = _in_both(model, names, x, y, step)
+    pair = _in_both(model, names, x, y, step, found)
     if pair is None:
         return [0.0] * len(names)
     return [_relative(g, h) for g, h in zip(*pair, strict=True)]
 
 
 def alone_rounding(
-    model: nn.Module, loss_fn, x: Any, y: Any, names: list[str], chosen: list[int], weights
+    model: nn.Module,
+    loss_fn,
+    x: Any,
+    y: Any,
+    names: list[str],
+    chosen: list[int],
+    weights,
+    found: Callable | None = None,
 ) -> list[float]:
     """Per parameter of ``names``, ``sum_i |c_i| |g_i - g64_i|`` over the ``chosen`` examples: each
     one's gradient alone in the model's dtype against float64's, weighted by ``weights (B,)``, on a
@@ -55,10 +67,11 @@ def alone_rounding(
     batch's gradient does); zeros where that cannot tell (:func:`_in_both`)."""
 
     def alone(twin: nn.Module, x: Any, y: Any) -> list[list[torch.Tensor]]:
-        losses = (loss_fn(call_model(twin, take(x, [i])), take(y, [i])) for i in chosen)
-        return [_gradients(twin, names, loss) for loss in losses]
+        copied = saved_state(twin)  # each example on the state the copy was made with
+        outs = ((copied() or call_model(twin, take(x, [i])), i) for i in chosen)
+        return [_gradients(twin, names, loss_fn(out, take(y, [i]))) for out, i in outs]
 
-    pair, totals = _in_both(model, names, x, y, alone), [0.0] * len(names)
+    pair, totals = _in_both(model, names, x, y, alone, found), [0.0] * len(names)
     if pair is None:
         return totals
     for i, own, exact in zip(chosen, *pair, strict=True):
@@ -67,17 +80,22 @@ def alone_rounding(
     return totals
 
 
-def _in_both(model: nn.Module, names: list[str], x: Any, y: Any, compute) -> tuple | None:
-    """``compute(twin, x, y)`` on a copy of ``model`` (:func:`_twin`), then on it in float64 with
-    ``x, y`` in float64, the generators forked; ``None`` where no copy is made or either raises
-    (the user's model or loss in float64: the check refuses as it would)."""
-    twin = _twin(model, names)
-    if twin is None:
+def _in_both(model: nn.Module, names: list[str], x: Any, y: Any, compute, found=None):
+    """``compute(twin, x, y)`` on a copy of ``model`` (:func:`_twin`), then on another in float64
+    with ``x, y`` in float64, both made with the state ``found()`` puts back (the call's: a count
+    the call's forward advanced switched a layer on in the copies), the generators forked;
+    ``None`` where no copy is made or either raises (the user's model or loss in float64: the
+    check refuses as it would)."""
+    with kept_state(model) if found is not None else contextlib.nullcontext():
+        if found is not None:
+            found()
+        twin, other = _twin(model, names), _twin(model, names)
+    if twin is None or other is None:
         return None
     try:
         with torch.random.fork_rng(devices=cuda_devices(model)), torch.enable_grad():
             low = compute(twin, x, y)
-            return low, compute(twin.double(), double(x), double(y))
+            return low, compute(other.double(), double(x), double(y))
     except Exception:
         return None
 
