@@ -11,6 +11,7 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
+from fuzz.models import FlatTanh
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -43,21 +44,6 @@ class Narrow(nn.Module):
                 extra = self.b(h)
             h = h + 0.1 * extra
         return self.head(h.mean((2, 3)))
-
-
-class FlatTanh(torch.autograd.Function):
-    """``tanh``, whose backward reads the incoming gradient as a flat view (``grad.view(-1)``)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        out = torch.tanh(x)
-        ctx.save_for_backward(out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        (out,) = ctx.saved_tensors
-        return (grad.view(-1) * (1 - out.square()).view(-1)).view(out.shape)
 
 
 HOWS = ["plain", "strided", "dilated", "no_bias", "twice", "checkpoint", "no_grad_call", "frozen"]
