@@ -26,12 +26,20 @@ PAGE = REPO_ROOT / "docs" / "your-experiment.md"
 BLOCK = re.compile(r"```(python|yaml|bash)\n(.*?)```", re.S)
 
 
-def page_steps(section: str = "") -> list[tuple[str, str]]:
+#: the section that starts from nothing of the earlier ones (run alone, in a folder of its own)
+ALONE = "4. Your arrays from files"
+
+
+def page_steps(section: str = "", but: str = "") -> list[tuple[str, str]]:
     """``("file", path + text)`` and ``("run", command)`` steps, in the page's order (of the
-    section whose ``## `` heading starts with ``section``, if given)."""
+    section whose ``## `` heading starts with ``section``, if given; without the one that starts
+    with ``but``)."""
     text = PAGE.read_text()
     if section:
         text = text.split(f"\n## {section}", 1)[1].split("\n## ", 1)[0]
+    if but:
+        before, after = text.split(f"\n## {but}", 1)
+        text = before + "\n## " + after.split("\n## ", 1)[1]
     steps = []
     for kind, body in BLOCK.findall(text):
         first, _, text = body.partition("\n")
@@ -68,16 +76,22 @@ def test_the_page_has_the_files_and_commands_of_every_part():
 
 @pytest.mark.slow
 def test_every_command_of_the_page_runs(tmp_path):
-    skipped = _run_steps(page_steps(), tmp_path)
+    """The page in order, but for section 4, which the next test runs on its own."""
+    skipped = _run_steps(page_steps(but=ALONE), tmp_path)
     _check_outputs(tmp_path, lm=True, resnet=not skipped)
-    _check_array_outputs(tmp_path)
 
 
 @pytest.mark.slow
 def test_the_table_and_sequence_examples_run_alone(tmp_path):
     """Section 4 on its own (a reader who starts there): GraB and RR over 2 seeds, reported."""
-    assert _run_steps(page_steps("4. Your arrays from files"), tmp_path) == []
+    assert _run_steps(page_steps(ALONE), tmp_path) == []
     _check_array_outputs(tmp_path)
+
+
+def test_the_page_without_section_4_keeps_every_other_step():
+    every, alone, rest = page_steps(), page_steps(ALONE), page_steps(but=ALONE)
+    assert alone and len(rest) == len(every) - len(alone)
+    assert [s for s in every if s not in alone] == rest
 
 
 def _check_array_outputs(root) -> None:
