@@ -7,6 +7,7 @@ from __future__ import annotations
 import sysconfig
 from collections.abc import Callable
 from pathlib import Path
+from types import CodeType
 
 from hydra.core.hydra_config import HydraConfig
 
@@ -38,6 +39,17 @@ def raised_in_user_file(error: BaseException) -> bool:
         and not file.is_relative_to(PACKAGE_DIR)
         and not str(file).startswith(INSTALLED)
     )
+
+
+def innermost_ours(error: BaseException) -> CodeType | None:
+    """The code of the innermost frame of this package that ``error`` passed, or ``None``."""
+    ours, tb = None, error.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if Path(code.co_filename).resolve().is_relative_to(PACKAGE_DIR):
+            ours = code
+        tb = tb.tb_next
+    return ours
 
 
 def raised_in(error: BaseException, function: Callable) -> bool:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from functools import partial
@@ -38,7 +39,7 @@ from grab_exp.per_sample.modules import (
     first_line,
     module_problem,
 )
-from grab_exp.tracebacks import raised_in_user_file
+from grab_exp.tracebacks import innermost_ours, raised_in_user_file
 from grab_exp.validation import check_int_at_least
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -56,9 +57,10 @@ def user_code_error(
     model: nn.Module, loss_fn: LossFn, x: Inputs, y: torch.Tensor, error: Exception
 ) -> UserCodeError | None:
     """:class:`UserCodeError` when ``error`` was raised in a user's file and a plain step
-    (``loss_fn(model(x), y)``) raises the same type in one, or when the plain step's backward
-    raises torch's ``error`` (a tensor saved for backward changed in place); else ``None`` (a
-    refusal stands)."""
+    (``loss_fn(model(x), y)``) raises the same type in one, or when the plain step raises torch's
+    ``error`` (:func:`same_error`) in its backward (a tensor saved for backward changed in place)
+    or in torch code that the user's model or loss called, no code of ours between (a wrong
+    shape handed to ``F.linear``, a class out of range); else ``None`` (a refusal stands)."""
     own, backward = raised_in_user_file(error), False
     setting, obj = "model", model
     try:
@@ -70,15 +72,24 @@ def user_code_error(
             if not own and isinstance(loss, torch.Tensor) and loss.grad_fn is not None:
                 _plain_backward(model, loss)
     except Exception as plain:  # the user's code fails without any method
-        same = (
-            raised_in_user_file(plain)
-            if own
-            else backward and first_line(plain) == first_line(error)
-        )
+        called = backward or innermost_ours(plain) in (user_code_error.__code__, CALL_MODEL)
+        same = raised_in_user_file(plain) if own else called and same_error(plain, error)
         if type(plain) is type(error) and same:
             named = obj if callable(obj) and hasattr(obj, "__qualname__") else type(obj)
             return UserCodeError(setting, f"{named.__module__}.{named.__qualname__}", plain)
     return None
+
+
+#: the frame of ours that a plain forward's error passes last when the user's code raised it
+CALL_MODEL = call_model.__code__
+
+
+def same_error(plain: Exception, error: Exception) -> bool:
+    """Whether two errors are one: the type and first line, but for their numbers (a shape of
+    the batch's, which a method's own batch of 1 or 2 examples changes)."""
+    numbers = re.compile(r"\d+")
+    lines = (numbers.sub("#", first_line(e)) for e in (plain, error))
+    return type(plain) is type(error) and next(lines) == next(lines)
 
 
 def _plain_backward(model: nn.Module, loss: torch.Tensor) -> None:

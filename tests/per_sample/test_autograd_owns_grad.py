@@ -8,7 +8,9 @@ References are written here: a per-example loop of ``backward()`` calls (rows) a
 from __future__ import annotations
 
 import copy
+import inspect
 from contextlib import nullcontext
+from pathlib import Path
 
 import pytest
 import torch
@@ -425,13 +427,16 @@ def test_a_scripted_submodule_goes_to_func_in_one_line_or_right() -> None:
 def test_an_error_inside_a_method_is_one_line_naming_the_method(method: str) -> None:
     """Any error raised inside a method (torch's, the model's, the loss's: here a class index out
     of range, a raw ``IndexError`` of cross_entropy, inside vmap on func; the fuzzer's last crash
-    class) is a one-line refusal naming the method and the original error; ``p.grad`` is left
-    as it was."""
+    class) is one line naming the original error; ``p.grad`` is left as it was. Where a plain
+    step raises it too (all but func, whose vmap raises another), it is the loss's error (round
+    38), else a refusal naming the method."""
     model = built(AutoEncoder)
     psg = make_per_sample(model, F.cross_entropy, method=method)
     x, y = batch(5, seed=60)
     named = r"^(method=\w+: .*Error: |torch\.func's vmap failed on loss_fn \(index 9)"
-    with pytest.raises(UnsupportedModelError, match=named) as error:
+    plain = r"^loss: torch\.nn\.functional\.cross_entropy raised IndexError: Target 9 is out"
+    refusal = UnsupportedModelError if method == "func" else UserCodeError
+    with pytest.raises(refusal, match=named if method == "func" else plain) as error:
         psg(x, torch.full_like(y, 9))  # 4 classes
     assert "\n" not in str(error.value)
     assert all(p.grad is None for p in model.parameters()), "refused but wrote p.grad"
@@ -786,3 +791,56 @@ def test_a_model_whose_plain_backward_fails_is_the_users_error(method: str) -> N
     with pytest.raises(UserCodeError, match=r"^model: .*ChangesWhatBackwardSaved raised Runtime"):
         psg(torch.randn(4, 6), torch.randint(0, 3, (4,)))
     assert all(p.grad is None for p in model.parameters())
+
+
+class WrongWidth(nn.Module):
+    """Hands its head 5 features where it takes 8: torch's ``F.linear`` raises, in a plain step
+    too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.h = nn.Linear(6, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.h(self.a(x)[:, :5])
+
+
+@pytest.mark.parametrize("method", ("auto", "hooks", "factored", "loop"))
+def test_a_users_model_whose_call_into_torch_fails_is_the_users_error(method: str) -> None:
+    """Adversarial round 38: a user's forward that hands torch a wrong shape (a plain step fails
+    the same) was a refusal naming torch's message; it is the user's model's error. A loss that
+    torch refuses on these targets (a class out of range) is the loss's."""
+    model = WrongWidth()
+    psg = make_per_sample(model, F.cross_entropy, method=method)
+    x, y = torch.randn(4, 6), torch.randint(0, 3, (4,))
+    with pytest.raises(UserCodeError, match=r"^model: .*WrongWidth raised RuntimeError: mat1"):
+        psg(x, y)
+    assert all(p.grad is None for p in model.parameters())
+    model.h = nn.Linear(5, 3)  # the shapes fit now; the targets name a class out of range
+    psg = make_per_sample(model, F.cross_entropy, method=method)
+    with pytest.raises(UserCodeError, match=r"^loss: torch.nn.functional.cross_entropy raised"):
+        psg(x, torch.tensor([0, 1, 7, 2]))
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_the_run_line_of_a_torch_loss_that_raised_names_no_file_of_ours() -> None:
+    """A training run's line of that error: where the user's code raised it, never a file of
+    this package (``loss_fn`` is torch's: no file of the user's is on the way, so none)."""
+    from grab_exp.runner.training.errors import user_error_line
+
+    model = WrongWidth()
+    model.h = nn.Linear(5, 3)
+    psg = make_per_sample(model, F.cross_entropy, method="hooks")
+    with pytest.raises(UserCodeError) as caught:
+        psg(torch.randn(4, 6), torch.tensor([0, 1, 7, 2]))
+    line = user_error_line(caught.value)
+    assert (
+        line
+        == "loss: torch.nn.functional.cross_entropy raised IndexError: Target 7 is out of bounds."
+    )
+    model.h = nn.Linear(4, 3)  # 4 features for 5 again: the model's error, at its forward's line
+    psg = make_per_sample(model, F.cross_entropy, method="hooks")
+    with pytest.raises(UserCodeError) as caught:
+        psg(torch.randn(4, 6), torch.zeros(4, dtype=torch.long))
+    forward = inspect.getsourcelines(WrongWidth.forward)[1] + 1  # its return line
+    assert user_error_line(caught.value).endswith(f"{Path(__file__).name}:{forward})")

@@ -45,9 +45,14 @@ def _setting(error: InstantiationException, target: str, cfg: DictConfig | None)
 
 def raised_at(cause: BaseException) -> str:
     """`` (file:line)`` of the innermost frame of the user's own code (not of an installed
-    package) that ``cause`` passed, or ``""``."""
+    package, nor of this one) that ``cause`` passed, or ``""``."""
     frames = traceback.extract_tb(cause.__traceback__)
-    own = [f for f in frames if not str(Path(f.filename).resolve()).startswith(INSTALLED)]
+    files = [Path(f.filename).resolve() for f in frames]
+    own = [
+        f
+        for f, file in zip(frames, files, strict=True)
+        if not (str(file).startswith(INSTALLED) or file.is_relative_to(PACKAGE_DIR))
+    ]
     frame = (own or [None])[-1]
     return f" ({shown(frame.filename)}:{frame.lineno})" if frame else ""
 
