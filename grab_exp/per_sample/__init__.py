@@ -16,7 +16,12 @@ from grab_exp.per_sample.compiled import COMPILE_MODES
 from grab_exp.per_sample.func import RANDOMNESS_CHOICES, FuncPerSample
 from grab_exp.per_sample.hooks import FactoredPerSample, HookedPerSample, check_supported
 from grab_exp.per_sample.loop import LoopPerSample
-from grab_exp.per_sample.modules import LossContractError, UnsupportedModelError, UserCodeError
+from grab_exp.per_sample.modules import (
+    InputChangedError,
+    LossContractError,
+    UnsupportedModelError,
+    UserCodeError,
+)
 from grab_exp.per_sample.pipeline import (
     METHODS,
     ClassicPipeline,
@@ -35,6 +40,7 @@ __all__ = [
     "FactoredPerSample",
     "FuncPerSample",
     "HookedPerSample",
+    "InputChangedError",
     "LoopPerSample",
     "LossContractError",
     "PerSampleGradients",

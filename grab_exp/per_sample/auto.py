@@ -17,6 +17,7 @@ from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.base import PerSampleGradients, one_line
 from grab_exp.per_sample.layout import Inputs, batch_size, check_batch, listed_values
 from grab_exp.per_sample.modules import (
+    InputChangedError,
     LossContractError,
     ModuleSettingError,
     UnsupportedModelError,
@@ -28,7 +29,7 @@ __all__ = ["AutoPerSample"]
 #: a path ``auto`` may take: ``(method, build it)``
 Path = tuple[str, Callable[[], PerSampleGradients]]
 #: errors raised at once, whichever path runs
-FINAL = (LossContractError, ModuleSettingError, UserCodeError)
+FINAL = (InputChangedError, LossContractError, ModuleSettingError, UserCodeError)
 
 
 class AutoPerSample(PerSampleGradients):

@@ -27,9 +27,17 @@ from grab_exp.per_sample.check.resampled import resampled_problem, resampled_val
 from grab_exp.per_sample.check.rounding import alone_rounding, plain_rounding
 from grab_exp.per_sample.check.schedule import CHECK_EVERY, Check
 from grab_exp.per_sample.check.state import ExtraLoss, kept_state, saved_state
-from grab_exp.per_sample.layout import Inputs, batch_size, call_model, check_batch, listed_values
+from grab_exp.per_sample.layout import (
+    Inputs,
+    SeenInputs,
+    batch_size,
+    call_model,
+    check_batch,
+    listed_values,
+)
 from grab_exp.per_sample.modules import (
     WATCHED,
+    InputChangedError,
     LossContractError,
     ModuleSettingError,
     UnsupportedModelError,
@@ -141,6 +149,7 @@ class PerSampleGradients(ABC):
         line naming the cause, ``param.grad`` as before the call; ``UserCodeError``: the user's
         model or loss raised, and a plain step raises the same."""
         check_batch(x, y)
+        self._seen = SeenInputs(x, y)  # what a forward or the loss changes in place is refused
         self._found = saved_state(self.model)  # for the examples alone and auto's retry
         self.extra_loss.begin()  # the loss's state, for its calls besides the batch's own
         if self.state.stale(self.model):  # a module or parameter was replaced since
@@ -160,10 +169,12 @@ class PerSampleGradients(ABC):
         except UnsupportedModelError as error:
             self.checker.forget()  # refused: every kind of batch is checked in full again
             self.refuse_registered(error)
+            self.refuse_changed(error)  # the cause of any refusal after the change
             self._put_back()
             raise
         except Exception as error:  # torch's, the model's or the loss's, inside this method
             self.refuse_registered(error)
+            self.refuse_changed(error)  # a plain step would run on what was changed
             own = user_code_error(self.model, self.loss_fn, x, y, error)  # then put back
             self._put_back()
             if own is not None:
@@ -187,6 +198,14 @@ class PerSampleGradients(ABC):
             "nn.Linear(...) in forward): per-sample rows cover the parameters a call starts "
             "with; make it in __init__, or run one plain forward before make_per_sample"
         ) from error
+
+    def refuse_changed(self, error: Exception | None = None) -> None:
+        """Refuse a call whose model or loss changed its inputs or targets in place
+        (:class:`~.layout.SeenInputs`), with the model's and the loss's state put back."""
+        if isinstance(error, InputChangedError) or (where := self._seen.changed()) is None:
+            return
+        self._put_back()
+        raise InputChangedError(where) from error
 
     def _put_back(self) -> None:
         """A call that raises leaves the model's and the loss's state as it found them (what
@@ -234,6 +253,7 @@ class PerSampleGradients(ABC):
         ``full(identity)`` where one is due; where the mean is off, ``full(None)`` first (its loss
         and mixing checks name a cause, the identity would not)."""
         self.refuse_registered()  # before param.grad stays
+        self.refuse_changed()
         problem = None
         if self.checker.on:
             self._refuse_stepped()

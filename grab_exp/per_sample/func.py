@@ -251,6 +251,7 @@ class FuncPerSample(PerSampleGradients):
         if self.extra_loss.stateful:  # no batch loss ran: one, for the state a plain step leaves
             with torch.no_grad():
                 self.loss_fn(_batched(out, layout), y)
+        self.refuse_changed()  # before param.grad is written
         for name, p in self.state.named:
             if (g := grads.get(name)) is not None:
                 mean = g.mean(dim=0).to(p.dtype)  # (*param.shape)

@@ -131,6 +131,39 @@ def check_batch(x: Inputs, y: Any) -> None:
         raise ValueError("per-sample gradients under torch.inference_mode(): call outside it")
 
 
+class SeenInputs:
+    """A call's inputs and targets as it found them: each tensor's version and each dict's and
+    list's items, read again by :meth:`changed` (a model or loss that changes what it is given in
+    place, ``x /= 2``, ``y -= 1``, ``extras.pop("mask")``, changes it again on each of a method's
+    forwards, where a plain step changes it once)."""
+
+    def __init__(self, x: Inputs, y: Any) -> None:
+        self.seen: list[tuple[str, Any, Any]] = []  # (where, object, what it held)
+        self._walk("x", x)
+        self._walk("y", y)
+
+    def _walk(self, where: str, value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            self.seen.append((where, value, value._version))
+        elif isinstance(value, dict | list | tuple):
+            items = list(value.items() if isinstance(value, dict) else enumerate(value))
+            if not isinstance(value, tuple):
+                self.seen.append((where, value, [(k, id(v)) for k, v in items]))
+            for key, item in items:
+                self._walk(f"{where}[{key!r}]", item)
+
+    def changed(self) -> str | None:
+        """The first input (``x[...]``) or target (``y``) changed in place since, or ``None``."""
+        for where, value, held in self.seen:
+            now = value._version if isinstance(value, torch.Tensor) else None
+            if now is None:
+                items = value.items() if isinstance(value, dict) else enumerate(value)
+                now = [(k, id(v)) for k, v in items]
+            if now != held:
+                return where
+        return None
+
+
 def listed_values(x: Inputs, batch: int) -> str | None:
     """Where a failing call's cause may be per-example values the methods cannot split: an input
     (a dict's key, a tuple's position) that is a list or tuple of ``batch`` items (``B >= 2``),

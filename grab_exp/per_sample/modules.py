@@ -46,6 +46,20 @@ class UserCodeError(Exception):
         self.setting, self.target, self.error = setting, target, error
 
 
+class InputChangedError(UnsupportedModelError):
+    """The model or the loss changed the call's inputs or targets in place: every method runs
+    them more than once on a batch (refused by all; ``auto`` tries no other)."""
+
+    def __init__(self, where: str) -> None:
+        who = "loss_fn" if where.startswith("y") else "the model's forward"
+        super().__init__(
+            f"{who} changed {where} in place during the call (x /= 2, y -= 1, a dict's pop): "
+            "per-sample methods run the model and the loss more than once on a batch (their "
+            "checks, an example alone, auto's next method), each time on what the last run left; "
+            "change a copy instead (x = x / 2, dict(extras))"
+        )
+
+
 class LossContractError(UnsupportedModelError):
     """A loss that is not the batch mean of per-example losses: no method can use it."""
 
