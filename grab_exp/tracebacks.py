@@ -31,14 +31,15 @@ def innermost_file(error: BaseException) -> Path | None:
     return Path(tb.tb_frame.f_code.co_filename).resolve()
 
 
+def user_file(file: Path) -> bool:
+    """Whether the resolved ``file`` is a user's (neither this package's nor installed code)."""
+    return not file.is_relative_to(PACKAGE_DIR) and not str(file).startswith(INSTALLED)
+
+
 def raised_in_user_file(error: BaseException) -> bool:
     """Whether ``error``'s innermost frame is in a user's file (not ours, not installed)."""
     file = innermost_file(error)
-    return (
-        file is not None
-        and not file.is_relative_to(PACKAGE_DIR)
-        and not str(file).startswith(INSTALLED)
-    )
+    return file is not None and user_file(file)
 
 
 def innermost_ours(error: BaseException) -> CodeType | None:

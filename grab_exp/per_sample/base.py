@@ -90,13 +90,13 @@ def user_code_error(
 
 #: the frame of ours that a plain forward's error passes last when the user's code raised it
 CALL_MODEL = call_model.__code__
+NUMBERS = re.compile(r"\d+")
 
 
 def same_error(plain: Exception, error: Exception) -> bool:
     """Whether two errors are one: the type and first line, but for their numbers (a shape of
     the batch's, which a method's own batch of 1 or 2 examples changes)."""
-    numbers = re.compile(r"\d+")
-    lines = (numbers.sub("#", first_line(e)) for e in (plain, error))
+    lines = (NUMBERS.sub("#", first_line(e)) for e in (plain, error))
     return type(plain) is type(error) and next(lines) == next(lines)
 
 

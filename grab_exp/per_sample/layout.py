@@ -143,25 +143,22 @@ class SeenInputs:
         self._walk("y", y)
 
     def _walk(self, where: str, value: Any) -> None:
-        if isinstance(value, torch.Tensor):
-            self.seen.append((where, value, value._version))
-        elif isinstance(value, dict | list | tuple):
-            items = list(value.items() if isinstance(value, dict) else enumerate(value))
-            if not isinstance(value, tuple):
-                self.seen.append((where, value, [(k, id(v)) for k, v in items]))
-            for key, item in items:
+        if isinstance(value, torch.Tensor | dict | list):  # a tuple cannot change in place
+            self.seen.append((where, value, _held(value)))
+        if isinstance(value, dict | list | tuple):
+            for key, item in value.items() if isinstance(value, dict) else enumerate(value):
                 self._walk(f"{where}[{key!r}]", item)
 
     def changed(self) -> str | None:
         """The first input (``x[...]``) or target (``y``) changed in place since, or ``None``."""
-        for where, value, held in self.seen:
-            now = value._version if isinstance(value, torch.Tensor) else None
-            if now is None:
-                items = value.items() if isinstance(value, dict) else enumerate(value)
-                now = [(k, id(v)) for k, v in items]
-            if now != held:
-                return where
-        return None
+        return next((where for where, value, held in self.seen if _held(value) != held), None)
+
+
+def _held(value: torch.Tensor | dict | list) -> Any:
+    """A tensor's version, or a dict's or list's keys and the identities of their items."""
+    if isinstance(value, torch.Tensor):
+        return value._version
+    return [(k, id(v)) for k, v in (value.items() if isinstance(value, dict) else enumerate(value))]
 
 
 def listed_values(x: Inputs, batch: int) -> str | None:

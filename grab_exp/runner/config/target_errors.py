@@ -18,12 +18,12 @@ from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 
 from grab_exp.tracebacks import (
-    INSTALLED,
     PACKAGE_DIR,
     import_error_line,
     innermost_file,
     one_cause,
     shown,
+    user_file,
 )
 
 _TARGET = re.compile(r"target '([^']+)'")
@@ -47,12 +47,7 @@ def raised_at(cause: BaseException) -> str:
     """`` (file:line)`` of the innermost frame of the user's own code (not of an installed
     package, nor of this one) that ``cause`` passed, or ``""``."""
     frames = traceback.extract_tb(cause.__traceback__)
-    files = [Path(f.filename).resolve() for f in frames]
-    own = [
-        f
-        for f, file in zip(frames, files, strict=True)
-        if not (str(file).startswith(INSTALLED) or file.is_relative_to(PACKAGE_DIR))
-    ]
+    own = [f for f in frames if user_file(Path(f.filename).resolve())]
     frame = (own or [None])[-1]
     return f" ({shown(frame.filename)}:{frame.lineno})" if frame else ""
 
