@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from grab_exp.grads import BatchGrads
-from grab_exp.per_sample.base import PerSampleGradients, one_line
+from grab_exp.per_sample.base import PLAIN_RUNS, PerSampleGradients, one_line
 from grab_exp.per_sample.layout import Inputs, batch_size, check_batch, listed_values
 from grab_exp.per_sample.modules import (
     InputChangedError,
@@ -39,7 +39,8 @@ class AutoPerSample(PerSampleGradients):
 
     def __init__(self, paths: Sequence[Path], left: Sequence[str] = ()) -> None:
         self._paths, self._left, self._warned = list(paths), list(left), False
-        self._hint = ""  # a call's listed_values, said once after every path's reason
+        self._hints: list[str] = []  # a call's likelier causes, said once after every reason
+        self._said: list[str] = []  # those a path's reason gave
         self._next(UnsupportedModelError)  # the first path's other errors are raised as they are
         self.model, self.loss_fn = self.chosen.model, self.chosen.loss_fn
 
@@ -60,8 +61,8 @@ class AutoPerSample(PerSampleGradients):
 
     def __call__(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         check_batch(x, y)  # the same for every path: refused at once
-        listed = listed_values(x, batch_size(x))
-        self._hint = f" ({listed})" if listed else ""
+        hints = (listed_values(x, batch_size(x)), PLAIN_RUNS)
+        self._hints, self._said = [f" ({hint})" for hint in hints if hint], []
         while True:
             rng = torch.get_rng_state()  # the masks a failed call drew: the next path draws again
             try:
@@ -103,14 +104,16 @@ class AutoPerSample(PerSampleGradients):
                 self._left.append(self._reason(method, error))
 
     def _reason(self, method: str, error: BaseException) -> str:
-        return (
-            _reason(method, error).replace(self._hint, "") if self._hint else _reason(method, error)
-        )
+        reason = _reason(method, error)
+        for hint in self._hints:
+            if hint in reason:
+                reason = reason.replace(hint, "")
+                self._said += [] if hint in self._said else [hint]
+        return reason
 
     def _refusal(self, method: str, error: BaseException) -> UnsupportedModelError:
         reasons = " | ".join([*self._left, self._reason(method, error)])
-        hint = self._hint if self._hint and self._hint in one_line(error) else ""
-        return UnsupportedModelError(reasons + hint)
+        return UnsupportedModelError(reasons + "".join(self._said))
 
     def state_bytes(self) -> int:
         return self.chosen.state_bytes()

@@ -40,6 +40,7 @@ from grab_exp.per_sample.modules import (
     InputChangedError,
     LossContractError,
     ModuleSettingError,
+    RelayedError,
     UnsupportedModelError,
     UserCodeError,
     advice,
@@ -63,12 +64,13 @@ def one_line(error: Exception) -> str:
 
 def user_code_error(
     model: nn.Module, loss_fn: LossFn, x: Inputs, y: torch.Tensor, error: Exception
-) -> UserCodeError | None:
+) -> tuple[UserCodeError | None, bool]:
     """:class:`UserCodeError` when ``error`` was raised in a user's file and a plain step
     (``loss_fn(model(x), y)``) raises the same type in one, or when the plain step raises torch's
     ``error`` (:func:`same_error`) in its backward (a tensor saved for backward changed in place)
     or in torch code that the user's model or loss called, no code of ours between (a wrong
-    shape handed to ``F.linear``, a class out of range); else ``None`` (a refusal stands)."""
+    shape handed to ``F.linear``, a class out of range), else ``None`` (a refusal stands); and
+    whether the plain step ran without an error."""
     own, backward = raised_in_user_file(error), False
     setting, obj = "model", model
     try:
@@ -84,10 +86,17 @@ def user_code_error(
         same = raised_in_user_file(plain) if own else called and same_error(plain, error)
         if type(plain) is type(error) and same:
             named = obj if callable(obj) and hasattr(obj, "__qualname__") else type(obj)
-            return UserCodeError(setting, f"{named.__module__}.{named.__qualname__}", plain)
-    return None
+            return UserCodeError(setting, f"{named.__module__}.{named.__qualname__}", plain), False
+        return None, False
+    return None, True
 
 
+#: what a method's failure adds where a plain step of the batch raises nothing
+PLAIN_RUNS = (
+    "a plain step of the batch raises nothing; every method also runs the model and the loss on "
+    "one example alone or on copies of one, which a model or loss that needs the whole batch, as "
+    "in-batch negatives or offsets into a flat input, cannot take"
+)
 #: the frame of ours that a plain forward's error passes last when the user's code raised it
 CALL_MODEL = call_model.__code__
 NUMBERS = re.compile(r"\d+")
@@ -170,19 +179,28 @@ class PerSampleGradients(ABC):
             self.checker.forget()  # refused: every kind of batch is checked in full again
             self.refuse_registered(error)
             self.refuse_changed(error)  # the cause of any refusal after the change
+            cause = error.__cause__  # where torch's error is relayed: did a plain step run?
+            if isinstance(error, RelayedError) and self._plain_runs(x, y, cause or error):
+                raise RelayedError(f"{first_line(error)} ({PLAIN_RUNS})") from cause
             self._put_back()
             raise
         except Exception as error:  # torch's, the model's or the loss's, inside this method
             self.refuse_registered(error)
             self.refuse_changed(error)  # a plain step would run on what was changed
-            own = user_code_error(self.model, self.loss_fn, x, y, error)  # then put back
+            own, ran = user_code_error(self.model, self.loss_fn, x, y, error)  # then put back
             self._put_back()
             if own is not None:
                 raise own from error
-            listed = listed_values(x, batch_size(x))  # a likelier cause than torch's message
-            hint = f" ({listed})" if listed else ""
-            raise UnsupportedModelError(f"method={self.method}: {one_line(error)}{hint}") from error
+            hint = listed_values(x, batch_size(x)) or (PLAIN_RUNS if ran else "")
+            hint = f" ({hint})" if hint else ""  # a likelier cause than torch's message
+            raise RelayedError(f"method={self.method}: {one_line(error)}{hint}") from error
         return result
+
+    def _plain_runs(self, x: Inputs, y: torch.Tensor, error: Exception) -> bool:
+        """Whether a plain step of the batch raises nothing (the state put back after it)."""
+        ran = user_code_error(self.model, self.loss_fn, x, y, error)[1]
+        self._put_back()
+        return ran
 
     def refuse_registered(self, error: Exception | None = None) -> None:
         """Refuse a call during which the model's forward registered a module or parameter (a
@@ -199,10 +217,11 @@ class PerSampleGradients(ABC):
             "with; make it in __init__, or run one plain forward before make_per_sample"
         ) from error
 
-    def refuse_changed(self, error: Exception | None = None) -> None:
+    def refuse_changed(self, error: Exception | None = None, read: bool = True) -> None:
         """Refuse a call whose model or loss changed its inputs or targets in place
-        (:class:`~.layout.SeenInputs`), with the model's and the loss's state put back."""
-        if isinstance(error, InputChangedError) or (where := self._seen.changed()) is None:
+        (:class:`~.layout.SeenInputs`; ``read``: off the CPU, their values too), with the model's
+        and the loss's state put back."""
+        if isinstance(error, InputChangedError) or (where := self._seen.changed(read)) is None:
             return
         self._put_back()
         raise InputChangedError(where) from error
@@ -253,7 +272,7 @@ class PerSampleGradients(ABC):
         ``full(identity)`` where one is due; where the mean is off, ``full(None)`` first (its loss
         and mixing checks name a cause, the identity would not)."""
         self.refuse_registered()  # before param.grad stays
-        self.refuse_changed()
+        self.refuse_changed(read=full is not None)  # off the CPU, values on checked calls
         problem = None
         if self.checker.on:
             self._refuse_stepped()

@@ -39,6 +39,7 @@ from grab_exp.per_sample.layout import (
 )
 from grab_exp.per_sample.modules import (
     CHECKPOINT_REFUSAL,
+    RelayedError,
     UnsupportedModelError,
     compiled,
     first_line,
@@ -126,23 +127,27 @@ def repeated_module(model: nn.Module) -> str | None:
     return None
 
 
-def vmap_failure(model: nn.Module, error: RuntimeError) -> str:
-    """One line for a call that ``torch.func`` could not run, naming the recurrent layers."""
+def vmap_failure(model: nn.Module, error: RuntimeError) -> UnsupportedModelError:
+    """The refusal of a call that ``torch.func`` could not run, naming the recurrent layers."""
     if "checkpoint" in str(error).lower():
-        return CHECKPOINT_REFUSAL
+        return UnsupportedModelError(CHECKPOINT_REFUSAL)
     cause = first_line(error)
-    setup = "setup_context" in cause  # torch's BackwardHookFunction has none
-    hooked = [n or "<root>" for n, m in model.named_modules() if m._backward_hooks] if setup else []
-    if hooked:
-        return (
-            f"{hooked[0]} has a full backward hook (register_full_backward_hook), whose "
-            f"autograd.Function torch.func's vmap cannot run ({cause}); use method=hooks or loop"
+    setup = "setup_context" in cause
+    named = list(model.named_modules())
+    hooked = [(n or "<root>", m) for n, m in named if m._backward_hooks or m._backward_pre_hooks]
+    if setup and hooked:  # torch's BackwardHookFunction has no setup_context
+        name, module = hooked[0]
+        kind = "hook" if module._backward_hooks else "pre_hook"
+        return UnsupportedModelError(
+            f"{name} has a full backward {kind.replace('_', '-')} (register_full_backward_{kind}),"
+            f" whose autograd.Function torch.func's vmap cannot run ({cause}); use method=hooks or"
+            " loop"
         )
-    named = model.named_modules()
     unbatchable = [f"{n} ({type(m).__name__})" for n, m in named if isinstance(m, VMAP_FAILS)]
     if (in_loss := raised_in(error, _ModelAndLoss.loss)) or not unbatchable:
-        return f"torch.func's vmap failed on {'loss_fn' if in_loss else 'this model'} ({cause})"
-    return (
+        where = "loss_fn" if in_loss else "this model"
+        return RelayedError(f"torch.func's vmap failed on {where} ({cause})")
+    return UnsupportedModelError(
         f"torch.func's vmap failed at {', '.join(unbatchable)}, which it cannot batch here "
         f"({cause}); method=auto or hooks replays such layers one example at a time"
     )
@@ -208,7 +213,7 @@ class FuncPerSample(PerSampleGradients):
         try:
             grads, (losses, out) = self._grad_fn(trainable, fixed, x, y)  # {name: (B, ...)}
         except RuntimeError as error:
-            raise UnsupportedModelError(vmap_failure(self.model, error)) from error
+            raise vmap_failure(self.model, error) from error
         moved = self._found.moved()  # by the examples' forward: a step count, an activation
         self._found()  # the batch's own forward below runs on the attributes the call found
         rows, params = as_batch_grads(grads), self.state.trainable()
@@ -251,7 +256,7 @@ class FuncPerSample(PerSampleGradients):
         if self.extra_loss.stateful:  # no batch loss ran: one, for the state a plain step leaves
             with torch.no_grad():
                 self.loss_fn(_batched(out, layout), y)
-        self.refuse_changed()  # before param.grad is written
+        self.refuse_changed(read=due)  # before param.grad is written
         for name, p in self.state.named:
             if (g := grads.get(name)) is not None:
                 mean = g.mean(dim=0).to(p.dtype)  # (*param.shape)

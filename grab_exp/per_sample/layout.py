@@ -132,32 +132,52 @@ def check_batch(x: Inputs, y: Any) -> None:
 
 
 class SeenInputs:
-    """A call's inputs and targets as it found them: each tensor's version and each dict's and
-    list's items, read again by :meth:`changed` (a model or loss that changes what it is given in
-    place, ``x /= 2``, ``y -= 1``, ``extras.pop("mask")``, changes it again on each of a method's
+    """A call's inputs and targets as it found them: each tensor's version, storage and values
+    and each dict's and list's items, read again by :meth:`changed` (a model or loss that changes
+    what it is given in place, ``x /= 2``, ``y -= 1``, ``extras.pop("mask")``, or behind torch's
+    back, ``x.data = x.data / 2``, numpy's ``out=``, changes it again on each of a method's
     forwards, where a plain step changes it once)."""
 
     def __init__(self, x: Inputs, y: Any) -> None:
-        self.seen: list[tuple[str, Any, Any]] = []  # (where, object, what it held)
+        self.seen: list[tuple[str, Any, Any, Any]] = []  # (where, object, what it held, values)
         self._walk("x", x)
         self._walk("y", y)
 
     def _walk(self, where: str, value: Any) -> None:
         if isinstance(value, torch.Tensor | dict | list):  # a tuple cannot change in place
-            self.seen.append((where, value, _held(value)))
+            dense = isinstance(value, torch.Tensor) and value.layout == torch.strided
+            copy = value.detach().clone() if dense and not value.is_nested else None
+            self.seen.append((where, value, _held(value), copy))
         if isinstance(value, dict | list | tuple):
             for key, item in value.items() if isinstance(value, dict) else enumerate(value):
                 self._walk(f"{where}[{key!r}]", item)
 
-    def changed(self) -> str | None:
-        """The first input (``x[...]``) or target (``y``) changed in place since, or ``None``."""
-        return next((where for where, value, held in self.seen if _held(value) != held), None)
+    def changed(self, read: bool = True) -> str | None:
+        """The first input (``x[...]``) or target (``y``) changed in place since, or ``None``;
+        ``read=False``: values off the CPU are not compared (a host read)."""
+        for where, value, held, copy in self.seen:
+            if _held(value) != held:
+                return where
+            compared = copy is not None and (read or copy.device.type == "cpu")
+            if compared and not torch.equal(_bits(copy), _bits(value)):
+                return where
+        return None
+
+
+#: integers as wide as a float's elements: values compared bit for bit (NaN equals NaN)
+INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    t = torch.view_as_real(t) if t.is_complex() else t
+    return t.view(INTS[t.element_size()]) if t.is_floating_point() else t
 
 
 def _held(value: torch.Tensor | dict | list) -> Any:
-    """A tensor's version, or a dict's or list's keys and the identities of their items."""
+    """A tensor's version and storage, or a dict's or list's keys and their items' identities."""
     if isinstance(value, torch.Tensor):
-        return value._version
+        dense = value.layout == torch.strided and not value.is_nested
+        return (value._version, value.data_ptr(), value.shape) if dense else value._version
     return [(k, id(v)) for k, v in (value.items() if isinstance(value, dict) else enumerate(value))]
 
 

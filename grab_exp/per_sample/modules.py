@@ -46,6 +46,10 @@ class UserCodeError(Exception):
         self.setting, self.target, self.error = setting, target, error
 
 
+class RelayedError(UnsupportedModelError):
+    """A refusal relaying torch's error, raised inside a method: it names where, not why."""
+
+
 class InputChangedError(UnsupportedModelError):
     """The model or the loss changed the call's inputs or targets in place: every method runs
     them more than once on a batch (refused by all; ``auto`` tries no other)."""

@@ -12,7 +12,7 @@ from grab_exp.grads import BatchGrads, as_batch_grads
 from grab_exp.grads.batch import part_rows
 from grab_exp.per_sample.base import one_line
 from grab_exp.per_sample.layout import Call, CallLayout
-from grab_exp.per_sample.modules import UnsupportedModelError
+from grab_exp.per_sample.modules import RelayedError, UnsupportedModelError
 from grab_exp.per_sample.plan import Planner
 
 Grads = dict[str, torch.Tensor]
@@ -41,7 +41,7 @@ class Rows:
                 raise
             except Exception as error:  # a rule's or a replay's, named by its layer
                 message = f"{self.layers.label(name)}: {one_line(error)}"
-                raise UnsupportedModelError(message) from error
+                raise RelayedError(message) from error
             for p, g in zip(own.values(), grads, strict=True):
                 if id(p) in rows:  # shared: the sum of no one layer's rows
                     self._sums.pop(id(p), None)

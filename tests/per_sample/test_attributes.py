@@ -669,6 +669,16 @@ class BackwardState(nn.Module):
         return self.h(Track.apply(h, self.scale) if self.function else h)
 
 
+def test_a_full_backward_pre_hook_is_named_on_func() -> None:
+    """Round 40: func refused a module's full backward pre-hook as an autograd.Function without
+    ``setup_context``, which the user had not written; it names the hook now, as the other."""
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    model[2].register_full_backward_pre_hook(lambda module, grad_out: (grad_out[0] * 2,))
+    hook = r"^2 has a full backward pre-hook \(register_full_backward_pre_hook\), whose"
+    with pytest.raises(UnsupportedModelError, match=hook):
+        make_per_sample(model, F.cross_entropy, "func")(*batches()[0])
+
+
 @pytest.mark.parametrize("check_every", [128, 0])
 @pytest.mark.parametrize("function", [False, True], ids=["hooks", "function"])
 @pytest.mark.parametrize("method", METHODS)

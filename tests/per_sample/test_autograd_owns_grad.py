@@ -24,6 +24,7 @@ from grab_exp.per_sample import (
     UserCodeError,
     make_per_sample,
 )
+from grab_exp.per_sample.base import PLAIN_RUNS
 from grab_exp.per_sample.check.schedule import CHECK_EVERY
 
 F64 = torch.float64
@@ -853,8 +854,9 @@ def test_the_run_line_of_a_torch_loss_that_raised_names_no_file_of_ours() -> Non
 
 
 class ScalesItsInput(nn.Module):
-    """Changes what it is given in place: ``x /= 2`` (``"tensor"``), or pops a mask from its
-    dict of extras (``"dict"``); a plain step changes it once (``"targets"``: nothing)."""
+    """Changes what it is given in place: ``x /= 2`` (``"tensor"``), the same behind autograd's
+    version counter (``"data"``: ``x.data.div_(2)``), or pops a mask from its dict of extras
+    (``"dict"``); a plain step changes it once (``"targets"``, ``"targets_data"``: nothing)."""
 
     def __init__(self, changed: str) -> None:
         super().__init__()
@@ -865,6 +867,8 @@ class ScalesItsInput(nn.Module):
             x = x * extras.pop("mask")
         elif self.changed == "tensor":
             x /= 2
+        elif self.changed == "data":
+            x.data.div_(2)
         return self.h(torch.tanh(self.a(x)))
 
 
@@ -874,8 +878,14 @@ def shifted_targets(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(out, y)
 
 
+def shifted_targets_data(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The same behind autograd's version counter (``y.data.sub_(1)``)."""
+    y.data.sub_(1)
+    return F.cross_entropy(out, y)
+
+
 @pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("changed", ("tensor", "dict", "targets"))
+@pytest.mark.parametrize("changed", ("tensor", "data", "dict", "targets", "targets_data"))
 @pytest.mark.parametrize(("held", "check_every"), [(False, CHECK_EVERY), (True, 0)])
 def test_a_model_or_loss_that_changes_its_inputs_in_place_is_refused(
     method, changed, held, check_every
@@ -884,10 +894,13 @@ def test_a_model_or_loss_that_changes_its_inputs_in_place_is_refused(
     (auto's next path, the checks, examples alone), each time on what the last run changed in
     place. auto's rows were 0.97 off (x /= 2), 0.54 off (targets smoothed in place) and 1.06 off
     (a dict's pop), silently; a plain step on a changed batch named the user's code as failing.
-    Refused now, naming what changed, with ``param.grad`` as before (``held``: a gradient)."""
+    Round 40: a write that autograd's version counter misses (``.data``, numpy's ``out=``) left
+    auto's rows 0.44 off, silently. Refused now, naming what changed, with ``param.grad`` as
+    before (``held``: a gradient)."""
     torch.manual_seed(0)
     model = ScalesItsInput(changed)
-    loss_fn = shifted_targets if changed == "targets" else F.cross_entropy
+    losses = {"targets": shifted_targets, "targets_data": shifted_targets_data}
+    loss_fn = losses.get(changed, F.cross_entropy)
     psg = make_per_sample(model, loss_fn, method=method, check_every=check_every)
     if held:  # a plain step's gradient, which the refused calls leave as it is
         extras = [{"mask": torch.ones(3, 6)}] if changed == "dict" else []
@@ -897,8 +910,47 @@ def test_a_model_or_loss_that_changes_its_inputs_in_place_is_refused(
     for batch in (1, 5):  # the first call, and one after (auto's path chosen)
         x, y = torch.randn(batch, 6, generator=g), torch.randint(1, 3, (batch,), generator=g)
         inputs = (x, {"mask": torch.ones(batch, 6)}) if changed == "dict" else x
-        where = {"tensor": "x", "dict": "x[1]", "targets": "y"}[changed]
+        where = {"dict": "x[1]", "targets": "y", "targets_data": "y"}.get(changed, "x")
         with pytest.raises(InputChangedError, match=rf"changed {re.escape(where)} in place"):
             psg(inputs, y)
         for p, want in zip(model.parameters(), before, strict=True):
             assert (p.grad is None) if want is None else torch.equal(p.grad, want)
+
+
+class OffsetBags(nn.Module):
+    """Bags of a flat token list at ``offsets`` (``(N,)`` tokens: not batched in dimension 0)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bags, self.h = nn.EmbeddingBag(10, 6, mode="sum"), nn.Linear(6, 3)
+
+    def forward(self, tokens: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return self.h(self.bags(tokens, offsets))
+
+
+def in_batch_negatives(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Each example's output scored against the batch's (``y``: its own position)."""
+    return F.cross_entropy(out @ out.t(), y)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("case", ["offsets", "negatives"])
+def test_a_failure_a_plain_step_does_not_share_says_so(method, case) -> None:
+    """Round 40: a model or loss that needs the whole batch (an EmbeddingBag's offsets into a flat
+    token list, a loss of in-batch negatives) was refused with torch's message alone ("offsets[0]
+    has to be 0", "Target 1 is out of bounds"), which reads as the user's error; a plain step of
+    the batch runs, and the refusal says so, once, with what every method does that it does not."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    if case == "offsets":
+        model, loss_fn = OffsetBags(), F.cross_entropy
+        x = (torch.randint(0, 10, (4,), generator=g), torch.arange(4))
+        y = torch.randint(0, 3, (4,), generator=g)
+    else:
+        model, loss_fn = nn.Linear(6, 4), in_batch_negatives
+        x, y = torch.randn(4, 6, generator=g), torch.arange(4)
+    psg = make_per_sample(model, loss_fn, method=method)
+    with pytest.raises(UnsupportedModelError) as refused:
+        psg(x, y)
+    assert str(refused.value).count(PLAIN_RUNS) == 1, str(refused.value)
+    assert all(p.grad is None for p in model.parameters())
