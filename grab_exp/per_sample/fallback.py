@@ -87,8 +87,13 @@ class FuncFallback:
                 with torch.enable_grad():
                     inputs_b = [t.select(d, b) for t, d in zip(inputs, in_dims, strict=True)]
                     grads_b = [g.select(d, b) for g, d in zip(grads_sum, out_dims, strict=True)]
-                    total = one_example(params, inputs_b, grads_b)
-                    grads = torch.autograd.grad(total, list(params.values()), allow_unused=True)
+                    total = one_example(params, inputs_b, grads_b)  # () or 0: no output used
+                    unused = not isinstance(total, torch.Tensor) or total.grad_fn is None
+                    grads = (
+                        [None] * len(params)
+                        if unused
+                        else torch.autograd.grad(total, list(params.values()), allow_unused=True)
+                    )
                 for (n, p), g in zip(params.items(), grads, strict=True):
                     rows[n].append(torch.zeros_like(p) if g is None else g)
             if not torch.equal(drawn, torch.get_rng_state()):

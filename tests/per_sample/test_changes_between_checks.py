@@ -56,30 +56,40 @@ class WarmupMix(nn.Module):
         return self.b(0.8 * h + 0.2 * h.roll(1, 0) if int(self.step) >= self.start else h)
 
 
-def run(model: nn.Module, method: str, mixing: list[bool], set_flag: bool) -> list[str]:
-    """Each call's outcome, ``right`` (rows and ``p.grad`` as the references) or ``refused``;
-    ``mixing``: whether the model mixes on each call (the flag set by the loop where
-    ``set_flag``, else the model's own counter)."""
+def run(
+    model: nn.Module,
+    method: str,
+    mixing: list[bool],
+    set_flag: bool,
+    refusals: list | None = None,
+    sizes: tuple[int, ...] = (),
+) -> list[str]:
+    """Each call's outcome, ``right`` (rows and ``p.grad`` as the references) or ``refused``
+    (its line appended to ``refusals``); ``mixing``: whether the model mixes on each call (the
+    flag set by the loop where ``set_flag``, else the model's own counter); ``sizes``: each
+    call's batch size (4)."""
     model = model.double()
     psg = make_per_sample(model, F.cross_entropy, method)
     generator = torch.Generator().manual_seed(1)
     outcomes = []
-    for mixes in mixing:
+    for k, mixes in enumerate(mixing):
         if set_flag:
             model.mix = mixes
-        x = torch.randn(4, 6, generator=generator, dtype=torch.float64)
-        y = torch.randint(0, 3, (4,), generator=generator)
+        batch = sizes[k] if sizes else 4
+        x = torch.randn(batch, 6, generator=generator, dtype=torch.float64)
+        y = torch.randint(0, 3, (batch,), generator=generator)
         found = {n: b.clone() for n, b in model.named_buffers()}  # the state the call finds
         model.zero_grad(set_to_none=True)
         try:
             _, grads = psg(x, y)
-        except UnsupportedModelError:
+        except UnsupportedModelError as error:
             assert all(p.grad is None for p in model.parameters())  # as before the call
+            (refusals if refusals is not None else []).append(str(error))
             outcomes.append("refused")
             continue
         assert not mixes, "a call that mixes its examples returned rows"
         rows = {n: r.clone() for n, r in grads.as_dict().items()}
-        got = {n: p.grad.clone() for n, p in model.named_parameters()}
+        got = {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
         left = {n: b.clone() for n, b in model.named_buffers()}
         model.load_state_dict(found, strict=False)  # the references start where the call did
         want = reference(model, F.cross_entropy, x, y)
@@ -110,6 +120,41 @@ def test_a_step_counter_that_starts_mixing_between_checks_is_refused_on_its_call
     outcomes = run(WarmupMix(start), method, mixing, set_flag=False)
     assert outcomes[: start - 1] == ["right"] * (start - 1)
     assert outcomes[start - 1 :] == ["refused"] * (calls - start + 1)
+
+
+class WarmupLayer(nn.Module):
+    """A layer that joins from the ``start``-th training forward on, counted in a buffer."""
+
+    def __init__(self, start: int) -> None:
+        super().__init__()
+        self.a, self.extra, self.b = nn.Linear(6, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+        self.register_buffer("step", torch.zeros((), dtype=torch.long))
+        self.start = start
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        if int(self.step) >= self.start:
+            h = h + torch.tanh(self.extra(h))
+        if self.training:
+            self.step += 1
+        return self.b(h)
+
+
+@pytest.mark.parametrize("method", ["hooks", "factored", "auto"])
+def test_a_layer_a_step_counter_switches_on_is_right_or_refused_naming_the_cause(method):
+    """Round 38: the hook path replays the root per example (its forward reads the counter);
+    on a call where the layer stayed idle, an example's replay used none of the weights it
+    replays, and hooks and factored refused that call and every later one with autograd's
+    "element 0 of tensors does not require grad". Those rows are zeros now: every call right
+    against the float64 references, or refused naming the control flow."""
+    torch.manual_seed(0)
+    refusals: list[str] = []
+    sizes = (1, 5, 2, 33, 3, 7, 2, 5)  # the layer joins on the third call
+    outcomes = run(WarmupLayer(2), method, [False] * 8, False, refusals, sizes)
+    assert outcomes[:2] == ["right"] * 2
+    assert all("data-dependent control flow" in line for line in refusals), refusals
+    if method == "auto":
+        assert outcomes == ["right"] * 8
 
 
 class TokenHead(nn.Module):
