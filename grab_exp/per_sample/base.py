@@ -158,7 +158,7 @@ class PerSampleGradients(ABC):
         line naming the cause, ``param.grad`` as before the call; ``UserCodeError``: the user's
         model or loss raised, and a plain step raises the same."""
         check_batch(x, y)
-        self._seen = SeenInputs(x, y)  # what a forward or the loss changes in place is refused
+        self._seen = SeenInputs(x, y, self.checker.on)  # what a forward or loss changes in place
         self._found = saved_state(self.model)  # for the examples alone and auto's retry
         self.extra_loss.begin()  # the loss's state, for its calls besides the batch's own
         if self.state.stale(self.model):  # a module or parameter was replaced since

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
+from grab_exp.devices import in_graph_safe
 from grab_exp.per_sample.modules import UnsupportedModelError
 
 __all__ = ["Call", "CallLayout", "OutputLayout", "call_model", "expand_over_batch", "take"]
@@ -136,17 +137,20 @@ class SeenInputs:
     and each dict's and list's items, read again by :meth:`changed` (a model or loss that changes
     what it is given in place, ``x /= 2``, ``y -= 1``, ``extras.pop("mask")``, or behind torch's
     back, ``x.data = x.data / 2``, numpy's ``out=``, changes it again on each of a method's
-    forwards, where a plain step changes it once)."""
+    forwards, where a plain step changes it once); ``values``: whether values are kept (not with
+    the checks off, nor inside a captured step: versions and storage only)."""
 
-    def __init__(self, x: Inputs, y: Any) -> None:
+    def __init__(self, x: Inputs, y: Any, values: bool = True) -> None:
         self.seen: list[tuple[str, Any, Any, Any]] = []  # (where, object, what it held, values)
+        self._values = values and not in_graph_safe()
         self._walk("x", x)
         self._walk("y", y)
 
     def _walk(self, where: str, value: Any) -> None:
         if isinstance(value, torch.Tensor | dict | list):  # a tuple cannot change in place
             dense = isinstance(value, torch.Tensor) and value.layout == torch.strided
-            copy = value.detach().clone() if dense and not value.is_nested else None
+            kept = self._values and dense and not value.is_nested
+            copy = value.detach().clone() if kept else None
             self.seen.append((where, value, _held(value), copy))
         if isinstance(value, dict | list | tuple):
             for key, item in value.items() if isinstance(value, dict) else enumerate(value):
