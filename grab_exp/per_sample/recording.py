@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.autograd.graph import get_gradient_edge as _edge  # where autograd takes its gradient
 from torch.nn.modules.module import _global_forward_hooks
+from torch.nn.utils.rnn import PackedSequence
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from grab_exp.per_sample.check.tolerance import autocast_on
@@ -129,6 +130,8 @@ class Recorder:
             if self.mode == "idle":
                 return None
             self._refuse_swapped(name)
+            if args and isinstance(args[0], PackedSequence):  # an RNN's: examples interleaved
+                raise UnsupportedModelError(f"{self.layers.label(name)}: {PACKED}")
             plain = not kwargs and isinstance(output, torch.Tensor)
             if plain and all(isinstance(a, torch.Tensor) for a in args):
                 leaves, spec = list(args), _args_spec(len(args))  # the usual call: no pytree
@@ -372,6 +375,11 @@ def _nodes(stack: list, skip: dict | None = None) -> list[Any]:
     return found
 
 
+#: the refusal of a layer called with a PackedSequence (its examples interleaved by time step)
+PACKED = (
+    "its input is a PackedSequence, whose examples the hook path cannot take apart (they are "
+    "interleaved by time step); use method=loop (auto takes it)"
+)
 #: why a parameter its module's forward reads itself is not a hooked layer's (the refusal's cause)
 READ_AROUND_CHILDREN = "its forward reads it around its child layers (a CLS token, a position); "
 #: nodes of operations that can move items across a batch axis (docs/which-models-work.md)

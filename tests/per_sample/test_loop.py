@@ -251,6 +251,18 @@ def test_auto_falls_back_to_loop_with_one_warning(name):
     assert "| method=func: " in ours[0] and "B forward and backward passes" in ours[0]
 
 
+@pytest.mark.parametrize("method", ["hooks", "factored"])
+def test_the_hook_path_refuses_a_packed_sequence_naming_it(method):
+    """Round 38: the hook path called a packed LSTM's input a selection of the examples, or
+    relayed torch's shape error where the first example had length 1; it names the input."""
+    make, inputs, targets, loss_fn = CASES["packed_lstm"]
+    model, g = build(make), torch.Generator().manual_seed(7)
+    psg = make_per_sample(model, loss_fn, method)
+    with pytest.raises(UnsupportedModelError, match=r"^rnn \(LSTM\): its input is a PackedSeq"):
+        psg(inputs(3, g), targets(3, g))
+    assert all(p.grad is None for p in model.parameters())
+
+
 def test_auto_refuses_in_one_line_with_every_methods_reason():
     model, g = build(Centered), torch.Generator().manual_seed(8)
     psg = make_per_sample(model, F.cross_entropy)
