@@ -56,9 +56,6 @@ class AutoPerSample(PerSampleGradients):
     def reason(self) -> str | None:
         return " | ".join(self._left) or None
 
-    def check(self) -> None:
-        self.chosen.check()
-
     def __call__(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         check_batch(x, y)  # the same for every path: refused at once
         hints = (listed_values(x, batch_size(x)), PLAIN_RUNS)
@@ -121,9 +118,6 @@ class AutoPerSample(PerSampleGradients):
     def remove(self) -> None:
         """Remove the chosen path's hooks from the model (this object is unusable afterwards)."""
         getattr(self.chosen, "remove", lambda: None)()
-
-    def quiet(self):
-        return self.chosen.quiet()
 
     def _compute(self, x: Inputs, y: torch.Tensor) -> tuple[torch.Tensor, BatchGrads]:
         return self.chosen._compute(x, y)
