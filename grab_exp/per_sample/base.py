@@ -70,7 +70,8 @@ def user_code_error(
     ``error`` (:func:`same_error`) in its backward (a tensor saved for backward changed in place)
     or in torch code that the user's model or loss called, no code of ours between (a wrong
     shape handed to ``F.linear``, a class out of range), else ``None`` (a refusal stands); and
-    whether the plain step ran without an error."""
+    whether the plain step ran without an error, its backward included (not run where the user's
+    file raised ``error``: unknown, so ``False``)."""
     own, backward = raised_in_user_file(error), False
     setting, obj = "model", model
     try:
@@ -88,7 +89,7 @@ def user_code_error(
             named = obj if callable(obj) and hasattr(obj, "__qualname__") else type(obj)
             return UserCodeError(setting, f"{named.__module__}.{named.__qualname__}", plain), False
         return None, False
-    return None, True
+    return None, not own
 
 
 #: what a method's failure adds where a plain step of the batch raises nothing

@@ -39,7 +39,6 @@ from grab_exp.per_sample.layout import (
 )
 from grab_exp.per_sample.modules import (
     CHECKPOINT_REFUSAL,
-    RelayedError,
     UnsupportedModelError,
     compiled,
     first_line,
@@ -146,7 +145,7 @@ def vmap_failure(model: nn.Module, error: RuntimeError) -> UnsupportedModelError
     unbatchable = [f"{n} ({type(m).__name__})" for n, m in named if isinstance(m, VMAP_FAILS)]
     if (in_loss := raised_in(error, _ModelAndLoss.loss)) or not unbatchable:
         where = "loss_fn" if in_loss else "this model"
-        return RelayedError(f"torch.func's vmap failed on {where} ({cause})")
+        return UnsupportedModelError(f"torch.func's vmap failed on {where} ({cause})")
     return UnsupportedModelError(
         f"torch.func's vmap failed at {', '.join(unbatchable)}, which it cannot batch here "
         f"({cause}); method=auto or hooks replays such layers one example at a time"

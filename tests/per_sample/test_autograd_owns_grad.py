@@ -24,7 +24,7 @@ from grab_exp.per_sample import (
     UserCodeError,
     make_per_sample,
 )
-from grab_exp.per_sample.base import PLAIN_RUNS
+from grab_exp.per_sample.base import PLAIN_RUNS, user_code_error
 from grab_exp.per_sample.check.schedule import CHECK_EVERY
 
 F64 = torch.float64
@@ -950,7 +950,8 @@ def test_a_failure_a_plain_step_does_not_share_says_so(method, case) -> None:
     """Round 40: a model or loss that needs the whole batch (an EmbeddingBag's offsets into a flat
     token list, a loss of in-batch negatives) was refused with torch's message alone ("offsets[0]
     has to be 0", "Target 1 is out of bounds"), which reads as the user's error; a plain step of
-    the batch runs, and the refusal says so, once, with what every method does that it does not."""
+    the batch runs, and the refusal says so, once, with what every method does that it does not
+    (func's names vmap's failure, which runs one example at a time)."""
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
     if case == "offsets":
@@ -963,5 +964,47 @@ def test_a_failure_a_plain_step_does_not_share_says_so(method, case) -> None:
     psg = make_per_sample(model, loss_fn, method=method)
     with pytest.raises(UnsupportedModelError) as refused:
         psg(x, y)
-    assert str(refused.value).count(PLAIN_RUNS) == 1, str(refused.value)
+    assert str(refused.value).count(PLAIN_RUNS) == (method != "func"), str(refused.value)
     assert all(p.grad is None for p in model.parameters())
+
+
+class Doubled(torch.autograd.Function):
+    """Doubles its input in place (``mark_dirty``), which tanh saved for its backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(2)
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor) -> torch.Tensor:
+        return g * 2
+
+
+class Doubling(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return Doubled.apply(x)
+
+
+def doubles_tanh() -> nn.Module:
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), Doubling(), nn.Linear(8, 3))
+
+
+def test_a_plain_step_whose_backward_fails_is_not_said_to_run() -> None:
+    """Round 40's re-run: func's refusal of a Function of the user's file, whose plain forward
+    runs and whose backward fails (a tensor saved for it changed in place), said "a plain step
+    of the batch raises nothing": user_code_error judged an error raised in the user's file by
+    the plain forward and loss alone. That is unknown now; and vmap's refusals carry no such
+    note (vmap runs one example at a time: its message names what it cannot run)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(3, 6), torch.tensor([0, 1, 2])
+    with pytest.raises(UnsupportedModelError, match=r"^torch\.func's vmap failed") as refused:
+        make_per_sample(doubles_tanh(), F.cross_entropy, method="func")(x, y)
+    assert PLAIN_RUNS not in str(refused.value)
+    try:
+        raise RuntimeError("raised in the user's file")
+    except RuntimeError as error:
+        assert user_code_error(doubles_tanh(), F.cross_entropy, x, y, error) == (None, False)
+    with pytest.raises(UserCodeError, match=r"^model: .*Sequential raised RuntimeError: one of"):
+        make_per_sample(doubles_tanh(), F.cross_entropy, method="loop")(x, y)
