@@ -148,8 +148,7 @@ class SeenInputs:
 
     def _walk(self, where: str, value: Any) -> None:
         if isinstance(value, torch.Tensor | dict | list):  # a tuple cannot change in place
-            dense = isinstance(value, torch.Tensor) and value.layout == torch.strided
-            kept = self._values and dense and not value.is_nested
+            kept = self._values and isinstance(value, torch.Tensor) and _dense(value)
             copy = value.detach().clone() if kept else None
             self.seen.append((where, value, _held(value), copy))
         if isinstance(value, dict | list | tuple):
@@ -177,11 +176,15 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(INTS[t.element_size()]) if t.is_floating_point() else t
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t`` has one strided storage (its pointer and values can be read)."""
+    return t.layout == torch.strided and not t.is_nested
+
+
 def _held(value: torch.Tensor | dict | list) -> Any:
     """A tensor's version and storage, or a dict's or list's keys and their items' identities."""
     if isinstance(value, torch.Tensor):
-        dense = value.layout == torch.strided and not value.is_nested
-        return (value._version, value.data_ptr(), value.shape) if dense else value._version
+        return (value._version, value.data_ptr(), value.shape) if _dense(value) else value._version
     return [(k, id(v)) for k, v in (value.items() if isinstance(value, dict) else enumerate(value))]
 
 
