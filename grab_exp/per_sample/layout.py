@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from grab_exp.devices import in_graph_safe
@@ -133,12 +134,13 @@ def check_batch(x: Inputs, y: Any) -> None:
 
 
 class SeenInputs:
-    """A call's inputs and targets as it found them: each tensor's version, storage and values
-    and each dict's and list's items, read again by :meth:`changed` (a model or loss that changes
-    what it is given in place, ``x /= 2``, ``y -= 1``, ``extras.pop("mask")``, or behind torch's
-    back, ``x.data = x.data / 2``, numpy's ``out=``, changes it again on each of a method's
-    forwards, where a plain step changes it once); ``values``: whether values are kept (not with
-    the checks off, nor inside a captured step: versions and storage only)."""
+    """A call's inputs and targets as it found them: each tensor's version, storage and values,
+    each dict's and list's items, an object's attributes, read again by :meth:`changed` (a model
+    or loss that changes what it is given in place, ``x /= 2``, ``y -= 1``, ``extras.pop("m")``,
+    ``extras.calls += 1``, or behind torch's back, ``x.data = x.data / 2``, numpy's ``out=``,
+    changes it again on each of a method's forwards, where a plain step changes it once);
+    ``values``: whether values are kept (not with the checks off, nor inside a captured step:
+    versions and storage only)."""
 
     def __init__(self, x: Inputs, y: Any, values: bool = True) -> None:
         self.seen: list[tuple[str, Any, Any, Any]] = []  # (where, object, what it held, values)
@@ -147,19 +149,25 @@ class SeenInputs:
         self._walk("y", y)
 
     def _walk(self, where: str, value: Any) -> None:
-        if isinstance(value, torch.Tensor | dict | list):  # a tuple cannot change in place
+        if isinstance(value, torch.Tensor | dict | list) or _plain_object(value):  # not a tuple
             kept = self._values and isinstance(value, torch.Tensor) and _dense(value)
             copy = value.detach().clone() if kept else None
             self.seen.append((where, value, _held(value), copy))
         if isinstance(value, dict | list | tuple):
             for key, item in value.items() if isinstance(value, dict) else enumerate(value):
                 self._walk(f"{where}[{key!r}]", item)
+        elif _plain_object(value):  # its tensors; its containers only as attributes
+            for name, item in vars(value).items():
+                if isinstance(item, torch.Tensor):
+                    self._walk(f"{where}.{name}", item)
 
     def changed(self, read: bool = True) -> str | None:
         """The first input (``x[...]``) or target (``y``) changed in place since, or ``None``;
         ``read=False``: values off the CPU are not compared (a host read)."""
         for where, value, held, copy in self.seen:
-            if _held(value) != held:
+            if (now := _held(value)) != held:
+                if _plain_object(value):  # the attribute
+                    where += f".{next(k for k, _ in sorted(set(now) ^ set(held)))}"
                 return where
             compared = copy is not None and (read or copy.device.type == "cpu")
             if compared and not torch.equal(_bits(copy), _bits(value)):
@@ -181,11 +189,21 @@ def _dense(t: torch.Tensor) -> bool:
     return t.layout == torch.strided and not t.is_nested
 
 
-def _held(value: torch.Tensor | dict | list) -> Any:
-    """A tensor's version and storage, or a dict's or list's keys and their items' identities."""
+def _held(value: Any) -> Any:
+    """A tensor's version and storage, or a dict's or list's keys (an object's attributes) and
+    their items' identities."""
     if isinstance(value, torch.Tensor):
         return (value._version, value.data_ptr(), value.shape) if _dense(value) else value._version
-    return [(k, id(v)) for k, v in (value.items() if isinstance(value, dict) else enumerate(value))]
+    items = vars(value) if _plain_object(value) else value
+    return [(k, id(v)) for k, v in (items.items() if isinstance(items, dict) else enumerate(items))]
+
+
+def _plain_object(value: Any) -> bool:
+    """Whether ``value`` is an object with attributes of its own passed as an input (a count kept
+    on it: ``extras.calls += 1``), not a tensor, module, container, function or class."""
+    return hasattr(value, "__dict__") and not isinstance(
+        value, torch.Tensor | nn.Module | dict | list | tuple | type | Callable
+    )
 
 
 def listed_values(x: Inputs, batch: int) -> str | None:

@@ -865,11 +865,21 @@ class ScalesItsInput(nn.Module):
     def forward(self, x, extras=None):
         if self.changed == "dict":
             x = x * extras.pop("mask")
+        elif self.changed == "object":  # a count kept on a plain object passed in
+            extras.calls += 1
+            x = x * extras.calls
         elif self.changed == "tensor":
             x /= 2
         elif self.changed == "data":
             x.data.div_(2)
         return self.h(torch.tanh(self.a(x)))
+
+
+class Calls:
+    """A plain object passed as an input, whose count the forward advances."""
+
+    def __init__(self) -> None:
+        self.calls = 0
 
 
 def shifted_targets(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -889,7 +899,7 @@ def shifted_targets_data(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 CHANGES = [
     *(
         (changed, held, every)
-        for changed in ("tensor", "dict", "targets")
+        for changed in ("tensor", "dict", "object", "targets")
         for held, every in [(False, CHECK_EVERY), (True, 0)]
     ),
     *((changed, False, CHECK_EVERY) for changed in ("data", "targets_data")),
@@ -906,7 +916,8 @@ def test_a_model_or_loss_that_changes_its_inputs_in_place_is_refused(
     place. auto's rows were 0.97 off (x /= 2), 0.54 off (targets smoothed in place) and 1.06 off
     (a dict's pop), silently; a plain step on a changed batch named the user's code as failing.
     Round 40: a write that autograd's version counter misses (``.data``, numpy's ``out=``) left
-    auto's rows 0.44 off, silently. Refused now, naming what changed, with ``param.grad`` as
+    auto's rows 0.44 off, silently; a count kept on a plain object passed in was refused as a
+    model that mixes the examples. Refused now, naming what changed, with ``param.grad`` as
     before (``held``: a gradient)."""
     torch.manual_seed(0)
     model = ScalesItsInput(changed)
@@ -914,14 +925,16 @@ def test_a_model_or_loss_that_changes_its_inputs_in_place_is_refused(
     loss_fn = losses.get(changed, F.cross_entropy)
     psg = make_per_sample(model, loss_fn, method=method, check_every=check_every)
     if held:  # a plain step's gradient, which the refused calls leave as it is
-        extras = [{"mask": torch.ones(3, 6)}] if changed == "dict" else []
+        extras = {"dict": [{"mask": torch.ones(3, 6)}], "object": [Calls()]}.get(changed, [])
         F.cross_entropy(model(torch.randn(3, 6), *extras), torch.tensor([0, 1, 2])).backward()
     before = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
     g = torch.Generator().manual_seed(1)
     for batch in (1, 5):  # the first call, and one after (auto's path chosen)
         x, y = torch.randn(batch, 6, generator=g), torch.randint(1, 3, (batch,), generator=g)
-        inputs = (x, {"mask": torch.ones(batch, 6)}) if changed == "dict" else x
-        where = {"dict": "x[1]", "targets": "y", "targets_data": "y"}.get(changed, "x")
+        extras = {"dict": {"mask": torch.ones(batch, 6)}, "object": Calls()}.get(changed)
+        inputs = x if extras is None else (x, extras)
+        where = {"targets": "y", "targets_data": "y"}.get(changed, "x")
+        where = {"dict": "x[1]", "object": "x[1].calls"}.get(changed, where)
         with pytest.raises(InputChangedError, match=rf"changed {re.escape(where)} in place"):
             psg(inputs, y)
         for p, want in zip(model.parameters(), before, strict=True):
