@@ -98,6 +98,8 @@ PLAIN_RUNS = (
     "one example alone or on copies of one, which a model or loss that needs the whole batch, as "
     "in-batch negatives or offsets into a flat input, cannot take"
 )
+#: refusals of ours, which a refusal's cause that a plain step may raise too is not
+OURS = (UnsupportedModelError, LossContractError)
 #: the frame of ours that a plain forward's error passes last when the user's code raised it
 CALL_MODEL = call_model.__code__
 NUMBERS = re.compile(r"\d+")
@@ -180,9 +182,14 @@ class PerSampleGradients(ABC):
             self.checker.forget()  # refused: every kind of batch is checked in full again
             self.refuse_registered(error)
             self.refuse_changed(error)  # the cause of any refusal after the change
-            cause = error.__cause__  # where torch's error is relayed: did a plain step run?
-            if isinstance(error, RelayedError) and self._plain_runs(x, y, cause or error):
-                raise RelayedError(f"{first_line(error)} ({PLAIN_RUNS})") from cause
+            cause = error.__cause__  # where torch's error is relayed: does a plain step raise it?
+            relayed = isinstance(error, RelayedError)
+            if relayed or (cause is not None and not isinstance(cause, OURS)):
+                own, ran = self._plain_step(x, y, cause or error)
+                if own is not None:
+                    raise own from cause
+                if relayed and ran:
+                    raise RelayedError(f"{first_line(error)} ({PLAIN_RUNS})") from cause
             self._put_back()
             raise
         except Exception as error:  # torch's, the model's or the loss's, inside this method
@@ -197,11 +204,14 @@ class PerSampleGradients(ABC):
             raise RelayedError(f"method={self.method}: {one_line(error)}{hint}") from error
         return result
 
-    def _plain_runs(self, x: Inputs, y: torch.Tensor, error: Exception) -> bool:
-        """Whether a plain step of the batch raises nothing (the state put back after it)."""
-        ran = user_code_error(self.model, self.loss_fn, x, y, error)[1]
+    def _plain_step(
+        self, x: Inputs, y: torch.Tensor, error: Exception
+    ) -> tuple[UserCodeError | None, bool]:
+        """:func:`user_code_error` of torch's ``error`` relayed by a refusal (a plain step of the
+        batch raises it too: the user's code fails without any method), the state put back."""
+        found = user_code_error(self.model, self.loss_fn, x, y, error)
         self._put_back()
-        return ran
+        return found
 
     def refuse_registered(self, error: Exception | None = None) -> None:
         """Refuse a call during which the model's forward registered a module or parameter (a

@@ -789,13 +789,26 @@ class ChangesWhatBackwardSaved(nn.Module):
         return out
 
 
-@pytest.mark.parametrize("method", ("auto", "hooks", "factored"))
-def test_a_model_whose_plain_backward_fails_is_the_users_error(method: str) -> None:
+def halves_its_input(module: nn.Module, args: tuple) -> None:
+    """A forward pre-hook that halves the layer's input in place (a tanh's output, which its
+    backward saved)."""
+    args[0].mul_(0.5)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("where", ["forward", "pre_hook"])
+def test_a_model_whose_plain_backward_fails_is_the_users_error(method: str, where: str) -> None:
     """Adversarial round 30: torch's error in the backward of a model that a plain step fails on
-    too was a refusal naming the method's RuntimeError; it is the user's model's error."""
-    model = ChangesWhatBackwardSaved()
+    too was a refusal naming the method's RuntimeError; it is the user's model's error. Round 38:
+    func said "vmap failed" where the change is a forward pre-hook's (vmap's own backward raised
+    the plain step's error)."""
+    if where == "forward":
+        model, name = ChangesWhatBackwardSaved(), "ChangesWhatBackwardSaved"
+    else:
+        model, name = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)), "Sequential"
+        model[2].register_forward_pre_hook(halves_its_input)
     psg = make_per_sample(model, F.cross_entropy, method=method)
-    with pytest.raises(UserCodeError, match=r"^model: .*ChangesWhatBackwardSaved raised Runtime"):
+    with pytest.raises(UserCodeError, match=rf"^model: .*{name} raised RuntimeError: one of"):
         psg(torch.randn(4, 6), torch.randint(0, 3, (4,)))
     assert all(p.grad is None for p in model.parameters())
 
