@@ -88,8 +88,8 @@ class Rows:
             if g is not None and layout.outputs[k] is None:
                 raise UnsupportedModelError(
                     f"{self.layers.label(name)} returns a tensor of shape {tuple(g.shape)} without "
-                    "a batch dimension although its input has one: it mixes the examples of a "
-                    "batch; use method=func"
+                    "a batch dimension (a value of the whole batch, as h.mean()) that reaches the "
+                    "loss, whose share per example the hook path cannot tell; use method=func"
                 )
         if (rule := self.layers.rules.get(name)) is not None:
             a, dtype = call.leaves[0].movedim(layout.inputs[0], 0), layer.weight.dtype  # (B, ...)

@@ -126,6 +126,38 @@ def test_a_kl_mean_beside_the_output_is_right_on_every_method(method: str) -> No
         assert psg.method != "loop", psg.reason  # the fast paths get it right
 
 
+class ScaledVAE(VAE):
+    """:class:`VAE` with a parameter on its root (the KL's learned weight): the hook path
+    replays the root, whose output has a leaf of the whole batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.beta = nn.Parameter(torch.tensor(0.5))
+
+    def forward(self, x: torch.Tensor, eps: torch.Tensor):
+        out, kl = super().forward(x, eps)
+        return out, self.beta * kl
+
+
+@pytest.mark.parametrize("method", ["auto", "hooks", "factored", "func", "loop"])
+def test_a_kl_mean_beside_a_root_parameter_is_right_or_refused_naming_it(method: str) -> None:
+    """Round 38: with a parameter on the root module, the hook path refused a VAE's ``kl.mean()``
+    as a model that "mixes the examples"; it names the value of the whole batch that reaches the
+    loss now. auto, func and loop are right."""
+    torch.manual_seed(0)
+    model, g = ScaledVAE().double(), torch.Generator().manual_seed(1)
+    psg = make_per_sample(model, vae_loss, method)
+    for size in SIZES:
+        x, y = vae_batch(size, g)
+        if method in ("hooks", "factored"):
+            with pytest.raises(UnsupportedModelError, match=r"^<root> \(ScaledVAE\) returns a "
+                               r"tensor of shape \(\) without a batch dimension \(a value of "
+                               r"the whole batch"):  # fmt: skip
+                psg(x, y)
+            return
+        assert_call_right(psg, model, vae_loss, x, y, f"B={size}: ")
+
+
 @pytest.mark.parametrize("method", ["auto", "hooks", "factored", "func", "loop"])
 @pytest.mark.parametrize(
     ("build", "loss_fn", "expected"),
