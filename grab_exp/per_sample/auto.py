@@ -15,6 +15,7 @@ import torch
 
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.base import PLAIN_RUNS, PerSampleGradients, one_line
+from grab_exp.per_sample.check.state import generator_states, set_generator_states
 from grab_exp.per_sample.layout import Inputs, batch_size, check_batch, listed_values
 from grab_exp.per_sample.modules import (
     InputChangedError,
@@ -61,7 +62,7 @@ class AutoPerSample(PerSampleGradients):
         hints = (listed_values(x, batch_size(x)), PLAIN_RUNS)
         self._hints, self._said = [f" ({hint})" for hint in hints if hint], []
         while True:
-            rng = torch.get_rng_state()  # the masks a failed call drew: the next path draws again
+            rng = generator_states()  # the masks a failed call drew: the next path draws again
             try:
                 result = self.chosen(x, y)
                 if self.chosen.method == "loop" and not self._warned:  # announced once
@@ -79,7 +80,7 @@ class AutoPerSample(PerSampleGradients):
                     if self._left and isinstance(error, RuntimeError | ValueError):
                         raise self._refusal(self.method, error) from error
                     raise
-                torch.set_rng_state(rng)
+                set_generator_states(rng)
                 self.chosen._put_back()  # the model's and the loss's state it found
                 self._left.append(self._reason(self.chosen.method, error))
                 old = self.chosen

@@ -12,6 +12,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from grab_exp.per_sample.check.state import drew_since, generator_states
 from grab_exp.per_sample.func import split_state
 from grab_exp.per_sample.layout import Call, CallLayout
 from grab_exp.per_sample.modules import UnsupportedModelError
@@ -79,7 +80,7 @@ class FuncFallback:
                 per_example = vmap(grad(one_example), (None, in_dims, out_dims), randomness="error")
                 return per_example(own, inputs, grads_sum)
             rows: dict[str, list[torch.Tensor]] = {n: [] for n in own}
-            drawn = torch.get_rng_state()  # the replays may draw nothing (forked by the caller)
+            drawn = generator_states()  # the replays may draw nothing (forked by the caller)
             for b in range(batch):  # plain autograd: a checkpoint inside the layer runs too
                 for n, buffer in call.buffers.items():  # each example from the call's buffers
                     fixed[n].copy_(buffer)
@@ -96,6 +97,6 @@ class FuncFallback:
                     )
                 for (n, p), g in zip(params.items(), grads, strict=True):
                     rows[n].append(torch.zeros_like(p) if g is None else g)
-            if not torch.equal(drawn, torch.get_rng_state()):
+            if drew_since(drawn):
                 raise RuntimeError("the layer's replay draws random numbers (randomness)")
         return {n: torch.stack(r, out=outs.get(n)) for n, r in rows.items()}

@@ -21,11 +21,12 @@ from grab_exp.per_sample.check.loss import check_scalar, loss_of, relative_gap
 from grab_exp.per_sample.check.mean import GradSnapshot, refuse_gradient_hooks
 from grab_exp.per_sample.check.schedule import CHECK_EVERY
 from grab_exp.per_sample.check.state import (
-    cuda_devices,
     drew_since,
+    forked_generators,
     generator_states,
     kept_state,
     saved_state,
+    set_generator_states,
 )
 from grab_exp.per_sample.check.tolerance import autocast_on
 from grab_exp.per_sample.compiled import compile_step
@@ -220,9 +221,11 @@ class FuncPerSample(PerSampleGradients):
         if self.randomness is not None and (drew or random_modules(self.model)):
             result = self._drawn(x, y, rows, grads, losses, out, layout, key, due, batch)
             if moved:  # no batch forward ran: one, for the attributes a plain step leaves
-                with torch.no_grad(), torch.random.fork_rng(cuda_devices(self.model)):
+                with torch.no_grad(), forked_generators():
                     call_model(self.model, x)
             return result
+        if drew:  # numpy's or Python's (vmap lets them pass): the batch draws as a plain step
+            set_generator_states(start)
         with GradSnapshot(params.values()) as snapshot, torch.enable_grad():
             batch_out = call_model(self.model, x)  # the batch's own forward
             layout.check_batch(batch_out, batch)

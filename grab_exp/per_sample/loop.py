@@ -46,9 +46,9 @@ class LoopPerSample(PerSampleGradients):
             if drew_since(start):
                 raise UnsupportedModelError(
                     "the model draws random numbers in its forward outside Dropout modules "
-                    "(torch.randn_like, F.dropout): method=loop's forwards of one example would "
-                    "draw other numbers than the batch's; use method=hooks (the batch's own "
-                    "draws) or func with randomness='different'"
+                    "(torch.randn_like, F.dropout, numpy's or Python's random): method=loop's "
+                    "forwards of one example would draw other numbers than the batch's; use "
+                    "method=hooks (the batch's own draws) or func with randomness='different'"
                 )
             if loss.requires_grad:
                 loss.backward()

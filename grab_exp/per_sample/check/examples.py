@@ -23,8 +23,8 @@ from grab_exp.per_sample.check.rounding import (
     within_rounding,
 )
 from grab_exp.per_sample.check.state import (
-    cuda_devices,
     drew_since,
+    forked_generators,
     generator_states,
     saved_state,
 )
@@ -191,7 +191,7 @@ def mixing_problem(
     # (nothing to compare; the runner stops on its loss)
     if in_batch.dim() < 2 or not in_batch.isfinite().all():
         return None
-    with torch.random.fork_rng(devices=cuda_devices(model)):
+    with forked_generators():
         first = alone()
         difference, limit = (
             _relative_rows(first, in_batch),
@@ -224,8 +224,9 @@ def _mixing_refusal(chosen: list[int], difference: float, drawn: bool) -> str:
         return (
             f"examples {chosen} run alone get outputs that differ from theirs in the batch "
             f"(relative difference {difference:.2g}), and the forward draws random numbers in eval "
-            "mode too (F.gumbel_softmax, torch.rand: not a Dropout module's), so the check cannot "
-            "tell randomness from examples that mix; per-sample gradients are refused for it"
+            "mode too (F.gumbel_softmax, torch.rand, numpy's or Python's random: not a Dropout "
+            "module's), so the check cannot tell randomness from examples that mix; per-sample "
+            "gradients are refused for it"
         )
     return (
         f"the model mixes the examples of a batch: examples {chosen} run alone get outputs "

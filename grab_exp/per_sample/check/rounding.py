@@ -19,7 +19,13 @@ from torch import nn
 from torch.utils._pytree import tree_map, tree_unflatten
 
 from grab_exp.grads import BatchGrads
-from grab_exp.per_sample.check.state import cuda_devices, kept_state, saved_state
+from grab_exp.per_sample.check.state import (
+    forked_generators,
+    generator_states,
+    kept_state,
+    saved_state,
+    set_generator_states,
+)
 from grab_exp.per_sample.check.tolerance import autocast_on
 from grab_exp.per_sample.layout import call_model, take
 from grab_exp.per_sample.modules import draws_random
@@ -83,9 +89,10 @@ def alone_rounding(
 def _in_both(model: nn.Module, names: list[str], x: Any, y: Any, compute, found=None):
     """``compute(twin, x, y)`` on a copy of ``model`` (:func:`_twin`), then on another in float64
     with ``x, y`` in float64, both made with the state ``found()`` puts back (the call's: a count
-    the call's forward advanced switched a layer on in the copies), the generators forked;
-    ``None`` where no copy is made or either raises (the user's model or loss in float64: the
-    check refuses as it would)."""
+    the call's forward advanced switched a layer on in the copies), the generators forked, each
+    drawing from their states at the start (not the float64 copy from where the other left them:
+    other masks, other gradients); ``None`` where no copy is made or either raises (the user's
+    model or loss in float64: the check refuses as it would)."""
     with kept_state(model) if found is not None else contextlib.nullcontext():
         if found is not None:
             found()
@@ -93,8 +100,10 @@ def _in_both(model: nn.Module, names: list[str], x: Any, y: Any, compute, found=
     if twin is None or other is None:
         return None
     try:
-        with torch.random.fork_rng(devices=cuda_devices(model)), torch.enable_grad():
+        with forked_generators(), torch.enable_grad():  # both draw what the call drew
+            start = generator_states()
             low = compute(twin, x, y)
+            set_generator_states(start)
             return low, compute(other.double(), double(x), double(y))
     except Exception:
         return None

@@ -7,6 +7,7 @@ import collections
 import contextlib
 import copy
 import functools
+import random
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,6 +16,11 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 from torch.utils.hooks import RemovableHandle
+
+try:
+    import numpy as np
+except ImportError:  # torch runs without numpy
+    np = None
 
 from grab_exp.per_sample.check.registrations import (
     GLOBAL,
@@ -284,7 +290,7 @@ def kept_state(model: nn.Module) -> Iterator[Callable[[], list[str]]]:
             if name not in (store := _store(m, t)) or store[name] is not t or _moved(t, stamp)
         ] + [n for n, _ in model.named_buffers() if n not in known]  # made by a forward
 
-    with torch.random.fork_rng(devices=cuda_devices(model)):
+    with forked_generators():
         done = False
         try:
             yield changed
@@ -417,21 +423,43 @@ def cuda_devices(model: nn.Module) -> list[int]:
     return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
 
 
-def generator_states() -> list[torch.Tensor]:
-    """The states of the default CPU generator and of the CUDA ones in use (a forward that
-    draws random numbers moves one)."""
+def generator_states() -> list:
+    """The states of the generators a forward may draw from: torch's default CPU one, the CUDA
+    ones in use, numpy's global one and Python's ``random`` (a forward that draws moves one:
+    HuggingFace wav2vec2's SpecAugment masks are numpy's, a LayerDrop's coin Python's)."""
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
-    return [torch.get_rng_state(), *cuda]
+    drawn = None if np is None else np.random.get_state()
+    return [torch.get_rng_state(), *cuda, drawn, random.getstate()]
 
 
-def set_generator_states(states: list[torch.Tensor]) -> None:
+def set_generator_states(states: list) -> None:
     torch.set_rng_state(states[0])
-    if len(states) > 1:
-        torch.cuda.set_rng_state_all(states[1:])
+    if cuda := states[1:-2]:
+        torch.cuda.set_rng_state_all(cuda)
+    if states[-2] is not None:
+        np.random.set_state(states[-2])
+    random.setstate(states[-1])
 
 
-def drew_since(states: list[torch.Tensor]) -> bool:
-    """Whether a generator moved since :func:`generator_states` gave ``states``: compared as
-    bytes on the host, no tensor operation (a captured step may run none that reads a value)."""
-    now = generator_states()
-    return any(a.numpy().tobytes() != b.numpy().tobytes() for a, b in zip(states, now, strict=True))
+@contextlib.contextmanager
+def forked_generators() -> Iterator[None]:
+    """Every generator of :func:`generator_states` put back after the block."""
+    states = generator_states()
+    try:
+        yield
+    finally:
+        set_generator_states(states)
+
+
+def drew_since(states: list) -> bool:
+    """Whether a generator moved since :func:`generator_states` gave ``states``: compared on the
+    host, no tensor operation (a captured step may run none that reads a value)."""
+    return any(map(_moved_state, states, generator_states()))
+
+
+def _moved_state(before: Any, now: Any) -> bool:
+    if isinstance(before, torch.Tensor):
+        return before.numpy().tobytes() != now.numpy().tobytes()
+    if isinstance(before, tuple) and np is not None and isinstance(before[1], np.ndarray):
+        return before[0] != now[0] or before[2:] != now[2:] or not np.array_equal(before[1], now[1])
+    return before != now  # Python's, or no numpy
