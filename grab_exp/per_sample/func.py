@@ -214,6 +214,7 @@ class FuncPerSample(PerSampleGradients):
             grads, (losses, out) = self._grad_fn(trainable, fixed, x, y)  # {name: (B, ...)}
         except RuntimeError as error:
             raise vmap_failure(self.model, error) from error
+        grads = {n: g.detach() for n, g in grads.items()}  # an input's history (x.requires_grad_())
         moved = self._found.moved()  # by the examples' forward: a step count, an activation
         self._found()  # the batch's own forward below runs on the attributes the call found
         rows, params = as_batch_grads(grads), self.state.trainable()

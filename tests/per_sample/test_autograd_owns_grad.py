@@ -1034,3 +1034,31 @@ def test_a_plain_step_whose_backward_fails_is_not_said_to_run() -> None:
         assert user_code_error(doubles_tanh(), F.cross_entropy, x, y, error) == (None, False)
     with pytest.raises(UserCodeError, match=r"^model: .*Sequential raised RuntimeError: one of"):
         make_per_sample(doubles_tanh(), F.cross_entropy, method="loop")(x, y)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_an_input_that_requires_grad_gets_a_plain_steps_gradient_and_plain_rows(method) -> None:
+    """Adversarial round 41: with ``x.requires_grad_()`` (a saliency map, an adversarial step),
+    func's rows carried the input's autograd history, and the ordering's ``centered_into``
+    raised torch's "functions with out=... arguments don't support automatic differentiation".
+    On every method the rows hold no history, every operation of the rows runs, and ``x.grad``
+    is a plain step's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    twin = copy.deepcopy(model)
+    psg = make_per_sample(model, F.cross_entropy, method=method)
+    g = torch.Generator().manual_seed(3)
+    for size in (4, 1, 5):
+        x, y = torch.randn(size, 6, generator=g), torch.randint(0, 3, (size,), generator=g)
+        x_twin = x.clone().requires_grad_()
+        x.requires_grad_()
+        _, rows = psg(x, y)
+        F.cross_entropy(twin(x_twin), y).backward()
+        torch.testing.assert_close(x.grad, x_twin.grad)
+        matrix = rows.dense().matrix  # (B, d)
+        assert not matrix.requires_grad
+        d = matrix.shape[1]
+        assert not rows.dots(torch.randn(d)).requires_grad
+        assert not rows.gram().requires_grad
+        rows.centered_into(torch.zeros(d), torch.empty(size, d))
+        rows.accumulate(torch.zeros(d), torch.ones(size))
