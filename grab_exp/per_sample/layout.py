@@ -112,9 +112,10 @@ def batch_size(x: Inputs, what: str = "inputs") -> int:
         return x.shape[0]
     sizes = {t.shape[0] for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor) and t.dim()}
     if len(sizes) != 1:
+        padded = " (one tensor per example: pad them into one, pad_sequence)" * (len(sizes) > 1)
         raise ValueError(
             f"per-sample {what}: got tensors with batch sizes {sorted(sizes)}; allowed: a tensor, "
-            "or a tuple or dict of tensors, all with the batch in dimension 0"
+            f"or a tuple or dict of tensors, all with the batch in dimension 0{padded}"
         )
     return sizes.pop()
 

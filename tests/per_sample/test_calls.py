@@ -126,6 +126,17 @@ def test_targets_without_a_batch_are_named_as_the_targets(method: str) -> None:
 
 
 @pytest.mark.parametrize("method", METHODS)
+def test_a_list_of_one_tensor_per_example_is_refused_naming_the_remedy(method: str) -> None:
+    """Adversarial round 41: sequences of other lengths as a list of tensors, one per example
+    (a plain step of a model that loops over them runs). Every method splits tensors along
+    dimension 0, so the call is refused before any work, saying how to pass them."""
+    psg = make_per_sample(nn.Sequential(nn.Linear(5, 3)).double(), F.cross_entropy, method)
+    x = [torch.randn(n, 5, dtype=torch.float64) for n in (1, 2, 4)]
+    with pytest.raises(ValueError, match=r"^per-sample inputs: .*\[1, 2, 4\].*pad_sequence\)$"):
+        psg(x, torch.tensor([0, 1, 2]))
+
+
+@pytest.mark.parametrize("method", METHODS)
 def test_a_call_under_inference_mode_is_refused_before_any_work(method: str) -> None:
     """Under ``torch.inference_mode()`` autograd records nothing: refused in one line before any
     work, ``p.grad`` as it was (auto's loop step had turned it into inference tensors, which the
