@@ -69,6 +69,11 @@ def check_supported(model: nn.Module, ties: bool = True) -> None:
                 "weight_norm, spectral_norm, orthogonal, ...): the hook path cannot compute its "
                 "per-sample gradients; use method=func"
             )
+        if isinstance(module, nn.EmbeddingBag) and module.sparse:
+            raise UnsupportedModelError(
+                f"{label(name, module)} with sparse=True: the hook path's replay of it cannot "
+                "take its sparse gradient; use method=loop (auto takes it), or sparse=False"
+            )
         own = [p for p in module.parameters(recurse=False) if p.requires_grad]
         firsts = [owners.setdefault(id(p), (id(module), name)) for p in own]  # their first owners
         if ties and (tied := [n for owner, n in firsts if owner != id(module)]):

@@ -100,7 +100,7 @@ class Recorder:
         tensors (a pre-hook of the user's that changes them would run again in the replay)."""
 
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            if self.mode != "idle":
+            if not self._idle():
                 named = list(module.named_buffers())
                 kept = self.mode == "record" and name in self.updating
                 values = {n: b.clone() for n, b in named} if kept else {}
@@ -112,7 +112,7 @@ class Recorder:
 
     def _pre_hook(self, name: str, replayed: bool):
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> Any:
-            if self.mode == "idle":
+            if self._idle():
                 return None
             self.entered += 1
             self.open.append(self.entered)
@@ -125,10 +125,17 @@ class Recorder:
 
         return hook
 
+    def _idle(self) -> bool:
+        """Whether a layer's call is not recorded: idle, or under ``torch.inference_mode()`` (a
+        constant computed in the forward: no gradient, and its tensors have no version)."""
+        return self.mode == "idle" or torch.is_inference_mode_enabled()
+
     def _forward_hook(self, name: str, replayed: bool):
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-            if self.mode == "idle":
+            if self._idle():
                 return None
+            if torch._C._functorch.maybe_current_level() is not None:  # a slice of its input
+                raise UnsupportedModelError(f"{self.layers.label(name)}: {TRANSFORMED}")
             self._refuse_swapped(name)
             if args and isinstance(args[0], PackedSequence):  # an RNN's: examples interleaved
                 raise UnsupportedModelError(f"{self.layers.label(name)}: {PACKED}")
@@ -379,6 +386,11 @@ def _nodes(stack: list, skip: dict | None = None) -> list[Any]:
 PACKED = (
     "its input is a PackedSequence, whose examples the hook path cannot take apart (they are "
     "interleaved by time step); use method=loop (auto takes it)"
+)
+#: the refusal of a layer called inside a torch.func transform of the model's own
+TRANSFORMED = (
+    "it runs inside a torch.func transform of the model's own (torch.vmap), whose inputs the "
+    "hook path sees one slice at a time; use method=func (auto takes it) or loop"
 )
 #: why a parameter its module's forward reads itself is not a hooked layer's (the refusal's cause)
 READ_AROUND_CHILDREN = "its forward reads it around its child layers (a CLS token, a position); "

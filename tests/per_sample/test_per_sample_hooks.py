@@ -780,3 +780,95 @@ def test_the_hook_path_leaves_each_layer_its_own_hooks_and_no_more() -> None:
         call(psg, x, y)
         assert [len(m._forward_pre_hooks) for m in model] == [1, 2, 1]
         assert [len(m._forward_hooks) for m in model] == [1, 1, 1]
+
+
+class ConstantInInferenceMode(nn.Module):
+    """A constant that a layer computes under ``torch.inference_mode()`` in the forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.out = nn.Linear(6, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        with torch.inference_mode():
+            shift = self.b(x.new_ones(1, 8)).clone()  # an inference tensor: no version
+        return self.out(torch.relu(self.a(x)) + shift)
+
+
+class OwnVmap(nn.Module):
+    """A Linear mapped over time steps by the model's own ``torch.vmap``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.step, self.out = nn.Linear(4, 6), nn.Linear(6, 3)
+
+    def forward(self, x):  # (B, T, 4)
+        h = torch.vmap(lambda xt: torch.tanh(self.step(xt)), in_dims=1, out_dims=1)(x)
+        return self.out(h.mean(1))
+
+
+class SparseBags(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.bags, self.out = nn.EmbeddingBag(20, 6, mode="sum", sparse=True), nn.Linear(6, 3)
+
+    def forward(self, tokens):
+        return self.out(self.bags(tokens))
+
+
+def example_rows(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict:
+    """name -> ``(B, *shape)``: each example's gradient alone (zeros where it reaches none;
+    sparse gradients densified), on a float64 copy."""
+    named = list(model.named_parameters())
+    rows = {n: [] for n, _ in named}
+    for i in range(len(y)):
+        loss = F.cross_entropy(model(x[i : i + 1]), y[i : i + 1])
+        grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+        for (n, p), g in zip(named, grads, strict=True):
+            g = torch.zeros_like(p) if g is None else g
+            rows[n].append(g.to_dense() if g.is_sparse else g)
+    return {n: torch.stack(r) for n, r in rows.items()}
+
+
+CALLS = {  # (model, inputs of B examples, what the hook path says; None: right)
+    "inference_mode": (ConstantInInferenceMode, lambda g, b: torch.randn(b, 6, generator=g), None),
+    "own_vmap": (
+        OwnVmap,
+        lambda g, b: torch.randn(b, 5, 4, generator=g),
+        r"^step \(Linear\): it runs inside a torch\.func transform of the model's own",
+    ),
+    "sparse_bags": (
+        SparseBags,
+        lambda g, b: torch.randint(0, 20, (b, 4), generator=g),
+        r"^bags \(EmbeddingBag\) with sparse=True",
+    ),
+}
+
+
+@pytest.mark.parametrize("method", ["auto", "hooks", "factored"])
+@pytest.mark.parametrize("case", list(CALLS))
+def test_layer_calls_the_hook_path_cannot_record_are_right_or_named(method, case) -> None:
+    """Adversarial round 41, each on the hook path: a constant a layer computes under
+    ``torch.inference_mode()`` relayed "Inference tensors do not track version counter" (that
+    call has no gradient: not recorded now); a layer under the model's own ``torch.vmap`` was
+    called one that "the loss reaches other than through this layer's forward"; an
+    ``EmbeddingBag(sparse=True)`` relayed "reshape is not implemented for sparse tensors" with a
+    hint about models that need the whole batch. Right over 4 batches against a float64 loop, or
+    refused naming the cause (auto: right, on another method)."""
+    build, inputs, refusal = CALLS[case]
+    torch.manual_seed(0)
+    model = build()
+    reference, g = build().double(), torch.Generator().manual_seed(2)
+    if refusal is not None and method != "auto":  # at construction, or the first call
+        x, y = inputs(g, 3), torch.randint(0, 3, (3,), generator=g)
+        with pytest.raises(UnsupportedModelError, match=refusal):
+            make_per_sample(model, F.cross_entropy, method=method)(x, y)
+        return
+    psg = make_per_sample(model, F.cross_entropy, method=method)
+    for size in (3, 1, 6, 2):
+        x, y = inputs(g, size), torch.randint(0, 3, (size,), generator=g)
+        reference.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+        expected = example_rows(reference, x.double() if x.is_floating_point() else x, y)
+        _, grads = psg(x, y)
+        for name, rows in grads.as_dict().items():
+            torch.testing.assert_close(rows.double(), expected[name], rtol=1e-4, atol=1e-5)
