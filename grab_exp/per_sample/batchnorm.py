@@ -16,35 +16,38 @@ __all__ = ["batchnorm_to_groupnorm"]
 def batchnorm_to_groupnorm(model: nn.Module, max_groups: int = 32) -> nn.Module:
     """Replace every BatchNorm layer of ``model`` (in place) with a GroupNorm; return ``model``.
 
-    Each ``BatchNorm*d(C)`` becomes ``GroupNorm(gcd(C, max_groups), C)`` (a ``BatchNorm1d``:
-    groups of at least two channels, right on ``(B, C)`` inputs too) with the same ``eps``,
+    Each ``BatchNorm2d(C)`` or ``BatchNorm3d(C)`` becomes ``GroupNorm(gcd(C, max_groups), C)``,
+    each ``BatchNorm1d(C)`` ``GroupNorm(1, C)`` (on ``(B, C)`` inputs a group normalizes its own
+    channels alone: a group of two outputs their sign, of one a constant), with the same ``eps``,
     affinity, weight and bias, device and dtype. ``ValueError``: ``max_groups < 1``, ``model``
-    itself a BatchNorm, or a ``BatchNorm1d`` of one channel (named)."""
+    itself a BatchNorm, or a ``BatchNorm1d`` of one or two channels (named)."""
     check_int_at_least("max_groups", max_groups, 1)
     if isinstance(model, BATCHNORM):
         raise ValueError("batchnorm_to_groupnorm: the model is a BatchNorm layer; wrap it first")
-    for prefix, module in list(model.named_modules()):
-        for child_name, child in list(module.named_children()):
-            if isinstance(child, BATCHNORM):
-                name = f"{prefix}.{child_name}" if prefix else child_name
-                setattr(module, child_name, _group_norm(child, max_groups, name))
+    replaced = [  # all made before any is set: a refusal leaves the model as it was
+        (module, child_name, _group_norm(child, max_groups, f"{prefix}.{child_name}".lstrip(".")))
+        for prefix, module in model.named_modules()
+        for child_name, child in module.named_children()
+        if isinstance(child, BATCHNORM)
+    ]
+    for module, child_name, norm in replaced:
+        setattr(module, child_name, norm)
     return model
 
 
 def _group_norm(batch_norm: nn.Module, max_groups: int, name: str) -> nn.GroupNorm:
-    """Its GroupNorm: ``gcd(C, max_groups)`` groups; for a ``BatchNorm1d`` (``(B, C)`` inputs: a
-    group of one value normalizes it to 0), groups of at least two channels."""
+    """Its GroupNorm: ``gcd(C, max_groups)`` groups; one for a ``BatchNorm1d``, whose inputs may
+    be ``(B, C)`` vectors (a LayerNorm's normalization, with per-channel weights)."""
     channels = batch_norm.num_features
     groups = math.gcd(channels, max_groups)
     if isinstance(batch_norm, nn.BatchNorm1d):
-        fitting = [g for g in range(1, min(max_groups, channels // 2) + 1) if channels % g == 0]
-        if not fitting:
+        if channels <= 2:
             raise ValueError(
-                f"batchnorm_to_groupnorm: {name} (BatchNorm1d) has {channels} channel: on (B, C) "
-                "inputs a GroupNorm of it outputs its bias whatever the input; remove that layer "
-                "or use a LayerNorm"
+                f"batchnorm_to_groupnorm: {name} (BatchNorm1d) has {channels} channel(s): on (B, "
+                "C) inputs a normalization of each example's own values outputs a constant (one) "
+                "or their sign (two), whatever the input; remove that layer"
             )
-        groups = fitting[-1]
+        groups = 1
     like = batch_norm.weight if batch_norm.affine else batch_norm.running_mean
     options = {} if like is None else {"device": like.device, "dtype": like.dtype}
     norm = nn.GroupNorm(groups, channels, eps=batch_norm.eps, affine=batch_norm.affine, **options)
