@@ -21,7 +21,7 @@ from grab_exp.per_sample.check.loss import check_scalar, loss_of, relative_gap
 from grab_exp.per_sample.check.mean import GradSnapshot, refuse_gradient_hooks
 from grab_exp.per_sample.check.schedule import CHECK_EVERY
 from grab_exp.per_sample.check.state import (
-    drew_since,
+    draws_since,
     forked_generators,
     generator_states,
     kept_state,
@@ -55,6 +55,13 @@ Grads = dict[str, torch.Tensor]
 #: Layers whose kernels torch's vmap may fail on (named when it does).
 VMAP_FAILS = (nn.RNNBase, nn.RNNCellBase)
 
+#: why func refuses a forward that draws from numpy's or Python's generator, where it does
+DRAWN_ELSEWHERE = (
+    "the forward draws from numpy's or Python's random generator, which torch.func's vmap draws "
+    "from once for all the examples (one draw shared), not as the batch's forward does"
+)
+#: what reads the batch's own draws
+HOOKS_DRAW = "use method=hooks (the batch's own draws)"
 #: Explicit values of vmap's ``randomness`` that allow random layers (dropout).
 RANDOMNESS_CHOICES = ("different", "same")
 
@@ -217,16 +224,35 @@ class FuncPerSample(PerSampleGradients):
         grads = {n: g.detach() for n, g in grads.items()}  # an input's history (x.requires_grad_())
         moved = self._found.moved()  # by the examples' forward: a step count, an activation
         self._found()  # the batch's own forward below runs on the attributes the call found
-        rows, params = as_batch_grads(grads), self.state.trainable()
-        drew = not in_graph_safe() and drew_since(start)  # F.dropout, randn_like too
+        rows = as_batch_grads(grads)
+        # torch's (F.dropout, randn_like too); numpy's or Python's, one draw for all examples
+        drew, elsewhere = (False, False) if in_graph_safe() else draws_since(start)
         if self.randomness is not None and (drew or random_modules(self.model)):
+            if elsewhere:  # no batch step would compare the rows with the batch's draws
+                raise UnsupportedModelError(
+                    f"{DRAWN_ELSEWHERE}, and beside its random layers no batch step checks the "
+                    f"rows; {HOOKS_DRAW}"
+                )
             result = self._drawn(x, y, rows, grads, losses, out, layout, key, due, batch)
             if moved:  # no batch forward ran: one, for the attributes a plain step leaves
                 with torch.no_grad(), forked_generators():
                     call_model(self.model, x)
             return result
-        if drew:  # numpy's or Python's (vmap lets them pass): the batch draws as a plain step
-            set_generator_states(start)
+        if not elsewhere:
+            return self._batch_step(x, y, rows, losses, out, layout, key, due)
+        set_generator_states(start)  # the batch's forward draws as a plain step's
+        try:
+            return self._batch_step(x, y, rows, losses, out, layout, key, due)
+        except UnsupportedModelError as error:  # the draws are the likelier cause
+            if type(error) is UnsupportedModelError and "draws random" not in str(error):
+                seen = str(error).split("; use method=")[0]  # its advice: loop refuses draws
+                raise UnsupportedModelError(f"{DRAWN_ELSEWHERE} ({seen}); {HOOKS_DRAW}") from error
+            raise
+
+    def _batch_step(self, x, y, rows, losses, out, layout, key, due):
+        """``param.grad`` from the batch's own forward and ``loss.backward()``; the rows checked
+        against it."""
+        batch, params = batch_size(x), self.state.trainable()
         with GradSnapshot(params.values()) as snapshot, torch.enable_grad():
             batch_out = call_model(self.model, x)  # the batch's own forward
             layout.check_batch(batch_out, batch)

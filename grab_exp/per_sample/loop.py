@@ -14,7 +14,7 @@ from grab_exp.per_sample.base import PerSampleGradients
 from grab_exp.per_sample.check.loss import loss_of
 from grab_exp.per_sample.check.mean import GradSnapshot, dense
 from grab_exp.per_sample.check.registrations import hooks_taken
-from grab_exp.per_sample.check.state import drew_since, generator_states, kept_state
+from grab_exp.per_sample.check.state import draws_since, generator_states, kept_state
 from grab_exp.per_sample.layout import Inputs, batch_size, call_model, take
 from grab_exp.per_sample.modules import UnsupportedModelError, label, random_modules
 
@@ -43,12 +43,14 @@ class LoopPerSample(PerSampleGradients):
         with GradSnapshot(params.values()) as snapshot, torch.enable_grad():
             start = generator_states()
             loss = loss_of(self.loss_fn, call_model(self.model, x), y)  # the batch's own step
-            if drew_since(start):
+            drew, elsewhere = draws_since(start)
+            if drew or elsewhere:
+                func = "" if elsewhere else " or func with randomness='different'"
                 raise UnsupportedModelError(
                     "the model draws random numbers in its forward outside Dropout modules "
                     "(torch.randn_like, F.dropout, numpy's or Python's random): method=loop's "
                     "forwards of one example would draw other numbers than the batch's; use "
-                    "method=hooks (the batch's own draws) or func with randomness='different'"
+                    f"method=hooks (the batch's own draws){func}"
                 )
             if loss.requires_grad:
                 loss.backward()

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from support.plain_step import assert_a_plain_step_from_one_seed
 from torch import nn
+from torch.nn.utils import parametrize
 
 from grab_exp.per_sample import UnsupportedModelError, make_per_sample
 
@@ -261,3 +262,76 @@ def test_draws_from_numpy_or_python_random_are_right_or_refused(method, source) 
             torch.testing.assert_close(rows.as_dict()[n].mean(0), got, msg=f"seed {seed}: {n}")
         results.append("right")
     assert source == "python" or results == ["refused"] * 6  # numpy's masks differ alone
+
+
+class Identity(nn.Module):
+    """A parametrization that leaves the weight as it is (rules out the hook path)."""
+
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight
+
+
+class DrawsBesideDropout(nn.Module):
+    """A numpy dropout mask (SpecAugment's) beside an ``nn.Dropout``, a parametrized layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(6, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+        self.drop = nn.Dropout(0.2)
+        parametrize.register_parametrization(self.b, "weight", Identity())
+
+    def forward(self, x):
+        h = self.drop(torch.relu(self.a(x)))
+        if self.training:
+            h = h * torch.from_numpy(np.random.rand(*h.shape) > 0.3).to(h.dtype) / 0.7
+        return self.c(torch.tanh(self.b(h)))
+
+
+@pytest.mark.parametrize("method", ["auto", "func"])
+def test_numpy_draws_beside_random_layers_are_refused_on_func(method) -> None:
+    """Round 41's re-run: with a Dropout active, func (auto's, randomness='different') forms
+    ``param.grad`` from the rows, where vmap drew numpy's mask once for every example: auto on
+    HuggingFace wav2vec2 (SpecAugment) was silently wrong, ``param.grad`` 0.08-0.61 off a plain
+    step. Refused now, naming the draws, on every call."""
+    torch.manual_seed(0)
+    model = DrawsBesideDropout()
+    options = {"randomness": "different"} if method == "func" else {}
+    psg = make_per_sample(model, F.cross_entropy, method=method, **options)
+    g = torch.Generator().manual_seed(0)
+    for size in (3, 1, 5):
+        x, y = torch.randn(size, 6, generator=g), torch.randint(0, 3, (size,), generator=g)
+        with pytest.raises(UnsupportedModelError, match=r"numpy's or Python's random generator"):
+            psg(x, y)
+        assert all(p.grad is None for p in model.parameters())
+
+
+def test_numpy_noise_is_named_on_func_and_right_on_the_hook_path() -> None:
+    """Round 41's re-run: func refused numpy noise on the inputs as "the rows' mean differs" and
+    sent the user to loop, which refuses draws too; it names the draws and the hook path, which
+    reads the batch's own draws and is right (a float64 loop over the examples with the batch's
+    noise)."""
+
+    class Noisy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(6, 8), nn.Linear(8, 3)
+
+        def forward(self, x):
+            if self.training:  # noise in training mode only
+                x = x + 0.1 * torch.from_numpy(np.random.randn(*x.shape)).to(x.dtype)
+            return self.b(torch.tanh(self.a(x)))
+
+    torch.manual_seed(0)
+    x, y = torch.randn(4, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 0])
+    model = Noisy().double()
+    with pytest.raises(UnsupportedModelError, match=r"^the forward draws from numpy's .*hooks"):
+        make_per_sample(model, F.cross_entropy, method="func")(x, y)
+    np.random.seed(1)
+    noise = torch.from_numpy(np.random.randn(4, 6))
+    want = []
+    for i in range(4):  # each example with its row of the batch's noise
+        h = model.b(torch.tanh(model.a(x[i : i + 1] + 0.1 * noise[i : i + 1])))
+        want.append(torch.autograd.grad(F.cross_entropy(h, y[i : i + 1]), model.a.weight)[0])
+    np.random.seed(1)
+    _, rows = make_per_sample(model, F.cross_entropy, method="hooks")(x, y)
+    torch.testing.assert_close(rows.as_dict()["a.weight"], torch.stack(want))

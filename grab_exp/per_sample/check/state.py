@@ -457,6 +457,13 @@ def drew_since(states: list) -> bool:
     return any(map(_moved_state, states, generator_states()))
 
 
+def draws_since(states: list) -> tuple[bool, bool]:
+    """Whether torch's generators moved since ``states`` (:func:`generator_states`), and whether
+    numpy's or Python's did (draws that ``torch.func``'s ``vmap`` lets pass: one for all)."""
+    moved = list(map(_moved_state, states, generator_states()))
+    return any(moved[:-2]), any(moved[-2:])
+
+
 def _moved_state(before: Any, now: Any) -> bool:
     if isinstance(before, torch.Tensor):
         return before.numpy().tobytes() != now.numpy().tobytes()
