@@ -122,3 +122,44 @@ def test_a_gradient_that_cancels_to_zero_in_float64_is_judged_against_the_larges
         x = torch.randn(size, 2, 8, 8, generator=g).double()
         batches.append((x, torch.randint(0, 5, (size,), generator=g)))
     check_calls(model, F.cross_entropy, method, batches, rows_rtol=1e-4)  # that bias: rounding
+
+
+class Wav2Vec2Classifier(torch.nn.Module):
+    """A tiny HuggingFace wav2vec2 classifier in training mode, SpecAugment on: its time masks
+    are drawn from numpy's global generator in the forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        config = transformers.Wav2Vec2Config(
+            hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+            conv_dim=(8, 8), conv_stride=(4, 2), conv_kernel=(8, 4), num_conv_pos_embeddings=4,
+            num_conv_pos_embedding_groups=2, feat_extract_norm="group", mask_time_prob=0.3,
+            mask_time_length=2, mask_time_min_masks=1, hidden_dropout=0.0, layerdrop=0.0,
+            attention_dropout=0.0, activation_dropout=0.0, feat_proj_dropout=0.0,
+            final_dropout=0.0, vocab_size=6, num_labels=3,
+        )  # fmt: skip
+        self.net = transformers.Wav2Vec2ForSequenceClassification(config).train()
+
+    def forward(self, wave: torch.Tensor) -> torch.Tensor:
+        return self.net(input_values=wave).logits
+
+
+def test_wav2vec2_with_specaugment_is_refused_naming_each_methods_cause() -> None:
+    """Adversarial round 41: numpy's SpecAugment masks. loop was silently wrong before 172264b
+    (its examples alone drew other masks, unseen); after it, auto ended on func with its rows'
+    mean as param.grad, where vmap drew one mask for every example: param.grad 0.08-0.79 off a
+    plain step, silently. auto refuses now, with each method's cause: the hook path a
+    parametrized layer (weight_norm), func numpy's draws, loop the draws."""
+    torch.manual_seed(0)
+    model = Wav2Vec2Classifier()
+    psg = make_per_sample(model, F.cross_entropy)
+    g = torch.Generator().manual_seed(1)
+    for size in (3, 2):
+        wave, y = torch.randn(size, 160, generator=g), torch.randint(0, 3, (size,), generator=g)
+        with pytest.raises(ValueError) as refused:
+            psg(wave, y)
+        hooks, func, loop = str(refused.value).split(" | ")
+        assert "is parametrized" in hooks
+        assert "draws from numpy's or Python's random generator" in func
+        assert "draws random numbers in its forward" in loop
+        assert all(p.grad is None for p in model.parameters())
