@@ -62,7 +62,9 @@ class AutoPerSample(PerSampleGradients):
         hints = (listed_values(x, batch_size(x)), PLAIN_RUNS)
         self._hints, self._said = [f" ({hint})" for hint in hints if hint], []
         while True:
-            rng = generator_states()  # the masks a failed call drew: the next path draws again
+            # the masks a failed call drew: the next path draws again (numpy's and Python's, a
+            # copy of tens of microseconds, until the path's first call passed)
+            rng = generator_states(others=not self._passed)
             try:
                 result = self.chosen(x, y)
                 if self.chosen.method == "loop" and not self._warned:  # announced once
@@ -72,6 +74,7 @@ class AutoPerSample(PerSampleGradients):
                         "and backward passes of one example per step, besides the batch's",
                         stacklevel=2,  # a UserWarning
                     )
+                self._passed = True
                 return result
             except FINAL:
                 raise
@@ -92,7 +95,7 @@ class AutoPerSample(PerSampleGradients):
         while True:
             method, make = self._paths.pop(0)
             try:
-                self.chosen = make()
+                self.chosen, self._passed = make(), False
                 return
             except FINAL:
                 raise

@@ -423,13 +423,14 @@ def cuda_devices(model: nn.Module) -> list[int]:
     return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
 
 
-def generator_states() -> list:
+def generator_states(others: bool = True) -> list:
     """The states of the generators a forward may draw from: torch's default CPU one, the CUDA
     ones in use, numpy's global one and Python's ``random`` (a forward that draws moves one:
-    HuggingFace wav2vec2's SpecAugment masks are numpy's, a LayerDrop's coin Python's)."""
+    HuggingFace wav2vec2's SpecAugment masks are numpy's, a LayerDrop's coin Python's);
+    ``others=False``: ``None`` for numpy's and Python's (neither read nor set)."""
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
-    drawn = None if np is None else np.random.get_state()
-    return [torch.get_rng_state(), *cuda, drawn, random.getstate()]
+    drawn = np.random.get_state() if others and np is not None else None
+    return [torch.get_rng_state(), *cuda, drawn, random.getstate() if others else None]
 
 
 def set_generator_states(states: list) -> None:
@@ -438,7 +439,8 @@ def set_generator_states(states: list) -> None:
         torch.cuda.set_rng_state_all(cuda)
     if states[-2] is not None:
         np.random.set_state(states[-2])
-    random.setstate(states[-1])
+    if states[-1] is not None:
+        random.setstate(states[-1])
 
 
 @contextlib.contextmanager
@@ -465,6 +467,8 @@ def draws_since(states: list) -> tuple[bool, bool]:
 
 
 def _moved_state(before: Any, now: Any) -> bool:
+    if before is None or now is None:  # not read (others=False), or no numpy
+        return False
     if isinstance(before, torch.Tensor):
         return before.numpy().tobytes() != now.numpy().tobytes()
     if isinstance(before, tuple) and np is not None and isinstance(before[1], np.ndarray):
