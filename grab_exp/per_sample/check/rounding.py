@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.check.state import (
@@ -48,8 +48,9 @@ def plain_rounding(
     puts that state back; nothing of it stays; a copy is smaller than the ``(B, d)`` rows); zeros
     where that cannot tell (:func:`_in_both`)."""
 
-    def step(twin: nn.Module, x: Any, y: Any) -> list[torch.Tensor]:
-        return _gradients(twin, names, loss_fn(call_model(twin, x), y))
+    def step(twin: nn.Module, x: Any, y: Any) -> tuple[list[torch.Tensor], Any]:
+        out = call_model(twin, x)
+        return _gradients(twin, names, loss_fn(out, y)), out
 
     pair = _in_both(model, names, x, y, step, found)
     if pair is None:
@@ -72,10 +73,13 @@ def alone_rounding(
     copy of the model (an absolute amount: the weighted sum it allows for need not cancel as the
     batch's gradient does); zeros where that cannot tell (:func:`_in_both`)."""
 
-    def alone(twin: nn.Module, x: Any, y: Any) -> list[list[torch.Tensor]]:
+    def alone(twin: nn.Module, x: Any, y: Any) -> tuple[list[list[torch.Tensor]], list]:
         copied = saved_state(twin)  # each example on the state the copy was made with
-        outs = ((copied() or call_model(twin, take(x, [i])), i) for i in chosen)
-        return [_gradients(twin, names, loss_fn(out, take(y, [i]))) for out, i in outs]
+        grads, outs = [], []
+        for i in chosen:  # each one's backward before the next forward
+            outs.append(copied() or call_model(twin, take(x, [i])))
+            grads.append(_gradients(twin, names, loss_fn(outs[-1], take(y, [i]))))
+        return grads, outs
 
     pair, totals = _in_both(model, names, x, y, alone, found), [0.0] * len(names)
     if pair is None:
@@ -91,8 +95,10 @@ def _in_both(model: nn.Module, names: list[str], x: Any, y: Any, compute, found=
     with ``x, y`` in float64, both made with the state ``found()`` puts back (the call's: a count
     the call's forward advanced switched a layer on in the copies), the generators forked, each
     drawing from their states at the start (not the float64 copy from where the other left them:
-    other masks, other gradients); ``None`` where no copy is made or either raises (the user's
-    model or loss in float64: the check refuses as it would)."""
+    other masks, other gradients); ``compute`` returns its result and the outputs it ran on.
+    ``None`` where no copy is made, either raises (the user's model or loss in float64: the check
+    refuses as it would), or their outputs are apart (:func:`_apart`: another function in float64,
+    as a constant picked per dtype, whose gradients' difference is no rounding)."""
     with kept_state(model) if found is not None else contextlib.nullcontext():
         if found is not None:
             found()
@@ -102,11 +108,33 @@ def _in_both(model: nn.Module, names: list[str], x: Any, y: Any, compute, found=
     try:
         with forked_generators(), torch.enable_grad():  # both draw what the call drew
             start = generator_states()
-            low = compute(twin, x, y)
+            low, low_out = compute(twin, x, y)
             set_generator_states(start)
-            return low, compute(other.double(), double(x), double(y))
+            high, high_out = compute(other.double(), double(x), double(y))
     except Exception:
         return None
+    if _apart(low_out, high_out):  # another function in float64 (a constant per dtype)
+        return None
+    return low, high
+
+
+#: float32 outputs further than this from float64's (relative to their largest) are another
+#: function's, not rounding (~1e-7 of it; 1e-5 through a deep network)
+APART = 1e-3
+
+
+def _apart(low: Any, high: Any) -> bool:
+    """Whether the floating leaves of two outputs differ by more than :data:`APART`."""
+    pairs = [
+        (a, b)
+        for a, b in zip(tree_flatten(low)[0], tree_flatten(high)[0], strict=True)
+        if torch.is_tensor(a) and a.is_floating_point()
+    ]
+    for a, b in pairs:
+        scale = b.detach().abs().max().clamp_min(1e-30)
+        if float((a.detach().to(b.dtype) - b.detach()).abs().max() / scale) > APART:
+            return True
+    return False
 
 
 def float64_twin(model: nn.Module) -> nn.Module | None:
