@@ -136,10 +136,10 @@ class Planner:
                     "and on inputs without one (a position table) in one forward, and the hook "
                     "path batches a layer's calls all or none; use method=func (auto does)"
                 )
-            if unbatched <= expanded:
+            if not (new := [n for n in calls if n in unbatched - expanded]):
                 output = OutputLayout.probed(*outputs, "; use method=loop (auto takes it)")
                 return Plan(layouts, set(expanded), output)
-            expanded |= unbatched
+            expanded.add(new[0])  # the first that ran: a layer after it may read its output
         raise AssertionError("unreachable: every round adopts or expands one more layer")
 
     def _probes(self, x: Inputs, expanded: set[str]) -> tuple[dict, dict, tuple, dict, list, set]:

@@ -872,3 +872,39 @@ def test_layer_calls_the_hook_path_cannot_record_are_right_or_named(method, case
         _, grads = psg(x, y)
         for name, rows in grads.as_dict().items():
             torch.testing.assert_close(rows.double(), expected[name], rtol=1e-4, atol=1e-5)
+
+
+class CoordinateBias(nn.Module):
+    """An MLP over a ``(1, 5, 5, 2)`` coordinate buffer gives an attention bias that every
+    example adds (Swin V2's continuous position bias): two layers in a row without a batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("coords", torch.randn(1, 5, 5, 2))
+        self.mlp = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 1, bias=False))
+        self.query, self.out = nn.Linear(4, 4), nn.Linear(4, 3)
+
+    def forward(self, x):  # (B, 5, 4)
+        bias = self.mlp(self.coords).squeeze(-1)  # (1, 5, 5)
+        scores = self.query(x) @ x.transpose(1, 2) + bias  # (B, 5, 5)
+        return self.out((scores.softmax(-1) @ x).mean(1))
+
+
+@pytest.mark.parametrize("method", ["auto", "hooks", "factored"])
+def test_layers_in_a_row_without_a_batch_are_expanded_one_after_another(method) -> None:
+    """Adversarial round 41: the probe expanded both layers of an MLP over a coordinate buffer
+    at once, so the second got the batch twice, and the hook path refused the model as one whose
+    "batch is not one dimension of its own" ((2, 2, 5, 5, 8) for two examples). The first layer
+    that ran is expanded, then the probe runs again: right over 4 batches (float64 loop)."""
+    torch.manual_seed(0)
+    model, g = CoordinateBias(), torch.Generator().manual_seed(3)
+    reference = CoordinateBias().double()
+    psg = make_per_sample(model, F.cross_entropy, method=method)
+    for size in (3, 1, 6, 2):
+        x, y = torch.randn(size, 5, 4, generator=g), torch.randint(0, 3, (size,), generator=g)
+        reference.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+        expected = example_rows(reference, x.double(), y)
+        _, grads = psg(x, y)
+        assert psg.method != "loop", psg.reason
+        for name, rows in grads.as_dict().items():
+            torch.testing.assert_close(rows.double(), expected[name], rtol=1e-4, atol=1e-5)
