@@ -419,18 +419,17 @@ def _store(module: nn.Module, tensor: torch.Tensor) -> dict:
     return module._parameters if isinstance(tensor, nn.Parameter) else module._buffers
 
 
-def cuda_devices(model: nn.Module) -> list[int]:
-    return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
-
-
 def generator_states(others: bool = True) -> list:
     """The states of the generators a forward may draw from: torch's default CPU one, the CUDA
     ones in use, numpy's global one and Python's ``random`` (a forward that draws moves one:
     HuggingFace wav2vec2's SpecAugment masks are numpy's, a LayerDrop's coin Python's);
-    ``others=False``: ``None`` for numpy's and Python's (neither read nor set)."""
+    ``others=False``: torch's CPU one alone, ``None`` for numpy's and Python's (neither read nor
+    set)."""
+    if not others:
+        return [torch.get_rng_state(), None, None]
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
-    drawn = np.random.get_state() if others and np is not None else None
-    return [torch.get_rng_state(), *cuda, drawn, random.getstate() if others else None]
+    drawn = None if np is None else np.random.get_state()
+    return [torch.get_rng_state(), *cuda, drawn, random.getstate()]
 
 
 def set_generator_states(states: list) -> None:
@@ -456,7 +455,7 @@ def forked_generators() -> Iterator[None]:
 def drew_since(states: list) -> bool:
     """Whether a generator moved since :func:`generator_states` gave ``states``: compared on the
     host, no tensor operation (a captured step may run none that reads a value)."""
-    return any(map(_moved_state, states, generator_states()))
+    return any(draws_since(states))
 
 
 def draws_since(states: list) -> tuple[bool, bool]:
