@@ -238,13 +238,13 @@ class FuncPerSample(PerSampleGradients):
                 with torch.no_grad(), forked_generators():
                     call_model(self.model, x)
             return result
-        if not elsewhere:
-            return self._batch_step(x, y, rows, losses, out, layout, key, due)
-        set_generator_states(start)  # the batch's forward draws as a plain step's
+        if elsewhere:  # the batch's forward draws as a plain step's
+            set_generator_states(start)
         try:
             return self._batch_step(x, y, rows, losses, out, layout, key, due)
         except UnsupportedModelError as error:  # the draws are the likelier cause
-            if type(error) is UnsupportedModelError and "draws random" not in str(error):
+            plain = type(error) is UnsupportedModelError and "draws random" not in str(error)
+            if elsewhere and plain:
                 seen = str(error).split("; use method=")[0]  # its advice: loop refuses draws
                 raise UnsupportedModelError(f"{DRAWN_ELSEWHERE} ({seen}); {HOOKS_DRAW}") from error
             raise
