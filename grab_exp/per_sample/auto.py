@@ -15,7 +15,7 @@ import torch
 
 from grab_exp.grads import BatchGrads
 from grab_exp.per_sample.base import PLAIN_RUNS, PerSampleGradients, one_line
-from grab_exp.per_sample.check.state import generator_states, set_generator_states
+from grab_exp.per_sample.check.state import draws_since, generator_states, set_generator_states
 from grab_exp.per_sample.layout import Inputs, batch_size, check_batch, listed_values
 from grab_exp.per_sample.modules import (
     InputChangedError,
@@ -40,6 +40,7 @@ class AutoPerSample(PerSampleGradients):
 
     def __init__(self, paths: Sequence[Path], left: Sequence[str] = ()) -> None:
         self._paths, self._left, self._warned = list(paths), list(left), False
+        self._drawing = False  # numpy's or Python's generator moved in a call that read them
         self._hints: list[str] = []  # a call's likelier causes, said once after every reason
         self._said: list[str] = []  # those a path's reason gave
         self._next(UnsupportedModelError)  # the first path's other errors are raised as they are
@@ -63,8 +64,9 @@ class AutoPerSample(PerSampleGradients):
         self._hints, self._said = [f" ({hint})" for hint in hints if hint], []
         while True:
             # the masks a failed call drew: the next path draws again (numpy's and Python's, a
-            # copy of tens of microseconds, until the path's first call passed)
-            rng = generator_states(others=not self._passed)
+            # copy of tens of microseconds, until the path's first call passed, and on every call
+            # of a model seen drawing from them)
+            rng = generator_states(others=not self._passed or self._drawing)
             try:
                 result = self.chosen(x, y)
                 if self.chosen.method == "loop" and not self._warned:  # announced once
@@ -75,6 +77,7 @@ class AutoPerSample(PerSampleGradients):
                         stacklevel=2,  # a UserWarning
                     )
                 self._passed = True
+                self._drawing = self._drawing or (rng[-1] is not None and draws_since(rng)[1])
                 return result
             except FINAL:
                 raise

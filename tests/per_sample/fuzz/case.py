@@ -27,9 +27,11 @@ from .models import (
     BufferedReplay,
     ChildOutput,
     ConvStem,
+    DrawnDropout,
     MaskDropout,
     NarrowConv,
     SwappedCall,
+    VmappedCall,
     add_state,
     build_net,
     reinit,
@@ -202,6 +204,17 @@ def _model_drawn_last(d: Draw, net: nn.Module, autocast: bool) -> None:
         for p in net.head.parameters():
             nn.init.zeros_(p)
     _drawn_after(d, net, dtype)
+    _drawn_latest(d, net, dtype, autocast)
+
+
+def _drawn_latest(d: Draw, net: nn.Module, dtype: torch.dtype, autocast: bool) -> None:
+    """The features added last (a seed's earlier choices stay what they were): ``drop:drawn``
+    (:class:`DrawnDropout`; not under autocast, as ``drop:masked``), then ``neck:vmapped``
+    (:class:`VmappedCall`)."""
+    if not autocast and d.chance("drop:drawn", 0.08):
+        net.drawn = DrawnDropout(d.pick("drawn", ["numpy", "python"]))
+    if d.chance("neck:vmapped", 0.04):
+        net.neck.append(VmappedCall(d.generator(), dtype))
 
 
 def _drawn_after(d: Draw, net: nn.Module, dtype: torch.dtype) -> None:

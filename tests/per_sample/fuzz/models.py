@@ -9,7 +9,9 @@ and an RNN, LSTM or GRU). ``lm`` is ``tok`` with a per-token head (``(B, T, V)``
 from __future__ import annotations
 
 import copy
+import random
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -60,8 +62,7 @@ class Net(nn.Module):
         ctx = {"mask": mask, "flag": flag}
         self._captured = []  # what this forward's capture hooks see (attr:setup_once)
         h = self.state_effects(self.stem(x, ctx) * scale)
-        if hasattr(self, "drop"):
-            h = self.drop(h)
+        h = self.dropped(h)
         if getattr(self, "coupled", False):  # the identity, its backward scaled by the batch size
             h = ScaledByBatchSize.apply(h)
         for block in self.body:
@@ -85,6 +86,13 @@ class Net(nn.Module):
         if not self.aux:
             return out
         return {"logits": out, "aux": (h.mean(0) ** 2).mean() if self.whole else (h**2).mean()}
+
+    def dropped(self, h):
+        """``h`` after the dropouts that are on (``drop:masked``, then ``drop:drawn``)."""
+        for name in ("drop", "drawn"):
+            if hasattr(self, name):
+                h = getattr(self, name)(h)
+        return h
 
     def in_order(self, h, x, back=False):
         """``sort_neck``: the examples in the order of ``x``'s first entry (``back``: that order
@@ -442,6 +450,18 @@ class SwappedCall(nn.Module):
         return torch.tanh(torch.func.functional_call(self.inner, swap, (h,)))
 
 
+class VmappedCall(nn.Module):
+    """``neck:vmapped``: its Linear called inside the model's own ``torch.vmap`` over the batch
+    (a per-example function of the user's), where the hook path's hooks see a batched tensor."""
+
+    def __init__(self, g: torch.Generator, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.inner = drawn(nn.Linear(D, D, dtype=dtype), g)
+
+    def forward(self, h, ctx):
+        return torch.tanh(torch.vmap(self.inner)(h))
+
+
 def drawn(layer: nn.Module, g: torch.Generator) -> nn.Module:
     """``layer`` with its parameters drawn from ``g`` (a model built again is the same)."""
     with torch.no_grad():
@@ -460,6 +480,25 @@ class MaskDropout(nn.Dropout):
             return h
         keep = torch.frac(h.detach() * 997.0).abs() >= self.p
         return h * keep / (1 - self.p)
+
+
+class DrawnDropout(nn.Module):
+    """``drop:drawn``: a dropout (training mode) whose masks are its input's values shifted by a
+    number drawn from numpy's global generator, as HuggingFace wav2vec2's SpecAugment draws its
+    masks, or (``drawn:python``) from Python's ``random``, as a LayerDrop coin; no ``nn.Dropout``.
+    A forward alone gets an example's masks in the batch where it starts from the batch's
+    generator state, as each of the references' forwards does (:func:`fuzz.oracle.seeded`)."""
+
+    def __init__(self, source: str) -> None:
+        super().__init__()
+        self.source = source
+
+    def forward(self, h):
+        if not self.training:
+            return h
+        shift = np.random.rand() if self.source == "numpy" else random.random()
+        keep = torch.frac(h.detach() * 997.0 + shift).abs() >= 0.3
+        return h * keep / 0.7
 
 
 class CountedLinear(nn.Module):

@@ -26,7 +26,16 @@ from grab_exp.per_sample import UnsupportedModelError, make_per_sample
 
 from .case import Case, draw_case
 from .inputs import size
-from .reference import Reference, buffers, dense_grad, load, reference, state
+from .reference import (
+    Reference,
+    buffers,
+    dense_grad,
+    generators,
+    load,
+    reference,
+    seeded,
+    state,
+)
 
 OUTCOMES = ("right", "refused", "unchecked", "false_refusal", "crash", "wrong", "invalid")
 PASSING = ("right", "refused", "unchecked")
@@ -66,11 +75,13 @@ BY_DESIGN_FUNC = {
 BY_DESIGN_ALONE = {
     "precision:autocast": "torch.autocast (each example alone rounds otherwise)",
     "drop:masked": "dropout in training mode without randomness= (alone: other masks)",
+    "drop:drawn": "a forward that draws from numpy's or Python's generator (alone: others)",
 }
 #: features the hook path refuses by design (``auto`` takes ``func``, then ``loop``), as it does
 #: the ``rnn`` family's packed sequences: with one of :data:`BY_DESIGN_ALONE`'s, which ``func``
 #: and ``loop`` refuse, no method is left on ``auto``
 BY_DESIGN_HOOKS = {
+    "pos:call": "a position embedding pos(arange(T))[None], its expanded output broadcast apart",
     "pos:over": "a statistic over the positions (over their copies, batched)",
     "block:scripted": "a torch.jit.script submodule",
     "block:parametrized": "a parametrized layer (torch.nn.utils.parametrize)",
@@ -78,6 +89,8 @@ BY_DESIGN_HOOKS = {
     "sched:fwd_hook": "a forward hook of the user's on a hooked layer",
     "out:stored": "a loss reading an activation kept on the model (the identity's split)",
     "neck:swapped": "a layer called with other tensors than its parameters (functional_call)",
+    "neck:vmapped": "a layer called inside the model's own torch.vmap",
+    "sched:sorted_checks": "a neck that takes its batch apart, put back in an order of the data's",
 }
 HOOK_PATH = ("hooks", "factored")
 LIBRARY = str(Path(grab_exp.__file__).parent)
@@ -244,6 +257,16 @@ def state_problem(model, ref_model) -> str | None:
     return None
 
 
+def after_problem(model, ref_model, ref: Reference) -> str | None:
+    """What differs after a call from a plain step: the state (:func:`state_problem`), numpy's
+    and Python's generators."""
+    if (problem := state_problem(model, ref_model)) is not None:
+        return problem
+    if generators() != ref.generators:
+        return "after the call, numpy's or Python's generator is not where a plain step's is"
+    return None
+
+
 def written_on_refusal(model, call: int) -> Outcome | None:
     """``wrong`` where a call that raised left a ``p.grad`` (it was ``None`` before the call):
     a refusal leaves ``p.grad`` as it was."""
@@ -279,21 +302,23 @@ def _run(case: Case) -> Outcome:
                 if changed is not None:
                     change(changed)
         precision = torch.autocast("cpu", dtype=torch.bfloat16, enabled=case.autocast)
+        start = seeded(case.seed * 1009 + k)  # numpy's and Python's draws: the same each forward
         try:
             if k == 0 and "block:scripted" in case.features:
                 warm_up(ref_model, ref_loss, x, y, precision)
             with precision:
-                ref = reference(ref_model, ref_loss, x, y)
-            exact = None if exact_model is None else reference(exact_model, exact_loss, x, y)
+                ref = reference(ref_model, ref_loss, x, y, start)
+            exact = None if exact_model is None else reference(exact_model, exact_loss, x, y, start)
         except Exception as error:  # a fault of the generator, not of the code under test
             return Outcome("invalid", k, f"{type(error).__name__}: {error}".splitlines()[0])
         model.zero_grad(set_to_none=True)
+        start()
         try:
             with precision:
                 loss, grads = psg(x, y)
         except Exception as error:  # every exception is classified
             return written_on_refusal(model, k) or classify(error, case, k)
-        problem = compare(model, loss, grads, ref, exact) or state_problem(model, ref_model)
+        problem = compare(model, loss, grads, ref, exact) or after_problem(model, ref_model, ref)
         if problem is not None:
             unchecked = case.check_every == 0 and by_design(case)  # the user's to keep
             return Outcome("unchecked" if unchecked else "wrong", k, f"B={size(y)}: {problem}")

@@ -4,9 +4,12 @@ per-example loop (rows), on a model of its own, in float64."""
 from __future__ import annotations
 
 import copy
+import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -22,11 +25,30 @@ class Reference:
         grads: parameter name -> the plain backward's ``p.grad`` (dense) or ``None``.
         rows: trainable parameter name -> ``(B, *shape)``, example ``i``'s gradient of its own
             loss (``backward`` per example: parameter hooks run as in training).
+        generators: numpy's and Python's generators after the plain step (:func:`generators`).
     """
 
     loss: torch.Tensor
     grads: dict[str, torch.Tensor | None]
     rows: dict[str, torch.Tensor]
+    generators: tuple
+
+
+def seeded(seed: int) -> Callable[[], None]:
+    """What sets numpy's global and Python's generators to one state (``seed``): each forward
+    of a call's references, and the call, start from it (:class:`~fuzz.models.DrawnDropout`)."""
+
+    def start() -> None:
+        np.random.seed(seed % 2**32)
+        random.seed(seed)
+
+    return start
+
+
+def generators() -> tuple:
+    """numpy's global and Python's generator states, comparable with ``==``."""
+    kind, keys, position, has_gauss, gauss = np.random.get_state()
+    return (kind, keys.tobytes(), position, has_gauss, gauss), random.getstate()
 
 
 def dense_grad(p: nn.Parameter) -> torch.Tensor | None:
@@ -35,13 +57,16 @@ def dense_grad(p: nn.Parameter) -> torch.Tensor | None:
     return p.grad.to_dense() if p.grad.is_sparse else p.grad.clone()
 
 
-def reference(model: nn.Module, loss_fn, x: Any, y: Any) -> Reference:
-    """The references of the batch ``(x, y)`` for ``model`` as it is now."""
+def reference(model: nn.Module, loss_fn, x: Any, y: Any, start=lambda: None) -> Reference:
+    """The references of the batch ``(x, y)`` for ``model`` as it is now, each forward after
+    ``start()`` (:func:`seeded`)."""
     model.zero_grad(set_to_none=True)
     before = buffers(model)  # every example runs on the model as the call found it
     found = dict(vars(loss_fn)) if hasattr(loss_fn, "__dict__") else {}  # and on the loss's
+    start()
     loss = loss_fn(call_model(model, x), y)
     loss.backward()
+    drawn = generators()
     after, left = buffers(model), dict(vars(loss_fn)) if found else {}
     grads = {n: dense_grad(p) for n, p in model.named_parameters()}
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -51,6 +76,7 @@ def reference(model: nn.Module, loss_fn, x: Any, y: Any) -> Reference:
         load(model, before)
         if found:
             vars(loss_fn).update(found)
+        start()
         loss_fn(call_model(model, example(x, i)), example(y, i)).backward()
         for n, p in named:
             g = dense_grad(p)
@@ -59,7 +85,8 @@ def reference(model: nn.Module, loss_fn, x: Any, y: Any) -> Reference:
     if left:
         vars(loss_fn).update(left)
     model.zero_grad(set_to_none=True)
-    return Reference(loss.detach(), grads, {n: torch.stack(r) for n, r in rows.items()})
+    rows_ = {n: torch.stack(r) for n, r in rows.items()}
+    return Reference(loss.detach(), grads, rows_, drawn)
 
 
 def state(model: nn.Module) -> dict[str, torch.Tensor]:
