@@ -93,7 +93,13 @@ class Call:
 
 def moved(versions: list[tuple[torch.Tensor, int]]) -> bool:
     """Whether a tensor's version is not the one recorded with it."""
-    return any(t._version != v for t, v in versions)
+    return any(version(t) != v for t, v in versions)
+
+
+def version(t: torch.Tensor) -> int:
+    """``t``'s version; ``-1`` for an inference tensor (made under ``torch.inference_mode``: a
+    statistic a model keeps), which keeps none: only its values tell a change."""
+    return -1 if t.is_inference() else t._version
 
 
 #: a batch's inputs: one tensor (or a list, one argument), a tuple (positional) or dict (keyword)
@@ -132,6 +138,13 @@ def check_batch(x: Inputs, y: Any) -> None:
         )
     if torch.is_inference_mode_enabled():  # its tensors can never get a gradient
         raise ValueError("per-sample gradients under torch.inference_mode(): call outside it")
+    for where, value in (("an input", x), ("the targets", y)):
+        if any(isinstance(t, torch.Tensor) and t.is_inference() for t in tree_flatten(value)[0]):
+            raise ValueError(
+                f"per-sample {where}: a tensor made under torch.inference_mode(), which autograd "
+                "cannot save for backward (a plain step raises too); make it outside inference "
+                "mode, or clone it outside (t.clone())"
+            )
 
 
 class SeenInputs:

@@ -15,7 +15,7 @@ from torch.nn.utils.rnn import PackedSequence
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from grab_exp.per_sample.check.tolerance import autocast_on
-from grab_exp.per_sample.layout import Call, expand_over_batch, moved
+from grab_exp.per_sample.layout import Call, expand_over_batch, moved, version
 from grab_exp.per_sample.modules import CHECKPOINT_REFUSAL, UnsupportedModelError
 from grab_exp.per_sample.plan import Layers
 from grab_exp.per_sample.rules.base import OWN_IDS
@@ -104,8 +104,8 @@ class Recorder:
                 named = list(module.named_buffers())
                 kept = self.mode == "record" and name in self.updating
                 values = {n: b.clone() for n, b in named} if kept else {}
-                versions = [(n, b, b._version) for n, b in named]
-                inputs = [(t, t._version) for t in _tensors(args, kwargs)]
+                versions = [(n, b, version(b)) for n, b in named]
+                inputs = [(t, version(t)) for t in _tensors(args, kwargs)]
                 self.entry_buffers.setdefault(name, []).append([versions, values, inputs])
 
         return hook
@@ -157,7 +157,7 @@ class Recorder:
             call = Call(leaves, spec, outputs, [None] * len(outputs), sources)
             call.nesting = tuple(self.open)  # its own number last, then it returns
             self.open.pop()
-            call.versions = [(t, t._version) for t in outputs if isinstance(t, torch.Tensor)]
+            call.versions = [(t, version(t)) for t in outputs if isinstance(t, torch.Tensor)]
             if self.mode == "record":
                 call.edges = [_edge(t) if g else None for t, g in zip(outputs, graded, strict=True)]
                 copies = self.copies.pop(name, None)
@@ -327,10 +327,11 @@ def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
     return [t for t in tree_flatten((list(args), kwargs))[0] if isinstance(t, torch.Tensor)]
 
 
-def _moved(layer: nn.Module, name: str, entered: torch.Tensor, version: int) -> bool:
-    """Whether ``layer``'s buffer ``name`` is not the tensor it was at a call's entry, or moved."""
+def _moved(layer: nn.Module, name: str, entered: torch.Tensor, stamp: int) -> bool:
+    """Whether ``layer``'s buffer ``name`` is not the tensor it was at a call's entry (of version
+    ``stamp``), or moved."""
     try:
-        return layer.get_buffer(name) is not entered or entered._version != version
+        return layer.get_buffer(name) is not entered or version(entered) != stamp
     except AttributeError:  # deleted since
         return True
 

@@ -163,3 +163,63 @@ def test_a_call_under_inference_mode_is_refused_before_any_work(method: str) -> 
         ]
         want = torch.stack([g for (g,) in alone])
         torch.testing.assert_close(grads.as_dict()[name], want, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("where", ["inputs", "targets"])
+def test_an_inference_tensor_given_is_refused_naming_it(method: str, where: str) -> None:
+    """Inputs or targets made under ``torch.inference_mode()`` (a data pipeline's): autograd cannot
+    save them, so a plain step raises too; each method raised torch's "Inference tensors do not
+    track version counter" (auto an AttributeError of its own) instead of naming them."""
+    model = nn.Sequential(nn.Linear(5, 3)).double()
+    psg = make_per_sample(model, F.cross_entropy, method)
+    x, y = torch.randn(4, 5, dtype=torch.float64), torch.tensor([0, 1, 2, 1])
+    with torch.inference_mode():
+        made = (x.clone(), y) if where == "inputs" else (x, y.clone())
+    given = "an input" if where == "inputs" else "the targets"
+    with pytest.raises(ValueError, match=rf"^per-sample {given}: a tensor made under .*\(\)\)$"):
+        psg(*made)
+    assert all(p.grad is None for p in model.parameters())
+
+
+class InferenceCount(nn.Module):
+    """A count kept as an inference tensor, advanced in place under ``torch.inference_mode()``
+    in each forward and read by it (a statistic a model keeps without autograd)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(5, 6), nn.Linear(6, 3)
+        with torch.inference_mode():
+            self.count = torch.zeros((), dtype=torch.float64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            self.count += 1
+        return self.b(torch.tanh(self.a(x)) * (1 + 0.1 * self.count.clone()))
+
+
+@pytest.mark.parametrize("method", ["auto", "hooks", "factored", "loop"])
+def test_an_inference_tensor_kept_on_the_model_is_put_back(method: str) -> None:
+    """Every method refused such a model with torch's "Inference tensors do not track version
+    counter" (the state's snapshot read its version), where a plain step runs. Now each call is
+    right over 4 calls and leaves the count one higher, as a plain step does; func refuses it as
+    a change to a captured tensor, as a buffer's."""
+    torch.manual_seed(0)
+    model, plain = InferenceCount().double(), InferenceCount().double()
+    plain.load_state_dict(model.state_dict())
+    psg = make_per_sample(model, F.cross_entropy, method)
+    x, y = torch.randn(4, 5, dtype=torch.float64), torch.tensor([0, 1, 2, 1])
+    params = list(plain.parameters())
+    for call in range(1, 5):
+        model.zero_grad(set_to_none=True)
+        _, grads = psg(x, y)
+        want = []  # the batch's gradient, then each example's, each from the call's count
+        for xs, ys in [(x, y)] + [(x[i : i + 1], y[i : i + 1]) for i in range(4)]:
+            with torch.inference_mode():
+                plain.count.fill_(call - 1)
+            want.append(torch.autograd.grad(F.cross_entropy(plain(xs), ys), params))
+        for k, (name, p) in enumerate(model.named_parameters()):
+            rows = torch.stack([alone[k] for alone in want[1:]])
+            torch.testing.assert_close(grads.as_dict()[name], rows, rtol=1e-9, atol=1e-15)
+            torch.testing.assert_close(p.grad, want[0][k], rtol=1e-9, atol=1e-15)
+        assert model.count.item() == call and model.count.is_inference()

@@ -34,6 +34,7 @@ from grab_exp.per_sample.check.registrations import (
     tensor_hooks_of,
     watch,
 )
+from grab_exp.per_sample.layout import version
 from grab_exp.per_sample.modules import UnsupportedModelError, draws_random
 
 
@@ -176,7 +177,7 @@ class Contents:
 
     def moved(self) -> bool:
         changed = any(_differ(c, saved) for c, saved in self.containers)
-        return changed or any(t._version != version for _, t, version, _ in self.tensors)
+        return changed or any(version(t) != stamp for _, t, stamp, _ in self.tensors)
 
     @torch.no_grad()
     def put_back(self, mode: bool | None = None) -> None:
@@ -187,8 +188,8 @@ class Contents:
         for container, saved in self.containers:
             if _differ(container, saved):
                 _refill(container, saved)
-        for where, t, version, saved in self.tensors:
-            changed = t._version != version
+        for where, t, stamp, saved in self.tensors:
+            changed = version(t) != stamp
             if mode is not None:
                 learn(t, mode, changed or _written(t, saved))
             if _restore(t, saved, changed):  # lost: no copy
@@ -239,10 +240,10 @@ def _walk(v: Any, where: tuple, how: tuple, found: Contents) -> None:
     mode, top, large = how
     if isinstance(v, torch.Tensor):
         if not v.requires_grad and not is_lazy(v):
-            small = top and v.numel() <= COPIED_NUMEL
+            small = (top and v.numel() <= COPIED_NUMEL) or v.is_inference()  # no version: copied
             copied = small or getattr(v, CHANGED, {}).get(mode, top and large)
             name = f"{type(where[0]).__name__}.{where[1]}{'' if top else '[...]'}"
-            found.tensors.append((name, v, v._version, v.detach().clone() if copied else None))
+            found.tensors.append((name, v, version(v), v.detach().clone() if copied else None))
     elif id(v) not in found.seen:
         found.seen.add(id(v))
         if not isinstance(v, tuple):
@@ -347,11 +348,11 @@ def saved_buffers(model: nn.Module, skip: frozenset[int] = frozenset()) -> Buffe
 def _stamp(t: torch.Tensor) -> tuple[int, int, torch.Tensor]:
     """``t``'s version, its storage and a view of it: ``p.data = p.data * m + ...`` (MoCo's
     momentum update) gives ``p`` other storage and leaves its version as it was."""
-    return t._version, t.data_ptr(), t.data
+    return version(t), t.data_ptr(), t.data
 
 
 def _moved(t: torch.Tensor, stamp: tuple[int, int, torch.Tensor]) -> bool:
-    return t._version != stamp[0] or t.data_ptr() != stamp[1]
+    return version(t) != stamp[0] or t.data_ptr() != stamp[1]
 
 
 @torch.no_grad()
@@ -367,7 +368,7 @@ def put_back(buffers: Buffers, mode: bool | None = None) -> None:
             _store(m, t)[name] = t
         changed = _moved(t, stamp)
         if t.data_ptr() != stamp[1]:  # .data given other storage: the old one is as it was
-            t.data, changed = stamp[2], t._version != stamp[0]
+            t.data, changed = stamp[2], version(t) != stamp[0]
         if mode is not None and isinstance(t, nn.Parameter) and not t.requires_grad:
             learn(t, mode, changed or _written(t, saved))
         lost = _restore(t, saved, changed)
@@ -386,13 +387,17 @@ def put_back(buffers: Buffers, mode: bool | None = None) -> None:
 def _restore(t: torch.Tensor, saved: torch.Tensor | None, changed: bool) -> bool:
     """``t`` as its copy ``saved``; whether the change is lost (``changed`` without a copy).
     Changed (its version moved): copied back, resized where resized in place (an observer's
-    scale, per channel now); else written through ``.data``, its version as it is, since a
+    scale, per channel now); an inference tensor, which has no version, in inference mode;
+    else written through ``.data``, its version as it is, since a
     change through ``.data`` in place (``p.data.mul_(m)``, an EMA) leaves no version to tell it
     (not inside ``torch.func``'s transforms, where a write to a captured tensor raises and
     ``.data`` is refused)."""
     if saved is None:
         return changed
-    if changed:
+    if t.is_inference():  # no version, written where it can be: in inference mode
+        with torch.inference_mode():
+            t.resize_(saved.shape).copy_(saved)
+    elif changed:
         if t.shape != saved.shape:
             t.resize_(saved.shape)
         t.copy_(saved)
