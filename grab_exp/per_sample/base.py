@@ -140,6 +140,8 @@ class PerSampleGradients(ABC):
     #: whether the rows come from the batch's one backward (the hook path: a full check compares
     #: one example's row with the gradient of its loss alone), not from each example alone
     one_backward: ClassVar[bool] = False
+    #: what the rows' mean check allows for float32's rounding (:mod:`.check.rounding`)
+    rows_rounding: ClassVar[Callable] = staticmethod(plain_rounding)
 
     def __init__(self, model: nn.Module, loss_fn: LossFn, check_every: int = CHECK_EVERY) -> None:
         check_int_at_least("pipeline.check_every", check_every, 0)
@@ -288,7 +290,7 @@ class PerSampleGradients(ABC):
         if self.checker.on:
             self._refuse_stepped()
             rounding = partial(
-                plain_rounding, self.model, self.extra_loss, *batch, found=self._found
+                self.rows_rounding, self.model, self.extra_loss, *batch, found=self._found
             )
             scratch = self.checker.scratch(rows.width, rows.like)
             args = (self.model, self.method, scratch, sums, rounding)

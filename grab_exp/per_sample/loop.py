@@ -14,6 +14,7 @@ from grab_exp.per_sample.base import PerSampleGradients
 from grab_exp.per_sample.check.loss import loss_of
 from grab_exp.per_sample.check.mean import GradSnapshot, dense
 from grab_exp.per_sample.check.registrations import hooks_taken
+from grab_exp.per_sample.check.rounding import judged_rounding
 from grab_exp.per_sample.check.state import draws_since, generator_states, kept_state
 from grab_exp.per_sample.layout import Inputs, batch_size, call_model, take
 from grab_exp.per_sample.modules import UnsupportedModelError, label, random_modules
@@ -26,6 +27,7 @@ class LoopPerSample(PerSampleGradients):
     comparison of the rows' mean with ``param.grad`` (the only check it needs)."""
 
     method = "loop"
+    rows_rounding = staticmethod(judged_rounding)  # float64's examples average to its step's
 
     def check(self) -> None:
         if drawing := random_modules(self.model):
