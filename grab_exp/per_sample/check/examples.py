@@ -26,6 +26,7 @@ from grab_exp.per_sample.check.state import (
     drew_since,
     forked_generators,
     generator_states,
+    random_modules_off,
     saved_state,
 )
 from grab_exp.per_sample.check.tolerance import FLOOR, OUTPUT_TOLERANCE, TOLERANCE, tolerance
@@ -202,19 +203,39 @@ def mixing_problem(
         found()  # the float64 twin's state: the call's (a first call's calibration from the batch)
         if _float64_alike(model, x, groups, layout, index):  # outputs cancelling to rounding
             return None
-        modes = saved_state(model, buffers=False, modes=True)
-        with torch.no_grad():
-            model.eval()
-            batch, start = _rows_of(layout.select(forward(x), index), layout), generator_states()
-            mixed = _relative_rows(alone(), batch) > tolerance(OUTPUT_TOLERANCE, batch.dtype)
-            drawn = mixed and drew_since(start)  # differing in eval mode, which draws too
-        modes()  # on an error, the caller's kept_state puts them back
+        batch = lambda: _rows_of(layout.select(forward(x), index), layout)  # noqa: E731
+        mixed, drawn = _still_mixed(model, batch, alone)
         if not mixed:  # randomness explains the difference if the runs draw, and otherwise
             limit = tolerance(OUTPUT_TOLERANCE, first.dtype)
             mixed = not _draws(alone) or all(
                 _relative_rows(alone(), first) <= limit for _ in range(RANDOM_RUNS)
             )
     return _mixing_refusal(chosen, difference, drawn) if mixed else None
+
+
+def _still_mixed(model: nn.Module, batch: Callable, alone: Callable) -> tuple[bool, bool]:
+    """Whether the outputs of ``alone()`` still differ from theirs in ``batch()`` where no module
+    draws random numbers, and whether the runs drew nonetheless: first with the modules that draw
+    in eval mode alone and the rest in its mode (a normalization by the batch's statistics in
+    training mode only, behind a Dropout: adversarial round 42), then, unless that shows mixing
+    without a draw, with the whole model in eval mode (the caller's kept_state puts the modes
+    back on an error)."""
+
+    def again() -> tuple[bool, bool]:
+        with torch.no_grad():
+            rows, start = batch(), generator_states()
+            mixed = _relative_rows(alone(), rows) > tolerance(OUTPUT_TOLERANCE, rows.dtype)
+        return mixed, mixed and drew_since(start)
+
+    with random_modules_off(model):
+        mixed, drawn = again()
+    if mixed and not drawn:
+        return mixed, drawn
+    modes = saved_state(model, buffers=False, modes=True)
+    model.eval()
+    found = again()
+    modes()
+    return found
 
 
 def _mixing_refusal(chosen: list[int], difference: float, drawn: bool) -> str:
