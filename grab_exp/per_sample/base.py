@@ -355,7 +355,7 @@ class PerSampleGradients(ABC):
             problem = problem or identified
             if identity is not None and problem is None and batch >= 2 and self.one_backward:
                 rounding = partial(alone_rounding, self.model, loss_fn, x, y, found=self._found)
-                args = (rows, params, checker, self.method, rounding)
+                args = (rows, params, checker, self.method, rounding, layout, self.model)
                 problem = alone_problem(forward, loss_fn, x, y, *args)
         if problem is not None:
             raise UnsupportedModelError(problem)

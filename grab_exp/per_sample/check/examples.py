@@ -12,6 +12,7 @@ from torch.utils._pytree import tree_flatten
 
 from grab_exp.grads import BatchGrads
 from grab_exp.grads.rows import kept_view, shaped_views
+from grab_exp.per_sample.check.loss import example_losses
 from grab_exp.per_sample.check.mean import dense, floored, gaps, rows_norms, worst_gap
 from grab_exp.per_sample.check.rounding import (
     ALLOWANCE,
@@ -67,6 +68,8 @@ def alone_problem(
     checker,
     method: str,
     rounding: Callable[[list[str], list[int], torch.Tensor], list[float]],
+    layout: OutputLayout,
+    model: nn.Module,
 ) -> str | None:
     """The rows of the examples the mixing check runs alone (``checker.groups``), weighted by the
     check's weights, against the gradient of their losses computed alone, weighted alike (a
@@ -74,7 +77,9 @@ def alone_problem(
     ``autograd.Function``, a detached value of the whole batch), or rows given to other examples
     where the outputs cannot tell (a head at zero: every output alike), leaves every forward, the
     identity and the rows' mean as they are. A gap within :data:`.rounding.ALONE_ALLOWANCE` times
-    the examples' own rounding alone (``rounding(names, chosen, weights)``) is allowed."""
+    the examples' own rounding alone (``rounding(names, chosen, weights)``) is allowed. Where the
+    forward draws random numbers, :func:`_coupled_problem` (``layout``: the output's, ``model``
+    the modules that draw)."""
     chosen = [i for group in checker.groups(rows.rows) for i in group]
     weights = checker.weights(rows.rows, rows.like)  # (B,)
     coef = torch.zeros_like(weights)
@@ -93,8 +98,9 @@ def alone_problem(
             grads = zip(gradients(weights[i] * loss, tensors), parts, strict=True)
             torch._foreach_add_(parts, [dense(g, p).to(p.dtype) for g, p in grads])
 
-    if _draws(run):
-        return None  # their gradients alone would be those of other random numbers
+    if _draws(run):  # their gradients alone would be those of other random numbers
+        args = (forward, loss_fn, x, y, params, chosen, coef, rounding, weights)
+        return _coupled_problem(*args, layout, model, method)
     norms = torch.stack([sizes, torch.stack(torch._foreach_norm(parts))])  # (2, P)
     each, limit = gaps(norms, FLOOR), tolerance(TOLERANCE, rows.like.dtype)
     if max(each) > limit:  # cancelling to within float32's rounding?
@@ -111,6 +117,48 @@ def alone_problem(
         "outputs in the batch: the batch's backward couples the examples (a custom "
         "autograd.Function, a detached value of the whole batch?), or the rows are another "
         f"example's; {advice(method)}"
+    )
+
+
+def _coupled_problem(
+    forward, loss_fn, x, y, params, chosen, coef, rounding, weights, layout, model, method
+) -> str | None:
+    """:func:`alone_problem` where the forward draws random numbers (masks the examples alone
+    cannot draw again, so the rows cannot be compared): with the modules that draw in eval mode,
+    autograd's gradient of ``sum_i c_i loss_i`` from a forward of the batch against the examples'
+    own, weighted alike, which a backward that couples the examples does not give (adversarial
+    round 42: a Function's backward scaled by the batch size, behind a Dropout); ``None`` where
+    the forwards draw nonetheless (random numbers outside modules)."""
+    tensors = list(params.values())
+    with random_modules_off(model), torch.enable_grad():
+        start, out = generator_states(), forward(x)
+        if layout.unbatched(out):  # a value of the whole batch (kl.mean()): no loss per example
+            return None
+        losses = example_losses(loss_fn, out, y, layout)  # (B,)
+        want = gradients((losses * coef.to(losses.dtype)).sum(), tensors)
+        got = [torch.zeros_like(t) for t in tensors]
+        for i in chosen:  # each one's backward before the next forward
+            loss = loss_fn(forward(take(x, [i])), take(y, [i]))
+            for total, g in zip(got, gradients(coef[i] * loss, tensors), strict=True):
+                total.add_(dense(g, total))
+        if drew_since(start):
+            return None
+        want = [dense(w, t) for w, t in zip(want, tensors, strict=True)]
+        differences = [w - g for w, g in zip(want, got, strict=True)]
+        norms = torch.stack([torch.stack(torch._foreach_norm(t)) for t in (want, differences)])
+        each, limit = gaps(norms, FLOOR), tolerance(TOLERANCE, losses.dtype)
+        if max(each) > limit:  # cancelling to within float32's rounding?
+            sizes = floored(norms[0], FLOOR).tolist()
+            own = rounding(list(params), chosen, weights)  # absolute, as alone_problem's
+            own = [a / max(z, 1e-300) for a, z in zip(own, sizes, strict=True)]
+            each = within_rounding(each, limit, own, [0.0] * len(own), sizes, ALONE_ALLOWANCE)
+    if max(each) <= limit:
+        return None
+    return (
+        f"the batch's gradient of its examples' losses, weighted per example, differs by "
+        f"{max(each):.2g} (relative) from the gradients of their losses computed alone, weighted "
+        "alike, with the modules that draw random numbers in eval mode: the batch's backward "
+        f"couples the examples (a custom autograd.Function?); {advice(method)}"
     )
 
 
