@@ -72,6 +72,8 @@ def user_code_error(
     shape handed to ``F.linear``, a class out of range), else ``None`` (a refusal stands); and
     whether the plain step ran without an error, its backward included (not run where the user's
     file raised ``error``: unknown, so ``False``)."""
+    if (hooked := _returning_hook(model, error)) is not None:
+        return UserCodeError("model", hooked, error), False
     own, backward = raised_in_user_file(error), False
     setting, obj = "model", model
     try:
@@ -90,6 +92,18 @@ def user_code_error(
             return UserCodeError(setting, f"{named.__module__}.{named.__qualname__}", plain), False
         return None, False
     return None, not own
+
+
+def _returning_hook(model: nn.Module, error: Exception) -> str | None:
+    """The post-accumulate-grad hooks of the parameters with one, where ``error`` is torch's
+    refusal of such a hook's return value (``lambda p: p.data.add_(...)``, a fused step): a plain
+    step raises it too, but the one :func:`user_code_error` runs takes those hooks away (they may
+    step an optimizer); ``None`` otherwise (adversarial round 42)."""
+    if "post accumulate grad hooks should return None" not in str(error):
+        return None
+    named = [n for n, p in model.named_parameters() if p._post_accumulate_grad_hooks]
+    more = ", ..." if len(named) > 3 else ""
+    return f"a post-accumulate-grad hook (of {', '.join(named[:3])}{more})" if named else None
 
 
 #: what a method's failure adds where a plain step of the batch raises nothing

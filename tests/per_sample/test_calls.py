@@ -11,7 +11,7 @@ from fuzz.reference import reference
 from torch import nn
 from torch.nn import functional as F
 
-from grab_exp.per_sample import UnsupportedModelError, make_per_sample
+from grab_exp.per_sample import UnsupportedModelError, UserCodeError, make_per_sample
 
 METHODS = ["auto", "hooks", "factored", "func", "loop"]
 
@@ -223,3 +223,19 @@ def test_an_inference_tensor_kept_on_the_model_is_put_back(method: str) -> None:
             torch.testing.assert_close(grads.as_dict()[name], rows, rtol=1e-9, atol=1e-15)
             torch.testing.assert_close(p.grad, want[0][k], rtol=1e-9, atol=1e-15)
         assert model.count.item() == call and model.count.is_inference()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_post_accumulate_hook_that_returns_a_value_is_the_users_error(method: str) -> None:
+    """A fused step written ``lambda p: p.data.add_(...)`` returns a tensor, which torch refuses
+    after the hook ran (a plain step raises it too): every method relayed it saying "a plain step
+    of the batch raises nothing", since the plain step a refusal runs takes those hooks away
+    (adversarial round 42). It is the user's error, naming the hook's parameter."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3)).double()
+    model[2].weight.register_post_accumulate_grad_hook(lambda p: p.data.add_(p.grad, alpha=-0.01))
+    psg = make_per_sample(model, F.cross_entropy, method)
+    x, y = torch.randn(4, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 1])
+    hook = r"^model: a post-accumulate-grad hook \(of 2\.weight\) raised RuntimeError"
+    with pytest.raises(UserCodeError, match=hook):
+        psg(x, y)
