@@ -91,23 +91,12 @@ def alone_problem(
     rows.accumulate(out, -coef)
     sizes = torch.stack(torch._foreach_norm(parts))  # (P,)
 
-    def run() -> None:  # each example's backward at once (a forward may move frozen weights),
-        for i in chosen:  # added into the kept vector (no (d,) sum of one's own)
-            with torch.enable_grad():
-                loss = loss_fn(forward(take(x, [i])), take(y, [i]))
-            grads = zip(gradients(weights[i] * loss, tensors), parts, strict=True)
-            torch._foreach_add_(parts, [dense(g, p).to(p.dtype) for g, p in grads])
-
-    if _draws(run):  # their gradients alone would be those of other random numbers
-        args = (forward, loss_fn, x, y, params, chosen, coef, rounding, weights)
-        return _coupled_problem(*args, layout, model, method)
-    norms = torch.stack([sizes, torch.stack(torch._foreach_norm(parts))])  # (2, P)
-    each, limit = gaps(norms, FLOOR), tolerance(TOLERANCE, rows.like.dtype)
-    if max(each) > limit:  # cancelling to within float32's rounding?
-        sizes, sums = floored(norms[0], FLOOR).tolist(), sum_rounding(rows, coef)
-        own = rounding(list(params), chosen, weights)  # absolute: over this check's own sizes
-        own = [a / max(z, 1e-300) for a, z in zip(own, sizes, strict=True)]
-        each = within_rounding(each, limit, own, sums, sizes, ALONE_ALLOWANCE)
+    alone = (forward, loss_fn, x, y, chosen, weights)
+    if _draws(lambda: _add_alone(*alone, tensors, parts)):  # added into the kept vector
+        # their gradients alone would be those of other random numbers than the rows'
+        return _coupled_problem(*alone, params, rounding, layout, model, method)
+    verdict = (rounding, list(params), chosen, weights, lambda: sum_rounding(rows, coef))
+    each, limit = _alone_gaps(sizes, parts, rows.like.dtype, *verdict)
     gap, worst = max((gap, i) for i, gap in enumerate(each))
     if gap <= limit:
         return None
@@ -120,8 +109,34 @@ def alone_problem(
     )
 
 
+def _add_alone(forward, loss_fn, x, y, chosen, weights, tensors, parts) -> None:
+    """Add to ``parts`` (one per tensor of ``tensors``) the gradient of each ``chosen`` example's
+    loss alone times its weight (``weights (B,)``), each one's backward at once (a forward may
+    move frozen weights; no ``(d,)`` sum of one's own)."""
+    for i in chosen:
+        with torch.enable_grad():
+            loss = loss_fn(forward(take(x, [i])), take(y, [i]))
+        grads = zip(gradients(weights[i] * loss, tensors), parts, strict=True)
+        torch._foreach_add_(parts, [dense(g, p).to(p.dtype) for g, p in grads])
+
+
+def _alone_gaps(sizes, parts, dtype, rounding, names, chosen, weights, sums):
+    """Each parameter's gap, ``|parts| / sizes`` (a floor share of the largest size), within
+    :data:`.rounding.ALONE_ALLOWANCE` times the examples' own rounding alone
+    (``rounding(names, chosen, weights)``, absolute: over these sizes) or the bound ``sums()`` of
+    a sum's rounding set to 0 (both asked only past the tolerance); and the tolerance."""
+    norms = torch.stack([sizes, torch.stack(torch._foreach_norm(parts))])  # (2, P)
+    each, limit = gaps(norms, FLOOR), tolerance(TOLERANCE, dtype)
+    if max(each) > limit:  # cancelling to within float32's rounding?
+        sizes = floored(norms[0], FLOOR).tolist()
+        own = rounding(names, chosen, weights)
+        own = [a / max(z, 1e-300) for a, z in zip(own, sizes, strict=True)]
+        each = within_rounding(each, limit, own, sums(), sizes, ALONE_ALLOWANCE)
+    return each, limit
+
+
 def _coupled_problem(
-    forward, loss_fn, x, y, params, chosen, coef, rounding, weights, layout, model, method
+    forward, loss_fn, x, y, chosen, weights, params, rounding, layout, model, method
 ) -> str | None:
     """:func:`alone_problem` where the forward draws random numbers (masks the examples alone
     cannot draw again, so the rows cannot be compared): with the modules that draw in eval mode,
@@ -129,29 +144,22 @@ def _coupled_problem(
     own, weighted alike, which a backward that couples the examples does not give (adversarial
     round 42: a Function's backward scaled by the batch size, behind a Dropout); ``None`` where
     the forwards draw nonetheless (random numbers outside modules)."""
-    tensors = list(params.values())
+    tensors, coef = list(params.values()), torch.zeros_like(weights)
+    coef[chosen] = weights[chosen]  # (B,): 0 for the examples not run alone
     with random_modules_off(model), torch.enable_grad():
         start, out = generator_states(), forward(x)
         if layout.unbatched(out):  # a value of the whole batch (kl.mean()): no loss per example
             return None
         losses = example_losses(loss_fn, out, y, layout)  # (B,)
         want = gradients((losses * coef.to(losses.dtype)).sum(), tensors)
-        got = [torch.zeros_like(t) for t in tensors]
-        for i in chosen:  # each one's backward before the next forward
-            loss = loss_fn(forward(take(x, [i])), take(y, [i]))
-            for total, g in zip(got, gradients(coef[i] * loss, tensors), strict=True):
-                total.add_(dense(g, total))
+        parts = [-dense(w, t) for w, t in zip(want, tensors, strict=True)]  # - sum_i c_i g_i
+        sizes = torch.stack(torch._foreach_norm(parts))  # (P,)
+        _add_alone(forward, loss_fn, x, y, chosen, weights, tensors, parts)  # then plus
         if drew_since(start):
             return None
-        want = [dense(w, t) for w, t in zip(want, tensors, strict=True)]
-        differences = [w - g for w, g in zip(want, got, strict=True)]
-        norms = torch.stack([torch.stack(torch._foreach_norm(t)) for t in (want, differences)])
-        each, limit = gaps(norms, FLOOR), tolerance(TOLERANCE, losses.dtype)
-        if max(each) > limit:  # cancelling to within float32's rounding?
-            sizes = floored(norms[0], FLOOR).tolist()
-            own = rounding(list(params), chosen, weights)  # absolute, as alone_problem's
-            own = [a / max(z, 1e-300) for a, z in zip(own, sizes, strict=True)]
-            each = within_rounding(each, limit, own, [0.0] * len(own), sizes, ALONE_ALLOWANCE)
+        zeros = lambda: [0.0] * len(tensors)  # noqa: E731
+        verdict = (rounding, list(params), chosen, weights, zeros)
+        each, limit = _alone_gaps(sizes, parts, losses.dtype, *verdict)
     if max(each) <= limit:
         return None
     return (

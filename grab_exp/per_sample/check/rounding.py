@@ -47,12 +47,7 @@ def plain_rounding(
     the model's dtype against float64's, on copies of the model as the call found it (``found()``
     puts that state back; nothing of it stays; a copy is smaller than the ``(B, d)`` rows); zeros
     where that cannot tell (:func:`_in_both`)."""
-
-    def step(twin: nn.Module, x: Any, y: Any) -> tuple[list[torch.Tensor], Any]:
-        out = call_model(twin, x)
-        return _gradients(twin, names, loss_fn(out, y)), out
-
-    pair = _in_both(model, names, x, y, step, found)
+    pair = _plain_steps(model, loss_fn, x, y, names, found)
     if pair is None:
         return [0.0] * len(names)
     return [_relative(g, h) for g, h in zip(*pair, strict=True)]
@@ -67,25 +62,19 @@ def judged_rounding(
     float32's saturated sigmoid) is not excused (adversarial round 42). For ``loop``, whose rows
     are each example's own: its rows' mean differs from ``param.grad`` only by rounding or by
     a coupling of the examples, which float64 shows as well."""
-    errors = plain_rounding(model, loss_fn, x, y, names, found)
+    pair = _plain_steps(model, loss_fn, x, y, names, found)
+    if pair is None:
+        return [0.0] * len(names)
+    errors = [_relative(g, h) for g, h in zip(*pair, strict=True)]
     if not any(errors):
         return errors
-
-    def judge(twin: nn.Module, x: Any, y: Any) -> tuple[list[float], Any]:
-        copied = saved_state(twin)  # each example on the state the copy was made with
-        out = call_model(twin, x)
-        whole = _gradients(twin, names, loss_fn(out, y))
-        alone = [
-            copied()
-            or _gradients(twin, names, loss_fn(call_model(twin, take(x, [i])), take(y, [i])))
-            for i in range(batch_size(y))
-        ]
-        means = [torch.stack(grads).mean(0) for grads in zip(*alone, strict=True)]
-        return [_relative(m, w) for m, w in zip(means, whole, strict=True)], out
-
-    gaps = _in_float64(model, names, x, y, judge, found)
-    if gaps is None:
+    examples = list(range(batch_size(y)))
+    alone = lambda twin, x, y: _alone(twin, loss_fn, names, x, y, examples)[0]  # noqa: E731
+    grads = _in_float64(model, names, x, y, alone, found)  # the pair's outputs agree
+    if grads is None:
         return [0.0] * len(names)
+    means = [torch.stack(each).mean(0) for each in zip(*grads, strict=True)]
+    gaps = [_relative(m, w) for m, w in zip(means, pair[1], strict=True)]
     return [e if g <= JUDGED else 0.0 for e, g in zip(errors, gaps, strict=True)]
 
 
@@ -107,15 +96,7 @@ def alone_rounding(
     one's gradient alone in the model's dtype against float64's, weighted by ``weights (B,)``, on a
     copy of the model (an absolute amount: the weighted sum it allows for need not cancel as the
     batch's gradient does); zeros where that cannot tell (:func:`_in_both`)."""
-
-    def alone(twin: nn.Module, x: Any, y: Any) -> tuple[list[list[torch.Tensor]], list]:
-        copied = saved_state(twin)  # each example on the state the copy was made with
-        grads, outs = [], []
-        for i in chosen:  # each one's backward before the next forward
-            outs.append(copied() or call_model(twin, take(x, [i])))
-            grads.append(_gradients(twin, names, loss_fn(outs[-1], take(y, [i]))))
-        return grads, outs
-
+    alone = lambda twin, x, y: _alone(twin, loss_fn, names, x, y, chosen)  # noqa: E731
     pair, totals = _in_both(model, names, x, y, alone, found), [0.0] * len(names)
     if pair is None:
         return totals
@@ -125,21 +106,50 @@ def alone_rounding(
     return totals
 
 
-def _in_both(model: nn.Module, names: list[str], x: Any, y: Any, compute, found=None):
-    """``compute(twin, x, y)`` on a copy of ``model`` (:func:`_twin`), then on another in float64
-    with ``x, y`` in float64, both made with the state ``found()`` puts back (the call's: a count
-    the call's forward advanced switched a layer on in the copies), the generators forked, each
-    drawing from their states at the start (not the float64 copy from where the other left them:
-    other masks, other gradients); ``compute`` returns its result and the outputs it ran on.
-    ``None`` where no copy is made, either raises (the user's model or loss in float64: the check
-    refuses as it would), or their outputs are apart (:func:`_apart`: another function in float64,
-    as a constant picked per dtype, whose gradients' difference is no rounding)."""
+def _plain_steps(model: nn.Module, loss_fn, x: Any, y: Any, names: list[str], found=None):
+    """A plain step's gradients of ``names`` on ``x, y``, in the model's dtype and in float64
+    (:func:`_in_both`)."""
+
+    def step(twin: nn.Module, x: Any, y: Any) -> tuple[list[torch.Tensor], Any]:
+        out = call_model(twin, x)
+        return _gradients(twin, names, loss_fn(out, y)), out
+
+    return _in_both(model, names, x, y, step, found)
+
+
+def _alone(twin: nn.Module, loss_fn, names: list[str], x: Any, y: Any, chosen: list[int]):
+    """The gradients of ``names`` of each of the ``chosen`` examples' losses alone, each on the
+    state ``twin`` had at the start, and their outputs."""
+    copied = saved_state(twin)
+    grads, outs = [], []
+    for i in chosen:  # each one's backward before the next forward
+        outs.append(copied() or call_model(twin, take(x, [i])))
+        grads.append(_gradients(twin, names, loss_fn(outs[-1], take(y, [i]))))
+    return grads, outs
+
+
+def _copies(model: nn.Module, names: list[str], count: int, found=None) -> list | None:
+    """``count`` copies of ``model`` (:func:`_twin`), made with the state ``found()`` puts back
+    (the call's: a count the call's forward advanced switched a layer on in the copies); ``None``
+    where none is made."""
     with kept_state(model) if found is not None else contextlib.nullcontext():
         if found is not None:
             found()
-        twin, other = _twin(model, names), _twin(model, names)
-    if twin is None or other is None:
+        copies = [_twin(model, names) for _ in range(count)]
+    return None if any(c is None for c in copies) else copies
+
+
+def _in_both(model: nn.Module, names: list[str], x: Any, y: Any, compute, found=None):
+    """``compute(twin, x, y)`` on a copy of ``model`` (:func:`_copies`), then on another in
+    float64 with ``x, y`` in float64, the generators forked, each drawing from their states at
+    the start (not the float64 copy from where the other left them: other masks, other
+    gradients); ``compute`` returns its result and the outputs it ran on. ``None`` where no copy
+    is made, either raises (the user's model or loss in float64: the check refuses as it would),
+    or their outputs are apart (:func:`_apart`: another function in float64, as a constant
+    picked per dtype, whose gradients' difference is no rounding)."""
+    if (copies := _copies(model, names, 2, found)) is None:
         return None
+    twin, other = copies
     try:
         with forked_generators(), torch.enable_grad():  # both draw what the call drew
             start = generator_states()
@@ -176,24 +186,16 @@ def _apart(low: Any, high: Any) -> bool:
 
 
 def _in_float64(model: nn.Module, names: list[str], x: Any, y: Any, compute, found=None):
-    """``compute(twin, x, y)``'s result on a float64 copy of ``model`` and ``x, y``, made with
-    the state ``found()`` puts back, the generators forked; ``None`` where no copy is made, it
-    raises, or its outputs are another function's than the model's (:func:`_apart`)."""
-    with kept_state(model) if found is not None else contextlib.nullcontext():
-        if found is not None:
-            found()
-        twin, low = _twin(model, names), None
-        if twin is not None:  # the model's own outputs, to tell another function in float64
-            with forked_generators(), torch.no_grad():
-                low = call_model(copy.deepcopy(twin), x)
-    if twin is None:
+    """``compute(twin, x, y)`` on a float64 copy of ``model`` (:func:`_copies`) and ``x, y`` in
+    float64, the generators forked; ``None`` where no copy is made or it raises. For a caller
+    whose :func:`_in_both` found the model's outputs and the float64 copy's alike."""
+    if (copies := _copies(model, names, 1, found)) is None:
         return None
     try:
         with forked_generators(), torch.enable_grad():
-            result, high = compute(twin.double(), double(x), double(y))
+            return compute(copies[0].double(), double(x), double(y))
     except Exception:
         return None
-    return None if _apart(low, high) else result
 
 
 def float64_twin(model: nn.Module) -> nn.Module | None:
